@@ -1,0 +1,163 @@
+"""Option bundles and output rendering shared by the CLI verbs."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import sys
+from typing import Any, Callable, Sequence
+
+import click
+
+from analyzer.store import default_db_path
+
+__all__ = [
+    "UserError",
+    "db_option",
+    "emit_rows",
+    "format_option",
+    "param_option",
+    "parse_params",
+    "to_jsonable",
+]
+
+
+class UserError(click.ClickException):
+    """An error the user caused (bad file, flag or input): one readable line, exit 1."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message if hint is None else f"{message}\nhint: {hint}")
+
+
+def db_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--db",
+        "db_path",
+        default=None,
+        metavar="PATH",
+        help="DuckDB database (default: $TOKENTRACE_DB, else ./tokentrace.duckdb).",
+        callback=lambda _ctx, _param, value: value or default_db_path(),
+    )(func)
+
+
+def format_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--format",
+        "output_format",
+        type=click.Choice(["table", "json", "csv"]),
+        default="table",
+        show_default=True,
+        help="Output format.",
+    )(func)
+
+
+def param_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--param",
+        "params",
+        multiple=True,
+        metavar="NAME=VALUE",
+        help="Bind a query's $NAME parameter (repeatable). Values are typed by DuckDB casts.",
+    )(func)
+
+
+def parse_params(pairs: Sequence[str]) -> dict[str, Any]:
+    """``NAME=VALUE`` pairs to a dict; numbers become int/float, ``null`` becomes None."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise UserError(f"--param {pair!r}: expected NAME=VALUE")
+        name, raw = pair.split("=", 1)
+        if not name.isidentifier():
+            raise UserError(f"--param {pair!r}: {name!r} is not a valid parameter name")
+        value: Any = raw
+        if raw.lower() == "null":
+            value = None
+        elif raw.lower() in ("true", "false"):
+            value = raw.lower() == "true"
+        else:
+            try:
+                value = int(raw)
+            except ValueError:
+                try:
+                    value = float(raw)
+                except ValueError:
+                    value = raw
+        out[name] = value
+    return out
+
+
+def to_jsonable(value: Any) -> Any:
+    """Make a DuckDB result value JSON-serialisable (NaN/Inf -> None, Decimal -> float)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    try:
+        return float(value)  # Decimal
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}" if abs(value) < 1e15 else f"{value:.6e}"
+    return str(value)
+
+
+def emit_rows(
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    output_format: str,
+    notes: Sequence[str] = (),
+    out: Any = None,
+) -> None:
+    """Print query rows as a table, a JSON list of objects, or CSV.
+
+    ``notes`` (assumptions, counting rules, corrections applied) go after a table, to stderr
+    for csv, and are not printed for json (callers put them into the JSON themselves).
+    """
+    stream = out or sys.stdout
+    if output_format == "json":
+        stream.write(json.dumps([{c: to_jsonable(v) for c, v in zip(columns, r)} for r in rows], indent=2))
+        stream.write("\n")
+        return
+    if output_format == "csv":
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(columns)
+        for r in rows:
+            writer.writerow(["" if v is None else v for v in r])
+        stream.write(buf.getvalue())
+        for note in notes:
+            click.echo(f"note: {note}", err=True)
+        return
+    _emit_table(columns, rows, stream)
+    for note in notes:
+        stream.write(f"note: {note}\n")
+
+
+def _emit_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], stream: Any) -> None:
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:  # rich is optional: plain aligned text
+        cells = [list(columns)] + [[_cell(v) for v in r] for r in rows]
+        widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+        for row in cells:
+            stream.write("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n")
+        return
+    table = Table(show_header=True, header_style="bold")
+    for c in columns:
+        table.add_column(c, overflow="fold")
+    for r in rows:
+        table.add_row(*[_cell(v) for v in r])
+    Console(file=stream, width=max(100, min(250, 14 * len(columns)))).print(table)

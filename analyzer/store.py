@@ -1,0 +1,300 @@
+"""Opening a tokentrace database and writing canonical rows into it.
+
+Readers that build spans in Python (the timeline CSV, the SDK's in-memory spans, small
+files) produce :class:`SpanRow` / :class:`EventRow` / :class:`LinkRow` and call
+:func:`insert_rows`. Bulk readers may insert Arrow batches of the same schema directly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import duckdb
+import pyarrow as pa
+
+from analyzer.schema import arrow_schema, create_tables
+
+__all__ = [
+    "DEFAULT_DB",
+    "AttributeMaps",
+    "EventRow",
+    "LinkRow",
+    "SpanRow",
+    "clock_domain_of",
+    "connect",
+    "default_db_path",
+    "insert_rows",
+    "next_load_id",
+    "record_load",
+    "split_attributes",
+]
+
+DEFAULT_DB = "tokentrace.duckdb"
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def default_db_path() -> str:
+    """``$TOKENTRACE_DB`` when set, else ``tokentrace.duckdb`` in the current directory."""
+    return os.environ.get("TOKENTRACE_DB") or DEFAULT_DB
+
+
+def connect(path: str | Path | None = None, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """Open (or create) a tokentrace database and make sure the canonical tables exist.
+
+    ``path`` None or ``":memory:"`` gives an in-memory database.
+    """
+    target = ":memory:" if path is None else str(path)
+    con = duckdb.connect(target, read_only=read_only)
+    if not read_only:
+        create_tables(con)
+    return con
+
+
+@dataclass
+class AttributeMaps:
+    """Attributes split by value type, as stored in the ``*_str/_int/_double/_bool/_json`` maps."""
+
+    str_: dict[str, str] = field(default_factory=dict)
+    int_: dict[str, int] = field(default_factory=dict)
+    double: dict[str, float] = field(default_factory=dict)
+    bool_: dict[str, bool] = field(default_factory=dict)
+    json_: dict[str, str] = field(default_factory=dict)
+
+    def columns(self, prefix: str) -> dict[str, list[tuple[str, Any]]]:
+        return {
+            f"{prefix}_str": list(self.str_.items()),
+            f"{prefix}_int": list(self.int_.items()),
+            f"{prefix}_double": list(self.double.items()),
+            f"{prefix}_bool": list(self.bool_.items()),
+            f"{prefix}_json": list(self.json_.items()),
+        }
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, bytes):
+        import base64
+
+        return {"bytes_base64": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, Mapping):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)  # JSON has no NaN/Infinity: kept as a string
+    return value
+
+
+def split_attributes(attributes: Mapping[str, Any] | None) -> AttributeMaps:
+    """Split Python attribute values into the typed maps.
+
+    bool -> bool map (checked before int), int -> int map (must fit int64), float -> double
+    map, str -> str map; lists, tuples, dicts and bytes -> JSON text in the json map.
+    """
+    maps = AttributeMaps()
+    if not attributes:
+        return maps
+    for key, value in attributes.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            maps.bool_[key] = value
+        elif isinstance(value, int):
+            if not INT64_MIN <= value <= INT64_MAX:
+                raise ValueError(f"attribute {key!r}: integer {value} does not fit int64")
+            maps.int_[key] = value
+        elif isinstance(value, float):
+            maps.double[key] = value
+        elif isinstance(value, str):
+            maps.str_[key] = value
+        else:
+            maps.json_[key] = json.dumps(_json_value(value), separators=(",", ":"))
+    return maps
+
+
+def clock_domain_of(resource: Mapping[str, Any]) -> str | None:
+    """The clock domain a resource names: ``service.name|service.instance.id|host.name``.
+
+    Missing parts are left empty; a resource with none of the three gives None.
+    """
+    parts = [resource.get("service.name"), resource.get("service.instance.id"), resource.get("host.name")]
+    if all(p is None for p in parts):
+        return None
+    return "|".join("" if p is None else str(p) for p in parts)
+
+
+@dataclass
+class SpanRow:
+    trace_id: str
+    span_id: str
+    name: str
+    start_ns: int
+    end_ns: int
+    kind: str = "INTERNAL"
+    parent_span_id: str | None = None
+    status_code: str = "UNSET"
+    status_message: str | None = None
+    attributes: Mapping[str, Any] = field(default_factory=dict)
+    resource: Mapping[str, Any] = field(default_factory=dict)
+    scope_name: str | None = None
+    scope_version: str | None = None
+    trace_state: str | None = None
+    flags: int | None = None
+    dropped_attributes_count: int = 0
+    dropped_events_count: int = 0
+    dropped_links_count: int = 0
+
+    def as_record(self, load_id: int | None) -> dict[str, Any]:
+        rec: dict[str, Any] = {
+            "trace_id": self.trace_id,
+            "span_id": self.span_id,
+            "parent_span_id": self.parent_span_id,
+            "trace_state": self.trace_state,
+            "flags": self.flags,
+            "name": self.name,
+            "kind": self.kind,
+            "start_ns": self.start_ns,
+            "end_ns": self.end_ns,
+            "status_code": self.status_code,
+            "status_message": self.status_message,
+            "service_name": self.resource.get("service.name"),
+            "service_instance_id": self.resource.get("service.instance.id"),
+            "host_name": self.resource.get("host.name"),
+            "clock_domain": clock_domain_of(self.resource),
+            "scope_name": self.scope_name,
+            "scope_version": self.scope_version,
+            "scope_attributes_json": None,
+            "dropped_attributes_count": self.dropped_attributes_count,
+            "dropped_events_count": self.dropped_events_count,
+            "dropped_links_count": self.dropped_links_count,
+            "load_id": load_id,
+        }
+        rec.update(split_attributes(self.attributes).columns("attr"))
+        rec.update(split_attributes(self.resource).columns("resource"))
+        return rec
+
+
+@dataclass
+class EventRow:
+    trace_id: str
+    span_id: str
+    event_index: int
+    time_ns: int
+    name: str
+    attributes: Mapping[str, Any] = field(default_factory=dict)
+    dropped_attributes_count: int = 0
+
+    def as_record(self) -> dict[str, Any]:
+        rec: dict[str, Any] = {
+            "trace_id": self.trace_id,
+            "span_id": self.span_id,
+            "event_index": self.event_index,
+            "time_ns": self.time_ns,
+            "name": self.name,
+            "dropped_attributes_count": self.dropped_attributes_count,
+        }
+        rec.update(split_attributes(self.attributes).columns("attr"))
+        return rec
+
+
+@dataclass
+class LinkRow:
+    trace_id: str
+    span_id: str
+    link_index: int
+    linked_trace_id: str
+    linked_span_id: str
+    trace_state: str | None = None
+    flags: int | None = None
+    attributes: Mapping[str, Any] = field(default_factory=dict)
+    dropped_attributes_count: int = 0
+
+    def as_record(self) -> dict[str, Any]:
+        rec: dict[str, Any] = {
+            "trace_id": self.trace_id,
+            "span_id": self.span_id,
+            "link_index": self.link_index,
+            "linked_trace_id": self.linked_trace_id,
+            "linked_span_id": self.linked_span_id,
+            "trace_state": self.trace_state,
+            "flags": self.flags,
+            "dropped_attributes_count": self.dropped_attributes_count,
+        }
+        rec.update(split_attributes(self.attributes).columns("attr"))
+        return rec
+
+
+def _insert(con: duckdb.DuckDBPyConnection, table: str, records: list[dict[str, Any]]) -> None:
+    if not records:
+        return
+    schema = arrow_schema(con, table)
+    batch = pa.Table.from_pylist(records, schema=schema)  # noqa: F841 (referenced by name below)
+    con.register("_tokentrace_rows", batch)
+    try:
+        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _tokentrace_rows")
+    finally:
+        con.unregister("_tokentrace_rows")
+
+
+def next_load_id(con: duckdb.DuckDBPyConnection) -> int:
+    """A fresh id for the ``loads`` table (1 + the largest so far)."""
+    return int(con.execute("SELECT coalesce(max(load_id), 0) + 1 FROM loads").fetchone()[0])
+
+
+def insert_rows(
+    con: duckdb.DuckDBPyConnection,
+    spans: Sequence[SpanRow],
+    events: Iterable[EventRow] = (),
+    links: Iterable[LinkRow] = (),
+    load_id: int | None = None,
+) -> None:
+    """Insert Python-built rows into ``spans``, ``span_events`` and ``span_links``.
+
+    No deduplication here: readers that can see duplicates count them before inserting.
+    """
+    _insert(con, "spans", [s.as_record(load_id) for s in spans])
+    _insert(con, "span_events", [e.as_record() for e in events])
+    _insert(con, "span_links", [link.as_record() for link in links])
+
+
+def record_load(
+    con: duckdb.DuckDBPyConnection,
+    load_id: int,
+    file: str,
+    format: str,
+    *,
+    records_read: int,
+    spans_read: int,
+    spans_loaded: int,
+    duplicates_identical: int = 0,
+    duplicates_conflicting: int = 0,
+    rejected_by_reason: Mapping[str, int] | None = None,
+    incomplete_last_line: bool = False,
+) -> None:
+    """Add one row to ``loads``: what a reader read, kept, deduplicated and rejected."""
+    reasons = dict(rejected_by_reason or {})
+    con.execute(
+        "INSERT INTO loads VALUES ($load_id, $file, $format, $loaded_at_ns, $records_read, $spans_read,"
+        " $spans_loaded, $dup_identical, $dup_conflicting, $rejected, $incomplete,"
+        " MAP($reason_keys::VARCHAR[], $reason_counts::BIGINT[]))",
+        {
+            "load_id": load_id,
+            "file": file,
+            "format": format,
+            "loaded_at_ns": time.time_ns(),
+            "records_read": records_read,
+            "spans_read": spans_read,
+            "spans_loaded": spans_loaded,
+            "dup_identical": duplicates_identical,
+            "dup_conflicting": duplicates_conflicting,
+            "rejected": sum(reasons.values()),
+            "incomplete": incomplete_last_line,
+            "reason_keys": list(reasons.keys()),
+            "reason_counts": list(reasons.values()),
+        },
+    )

@@ -1,0 +1,1 @@
+"""tokentrace instrumentation: KV math, traced generate, tracing setup."""
