@@ -17,7 +17,7 @@ from analyzer.cli.group import cli
 
 __all__ = ["cli", "main"]
 
-_SKIP = {"group", "options"}
+_SKIP = {"group", "options", "kv_options"}
 
 
 def _discover() -> None:

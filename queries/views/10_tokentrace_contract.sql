@@ -1,0 +1,145 @@
+-- Adapter: tokentrace's own span contract (docs/spans.md) -> request rows.
+-- Spans are ours when scope_name = 'tokentrace'. A request is one `gateway` SERVER span, or
+-- one root `generate` span (no gateway), or one CLIENT span whose server side was not traced.
+-- Each request gives one row per perspective: client (CLIENT span clock), server (gateway
+-- clock), engine (bare generate root).
+
+CREATE OR REPLACE VIEW tt_request_spans AS
+WITH ours AS (
+    SELECT trace_id, span_id, parent_span_id, name, kind
+    FROM spans
+    WHERE scope_name = 'tokentrace'
+),
+gateway AS (
+    SELECT trace_id, span_id, parent_span_id FROM ours WHERE name = 'gateway' AND kind = 'SERVER'
+),
+client AS (
+    SELECT trace_id, span_id FROM ours WHERE kind = 'CLIENT'
+),
+engine AS (
+    SELECT trace_id, span_id FROM ours WHERE name = 'generate' AND parent_span_id IS NULL
+)
+SELECT g.trace_id, g.span_id AS request_span_id, 'server' AS perspective,
+       g.span_id AS perspective_span_id, g.span_id AS server_span_id, c.span_id AS client_span_id
+FROM gateway g
+LEFT JOIN client c ON c.trace_id = g.trace_id AND c.span_id = g.parent_span_id
+UNION ALL
+SELECT c.trace_id, coalesce(g.span_id, c.span_id) AS request_span_id, 'client' AS perspective,
+       c.span_id AS perspective_span_id, g.span_id AS server_span_id, c.span_id AS client_span_id
+FROM client c
+LEFT JOIN gateway g ON g.trace_id = c.trace_id AND g.parent_span_id = c.span_id
+UNION ALL
+SELECT e.trace_id, e.span_id AS request_span_id, 'engine' AS perspective,
+       e.span_id AS perspective_span_id, e.span_id AS server_span_id, NULL AS client_span_id
+FROM engine e;
+
+-- One row per `tokentrace.chunk` event: when visible output moved, and how many tokens.
+-- A chunk without `tokentrace.chunk.tokens` counts 1 token; without `.visible`, visible.
+CREATE OR REPLACE VIEW tt_chunk_events AS
+SELECT
+    trace_id,
+    span_id,
+    event_index,
+    time_ns,
+    coalesce(attr_int['tokentrace.chunk.index'], event_index) AS chunk_index,
+    coalesce(attr_int['tokentrace.chunk.tokens'], 1) AS chunk_tokens,
+    coalesce(attr_bool['tokentrace.chunk.visible'], true) AS visible
+FROM span_events
+WHERE name = 'tokentrace.chunk';
+
+-- Visible chunks of every request perspective, for per-gap (ITL) and steady-state window
+-- questions. perspective_span_id is the span that carried the events.
+CREATE OR REPLACE VIEW tt_request_chunks AS
+SELECT r.trace_id, r.request_span_id, r.perspective, 'tokentrace' AS source,
+       c.chunk_index, c.time_ns, c.chunk_tokens
+FROM tt_request_spans r
+JOIN tt_chunk_events c ON c.trace_id = r.trace_id AND c.span_id = r.perspective_span_id
+WHERE c.visible;
+
+CREATE OR REPLACE VIEW tt_request_facts AS
+WITH chunk_agg AS (
+    SELECT trace_id, span_id,
+           min(time_ns) AS first_chunk_ns,
+           max(time_ns) AS last_chunk_ns,
+           count(*) AS visible_chunks,
+           sum(chunk_tokens) AS visible_chunk_tokens
+    FROM tt_chunk_events
+    WHERE visible
+    GROUP BY trace_id, span_id
+),
+phase AS (
+    SELECT trace_id, parent_span_id,
+           min(CASE WHEN name = 'tokenize' THEN start_ns END) AS tokenize_start_ns,
+           max(CASE WHEN name = 'tokenize' THEN end_ns END) AS tokenize_end_ns,
+           min(CASE WHEN name = 'queue' THEN start_ns END) AS queue_start_ns,
+           max(CASE WHEN name = 'queue' THEN end_ns END) AS queue_end_ns,
+           min(CASE WHEN name = 'prefill' THEN start_ns END) AS prefill_start_ns,
+           max(CASE WHEN name = 'prefill' THEN end_ns END) AS prefill_end_ns,
+           max(CASE WHEN name = 'prefill' THEN attr_int['tokentrace.kv.bytes_per_token'] END) AS kv_bytes_per_token,
+           max(CASE WHEN name = 'prefill' THEN attr_int['tokentrace.kv.bytes'] END) AS prompt_kv_bytes,
+           max(CASE WHEN name = 'prefill' THEN attr_str['tokentrace.kv.layout'] END) AS kv_layout,
+           max(CASE WHEN name = 'decode' THEN attr_int['tokentrace.kv.bytes'] END) AS stop_kv_bytes,
+           sum(CASE WHEN name = 'decode' THEN 1 ELSE 0 END) AS decode_spans,
+           max(CASE WHEN name = 'decode' THEN attr_int['tokentrace.step'] END) AS last_decode_step
+    FROM spans
+    WHERE scope_name = 'tokentrace' AND name IN ('tokenize', 'queue', 'prefill', 'decode')
+    GROUP BY trace_id, parent_span_id
+)
+SELECT
+    'tokentrace' AS source,
+    r.perspective,
+    r.trace_id,
+    r.request_span_id,
+    r.perspective_span_id,
+    r.server_span_id,
+    r.client_span_id,
+    p.clock_domain,
+    sv.clock_domain AS server_clock_domain,
+    cl.clock_domain AS client_clock_domain,
+    p.start_ns AS s_ns,
+    CASE WHEN p.dropped_events_count = 0 THEN ca.first_chunk_ns END AS f_ns,
+    CASE WHEN p.dropped_events_count = 0 THEN ca.last_chunk_ns END AS e_ns,
+    p.end_ns AS end_ns,
+    coalesce(p.attr_int['gen_ai.usage.input_tokens'], sv.attr_int['gen_ai.usage.input_tokens']) AS input_tokens,
+    coalesce(p.attr_int['gen_ai.usage.output_tokens'], sv.attr_int['gen_ai.usage.output_tokens'],
+             CASE WHEN p.dropped_events_count = 0 THEN coalesce(ca.visible_chunk_tokens, 0) END) AS output_tokens,
+    coalesce(sv.attr_int['tokentrace.generated_tokens'], p.attr_int['tokentrace.generated_tokens']) AS generated_tokens,
+    coalesce(ca.visible_chunks, 0) AS visible_chunks,
+    ca.visible_chunk_tokens,
+    coalesce(
+        json_extract_string(p.attr_json['gen_ai.response.finish_reasons'], '$[0]'),
+        json_extract_string(sv.attr_json['gen_ai.response.finish_reasons'], '$[0]')
+    ) AS finish_reason,
+    p.status_code,
+    coalesce(p.attr_str['error.type'], sv.attr_str['error.type']) AS error_type,
+    sv.start_ns AS server_start_ns,
+    sv.end_ns AS server_end_ns,
+    cl.start_ns AS client_start_ns,
+    CASE WHEN sv.dropped_events_count = 0 THEN sca.first_chunk_ns END AS server_first_chunk_ns,
+    CASE WHEN cl.dropped_events_count = 0 THEN cca.first_chunk_ns END AS client_first_chunk_ns,
+    ph.tokenize_start_ns,
+    ph.tokenize_end_ns,
+    ph.queue_start_ns,
+    ph.queue_end_ns,
+    ph.prefill_start_ns,
+    ph.prefill_end_ns,
+    ph.kv_bytes_per_token,
+    ph.prompt_kv_bytes,
+    ph.stop_kv_bytes,
+    ph.kv_layout,
+    coalesce(ph.decode_spans, 0) AS decode_spans,
+    coalesce(p.attr_bool['tokentrace.synthetic'], false) AS synthetic,
+    CASE
+        WHEN p.dropped_events_count > 0 THEN
+            'f/e unknown: ' || CAST(p.dropped_events_count AS VARCHAR)
+            || ' events dropped by the span event limit'
+        WHEN ca.first_chunk_ns IS NULL THEN 'no visible chunk events'
+    END AS null_reason
+FROM tt_request_spans r
+JOIN spans p ON p.trace_id = r.trace_id AND p.span_id = r.perspective_span_id
+LEFT JOIN spans sv ON sv.trace_id = r.trace_id AND sv.span_id = r.server_span_id
+LEFT JOIN spans cl ON cl.trace_id = r.trace_id AND cl.span_id = r.client_span_id
+LEFT JOIN chunk_agg ca ON ca.trace_id = r.trace_id AND ca.span_id = r.perspective_span_id
+LEFT JOIN chunk_agg sca ON sca.trace_id = r.trace_id AND sca.span_id = r.server_span_id
+LEFT JOIN chunk_agg cca ON cca.trace_id = r.trace_id AND cca.span_id = r.client_span_id
+LEFT JOIN phase ph ON ph.trace_id = r.trace_id AND ph.parent_span_id = r.server_span_id;

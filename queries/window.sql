@@ -1,0 +1,136 @@
+-- returns: one row of window metrics: attempted / succeeded / failed / cancelled requests,
+--   requests meeting every stated SLO, request throughput, observed goodput, error rate and
+--   output token throughput, with the counting rules stated in columns. Two modes, never
+--   interchangeable (docs/metrics.md): closed_cohort = requests whose s falls in the window,
+--   all expected to finish inside it (not_finished_in_window counts those that did not; they
+--   are kept, not dropped); steady_state = requests whose end falls in the window, and output
+--   tokens from chunk events whose time falls in it (requests_crossing_boundary counts the
+--   requests that contributed only part of their events).
+--   A request is counted once, from one perspective: $perspective, or when NULL the best one
+--   it has (client, else server, else engine). Cancelled requests (finish reason
+--   'cancelled') are neither succeeded nor failed unless $cancelled_as_failed. Failed:
+--   status ERROR or finish reason 'error'. A TPOT SLO passes a request whose TPOT is NULL
+--   (one output token); a TTFT/E2E SLO fails a request without that figure.
+-- param: $window_start_ns BIGINT default NULL -- window start (inclusive); NULL = earliest s
+-- param: $window_end_ns BIGINT default NULL -- window end (inclusive); NULL = latest request end
+-- param: $mode VARCHAR default 'closed_cohort' -- closed_cohort or steady_state
+-- param: $perspective VARCHAR default NULL -- client, server or engine; NULL = best per request
+-- param: $slo_ttft_ms DOUBLE default NULL -- TTFT SLO (ms, <=); NULL = not applied
+-- param: $slo_tpot_ms DOUBLE default NULL -- TPOT SLO (ms, <=); NULL = not applied
+-- param: $slo_e2e_ms DOUBLE default NULL -- E2E SLO (ms, <=); NULL = not applied
+-- param: $count_failed_tokens BOOLEAN default false -- count failed requests' output tokens
+-- param: $cancelled_as_failed BOOLEAN default false -- count cancelled requests as failed
+-- units: *_ns nanoseconds since the Unix epoch on the chosen perspective's clock; window_s
+--   seconds; *_rps requests per second; output_tokens_per_s tokens per second; error_rate a
+--   fraction (0.02 = 2 %).
+WITH ranked AS (
+    SELECT
+        *,
+        row_number() OVER (
+            PARTITION BY trace_id, request_span_id
+            ORDER BY CASE perspective WHEN 'client' THEN 0 WHEN 'server' THEN 1 ELSE 2 END
+        ) AS perspective_rank
+    FROM request_facts
+    WHERE $perspective IS NULL OR perspective = $perspective
+),
+req AS (
+    SELECT
+        trace_id,
+        request_span_id,
+        perspective,
+        s_ns,
+        end_ns,
+        output_tokens,
+        (f_ns - s_ns) / 1e6 AS ttft_ms,
+        (e_ns - s_ns) / 1e6 AS e2e_ms,
+        CASE WHEN output_tokens > 1 THEN (e_ns - f_ns) / 1e6 / (output_tokens - 1) END AS tpot_ms,
+        CASE
+            WHEN finish_reason = 'cancelled' AND NOT $cancelled_as_failed THEN 'cancelled'
+            WHEN finish_reason IN ('cancelled', 'error') OR status_code = 'ERROR' THEN 'failed'
+            ELSE 'succeeded'
+        END AS outcome
+    FROM ranked
+    WHERE perspective_rank = 1
+),
+bounds AS (
+    SELECT
+        coalesce($window_start_ns, (SELECT min(s_ns) FROM req)) AS start_ns,
+        coalesce($window_end_ns, (SELECT max(end_ns) FROM req)) AS end_ns
+),
+scored AS (
+    SELECT
+        req.*,
+        outcome = 'succeeded'
+          AND ($slo_ttft_ms IS NULL OR coalesce(ttft_ms <= $slo_ttft_ms, false))
+          AND ($slo_tpot_ms IS NULL OR tpot_ms IS NULL OR tpot_ms <= $slo_tpot_ms)
+          AND ($slo_e2e_ms IS NULL OR coalesce(e2e_ms <= $slo_e2e_ms, false)) AS meets_slo,
+        outcome = 'succeeded' OR (outcome <> 'succeeded' AND $count_failed_tokens) AS tokens_count,
+        req.s_ns >= b.start_ns AND req.s_ns <= b.end_ns AS starts_in_window,
+        req.end_ns >= b.start_ns AND req.end_ns <= b.end_ns AS ends_in_window,
+        req.s_ns <= b.end_ns AND req.end_ns >= b.start_ns AS overlaps_window
+    FROM req, bounds b
+),
+counted AS (
+    SELECT * FROM scored
+    WHERE CASE $mode WHEN 'closed_cohort' THEN starts_in_window
+                     WHEN 'steady_state' THEN ends_in_window END
+),
+steady_tokens AS (
+    SELECT coalesce(sum(c.chunk_tokens), 0) AS tokens
+    FROM request_chunks c
+    JOIN scored s ON s.trace_id = c.trace_id AND s.request_span_id = c.request_span_id
+                 AND s.perspective = c.perspective
+    CROSS JOIN bounds b
+    WHERE s.tokens_count AND c.time_ns >= b.start_ns AND c.time_ns <= b.end_ns
+),
+totals AS (
+    SELECT
+        count(*) AS attempted,
+        count(*) FILTER (WHERE outcome = 'succeeded') AS succeeded,
+        count(*) FILTER (WHERE outcome = 'failed') AS failed,
+        count(*) FILTER (WHERE outcome = 'cancelled') AS cancelled,
+        count(*) FILTER (WHERE meets_slo) AS slo_passing,
+        count(*) FILTER (WHERE NOT ends_in_window) AS not_finished_in_window,
+        coalesce(sum(output_tokens) FILTER (WHERE tokens_count), 0) AS cohort_output_tokens
+    FROM counted
+)
+SELECT
+    $mode AS mode,
+    coalesce($perspective, 'best per request (client > server > engine)') AS perspective,
+    b.start_ns AS window_start_ns,
+    b.end_ns AS window_end_ns,
+    (b.end_ns - b.start_ns) / 1e9 AS window_s,
+    t.attempted,
+    t.succeeded,
+    t.failed,
+    t.cancelled,
+    t.slo_passing,
+    CASE WHEN $mode = 'closed_cohort' THEN t.not_finished_in_window END AS not_finished_in_window,
+    CASE WHEN $mode = 'steady_state'
+         THEN (SELECT count(*) FROM scored
+               WHERE overlaps_window AND NOT (starts_in_window AND ends_in_window)) END
+        AS requests_crossing_boundary,
+    CASE WHEN b.end_ns > b.start_ns THEN t.succeeded / ((b.end_ns - b.start_ns) / 1e9) END
+        AS request_throughput_rps,
+    CASE WHEN b.end_ns > b.start_ns THEN t.slo_passing / ((b.end_ns - b.start_ns) / 1e9) END
+        AS observed_goodput_rps,
+    CASE WHEN t.attempted > 0 THEN t.failed / CAST(t.attempted AS DOUBLE) END AS error_rate,
+    CASE WHEN $mode = 'closed_cohort' THEN t.cohort_output_tokens
+         ELSE (SELECT tokens FROM steady_tokens) END AS output_tokens,
+    CASE WHEN b.end_ns > b.start_ns
+         THEN (CASE WHEN $mode = 'closed_cohort' THEN t.cohort_output_tokens
+                    ELSE (SELECT tokens FROM steady_tokens) END) / ((b.end_ns - b.start_ns) / 1e9)
+    END AS output_tokens_per_s,
+    CASE WHEN $mode = 'closed_cohort'
+         THEN 'output tokens (gen_ai.usage.output_tokens) of cohort requests that '
+              || CASE WHEN $count_failed_tokens THEN 'succeeded, failed or were cancelled'
+                      ELSE 'succeeded' END
+         ELSE 'visible chunk tokens whose event time is inside the window, from requests that '
+              || CASE WHEN $count_failed_tokens THEN 'succeeded, failed or were cancelled'
+                      ELSE 'succeeded' END
+    END AS token_counting_rule,
+    $slo_ttft_ms AS slo_ttft_ms,
+    $slo_tpot_ms AS slo_tpot_ms,
+    $slo_e2e_ms AS slo_e2e_ms
+FROM totals t, bounds b
+WHERE $mode IN ('closed_cohort', 'steady_state');
