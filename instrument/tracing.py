@@ -1,0 +1,226 @@
+"""``setup_tracing``: a TracerProvider configured from OTEL_* variables, arguments first.
+
+Precedence for every setting: explicit argument, then environment variable, then default.
+The provider is *returned*, never installed globally: the caller (or the CLI) may call
+``opentelemetry.trace.set_tracer_provider`` itself.
+
+Environment variables read (each with its default):
+
+=========================================  =========================================
+``OTEL_SERVICE_NAME``                      ``tokentrace`` (also via OTEL_RESOURCE_ATTRIBUTES)
+``OTEL_RESOURCE_ATTRIBUTES``               none; may carry service.instance.id, host.name
+``OTEL_TRACES_EXPORTER``                   ``otlp``; comma-separated list of
+                                           ``otlp``, ``console``, ``otlp_json``, ``none``
+``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``     then ``OTEL_EXPORTER_OTLP_PROTOCOL``, then
+                                           ``http/protobuf`` (the spec default); or ``grpc``
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``     used as is
+``OTEL_EXPORTER_OTLP_ENDPOINT``            base URL; ``/v1/traces`` appended for HTTP
+                                           (default: the exporters' own, localhost:4317/4318)
+``TOKENTRACE_OTLP_JSON_PATH``              file for ``otlp_json`` (OTLP/JSON lines)
+``OTEL_SPAN_EVENT_COUNT_LIMIT``            ``65536`` here (the SDK's 128 would drop the chunk
+                                           events of any request longer than 128 tokens)
+=========================================  =========================================
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import uuid
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanLimits, Tracer, TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+    SpanExporter,
+)
+
+__all__ = [
+    "SCOPE_NAME",
+    "CONTRACT_VERSION",
+    "DEFAULT_SERVICE_NAME",
+    "DEFAULT_SPAN_EVENT_LIMIT",
+    "EXPORTER_NAMES",
+    "PROTOCOLS",
+    "setup_tracing",
+    "get_tracer",
+    "span_event_limit_of",
+]
+
+SCOPE_NAME = "tokentrace"
+CONTRACT_VERSION = "1"
+DEFAULT_SERVICE_NAME = "tokentrace"
+DEFAULT_SPAN_EVENT_LIMIT = 65536
+EXPORTER_NAMES = ("otlp", "console", "otlp_json", "none")
+PROTOCOLS = ("grpc", "http/protobuf")
+
+ENV_SERVICE_NAME = "OTEL_SERVICE_NAME"
+ENV_TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
+ENV_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+ENV_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
+ENV_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+ENV_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+ENV_JSON_PATH = "TOKENTRACE_OTLP_JSON_PATH"
+ENV_EVENT_LIMIT = "OTEL_SPAN_EVENT_COUNT_LIMIT"
+
+
+def _env(name: str) -> str | None:
+    value = os.environ.get(name)
+    return value.strip() if value and value.strip() else None
+
+
+def _exporter_names(exporter: str | Sequence[str] | None) -> list[str]:
+    source = "exporter argument"
+    if exporter is None:
+        exporter, source = _env(ENV_TRACES_EXPORTER) or "otlp", ENV_TRACES_EXPORTER
+    names = [n.strip().lower() for n in (exporter.split(",") if isinstance(exporter, str) else exporter)]
+    names = [n for n in names if n]
+    for name in names:
+        if name not in EXPORTER_NAMES:
+            raise ValueError(f"{source}: unknown trace exporter {name!r} (expected one of {', '.join(EXPORTER_NAMES)})")
+    return names
+
+
+def _protocol(protocol: str | None) -> str:
+    source = "protocol argument"
+    if protocol is None:
+        for name in (ENV_TRACES_PROTOCOL, ENV_PROTOCOL):
+            if _env(name):
+                protocol, source = _env(name), name
+                break
+    protocol = (protocol or "http/protobuf").lower()
+    if protocol not in PROTOCOLS:
+        raise ValueError(
+            f"{source}: unsupported OTLP protocol {protocol!r} (expected grpc or http/protobuf; "
+            "for OTLP/JSON to a file use the otlp_json exporter)"
+        )
+    return protocol
+
+
+def _otlp_exporter(protocol: str, endpoint: str | None) -> SpanExporter:
+    if endpoint is None and _env(ENV_TRACES_ENDPOINT):
+        endpoint = _env(ENV_TRACES_ENDPOINT)
+    elif endpoint is None and _env(ENV_ENDPOINT) and protocol == "http/protobuf":
+        endpoint = _env(ENV_ENDPOINT).rstrip("/") + "/v1/traces"  # type: ignore[union-attr]
+    elif endpoint is None and _env(ENV_ENDPOINT):
+        endpoint = _env(ENV_ENDPOINT)
+    elif endpoint is not None and protocol == "http/protobuf" and not endpoint.rstrip("/").endswith("/v1/traces"):
+        endpoint = endpoint.rstrip("/") + "/v1/traces"
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        insecure = True if endpoint and endpoint.startswith("http://") else None
+        return GrpcExporter(endpoint=endpoint, insecure=insecure)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+    return HttpExporter(endpoint=endpoint)
+
+
+def _resource(
+    service_name: str | None, instance_id: str | None, extra: Mapping[str, object] | None
+) -> Resource:
+    attributes: dict[str, object] = dict(extra or {})
+    if service_name is not None:
+        attributes["service.name"] = service_name
+    resource = Resource.create(attributes)  # merges OTEL_RESOURCE_ATTRIBUTES / OTEL_SERVICE_NAME
+    found = resource.attributes
+    defaults: dict[str, object] = {}
+    if str(found.get("service.name", "")).startswith("unknown_service"):
+        defaults["service.name"] = DEFAULT_SERVICE_NAME
+    if instance_id is not None:
+        defaults["service.instance.id"] = instance_id
+    elif "service.instance.id" not in found:
+        defaults["service.instance.id"] = str(uuid.uuid4())
+    if "host.name" not in found:
+        defaults["host.name"] = socket.gethostname()
+    return resource.merge(Resource(defaults)) if defaults else resource
+
+
+def _event_limit(span_event_limit: int | None) -> int:
+    source = "span_event_limit argument"
+    if span_event_limit is None and _env(ENV_EVENT_LIMIT):
+        raw = _env(ENV_EVENT_LIMIT)
+        try:
+            span_event_limit, source = int(raw), ENV_EVENT_LIMIT  # type: ignore[arg-type]
+        except ValueError:
+            raise ValueError(f"{ENV_EVENT_LIMIT}: expected an integer, got {raw!r}") from None
+    if span_event_limit is None:
+        return DEFAULT_SPAN_EVENT_LIMIT
+    if span_event_limit < 1:
+        raise ValueError(f"{source}: the span event limit must be >= 1, got {span_event_limit}")
+    return span_event_limit
+
+
+def setup_tracing(
+    service_name: str | None = None,
+    *,
+    exporter: str | Sequence[str] | None = None,
+    endpoint: str | None = None,
+    protocol: str | None = None,
+    json_path: str | Path | None = None,
+    instance_id: str | None = None,
+    resource_attributes: Mapping[str, object] | None = None,
+    span_event_limit: int | None = None,
+    span_exporters: Sequence[SpanExporter] = (),
+    batch: bool = True,
+) -> TracerProvider:
+    """A TracerProvider with tokentrace's resource, span limits and exporters (not installed globally).
+
+    - ``exporter``: ``otlp`` | ``console`` | ``otlp_json`` | ``none`` or a list of them.
+    - ``protocol`` (for ``otlp``): ``grpc`` or ``http/protobuf``; ``endpoint`` e.g.
+      ``http://127.0.0.1:4317`` (gRPC) or ``http://127.0.0.1:4318`` (HTTP; ``/v1/traces`` is
+      appended unless present).
+    - ``json_path``: the OTLP/JSON lines file for ``otlp_json``.
+    - ``span_event_limit``: max events per span (default 65536; must exceed the largest
+      max_new_tokens served, since the ``generate`` span carries one event per chunk).
+    - ``span_exporters``: extra exporters added as given (e.g. an InMemorySpanExporter).
+    - ``batch``: BatchSpanProcessor (default, exports off the request path) or
+      SimpleSpanProcessor (synchronous; for scripts and tests).
+    """
+    names = _exporter_names(exporter)
+    exporters: list[SpanExporter] = []
+    for name in names:
+        if name == "otlp":
+            exporters.append(_otlp_exporter(_protocol(protocol), endpoint))
+        elif name == "console":
+            exporters.append(ConsoleSpanExporter(out=sys.stderr))
+        elif name == "otlp_json":
+            from instrument.otlp_json import OTLPJsonLinesSpanExporter
+
+            path = json_path if json_path is not None else _env(ENV_JSON_PATH)
+            if path is None:
+                raise ValueError(f"the otlp_json exporter needs json_path= or {ENV_JSON_PATH}")
+            exporters.append(OTLPJsonLinesSpanExporter(path))
+    exporters.extend(span_exporters)
+    provider = TracerProvider(
+        resource=_resource(service_name, instance_id, resource_attributes),
+        span_limits=SpanLimits(max_events=_event_limit(span_event_limit)),
+    )
+    for span_exporter in exporters:
+        processor = BatchSpanProcessor(span_exporter) if batch else SimpleSpanProcessor(span_exporter)
+        provider.add_span_processor(processor)
+    return provider
+
+
+def get_tracer(provider: TracerProvider | None = None) -> Tracer:
+    """The ``tokentrace`` tracer (scope version = contract version) of ``provider``.
+
+    ``None`` means the global provider the application installed (never one installed here).
+    """
+    if provider is None:
+        from opentelemetry import trace
+
+        return trace.get_tracer(SCOPE_NAME, CONTRACT_VERSION)  # type: ignore[return-value]
+    return provider.get_tracer(SCOPE_NAME, CONTRACT_VERSION)
+
+
+def span_event_limit_of(tracer: object) -> int | None:
+    """The max events per span an SDK tracer enforces (None when unknown, e.g. a no-op tracer)."""
+    limits = getattr(tracer, "_span_limits", None)
+    value = getattr(limits, "max_events", None)
+    return value if isinstance(value, int) else None
