@@ -1,0 +1,15 @@
+"""Input formats: one reader module per input shape, all producing the canonical rows.
+
+- :mod:`otlp_json` — OTLP/JSON lines, documents, Jaeger api_v3 wrapper
+- :mod:`otlp_proto` — OTLP/protobuf, length-prefixed (Collector file exporter), zstd per message
+- :mod:`jaeger_json` — Jaeger /api/traces, UI trace object, bare span array
+- :mod:`parquet_dump` — Parquet written by ``tokentrace export``
+- :mod:`inputs` — paths, globs, stdin, gzip/zstd, sniffing; :mod:`values` — field parsing;
+  :mod:`canonical` — row layout and the counting sink; :mod:`stage` — staging and dedupe.
+
+See docs/loading.md for what each reader accepts and rejects.
+"""
+
+from analyzer.formats.canonical import LoadError
+
+__all__ = ["LoadError"]

@@ -1,0 +1,86 @@
+"""``tokentrace load``: trace files into the DuckDB database."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from analyzer.cli.group import cli
+from analyzer.cli.options import UserError, db_option
+
+__all__ = ["load"]
+
+
+def _progress_bar(quiet: bool):  # noqa: ANN202
+    """A rich progress bar over bytes read, or None (quiet, not a TTY, or rich missing)."""
+    if quiet or not sys.stderr.isatty():
+        return None
+    try:
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+    except ImportError:
+        return None
+    return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), transient=True)
+
+
+@cli.command("load")
+@click.argument("paths", nargs=-1, required=True, metavar="PATH...")
+@db_option
+@click.option("--lenient", is_flag=True, help="Load the good records; keep each rejected one, raw, in the rejects table.")
+@click.option(
+    "--input-format",
+    type=click.Choice(["auto", "otlp-json", "otlp-proto", "jaeger-json", "parquet"]),
+    default="auto",
+    show_default=True,
+    help="Input format; auto sniffs each file.",
+)
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no per-file summary.")
+def load(paths: tuple[str, ...], db_path: str, lenient: bool, input_format: str, quiet: bool) -> None:
+    """Load OTLP JSON/protobuf, Jaeger JSON or Parquet traces into the database.
+
+    PATH is a file, a directory, a glob or - (stdin); .gz and .zst are decompressed.
+    Spans are deduplicated on (trace_id, span_id). Strict by default: the first bad record
+    stops the load and nothing is written.
+
+    \b
+    Example:
+      tokentrace load otel-traces.jsonl --db traces.duckdb
+      tokentrace load 'dumps/**/*.json.zst' --db traces.duckdb --lenient
+    """
+    from analyzer.load import LoadError, load_paths, reasons_summary
+    from analyzer.store import connect
+
+    bar = _progress_bar(quiet)
+    tasks: dict[str, int] = {}
+
+    def progress(file: str, nbytes: int, size: int | None) -> None:
+        if file not in tasks:
+            tasks[file] = bar.add_task(file, total=size)
+        bar.advance(tasks[file], nbytes)
+
+    con = connect(db_path)
+    try:
+        if bar is not None:
+            with bar:
+                report = load_paths(con, list(paths), lenient=lenient, input_format=input_format, progress=progress)
+        else:
+            report = load_paths(con, list(paths), lenient=lenient, input_format=input_format)
+    except LoadError as e:
+        raise UserError(str(e), hint=e.hint) from None
+    finally:
+        con.close()
+    if quiet:
+        return
+    for f in report.files:
+        line = (
+            f"{f.file} [{f.format}]: {f.records_read} records, {f.spans_read} spans read, "
+            f"{f.spans_loaded} loaded, {f.duplicates_identical} duplicates, {f.rejected} rejected"
+        )
+        if f.rejected:
+            line += f" ({reasons_summary(f)})"
+        click.echo(line)
+    if len(report.files) > 1:
+        click.echo(
+            f"total: {report.total('spans_read')} spans read, {report.total('spans_loaded')} loaded, "
+            f"{report.total('duplicates_identical')} duplicates, {report.total('rejected')} rejected (load {report.load_id})"
+        )

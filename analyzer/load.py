@@ -1,0 +1,223 @@
+"""Load trace files into the canonical tables: inputs -> readers -> dedupe -> insert -> accounting.
+
+Example::
+
+    con = connect("traces.duckdb")
+    report = load_paths(con, ["otel-traces.jsonl.zst"], lenient=True)
+    print(report.files[0].spans_loaded)
+
+Every file gets one row in ``loads`` (records and spans read, loaded, deduplicated and
+rejected by reason) and, in lenient mode, each rejected record is kept raw in ``rejects``.
+One call is one transaction with one ``load_id``: in strict mode the first bad record
+raises :class:`LoadError` and nothing from the call stays in the database.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import duckdb
+
+from analyzer.formats import otlp_json, otlp_proto, parquet_dump, stage
+from analyzer.formats.canonical import LENIENT_HINT, LoadError, Reject, RowSink
+from analyzer.formats.inputs import INPUT_FORMATS, InputFile, detect_format, expand_inputs, open_stream
+from analyzer.formats.jaeger_json import is_jaeger_document, read_jaeger_document
+from analyzer.store import next_load_id, record_load
+
+__all__ = ["FileReport", "INPUT_FORMATS", "LoadError", "LoadReport", "load_paths"]
+
+
+@dataclass
+class FileReport:
+    """What one input file gave (the same figures as its ``loads`` row). Counts are records/spans."""
+
+    file: str
+    format: str
+    records_read: int = 0
+    spans_read: int = 0
+    spans_loaded: int = 0
+    duplicates_identical: int = 0
+    duplicates_conflicting: int = 0
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)
+    incomplete_last_line: bool = False
+
+    @property
+    def rejected(self) -> int:
+        return sum(self.rejected_by_reason.values())
+
+
+@dataclass
+class LoadReport:
+    """The result of :func:`load_paths`: one :class:`FileReport` per input, in order."""
+
+    load_id: int
+    files: list[FileReport]
+
+    def total(self, name: str) -> int:
+        """Sum of one integer field over all files (e.g. ``total("spans_loaded")``)."""
+        return sum(getattr(f, name) for f in self.files)
+
+
+ProgressFn = Callable[[str, int, int | None], None]  # (file, bytes_done_increment, file_size_bytes)
+
+
+def load_paths(
+    con: duckdb.DuckDBPyConnection,
+    paths: Sequence[str],
+    *,
+    lenient: bool = False,
+    input_format: str = "auto",
+    progress: ProgressFn | None = None,
+    batch_spans: int = 20_000,
+) -> LoadReport:
+    """Load files, directories, globs or ``-`` (stdin) into ``con``'s canonical tables.
+
+    ``input_format`` is one of ``INPUT_FORMATS`` (``auto`` sniffs each file). Strict mode
+    (default) raises :class:`LoadError` (``file:line: reason``) on the first bad record;
+    ``lenient`` loads the rest and keeps rejects. Spans are deduplicated on (trace_id, span_id)
+    against the same file, earlier files and the database.
+    """
+    if input_format not in INPUT_FORMATS:
+        raise LoadError("--input-format", None, "invalid_option", f"{input_format!r}: expected one of {', '.join(INPUT_FORMATS)}")
+    inputs = expand_inputs(paths)
+    con.execute("BEGIN TRANSACTION")
+    try:
+        load_id = next_load_id(con)
+        files = [_load_one(con, f, load_id, lenient, input_format, progress, batch_spans) for f in inputs]
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    finally:
+        stage.drop_stage(con)
+    return LoadReport(load_id, files)
+
+
+def _load_one(
+    con: duckdb.DuckDBPyConnection, f: InputFile, load_id: int, lenient: bool, input_format: str,
+    progress: ProgressFn | None, batch_spans: int,
+) -> FileReport:  # fmt: skip
+    stage.create_stage(con)
+    schemas = stage.stage_schemas(con)
+    sink = RowSink(f.name, strict=not lenient, flush=lambda s, e, l: stage.append_stage(con, schemas, s, e, l), batch_spans=batch_spans)
+    if progress is not None:
+        size = f.size_bytes
+        sink.on_progress = lambda n: progress(f.name, n, size)
+    fmt = _read(con, f, sink, input_format)
+    sink.flush_now()
+    result = stage.commit_stage(con, load_id)
+    for line, ordinal, trace_id, span_id, raw in result.conflicting:
+        sink.reject(Reject(line, ordinal, "conflicting_duplicate", raw, trace_id, span_id,
+                           "same trace and span id as an earlier span, different content"))  # fmt: skip
+    reasons = dict(sink.reasons)
+    report = FileReport(
+        f.name, fmt, sink.records_read, sink.spans_read, result.spans_loaded, result.duplicates_identical,
+        reasons.get("conflicting_duplicate", 0), reasons, sink.incomplete_last_line,
+    )  # fmt: skip
+    record_load(
+        con, load_id, f.name, fmt, records_read=report.records_read, spans_read=report.spans_read,
+        spans_loaded=report.spans_loaded, duplicates_identical=report.duplicates_identical,
+        duplicates_conflicting=report.duplicates_conflicting, rejected_by_reason=reasons,
+        incomplete_last_line=report.incomplete_last_line,
+    )  # fmt: skip
+    _insert_rejects(con, load_id, f.name, sink.rejects)
+    return report
+
+
+def _read(con: duckdb.DuckDBPyConnection, f: InputFile, sink: RowSink, input_format: str) -> str:
+    """Run the right reader over one input; returns the shape read (``loads.format``)."""
+    if f.dataset_dir:
+        if input_format not in ("auto", "parquet"):
+            raise LoadError(f.name, None, "wrong_format", f"a Parquet dataset directory, not {input_format}")
+        return parquet_dump.read_parquet_dump(con, f, sink)
+    stream = open_stream(f)
+    try:
+        head = stream.peek(1 << 16)[: 1 << 16]
+        detected = detect_format(f.name, head) if input_format == "auto" else input_format
+        if detected == "empty":
+            return "empty"
+        if detected == "parquet":
+            if f.path is None:
+                raise LoadError(f.name, None, "unsupported", "Parquet cannot be read from stdin: give the file")
+            return parquet_dump.read_parquet_dump(con, f, sink)
+        if detected == "otlp-proto":
+            return otlp_proto.read_proto_stream(stream, sink)
+        return _read_json(stream, head, sink, input_format)
+    finally:
+        if f.path is not None:
+            stream.close()
+
+
+def _is_json_lines(head: bytes) -> bool:
+    nl = head.find(b"\n")
+    if nl < 0:
+        return True  # one (long) line
+    try:
+        first = otlp_json.loads_json(head[:nl])
+    except ValueError:
+        return False
+    return isinstance(first, dict)
+
+
+def _not_traces_detail(doc: object) -> str:
+    if isinstance(doc, dict):
+        keys = ", ".join(list(doc)[:5])
+        what = "OTLP logs/metrics" if any(k.startswith("resource") for k in doc) else f"a JSON object with keys {keys}"
+        return f"{what}, not traces (expected OTLP resourceSpans, Jaeger data/traceID/spans, or a Jaeger span array)"
+    return "a JSON array that is neither Jaeger spans nor traces"
+
+
+def _first_line_check(name: str, head: bytes) -> None:
+    """File-level error when the first JSON line is not a traces document (e.g. benchmark results)."""
+    nl = head.find(b"\n")
+    try:
+        first = otlp_json.loads_json(head[:nl] if nl >= 0 else head)
+    except ValueError:
+        return
+    if not otlp_json.is_traces_document(first):
+        raise LoadError(name, 1, "not_traces", _not_traces_detail(first))
+
+
+def _read_json(stream, head: bytes, sink: RowSink, input_format: str) -> str:  # noqa: ANN001
+    if input_format != "jaeger-json" and _is_json_lines(head):
+        _first_line_check(sink.file, head)
+        otlp_json.read_json_lines(stream, sink)
+        if sink.records_read and sink.reasons.get("not_traces") == sink.records_read:
+            raise LoadError(sink.file, 1, "not_traces", "no line holds an OTLP traces document (resourceSpans)")
+        return "otlp_json_lines"
+    data = stream.read()
+    sink.progress(len(data))
+    try:
+        doc = otlp_json.loads_json(data)
+    except ValueError as e:
+        if sink.strict:
+            raise LoadError(sink.file, None, "invalid_json", str(e).split("\n")[0], hint=LENIENT_HINT) from None
+        sink.records_read += 1
+        sink.reject(Reject(1, 0, "invalid_json", data.decode("utf-8", "replace"), detail=str(e)))
+        return "json"
+    if is_jaeger_document(doc):
+        if input_format == "otlp-json":
+            raise LoadError(sink.file, None, "wrong_format", "this is Jaeger JSON, not OTLP/JSON (--input-format)")
+        return read_jaeger_document(doc, sink)
+    if input_format == "jaeger-json":
+        raise LoadError(sink.file, None, "wrong_format", "not Jaeger JSON (no data[], traceID/spans or span array)")
+    if not otlp_json.is_traces_document(doc):
+        raise LoadError(sink.file, None, "not_traces", _not_traces_detail(doc))
+    otlp_json.read_json_document(doc, sink)
+    return "otlp_json_apiv3" if isinstance(doc, dict) and "result" in doc else "otlp_json"
+
+
+def _insert_rejects(con: duckdb.DuckDBPyConnection, load_id: int, file: str, rejects: list[Reject]) -> None:
+    if not rejects:
+        return
+    con.executemany(
+        "INSERT INTO rejects VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        [(load_id, file, r.line, r.record_index, r.trace_id, r.span_id, r.reason, r.raw) for r in rejects],
+    )
+
+
+def reasons_summary(report: FileReport) -> str:
+    """``reason=count, ...`` sorted by count (for the CLI)."""
+    return ", ".join(f"{k}={v}" for k, v in Counter(report.rejected_by_reason).most_common())
