@@ -1,0 +1,237 @@
+"""traced_generate on the real tiny Llama GQA model, spans read from an in-memory exporter."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from opentelemetry import trace  # noqa: E402
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+from opentelemetry.trace import SpanKind  # noqa: E402
+
+from instrument.generate import instrument_model, traced_generate, uninstrument_model  # noqa: E402
+from instrument.kv_runtime import cache_tensor_bytes  # noqa: E402
+from instrument.tiny_model import load_tiny_model  # noqa: E402
+from instrument.tracing import setup_tracing  # noqa: E402
+
+PROMPT = "Hello world, the quick brown fox"
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_tiny_model()
+
+
+@pytest.fixture
+def spans_out():
+    exporter = InMemorySpanExporter()
+    provider = setup_tracing(exporter="none", span_exporters=[exporter], batch=False)
+    yield provider, exporter
+    provider.shutdown()
+
+
+def _by_name(spans, name):
+    return [s for s in spans if s.name == name]
+
+
+def test_prefill_and_one_decode_span_per_step(tiny, spans_out):
+    model, tok = tiny
+    provider, exporter = spans_out
+    result = traced_generate(model, tok, PROMPT, tracer_provider=provider, max_new_tokens=12)
+    spans = exporter.get_finished_spans()
+    (root,) = _by_name(spans, "generate")
+    (prefill,) = _by_name(spans, "prefill")
+    decodes = sorted(_by_name(spans, "decode"), key=lambda s: s.attributes["tokentrace.step"])
+    seq = result.sequences[0]
+    input_tokens = len(tok(PROMPT)["input_ids"])
+    assert (seq.input_tokens, seq.generated_tokens, seq.finish_reason) == (input_tokens, 12, "length")
+    assert [d.attributes["tokentrace.step"] for d in decodes] == list(range(1, 12))
+    assert [d.attributes["tokentrace.context_tokens"] for d in decodes] == [input_tokens + k for k in range(1, 12)]
+    # Scope and kind are the contract's.
+    for span in spans:
+        assert (span.instrumentation_scope.name, span.instrumentation_scope.version) == ("tokentrace", "1")
+        assert span.kind == SpanKind.INTERNAL
+    # Parentage: prefill and decode spans are children of the root, which has no parent.
+    assert root.parent is None
+    for child in [prefill, *decodes]:
+        assert child.parent.span_id == root.context.span_id
+        assert child.context.trace_id == root.context.trace_id
+    # Times: monotonic, nested in the root, one step after another.
+    assert root.start_time <= prefill.start_time < prefill.end_time <= decodes[0].start_time
+    for earlier, later in zip(decodes, decodes[1:]):
+        assert earlier.start_time < earlier.end_time <= later.start_time < later.end_time
+    assert decodes[-1].end_time <= root.end_time
+    # Root usage attributes (engine perspective) and chunk events at the decode span ends.
+    assert root.attributes["gen_ai.usage.input_tokens"] == input_tokens
+    assert root.attributes["gen_ai.usage.output_tokens"] == seq.output_tokens
+    assert root.attributes["tokentrace.generated_tokens"] == 12
+    assert tuple(root.attributes["gen_ai.response.finish_reasons"]) == ("length",)
+    events = root.events
+    assert [e.attributes["tokentrace.chunk.index"] for e in events] == list(range(12))
+    assert all(e.name == "tokentrace.chunk" and e.attributes["tokentrace.chunk.tokens"] == 1 for e in events)
+    assert events[0].timestamp == prefill.end_time
+    assert [e.timestamp for e in events[1:]] == [d.end_time for d in decodes]
+    assert root.dropped_events == 0
+
+
+def test_kv_bytes_after_generate_equal_the_returned_cache(tiny, spans_out):
+    model, tok = tiny
+    provider, exporter = spans_out
+    result = traced_generate(model, tok, PROMPT, tracer_provider=provider, max_new_tokens=9, return_dict_in_generate=True)
+    cache = result.output.cache
+    last = max(_by_name(exporter.get_finished_spans(), "decode"), key=lambda s: s.attributes["tokentrace.step"])
+    cache_bytes = sum(int(layer.keys.nbytes) + int(layer.values.nbytes) for layer in cache.layers)
+    assert last.attributes["tokentrace.kv.bytes"] == cache_bytes == cache_tensor_bytes(cache)
+    (prefill,) = _by_name(exporter.get_finished_spans(), "prefill")
+    # 2 x 2 layers x 2 kv heads x 8 head_dim x 4 bytes (fp32)
+    assert prefill.attributes["tokentrace.kv.bytes_per_token"] == 256
+    assert prefill.attributes["tokentrace.kv.layout"] == "gqa"
+    assert prefill.attributes["tokentrace.kv.dtype"] == "fp32"
+    assert prefill.attributes["tokentrace.kv.bytes"] == 256 * result.sequences[0].input_tokens
+
+
+def test_stop_token_counts_in_g_not_in_o(tiny, spans_out):
+    model, tok = tiny
+    provider, exporter = spans_out
+    plain = model.generate(**tok(PROMPT, return_tensors="pt"), max_new_tokens=8, do_sample=False)
+    prompt_len = len(tok(PROMPT)["input_ids"])
+    stop_id = int(plain[0, prompt_len + 4])  # the 5th greedy token becomes the stop token
+    first_stop = plain[0, prompt_len:].tolist().index(stop_id)
+    result = traced_generate(model, tok, PROMPT, tracer_provider=provider, max_new_tokens=8, eos_token_id=stop_id)
+    seq = result.sequences[0]
+    assert seq.generated_tokens == first_stop + 1
+    assert seq.finish_reason == "stop"
+    assert seq.chunk_visible[-1] is False
+    assert seq.output_tokens == sum(seq.chunk_visible) == seq.generated_tokens - 1
+    assert len(_by_name(exporter.get_finished_spans(), "decode")) == seq.generated_tokens - 1
+
+
+@pytest.mark.parametrize(("policy", "steps"), [("every:3", [1, 4, 7, 10]), ("none", [])])
+def test_decode_span_policy_thins_steps_but_keeps_chunks(tiny, spans_out, policy, steps):
+    model, tok = tiny
+    provider, exporter = spans_out
+    traced_generate(model, tok, PROMPT, tracer_provider=provider, max_new_tokens=12, decode_spans=policy)
+    spans = exporter.get_finished_spans()
+    assert sorted(d.attributes["tokentrace.step"] for d in _by_name(spans, "decode")) == steps
+    assert len(_by_name(spans, "generate")[0].events) == 12
+
+
+def test_sampling_with_user_streamer_and_content_capture(tiny, spans_out):
+    model, tok = tiny
+    provider, exporter = spans_out
+    received = []
+
+    class ListStreamer:
+        def put(self, value):
+            received.append(value.tolist())
+
+        def end(self):
+            received.append("end")
+
+    torch.manual_seed(1)
+    result = traced_generate(
+        model, tok, PROMPT, tracer_provider=provider, max_new_tokens=6, do_sample=True, temperature=0.8,
+        top_p=0.9, streamer=ListStreamer(), capture_content=True,
+    )
+    assert len(received) == 1 + 6 + 1  # prompt, one put per token, end
+    (root,) = _by_name(exporter.get_finished_spans(), "generate")
+    assert root.attributes["gen_ai.request.temperature"] == pytest.approx(0.8)
+    assert root.attributes["gen_ai.request.top_p"] == pytest.approx(0.9)
+    assert PROMPT in root.attributes["gen_ai.input.messages"]
+    assert result.sequences[0].completion_text is not None
+    assert '"role": "assistant"' in root.attributes["gen_ai.output.messages"]
+
+
+def test_no_content_by_default(tiny, spans_out):
+    model, tok = tiny
+    provider, exporter = spans_out
+    traced_generate(model, tok, PROMPT, tracer_provider=provider, max_new_tokens=3)
+    for span in exporter.get_finished_spans():
+        assert not any(key.startswith(("gen_ai.input", "gen_ai.output")) for key in span.attributes)
+
+
+def test_parent_context_makes_steps_children_of_the_callers_span(tiny, spans_out):
+    model, tok = tiny
+    provider, exporter = spans_out
+    tracer = provider.get_tracer("gateway-test")
+    with tracer.start_as_current_span("gateway", kind=SpanKind.SERVER) as gateway:
+        ctx = trace.set_span_in_context(gateway)
+        result = traced_generate(model, tok, PROMPT, tracer_provider=provider, parent_context=ctx, max_new_tokens=5)
+        gateway.set_attributes(result.sequences[0].usage_attributes())
+    spans = exporter.get_finished_spans()
+    assert not _by_name(spans, "generate")
+    (gw,) = _by_name(spans, "gateway")
+    children = _by_name(spans, "prefill") + _by_name(spans, "decode")
+    assert len(children) == 5
+    assert all(s.parent.span_id == gw.context.span_id for s in children)
+    assert gw.attributes["tokentrace.generated_tokens"] == 5
+
+
+def test_batch_gets_one_root_per_sequence(tiny, spans_out):
+    model, tok = tiny
+    provider, exporter = spans_out
+    prompts = ["Hello", "The quick brown fox jumps over"]
+    result = traced_generate(model, tok, prompts, tracer_provider=provider, max_new_tokens=4)
+    spans = exporter.get_finished_spans()
+    roots = sorted(_by_name(spans, "generate"), key=lambda s: s.attributes["tokentrace.batch.index"])
+    assert len(roots) == 2
+    for root, prompt, seq in zip(roots, prompts, result.sequences):
+        assert root.attributes["gen_ai.usage.input_tokens"] == len(tok(prompt)["input_ids"]) == seq.input_tokens
+        children = [s for s in spans if s.parent is not None and s.parent.span_id == root.context.span_id]
+        assert sorted(s.name for s in children) == ["decode"] * 3 + ["prefill"]
+        for child in children:
+            if child.name == "decode":
+                k = child.attributes["tokentrace.step"]
+                assert child.attributes["tokentrace.context_tokens"] == seq.input_tokens + k
+
+
+def test_clear_errors_for_unsupported_modes(tiny):
+    model, tok = tiny
+    provider = TracerProvider(span_limits=SpanLimits(max_events=128))
+    with pytest.raises(ValueError, match="num_beams"):
+        traced_generate(model, tok, PROMPT, tracer_provider=provider, max_new_tokens=3, num_beams=2)
+    with pytest.raises(ValueError, match="assistant_model"):
+        traced_generate(model, tok, PROMPT, tracer_provider=provider, max_new_tokens=3, assistant_model=model)
+    with pytest.raises(ValueError, match="span event limit"):
+        traced_generate(model, tok, PROMPT, tracer_provider=provider, max_new_tokens=150)
+    with pytest.raises(ValueError, match="decode_spans"):
+        traced_generate(model, tok, PROMPT, tracer_provider=provider, max_new_tokens=3, decode_spans="every:0")
+    ctx = trace.set_span_in_context(provider.get_tracer("t").start_span("gateway"))
+    with pytest.raises(ValueError, match="parent_context"):
+        traced_generate(model, tok, ["a", "b"], tracer_provider=provider, parent_context=ctx, max_new_tokens=3)
+
+
+def test_instrument_model_traces_plain_generate_calls(tiny, spans_out):
+    model, tok = tiny
+    provider, exporter = spans_out
+    instrument_model(model, tok, tracer_provider=provider)
+    try:
+        out = model.generate(**tok(PROMPT, return_tensors="pt"), max_new_tokens=4)
+    finally:
+        uninstrument_model(model)
+    assert isinstance(out, torch.Tensor) and out.shape[1] == len(tok(PROMPT)["input_ids"]) + 4
+    assert len(_by_name(exporter.get_finished_spans(), "decode")) == 3
+    assert "generate" not in model.__dict__
+
+
+def test_failed_generate_leaves_an_error_root(tiny, spans_out):
+    model, tok = tiny
+    provider, exporter = spans_out
+
+    class Exploding:
+        def put(self, value):
+            if value.dim() == 1:
+                raise RuntimeError("client went away")
+
+        def end(self):
+            pass
+
+    with pytest.raises(RuntimeError, match="client went away"):
+        traced_generate(model, tok, PROMPT, tracer_provider=provider, max_new_tokens=4, streamer=Exploding())
+    (root,) = _by_name(exporter.get_finished_spans(), "generate")
+    assert root.status.status_code.name == "ERROR"
+    assert root.attributes["error.type"] == "RuntimeError"
