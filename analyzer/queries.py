@@ -140,18 +140,29 @@ def _parse(name: str, path: Path) -> QueryFile:
 
 @lru_cache(maxsize=None)
 def load_query(name: str) -> QueryFile:
-    """The query ``queries/<name>.sql``; ValueError naming the known queries otherwise."""
-    if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+    """The query ``queries/<name>.sql``; ValueError naming the known queries otherwise.
+
+    ``name`` may name one subfolder, e.g. ``"audit/vllm_values"`` for
+    ``queries/audit/vllm_values.sql`` (the audit's queries; ``views/`` is not a query folder).
+    """
+    if not re.fullmatch(r"(?:[a-z][a-z0-9_]*/)?[a-z][a-z0-9_]*", name) or name.startswith("views/"):
         raise ValueError(f"invalid query name {name!r}")
     path = queries_dir() / f"{name}.sql"
     if not path.is_file():
-        raise ValueError(f"no query named {name!r}; known: {', '.join(list_queries())}")
+        folder = name.rpartition("/")[0]
+        known = list_queries(folder) if folder else list_queries()
+        raise ValueError(f"no query named {name!r}; known: {', '.join(known)}")
     return _parse(name, path)
 
 
-def list_queries() -> list[str]:
-    """Names of the metric queries (``queries/*.sql``, views excluded)."""
-    return sorted(p.stem for p in queries_dir().glob("*.sql"))
+def list_queries(folder: str | None = None) -> list[str]:
+    """Names of the metric queries (``queries/*.sql``, views excluded).
+
+    With ``folder`` (e.g. ``"audit"``): the queries of that subfolder, as ``"audit/<name>"``.
+    """
+    if folder is None:
+        return sorted(p.stem for p in queries_dir().glob("*.sql"))
+    return sorted(f"{folder}/{p.stem}" for p in (queries_dir() / folder).glob("*.sql"))
 
 
 # Each adapter (one file in queries/views/) defines `<source>_request_facts` and
@@ -160,10 +171,20 @@ def list_queries() -> list[str]:
 UNIONED_VIEWS = ("request_facts", "request_chunks")
 
 
+DERIVED_MARKER = "-- install: after request_facts"
+
+
 def install_views(con: duckdb.DuckDBPyConnection) -> None:
-    """Create or replace the adapter views, then ``request_facts`` and ``request_chunks``."""
+    """Create or replace the adapter views, then ``request_facts`` and ``request_chunks``, then
+    the derived views (files whose header has the line ``-- install: after request_facts``:
+    per-request metrics, gaps and clock offsets, computed once over the unions)."""
+    derived: list[str] = []
     for path in sorted((queries_dir() / "views").glob("*.sql")):
-        con.execute(path.read_text())
+        text = path.read_text()
+        if DERIVED_MARKER in text.splitlines():
+            derived.append(text)
+            continue
+        con.execute(text)
     views = {
         row[0]
         for row in con.execute(
@@ -184,6 +205,8 @@ def install_views(con: duckdb.DuckDBPyConnection) -> None:
         column_list = ", ".join(columns)
         body = "\nUNION ALL\n".join(f"SELECT {column_list} FROM {v}" for v in parts)
         con.execute(f"CREATE OR REPLACE VIEW {union} AS\n{body}")
+    for text in derived:
+        con.execute(text)
 
 
 @dataclass

@@ -50,9 +50,12 @@ WHERE name = 'tokentrace.chunk';
 -- Visible chunks of every request perspective, for per-gap (ITL) and steady-state window
 -- questions. perspective_span_id is the span that carried the events.
 CREATE OR REPLACE VIEW tt_request_chunks AS
+-- events_dropped > 0: the carrying span lost events to the SDK's limit, so gaps around the
+-- lost chunks are unknown (itl_ms NULL with a reason) and token counts are incomplete.
 SELECT r.trace_id, r.request_span_id, r.perspective, 'tokentrace' AS source,
-       c.chunk_index, c.time_ns, c.chunk_tokens
+       c.chunk_index, c.time_ns, c.chunk_tokens, p.dropped_events_count AS events_dropped
 FROM tt_request_spans r
+JOIN spans p ON p.trace_id = r.trace_id AND p.span_id = r.perspective_span_id
 JOIN tt_chunk_events c ON c.trace_id = r.trace_id AND c.span_id = r.perspective_span_id
 WHERE c.visible;
 
@@ -111,10 +114,12 @@ SELECT
         json_extract_string(sv.attr_json['gen_ai.response.finish_reasons'], '$[0]')
     ) AS finish_reason,
     p.status_code,
+    sv.status_code AS server_status_code,
     coalesce(p.attr_str['error.type'], sv.attr_str['error.type']) AS error_type,
     sv.start_ns AS server_start_ns,
     sv.end_ns AS server_end_ns,
     cl.start_ns AS client_start_ns,
+    cl.end_ns AS client_end_ns,
     CASE WHEN sv.dropped_events_count = 0 THEN sca.first_chunk_ns END AS server_first_chunk_ns,
     CASE WHEN cl.dropped_events_count = 0 THEN cca.first_chunk_ns END AS client_first_chunk_ns,
     ph.tokenize_start_ns,

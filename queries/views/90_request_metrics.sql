@@ -1,0 +1,120 @@
+-- install: after request_facts
+-- Derived views over request_facts / request_chunks (every adapter): each per-request and
+-- per-gap formula of docs/metrics.md is written here once, and the metric queries
+-- (requests, itl, summary, window, phases, skew_offsets) select from these views.
+
+-- One row per request and perspective: the seed's formulas, on the perspective's own clock.
+-- TTFT = f - s; E2E = e - s; TPOT = (E2E - TTFT) / (O - 1), NULL when O <= 1;
+-- decode-only rate = (O - 1) / (E2E - TTFT); whole-request rate = O / E2E.
+CREATE OR REPLACE VIEW request_metrics AS
+SELECT
+    source,
+    perspective,
+    trace_id,
+    request_span_id,
+    perspective_span_id,
+    server_span_id,
+    client_span_id,
+    clock_domain,
+    server_clock_domain,
+    client_clock_domain,
+    s_ns,
+    f_ns,
+    e_ns,
+    end_ns,
+    input_tokens,
+    output_tokens,
+    generated_tokens,
+    visible_chunks,
+    finish_reason,
+    status_code,
+    error_type,
+    CASE
+        WHEN finish_reason = 'cancelled' THEN 'cancelled'
+        WHEN finish_reason = 'error' OR status_code = 'ERROR' OR server_status_code = 'ERROR' THEN 'failed'
+        ELSE 'succeeded'
+    END AS outcome,
+    (f_ns - s_ns) / 1e6 AS ttft_ms,
+    (e_ns - s_ns) / 1e6 AS e2e_ms,
+    CASE WHEN output_tokens > 1
+         THEN ((e_ns - s_ns) - (f_ns - s_ns)) / 1e6 / (output_tokens - 1) END AS tpot_ms,
+    CASE WHEN output_tokens > 1 AND e_ns > f_ns
+         THEN (output_tokens - 1) / ((e_ns - f_ns) / 1e9) END AS decode_output_tokens_per_second,
+    CASE WHEN e_ns > s_ns
+         THEN output_tokens / ((e_ns - s_ns) / 1e9) END AS whole_request_output_tokens_per_second,
+    kv_bytes_per_token,
+    prompt_kv_bytes,
+    prompt_kv_bytes / 1048576.0 AS prompt_kv_mib,
+    -- KV after the last decode step; with one generated token there is no decode step and
+    -- the cache holds the prompt only (I + O - 1 = I).
+    coalesce(stop_kv_bytes, CASE WHEN decode_spans = 0 AND generated_tokens = 1 THEN prompt_kv_bytes END)
+        AS stop_kv_bytes,
+    coalesce(stop_kv_bytes, CASE WHEN decode_spans = 0 AND generated_tokens = 1 THEN prompt_kv_bytes END)
+        / 1048576.0 AS stop_kv_mib,
+    synthetic,
+    CASE
+        WHEN null_reason IS NOT NULL THEN null_reason
+        WHEN output_tokens IS NULL THEN 'output token count unknown'
+        WHEN output_tokens <= 1 THEN 'tpot_ms and decode rate need more than one output token'
+        WHEN e_ns = f_ns THEN 'decode rate needs e > f'
+    END AS null_reason
+FROM request_facts;
+
+-- One row per gap between consecutive visible chunks of a request perspective (ordered by
+-- chunk index): itl_ms per chunk; itl_per_token_ms = gap / tokens of the later chunk.
+CREATE OR REPLACE VIEW request_gaps AS
+WITH ordered AS (
+    SELECT
+        source, perspective, trace_id, request_span_id, chunk_index, time_ns, chunk_tokens, events_dropped,
+        lag(time_ns) OVER w AS prev_time_ns,
+        row_number() OVER w AS chunk_position
+    FROM request_chunks
+    WINDOW w AS (PARTITION BY trace_id, request_span_id, perspective ORDER BY chunk_index, time_ns)
+)
+SELECT
+    source,
+    perspective,
+    trace_id,
+    request_span_id,
+    chunk_position - 1 AS gap_index,
+    chunk_index,
+    prev_time_ns,
+    time_ns,
+    chunk_tokens,
+    CASE WHEN events_dropped = 0 THEN (time_ns - prev_time_ns) / 1e6 END AS itl_ms,
+    CASE WHEN events_dropped = 0 AND chunk_tokens > 0
+         THEN (time_ns - prev_time_ns) / 1e6 / chunk_tokens END AS itl_per_token_ms,
+    CASE
+        WHEN events_dropped > 0 THEN
+            'gap unknown: ' || CAST(events_dropped AS VARCHAR)
+            || ' events dropped by the span event limit, chunks are missing'
+        WHEN chunk_tokens = 0 THEN 'itl_per_token_ms needs a chunk with tokens'
+    END AS null_reason
+FROM ordered
+WHERE chunk_position > 1;
+
+-- Clock offset bounds per request that has both a client and a server span.
+-- theta = server clock - client clock. A message cannot arrive before it was sent:
+--   theta <= server_arrival - client_send          (gateway start - client span start)
+--   theta >= server_last_send - client_last_receive (gateway end   - client span end)
+CREATE OR REPLACE VIEW request_clock_offsets AS
+SELECT
+    trace_id,
+    request_span_id,
+    client_clock_domain AS client_domain,
+    server_clock_domain AS server_domain,
+    (server_end_ns - client_end_ns) / 1e6 AS offset_lower_ms,
+    (server_start_ns - client_start_ns) / 1e6 AS offset_upper_ms
+FROM request_facts
+WHERE perspective = 'client' AND server_span_id IS NOT NULL AND client_span_id IS NOT NULL;
+
+-- The intersection over all requests of a (client domain, server domain) pair bounds theta.
+CREATE OR REPLACE VIEW clock_pair_offsets AS
+SELECT
+    client_domain,
+    server_domain,
+    count(*) AS requests,
+    max(offset_lower_ms) AS offset_min_ms,
+    min(offset_upper_ms) AS offset_max_ms
+FROM request_clock_offsets
+GROUP BY client_domain, server_domain;
