@@ -1,0 +1,27 @@
+"""Embedded OTLP trace receiver (``tokentrace collect``): OTLP/gRPC and OTLP/HTTP in,
+OTLP/JSON lines out (the format ``tokentrace load`` and the Collector's file exporter share)."""
+
+from __future__ import annotations
+
+from analyzer.collect.convert import filter_invalid_spans, otlp_json_to_request, request_to_otlp_json
+from analyzer.collect.receiver import (
+    DEFAULT_GRPC_ADDR,
+    DEFAULT_HTTP_ADDR,
+    Receiver,
+    parse_bind_address,
+)
+from analyzer.collect.sink import ReceiverStats
+from analyzer.collect.writer import DEFAULT_ROTATE_BYTES, JsonlWriter
+
+__all__ = [
+    "DEFAULT_GRPC_ADDR",
+    "DEFAULT_HTTP_ADDR",
+    "DEFAULT_ROTATE_BYTES",
+    "JsonlWriter",
+    "Receiver",
+    "ReceiverStats",
+    "filter_invalid_spans",
+    "otlp_json_to_request",
+    "parse_bind_address",
+    "request_to_otlp_json",
+]
