@@ -3,13 +3,16 @@
 --   output token throughput, with the counting rules stated in columns. Two modes, never
 --   interchangeable (docs/metrics.md): closed_cohort = requests whose s falls in the window,
 --   all expected to finish inside it (not_finished_in_window counts those that did not; they
---   are kept, not dropped); steady_state = requests whose end falls in the window, and output
---   tokens from chunk events whose time falls in it (requests_crossing_boundary counts the
---   requests that contributed only part of their events).
+--   are kept, not dropped); steady_state = requests completing in the window (succeeded:
+--   e, the last visible chunk; failed, cancelled or without visible output: the span end),
+--   and output tokens from chunk events whose time falls in it (requests_crossing_boundary
+--   counts the requests that overlap the window without lying inside it: they contribute
+--   only their in-window events).
 --   A request is counted once, from one perspective: $perspective, or when NULL the best one
 --   it has (client, else server, else engine). Cancelled requests (finish reason
 --   'cancelled') are neither succeeded nor failed unless $cancelled_as_failed. Failed:
---   status ERROR or finish reason 'error'. A TPOT SLO passes a request whose TPOT is NULL
+--   status ERROR (request or gateway span) or finish reason 'error'. Per-request figures come from
+--   view request_metrics. A TPOT SLO passes a request whose TPOT is NULL
 --   (one output token); a TTFT/E2E SLO fails a request without that figure.
 -- param: $window_start_ns BIGINT default NULL -- window start (inclusive); NULL = earliest s
 -- param: $window_end_ns BIGINT default NULL -- window end (inclusive); NULL = latest request end
@@ -30,7 +33,7 @@ WITH ranked AS (
             PARTITION BY trace_id, request_span_id
             ORDER BY CASE perspective WHEN 'client' THEN 0 WHEN 'server' THEN 1 ELSE 2 END
         ) AS perspective_rank
-    FROM request_facts
+    FROM request_metrics
     WHERE $perspective IS NULL OR perspective = $perspective
 ),
 req AS (
@@ -40,15 +43,14 @@ req AS (
         perspective,
         s_ns,
         end_ns,
+        -- steady_state: a request completes at e (its last visible chunk); without e (no
+        -- visible output, lost events, failure) at the end of its span
+        CASE WHEN outcome = 'succeeded' THEN coalesce(e_ns, end_ns) ELSE end_ns END AS completion_ns,
         output_tokens,
-        (f_ns - s_ns) / 1e6 AS ttft_ms,
-        (e_ns - s_ns) / 1e6 AS e2e_ms,
-        CASE WHEN output_tokens > 1 THEN (e_ns - f_ns) / 1e6 / (output_tokens - 1) END AS tpot_ms,
-        CASE
-            WHEN finish_reason = 'cancelled' AND NOT $cancelled_as_failed THEN 'cancelled'
-            WHEN finish_reason IN ('cancelled', 'error') OR status_code = 'ERROR' THEN 'failed'
-            ELSE 'succeeded'
-        END AS outcome
+        ttft_ms,
+        e2e_ms,
+        tpot_ms,
+        CASE WHEN outcome = 'cancelled' AND $cancelled_as_failed THEN 'failed' ELSE outcome END AS outcome
     FROM ranked
     WHERE perspective_rank = 1
 ),
@@ -67,13 +69,14 @@ scored AS (
         outcome = 'succeeded' OR (outcome <> 'succeeded' AND $count_failed_tokens) AS tokens_count,
         req.s_ns >= b.start_ns AND req.s_ns <= b.end_ns AS starts_in_window,
         req.end_ns >= b.start_ns AND req.end_ns <= b.end_ns AS ends_in_window,
+        req.completion_ns >= b.start_ns AND req.completion_ns <= b.end_ns AS completes_in_window,
         req.s_ns <= b.end_ns AND req.end_ns >= b.start_ns AS overlaps_window
     FROM req, bounds b
 ),
 counted AS (
     SELECT * FROM scored
     WHERE CASE $mode WHEN 'closed_cohort' THEN starts_in_window
-                     WHEN 'steady_state' THEN ends_in_window END
+                     WHEN 'steady_state' THEN completes_in_window END
 ),
 steady_tokens AS (
     SELECT coalesce(sum(c.chunk_tokens), 0) AS tokens

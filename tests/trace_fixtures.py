@@ -81,6 +81,7 @@ class RequestPlan:
     client_clock_ahead_ms: float = 0.0
     max_events: int = 10_000  # SpanLimits.max_events of both processes (128 = SDK default)
     decode_overlap_ms: float = 0.0  # > 0 plants overlapping decode steps
+    plant_breaks: bool = False  # a negative-duration span, an event outside its span, chunks 1/2 swapped
 
     def chunks(self) -> list[int]:
         if self.chunk_tokens is not None:
@@ -163,7 +164,11 @@ def add_request(world: TraceWorld, p: RequestPlan) -> None:
                              attributes={**usage, "gen_ai.response.id": "r", "tokentrace.generated_tokens": p.output_tokens})
     gctx = trace.set_span_in_context(gw)
     server_t.start_span("tokenize", context=gctx, start_time=_ns(tok_start)).end(end_time=_ns(tok_end))
-    server_t.start_span("queue", context=gctx, start_time=_ns(q_start)).end(end_time=_ns(q_end))
+    queue = server_t.start_span("queue", context=gctx, start_time=_ns(q_start))
+    if p.plant_breaks:  # event 4 ms after its span ends; a span ending 2 ms before it starts
+        queue.add_event("tokentrace.admitted", timestamp=_ns(q_end + 4))
+        server_t.start_span("postprocess", context=gctx, start_time=_ns(q_start)).end(end_time=_ns(q_start - 2))
+    queue.end(end_time=_ns(q_end))
     server_t.start_span(
         "prefill", context=gctx, start_time=_ns(q_end),
         attributes={"tokentrace.input_tokens": p.input_tokens, "tokentrace.kv.bytes_per_token": KV_BYTES_PER_TOKEN,
@@ -180,7 +185,10 @@ def add_request(world: TraceWorld, p: RequestPlan) -> None:
                         "tokentrace.kv.bytes_per_token": KV_BYTES_PER_TOKEN,
                         "tokentrace.kv.bytes": KV_BYTES_PER_TOKEN * (p.input_tokens + produced - 1)},
         ).end(end_time=_ns(d_end))
-    for i, (t, n) in enumerate(zip(server_chunks, chunks)):
+    sent = list(server_chunks)
+    if p.plant_breaks:  # the gateway records chunk 1 at chunk 2's time and vice versa
+        sent[1], sent[2] = sent[2], sent[1]
+    for i, (t, n) in enumerate(zip(sent, chunks)):
         gw.add_event("tokentrace.chunk", _chunk_attrs(i, n, True), timestamp=_ns(t))
     gw.add_event("tokentrace.chunk", _chunk_attrs(len(chunks), 0, False), timestamp=_ns(gw_end))
     if status is not None:
@@ -217,6 +225,8 @@ MIXED_PLANS: dict[str, RequestPlan] = {
                           client_resource=dict(SKEWED_CLIENT_RESOURCE), client_clock_ahead_ms=35),
     "server_only": RequestPlan(start_ms=100_000, output_tokens=4, with_client=False),
     "overlap": RequestPlan(start_ms=110_000, output_tokens=4, decode_overlap_ms=2),  # decode_steps_overlap x2
+    # negative_duration 2 ms, event_outside_span 4 ms, chunks_out_of_order 25 ms (gateway chunk 2)
+    "broken": RequestPlan(start_ms=120_000, output_tokens=4, plant_breaks=True),
 }
 
 
