@@ -1,0 +1,7 @@
+"""The traced OpenAI-compatible gateway (issue #6): FastAPI app, admission, model worker.
+
+Import the submodules you need (``instrument.gateway.app`` needs FastAPI and, at run time,
+torch); this package's ``__init__`` imports nothing heavy.
+"""
+
+__all__: list[str] = []

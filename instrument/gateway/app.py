@@ -1,0 +1,304 @@
+"""The FastAPI app: OpenAI-compatible endpoints with a traced ``gateway`` SERVER span per request.
+
+Per request (docs/gateway.md): W3C traceparent extracted → ``gateway`` span from arrival →
+auth (401) → body size (413) → JSON (400) → per-key rate limit (429) → validation (400) →
+``tokenize`` span → admission (429 + Retry-After) → ``queue`` span → prefill/decode spans from
+``traced_generate`` → one ``tokentrace.chunk`` event per chunk written → usage and finish
+reason on the span and in the final chunk → one JSON log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from instrument.clock import now_wall_ns
+from instrument.gateway import sse
+from instrument.gateway.admission import AdmissionBudgets, AdmissionController, AdmissionRefused, RateLimiter
+from instrument.gateway.request_state import Detokenizer, RequestState, log_request
+from instrument.gateway.validation import ValidationError, validate_request
+from instrument.gateway.worker import Job, JobResult, ModelHandle, ModelWorker
+from instrument.tracing import get_tracer, span_event_limit_of
+
+__all__ = ["GatewaySettings", "create_app"]
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+_EXTRA_CHUNKS = 4  # role chunk, finish chunk, usage chunk, error chunk
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """Gateway limits. Sizes in bytes, times in seconds, rates in requests per second."""
+
+    api_keys: frozenset[str] = frozenset()  # empty: no auth (allowed on loopback only)
+    max_body_bytes: int = 1_048_576
+    max_tokens_limit: int = 1024
+    default_max_tokens: int = 16
+    rate_limit_rps: float | None = None
+    rate_limit_burst: int | None = None
+    budgets: AdmissionBudgets = field(default_factory=AdmissionBudgets)
+    decode_spans: str = "all"
+    request_timeout_s: float = 300.0
+
+
+class _Rejected(Exception):
+    """A request refused before admission: HTTP status, OpenAI error fields, extra headers."""
+
+    def __init__(self, status: int, message: str, error_type: str, *, param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.error_type, self.param, self.code = status, error_type, param, code
+        self.headers = headers or {}
+
+
+class Gateway:
+    """State shared by the routes: model, worker thread, tracer, admission and rate limits."""
+
+    def __init__(self, handle: ModelHandle, tracer_provider: Any, settings: GatewaySettings) -> None:
+        self.handle = handle
+        self.settings = settings
+        self.tracer = get_tracer(tracer_provider)
+        limit = span_event_limit_of(self.tracer)
+        if limit is not None and limit < settings.max_tokens_limit + _EXTRA_CHUNKS:
+            raise ValueError(
+                f"max_tokens limit {settings.max_tokens_limit} needs a span event limit of at least "
+                f"{settings.max_tokens_limit + _EXTRA_CHUNKS}; the tracer provider allows {limit}"
+            )
+        self.admission = AdmissionController(settings.budgets, handle.kv_bytes_per_token)
+        self.rate_limiter = RateLimiter(settings.rate_limit_rps, settings.rate_limit_burst)
+        self.worker = ModelWorker(handle, tracer_provider, decode_spans=settings.decode_spans)
+        eos = getattr(handle.model.generation_config, "eos_token_id", None)
+        self.eos_ids = {int(i) for i in (eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])}
+
+    # --- checks before admission -------------------------------------------------------
+    def authenticate(self, request: Request) -> str:
+        """The caller's rate-limit key: its API key, or its address when auth is off."""
+        if not self.settings.api_keys:
+            return request.client.host if request.client else "anonymous"
+        header = request.headers.get("authorization", "")
+        scheme, _, key = header.partition(" ")
+        if scheme.lower() != "bearer" or key.strip() not in self.settings.api_keys:
+            raise _Rejected(401, "missing or invalid API key (Authorization: Bearer <key>)", "authentication_error",
+                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        return key.strip()
+
+    async def read_body(self, request: Request) -> bytes:
+        limit = self.settings.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise _Rejected(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes",
+                            "invalid_request_error", code="payload_too_large")
+        body = bytearray()
+        async for part in request.stream():
+            body += part
+            if len(body) > limit:
+                raise _Rejected(413, f"request body exceeds the limit of {limit} bytes", "invalid_request_error",
+                                code="payload_too_large")
+        return bytes(body)
+
+    # --- the endpoint --------------------------------------------------------------------
+    async def respond(self, request: Request, operation: str) -> Response:
+        arrival_ns = now_wall_ns()
+        prefix = "chatcmpl-" if operation == "chat" else "cmpl-"
+        request_id = prefix + uuid.uuid4().hex[:24]
+        parent = _PROPAGATOR.extract(dict(request.headers))
+        span = self.tracer.start_span(
+            "gateway", context=parent, kind=SpanKind.SERVER, start_time=arrival_ns,
+            attributes={"gen_ai.operation.name": operation, "gen_ai.response.id": request_id,
+                        "gen_ai.system": "tokentrace", "http.request.method": "POST", "url.path": request.url.path},
+        )
+        headers = {"x-request-id": request_id}
+        try:
+            key = self.authenticate(request)
+            raw = await self.read_body(request)
+            try:
+                import json
+
+                body = json.loads(raw)
+            except ValueError as exc:
+                raise _Rejected(400, f"body is not valid JSON: {exc}", "invalid_request_error", param="body") from None
+            wait_s = self.rate_limiter.check(key)
+            if wait_s is not None:
+                retry = str(max(1, round(wait_s + 0.5)))
+                raise _Rejected(429, "rate limit exceeded for this API key", "rate_limit_error",
+                                code="rate_limit_exceeded", headers={"Retry-After": retry})
+            try:
+                gen = validate_request(body, operation=operation, served_models=self.handle.served_models,
+                                       max_tokens_limit=self.settings.max_tokens_limit,
+                                       default_max_tokens=self.settings.default_max_tokens)
+            except ValidationError as exc:
+                raise _Rejected(400, str(exc), "invalid_request_error", param=exc.param) from None
+            span.set_attributes({"gen_ai.request.model": gen.model, "gen_ai.request.max_tokens": gen.max_tokens,
+                                 "gen_ai.request.temperature": gen.temperature, "gen_ai.request.top_p": gen.top_p,
+                                 "gen_ai.response.model": self.handle.model_id})
+            input_ids = self._tokenize(span, gen)
+            try:
+                ticket = self.admission.admit(len(input_ids), gen.max_tokens)
+            except AdmissionRefused as exc:
+                if exc.permanent:
+                    raise _Rejected(400, str(exc), "invalid_request_error", param="max_tokens",
+                                    code="context_budget_exceeded") from None
+                raise _Rejected(429, str(exc), "server_overloaded", code=f"over_{exc.budget}_budget",
+                                headers={"Retry-After": str(exc.retry_after_s)}) from None
+        except _Rejected as rej:
+            return self._reject(span, request_id, rej, headers)
+        state = RequestState(request_id, span, self.tracer, self.admission, ticket, gen, len(input_ids),
+                             asyncio.get_running_loop())
+        state.job = Job(request_id, input_ids, gen.max_tokens, gen.temperature, gen.top_p,
+                        trace.set_span_in_context(span), state.on_token_threadsafe, state.on_done_threadsafe)
+        self.worker.submit(state.job)
+        if gen.stream:
+            return StreamingResponse(self._stream(state), media_type="text/event-stream",
+                                     headers={**headers, "Cache-Control": "no-cache"})
+        return await self._whole(request, state, headers)
+
+    def _tokenize(self, span: trace.Span, gen: Any) -> list[int]:
+        start_ns = now_wall_ns()
+        try:
+            ids = self.handle.tokenize(gen.messages, gen.prompt)
+        except Exception as exc:  # e.g. a template that rejects the message roles
+            raise _Rejected(400, f"could not render/tokenize the prompt: {exc}", "invalid_request_error",
+                            param="messages" if gen.messages is not None else "prompt") from None
+        attrs: dict[str, Any] = {"tokentrace.input_tokens": len(ids)}
+        if gen.messages is not None and self.handle.template_sha256:
+            attrs["tokentrace.template.sha256"] = self.handle.template_sha256
+        tok_span = self.tracer.start_span("tokenize", context=trace.set_span_in_context(span),
+                                          kind=SpanKind.INTERNAL, attributes=attrs, start_time=start_ns)
+        tok_span.end(end_time=now_wall_ns())
+        return ids
+
+    def _reject(self, span: trace.Span, request_id: str, rej: _Rejected, headers: dict[str, str]) -> Response:
+        span.set_attributes({"http.response.status_code": rej.status, "error.type": rej.code or rej.error_type})
+        span.set_status(Status(StatusCode.ERROR, str(rej)[:500]))
+        span.end(end_time=now_wall_ns())
+        log_request({"event": "request", "id": request_id, "status": "rejected", "http_status": rej.status,
+                     "error": str(rej)[:200]})
+        return JSONResponse(sse.error_body(str(rej), error_type=rej.error_type, param=rej.param, code=rej.code),
+                            status_code=rej.status, headers={**headers, **rej.headers})
+
+    async def _next(self, state: RequestState) -> tuple[str, Any]:
+        return await asyncio.wait_for(state.results.get(), timeout=self.settings.request_timeout_s)
+
+    async def _stream(self, state: RequestState) -> AsyncIterator[bytes]:
+        """SSE body. A disconnect (cancellation of this generator) cancels generation."""
+        gen, model, rid, created = state.gen, self.handle.model_id, state.request_id, int(time.time())
+        detok = Detokenizer(self.handle.tokenizer, self.eos_ids)
+        try:
+            if gen.operation == "chat":
+                yield sse.sse_line(sse.content_chunk("chat", rid, created, model, "", role=True))
+                state.chunk_written(0, False)
+            while True:
+                try:
+                    kind, value = await self._next(state)
+                except asyncio.TimeoutError:
+                    state.abandon("error", "timeout")
+                    yield sse.sse_line(sse.error_body("generation timed out", error_type="server_error"))
+                    yield sse.DONE
+                    return
+                if kind == "done":
+                    break
+                delta, tokens = detok.push(value)
+                if delta:
+                    yield sse.sse_line(sse.content_chunk(gen.operation, rid, created, model, delta))
+                    state.chunk_written(tokens, True)
+            result: JobResult = value
+            generated = result.sequence.generated_tokens if result.sequence is not None else detok.generated_tokens
+            if result.finish_reason == "error":
+                yield sse.sse_line(sse.error_body(f"generation failed: {result.error}", error_type="server_error"))
+                state.chunk_written(0, False)
+            else:
+                yield sse.sse_line(sse.finish_chunk(gen.operation, rid, created, model, result.finish_reason))
+                state.chunk_written(0, False)
+                if gen.include_usage:
+                    yield sse.sse_line(sse.usage_chunk(gen.operation, rid, created, model,
+                                                       sse.usage(state.input_tokens, state.output_tokens)))
+                    state.chunk_written(0, False)
+            yield sse.DONE
+            state.finalize(result, finish_reason=result.finish_reason, generated_tokens=generated)
+        finally:
+            if not state.finished:  # client disconnected (or the server is shutting down)
+                state.abandon("cancelled")
+
+    async def _whole(self, request: Request, state: RequestState, headers: dict[str, str]) -> Response:
+        """Non-streaming: wait for the result, polling for a client disconnect (cancels generation)."""
+        detok = Detokenizer(self.handle.tokenizer, self.eos_ids)
+        deadline = time.monotonic() + self.settings.request_timeout_s
+        tokens = 0
+        while True:
+            if time.monotonic() > deadline:
+                state.abandon("error", "timeout")
+                return JSONResponse(sse.error_body("generation timed out", error_type="server_error"), 504, headers)
+            try:
+                kind, value = await asyncio.wait_for(state.results.get(), timeout=0.25)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    state.abandon("cancelled")
+                    return Response(status_code=499, headers=headers)
+                continue
+            if kind == "done":
+                break
+            _, n = detok.push(value)
+            tokens += n
+        result: JobResult = value
+        generated = result.sequence.generated_tokens if result.sequence is not None else detok.generated_tokens
+        if result.finish_reason == "error":
+            state.finalize(result, finish_reason="error", generated_tokens=generated, http_status=500)
+            return JSONResponse(sse.error_body(f"generation failed: {result.error}", error_type="server_error"),
+                                500, headers)
+        if tokens:
+            state.chunk_written(tokens, True)
+        body = sse.full_response(state.gen.operation, state.request_id, int(time.time()), self.handle.model_id,
+                                 detok.text, result.finish_reason, sse.usage(state.input_tokens, state.output_tokens))
+        state.finalize(result, finish_reason=result.finish_reason, generated_tokens=generated)
+        return JSONResponse(body, headers=headers)
+
+
+def create_app(handle: ModelHandle, tracer_provider: Any, settings: GatewaySettings | None = None) -> FastAPI:
+    """The gateway app for one loaded model; spans go to ``tracer_provider`` (never the global one
+    unless it is passed). The model worker thread stops when the app shuts down."""
+    from contextlib import asynccontextmanager
+
+    gateway = Gateway(handle, tracer_provider, settings or GatewaySettings())
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        gateway.worker.close()
+
+    app = FastAPI(title="tokentrace gateway", lifespan=lifespan)
+    app.state.gateway = gateway
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await gateway.respond(request, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await gateway.respond(request, "text_completion")
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        try:
+            gateway.authenticate(request)
+        except _Rejected as rej:
+            return JSONResponse(sse.error_body(str(rej), error_type=rej.error_type, code=rej.code),
+                                status_code=rej.status, headers=rej.headers)
+        return JSONResponse({"object": "list", "data": [
+            {"id": handle.model_id, "object": "model", "created": 0, "owned_by": "tokentrace"}]})
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        adm = gateway.admission
+        return {"status": "ok", "model": handle.model_id, "requests_in_flight": adm.requests_in_flight,
+                "tokens_in_flight": adm.tokens_in_flight, "kv_bytes_in_flight": adm.kv_bytes_in_flight}
+
+    return app

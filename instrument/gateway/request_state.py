@@ -1,0 +1,184 @@
+"""One accepted request's life on the event loop: its gateway span, its chunk events, its
+incremental detokenization, and exactly one ending (completed, failed or cancelled).
+
+Every accepted request reaches :meth:`RequestState.finalize` exactly once: from the response
+path when the result arrives, or, when the client went away or the server gave up waiting,
+from the worker's done callback (:meth:`RequestState.on_job_done`). Finalize releases the
+admission ticket (the request's KV budget), emits the queue span, ends the gateway span and
+writes the structured log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from instrument.clock import now_wall_ns
+from instrument.gateway.admission import AdmissionController, Ticket
+from instrument.gateway.validation import GenerationRequest
+from instrument.gateway.worker import Job, JobResult
+
+__all__ = ["CHUNK_EVENT", "Detokenizer", "RequestState", "log_request"]
+
+CHUNK_EVENT = "tokentrace.chunk"
+LOGGER = logging.getLogger("tokentrace.gateway")
+
+
+def log_request(record: dict[str, Any]) -> None:
+    """One structured (JSON) log line per request at INFO on logger ``tokentrace.gateway``."""
+    LOGGER.info(json.dumps(record, separators=(",", ":"), default=str))
+
+
+class Detokenizer:
+    """Turns generated token ids into text deltas; holds back tokens that end mid-character.
+
+    ``push`` returns ``(delta, tokens)``: the new text and how many tokens it covers, or
+    ``("", 0)`` while tokens are held back. Stop (EOS) tokens are counted but never shown.
+    """
+
+    def __init__(self, tokenizer: Any, eos_ids: set[int]) -> None:
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_ids
+        self.content_ids: list[int] = []
+        self.text = ""
+        self.pending_tokens = 0
+        self.generated_tokens = 0
+
+    def push(self, token_id: int) -> tuple[str, int]:
+        self.generated_tokens += 1
+        if token_id in self.eos_ids:
+            return "", 0
+        self.content_ids.append(token_id)
+        self.pending_tokens += 1
+        text = self.tokenizer.decode(self.content_ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return "", 0
+        delta = text[len(self.text):] if text.startswith(self.text) else text[len(self.text):]
+        if not delta:
+            return "", 0
+        self.text, tokens, self.pending_tokens = text, self.pending_tokens, 0
+        return delta, tokens
+
+
+@dataclass
+class RequestState:
+    """Per-request bookkeeping shared by the response path and the worker callback."""
+
+    request_id: str
+    span: trace.Span
+    tracer: trace.Tracer
+    admission: AdmissionController
+    ticket: Ticket
+    gen: GenerationRequest
+    input_tokens: int
+    loop: asyncio.AbstractEventLoop
+    results: asyncio.Queue = field(default_factory=asyncio.Queue)
+    job: Job | None = None
+    chunk_index: int = 0
+    output_tokens: int = 0
+    abandoned_reason: str | None = None  # "cancelled" (client gone) or "error" (server gave up)
+    abandoned_error_type: str | None = None  # e.g. "timeout"
+    finished: bool = False
+
+    # --- worker thread -> loop -------------------------------------------------------
+    def on_token_threadsafe(self, token_id: int) -> None:
+        """Called on the worker thread for each generated token."""
+        self.loop.call_soon_threadsafe(self.results.put_nowait, ("token", token_id))
+
+    def on_done_threadsafe(self, result: JobResult) -> None:
+        """Called on the worker thread when the job ends (always exactly once)."""
+        self.loop.call_soon_threadsafe(self.on_job_done, result)
+
+    def on_job_done(self, result: JobResult) -> None:
+        """On the loop: hand the result to the response path, or finish an abandoned request."""
+        if self.abandoned_reason is not None:
+            generated = result.sequence.generated_tokens if result.sequence is not None else 0
+            self.finalize(result, finish_reason=self.abandoned_reason, generated_tokens=generated)
+        else:
+            self.results.put_nowait(("done", result))
+
+    def abandon(self, reason: str, error_type: str | None = None) -> None:
+        """The response path stops waiting (client disconnected or timeout): cancel generation.
+
+        If the result is already queued, finish now; otherwise ``on_job_done`` will.
+        """
+        if self.finished or self.abandoned_reason is not None:
+            return
+        self.abandoned_reason = reason
+        self.abandoned_error_type = error_type
+        if self.job is not None:
+            self.job.cancel.set()
+        while not self.results.empty():
+            kind, value = self.results.get_nowait()
+            if kind == "done":
+                generated = value.sequence.generated_tokens if value.sequence is not None else 0
+                self.finalize(value, finish_reason=reason, generated_tokens=generated)
+                return
+
+    # --- chunk events --------------------------------------------------------------
+    def chunk_written(self, tokens: int, visible: bool, at_ns: int | None = None) -> None:
+        """Record that one chunk reached the socket (``tokentrace.chunk`` on the gateway span)."""
+        self.span.add_event(
+            CHUNK_EVENT,
+            {"tokentrace.chunk.index": self.chunk_index, "tokentrace.chunk.tokens": tokens,
+             "tokentrace.chunk.visible": visible},
+            timestamp=at_ns if at_ns is not None else now_wall_ns(),
+        )
+        self.chunk_index += 1
+        if visible:
+            self.output_tokens += tokens
+
+    # --- the one ending --------------------------------------------------------------
+    def finalize(
+        self, result: JobResult, *, finish_reason: str, generated_tokens: int, http_status: int = 200,
+        end_ns: int | None = None,
+    ) -> None:
+        """End the request: queue span, usage, status, gateway span end, KV release, log line."""
+        if self.finished:
+            return
+        self.finished = True
+        self.admission.release(self.ticket)
+        end_ns = end_ns if end_ns is not None else now_wall_ns()
+        job = self.job
+        if job is not None:
+            queue_span = self.tracer.start_span(
+                "queue", context=trace.set_span_in_context(self.span), kind=SpanKind.INTERNAL,
+                attributes={"tokentrace.queue.depth": self.ticket.queue_depth,
+                            "tokentrace.queue.tokens_ahead": self.ticket.tokens_ahead},
+                start_time=job.enqueued_ns,
+            )
+            queue_span.end(end_time=max(result.admitted_ns, job.enqueued_ns))
+        span = self.span
+        span.set_attributes({
+            "gen_ai.usage.input_tokens": self.input_tokens,
+            "gen_ai.usage.output_tokens": self.output_tokens,
+            "tokentrace.generated_tokens": generated_tokens,
+            "gen_ai.response.finish_reasons": (finish_reason,),
+            "http.response.status_code": http_status,
+        })
+        error_type = None
+        if finish_reason == "cancelled":
+            error_type = "cancelled"
+            span.set_status(Status(StatusCode.ERROR, "cancelled: client disconnected"))
+        elif finish_reason == "error":
+            if self.abandoned_error_type is not None:
+                error_type = self.abandoned_error_type
+            else:
+                error_type = type(result.error).__qualname__ if result.error is not None else "error"
+            span.set_status(Status(StatusCode.ERROR, str(result.error or error_type)[:500]))
+        if error_type is not None:
+            span.set_attribute("error.type", error_type)
+        span.end(end_time=end_ns)
+        queue_wait_ms = (result.admitted_ns - job.enqueued_ns) / 1e6 if job is not None else None
+        log_request({
+            "event": "request", "id": self.request_id, "model": self.gen.model, "status": finish_reason,
+            "http_status": http_status, "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+            "generated_tokens": generated_tokens, "queue_wait_ms": queue_wait_ms,
+            "error": str(result.error)[:200] if result.error is not None else None,
+        })

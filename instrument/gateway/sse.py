@@ -1,0 +1,82 @@
+"""OpenAI-compatible response bodies: streaming chunks (Server-Sent Events) and whole responses.
+
+Chat chunks are ``chat.completion.chunk`` objects with a ``delta``; text completions are
+``text_completion`` objects with ``text``. A stream is ``data: {json}\\n\\n`` lines ending
+with ``data: [DONE]\\n\\n``; with ``stream_options.include_usage`` a last chunk carries
+``usage`` and an empty ``choices`` list.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+__all__ = ["DONE", "sse_line", "content_chunk", "finish_chunk", "usage_chunk", "error_body", "full_response", "usage"]
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse_line(payload: dict[str, Any]) -> bytes:
+    """One Server-Sent Event carrying a JSON object."""
+    return b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n\n"
+
+
+def _base(operation: str, request_id: str, created_s: int, model: str) -> dict[str, Any]:
+    kind = "chat.completion.chunk" if operation == "chat" else "text_completion"
+    return {"id": request_id, "object": kind, "created": created_s, "model": model}
+
+
+def content_chunk(
+    operation: str, request_id: str, created_s: int, model: str, text: str, *, role: bool = False
+) -> dict[str, Any]:
+    """A chunk with a content delta (chat: ``delta.content``; completions: ``text``)."""
+    out = _base(operation, request_id, created_s, model)
+    if operation == "chat":
+        delta: dict[str, Any] = {"role": "assistant", "content": text} if role else {"content": text}
+        out["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]
+    else:
+        out["choices"] = [{"index": 0, "text": text, "logprobs": None, "finish_reason": None}]
+    return out
+
+
+def finish_chunk(operation: str, request_id: str, created_s: int, model: str, finish_reason: str) -> dict[str, Any]:
+    """The chunk that carries the finish reason and no content."""
+    out = _base(operation, request_id, created_s, model)
+    if operation == "chat":
+        out["choices"] = [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason}]
+    else:
+        out["choices"] = [{"index": 0, "text": "", "logprobs": None, "finish_reason": finish_reason}]
+    return out
+
+
+def usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
+    """OpenAI's usage object (tokens)."""
+    return {"prompt_tokens": input_tokens, "completion_tokens": output_tokens, "total_tokens": input_tokens + output_tokens}
+
+
+def usage_chunk(operation: str, request_id: str, created_s: int, model: str, usage_obj: dict[str, int]) -> dict[str, Any]:
+    """The last chunk under ``stream_options.include_usage``: empty choices, usage set."""
+    out = _base(operation, request_id, created_s, model)
+    out["choices"] = []
+    out["usage"] = usage_obj
+    return out
+
+
+def error_body(message: str, *, error_type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    """OpenAI's error object."""
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+def full_response(
+    operation: str, request_id: str, created_s: int, model: str, text: str, finish_reason: str, usage_obj: dict[str, int]
+) -> dict[str, Any]:
+    """A non-streaming response (``chat.completion`` or ``text_completion``)."""
+    if operation == "chat":
+        choice: dict[str, Any] = {
+            "index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish_reason,
+        }
+        kind = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        kind = "text_completion"
+    return {"id": request_id, "object": kind, "created": created_s, "model": model, "choices": [choice], "usage": usage_obj}
