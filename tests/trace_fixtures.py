@@ -254,3 +254,21 @@ def seed_db() -> duckdb.DuckDBPyConnection:
 def mixed_db() -> duckdb.DuckDBPyConnection:
     """An in-memory database holding :func:`mixed_world`."""
     return mixed_world().load()
+
+
+def write_parquet_dump(con: duckdb.DuckDBPyConnection, directory: str) -> None:
+    """A ``tokentrace export``-shaped dump written with DuckDB's own COPY: folders spans/,
+    span_events/, span_links/ of Parquet, Hive-partitioned by service_name and date (UTC day
+    of the span's start; events and links follow their span)."""
+    import os
+
+    os.makedirs(directory, exist_ok=True)
+    day = "strftime(make_timestamp(s.start_ns // 1000), '%Y-%m-%d')"
+    con.execute(f"COPY (SELECT s.*, {day} AS date FROM spans s) TO '{directory}/spans' "
+                "(FORMAT parquet, PARTITION_BY (service_name, date))")
+    for table in ("span_events", "span_links"):
+        con.execute(
+            f"COPY (SELECT c.*, s.service_name, {day} AS date FROM {table} c JOIN spans s "
+            f"ON s.trace_id = c.trace_id AND s.span_id = c.span_id) TO '{directory}/{table}' "
+            "(FORMAT parquet, PARTITION_BY (service_name, date), OVERWRITE_OR_IGNORE true)"
+        )

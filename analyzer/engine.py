@@ -1,0 +1,134 @@
+"""Where the metric queries read spans from: a tokentrace DuckDB file, or a Parquet dump.
+
+``open_source(db=...)`` opens a database written by ``tokentrace load`` (read-only).
+``open_source(parquet=DIR)`` reads a ``tokentrace export`` dump in place, with no load step:
+an in-memory DuckDB gets views ``spans``, ``span_events`` and ``span_links`` over
+``read_parquet('DIR/<table>/**/*.parquet', hive_partitioning=true)``, selecting the
+canonical columns (analyzer.schema) so every adapter and query runs unchanged. The dump is
+Hive-partitioned by ``service_name`` and ``date`` (UTC day of the span's start); given a
+time window, the views keep only the days that can hold it (one day of margin on each side
+for requests that cross midnight), so DuckDB skips the other partitions' files.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import duckdb
+
+from analyzer.schema import TABLE_DDL
+
+__all__ = ["DUMP_TABLES", "SourceError", "open_source", "parquet_views"]
+
+DUMP_TABLES: tuple[str, ...] = ("spans", "span_events", "span_links")
+LOAD_HINT = "load traces first with tokentrace load"
+
+
+class SourceError(ValueError):
+    """The database file or Parquet dump the user named cannot be read."""
+
+
+def _canonical_columns(table: str) -> list[tuple[str, str]]:
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute(TABLE_DDL[table])
+        return [(r[0], r[1]) for r in con.execute(f"DESCRIBE {table}").fetchall()]
+    finally:
+        con.close()
+
+
+def _day(ns: int) -> str:
+    return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.timezone.utc).date().isoformat()
+
+
+def parquet_views(
+    con: duckdb.DuckDBPyConnection, directory: str | Path, start_ns: int | None = None, end_ns: int | None = None
+) -> dict[str, int]:
+    """Create the dump's views in ``con``; returns the number of Parquet files per table.
+
+    A table folder without files becomes an empty view of the canonical columns. ``start_ns`` /
+    ``end_ns`` (nanoseconds since the Unix epoch) prune ``date`` partitions outside
+    [start day - 1, end day + 1].
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        raise SourceError(f"{root}: no such directory (a tokentrace export dump with spans/, span_events/, span_links/)")
+    files: dict[str, int] = {}
+    for table in DUMP_TABLES:
+        columns = _canonical_columns(table)
+        found = sorted((root / table).glob("**/*.parquet")) if (root / table).is_dir() else []
+        files[table] = len(found)
+        if not found:
+            if table == "spans":
+                raise SourceError(f"{root}: no Parquet files under spans/ (is this a tokentrace export dump?)")
+            cols = ", ".join(f"CAST(NULL AS {typ}) AS {name}" for name, typ in columns)
+            con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT {cols} WHERE false")
+            continue
+        pattern = str(root / table / "**" / "*.parquet").replace("'", "''")
+        source = f"read_parquet('{pattern}', hive_partitioning = true, union_by_name = true)"
+        available = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
+        select = ", ".join(
+            name if name in available else f"CAST(NULL AS {typ}) AS {name}" for name, typ in columns
+        )
+        where = []
+        if "date" in available and start_ns is not None:
+            where.append(f"CAST(date AS DATE) >= DATE '{_day(start_ns)}' - INTERVAL 1 DAY")
+        if "date" in available and end_ns is not None:
+            where.append(f"CAST(date AS DATE) <= DATE '{_day(end_ns)}' + INTERVAL 1 DAY")
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
+        con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT {select} FROM {source}{clause}")
+    return files
+
+
+def open_source(
+    db: str | Path | None = None,
+    parquet: str | Path | None = None,
+    *,
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+) -> duckdb.DuckDBPyConnection:
+    """An in-memory connection whose ``spans`` / ``span_events`` / ``span_links`` hold the traces.
+
+    Exactly one of ``db`` (a DuckDB file, attached read-only; it must exist) and ``parquet`` (a
+    ``tokentrace export`` directory, read in place) is given. Raises :class:`SourceError`
+    with one readable line otherwise.
+    """
+    if (db is None) == (parquet is None):
+        raise SourceError("give either a database (--db) or a Parquet dump (--parquet), not both or neither")
+    if parquet is not None:
+        con = duckdb.connect(":memory:")
+        try:
+            parquet_views(con, parquet, start_ns, end_ns)
+        except duckdb.Error as exc:
+            con.close()
+            raise SourceError(f"{parquet}: cannot read the Parquet dump: {str(exc).splitlines()[0]}") from None
+        except SourceError:
+            con.close()
+            raise
+        for extra in ("loads", "rejects"):  # present so `tokentrace sql` sees every canonical table
+            con.execute(TABLE_DDL[extra].replace("CREATE TABLE IF NOT EXISTS", "CREATE TEMP TABLE"))
+        return con
+    path = Path(db)  # type: ignore[arg-type]
+    if not path.is_file():
+        raise SourceError(f"{path}: no such database; {LOAD_HINT}")
+    # The file is attached read-only to an in-memory database: the adapter and metric views
+    # are created there, so querying never writes to (or locks for writing) the user's file.
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute("ATTACH $path AS tokentrace_db (READ_ONLY)", {"path": str(path)})
+    except duckdb.Error as exc:
+        con.close()
+        raise SourceError(f"{path}: cannot open the database: {str(exc).splitlines()[0]}") from None
+    present = {r[0] for r in con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE database_name = 'tokentrace_db'").fetchall()}
+    missing = [t for t in DUMP_TABLES if t not in present]
+    if missing:
+        con.close()
+        raise SourceError(f"{path}: not a tokentrace database (no table {', '.join(missing)}); {LOAD_HINT}")
+    for table in TABLE_DDL:
+        if table in present:
+            con.execute(f"CREATE VIEW {table} AS SELECT * FROM tokentrace_db.{table}")
+        else:
+            con.execute(TABLE_DDL[table].replace("CREATE TABLE IF NOT EXISTS", "CREATE TEMP TABLE"))
+    return con
