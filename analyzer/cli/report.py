@@ -1,0 +1,73 @@
+"""``tokentrace report``: a self-contained HTML report of a trace database."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from analyzer.cli.group import cli
+from analyzer.cli.options import UserError, db_option
+
+
+@cli.command("report")
+@db_option
+@click.option("--html", "html_path", required=True, type=click.Path(dir_okay=False), help="Where to write the HTML file.")
+@click.option("--request", "request_span_id", default=None, metavar="SPAN_ID",
+              help="Request span id (16 hex) to detail; default: the typical request (E2E closest to the median).")
+@click.option("--audit", "audit_json", default=None, type=click.Path(dir_okay=False),
+              help="Findings from `tokentrace audit --format json` to include.")
+@click.option("--mode", type=click.Choice(["closed_cohort", "steady_state"]), default="closed_cohort",
+              show_default=True, help="Window mode of the run summary.")
+@click.option("--slo-ttft-ms", type=float, default=None, help="TTFT SLO for goodput (ms).")
+@click.option("--slo-tpot-ms", type=float, default=None, help="TPOT SLO for goodput (ms).")
+@click.option("--slo-e2e-ms", type=float, default=None, help="E2E SLO for goodput (ms).")
+@click.option("--bucket-s", type=click.FloatRange(min=0.001), default=1.0, show_default=True,
+              help="Bucket width of the throughput-over-time plot (s).")
+@click.option("--title", default="tokentrace report", show_default=True, help="Report title.")
+def report_command(db_path, html_path, request_span_id, audit_json, mode, slo_ttft_ms, slo_tpot_ms, slo_e2e_ms,
+                   bucket_s, title) -> None:
+    """Write one self-contained HTML file (inline SVG plots, no CDN) about a trace database.
+
+    Sections: run summary (window metrics, SLOs, goodput, counting rule); distributions; a
+    waterfall of one request (client, gateway, tokenize, queue, prefill, every decode step,
+    chunk events; each lane labelled with its clock); ITL per gap and KV bytes per decode
+    step; CDFs of TTFT, TPOT, E2E; throughput over time with the window shaded; TTFT phase
+    breakdown; clock-skew bounds and rule violations; audit findings with --audit. Every
+    number comes from the SQL in queries/.
+
+    \b
+    Example:
+      tokentrace report --db tokentrace-demo/traces.duckdb --html report.html --slo-ttft-ms 500
+    """
+    import duckdb
+
+    from analyzer.report import ReportInputs, build_report, load_audit_findings
+
+    if not Path(db_path).is_file():
+        raise UserError(f"{db_path}: no such database", hint="load traces first: tokentrace load FILE --db DB")
+    findings = None
+    if audit_json:
+        try:
+            findings = load_audit_findings(audit_json)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+    inputs = ReportInputs(
+        request_span_id=request_span_id,
+        window_params={"mode": mode, "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms, "slo_e2e_ms": slo_e2e_ms},
+        bucket_s=bucket_s,
+        audit_findings=findings,
+        title=title,
+    )
+    try:
+        con = duckdb.connect(db_path)
+    except duckdb.Error as exc:
+        raise UserError(f"{db_path}: cannot open as a DuckDB database ({exc})") from None
+    try:
+        page = build_report(con, inputs)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    finally:
+        con.close()
+    Path(html_path).write_text(page, encoding="utf-8")
+    click.echo(f"wrote {html_path} ({len(page) / 1024:.0f} KiB)")

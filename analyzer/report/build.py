@@ -1,0 +1,229 @@
+"""Assemble the self-contained HTML report from the analyzer's SQL outputs.
+
+Every number in the report comes from a ``queries/`` file (run here by name); this module
+only picks rows, plots them and lays them out. The HTML has no external reference: plots
+are inline SVG, the style sheet is inline.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import duckdb
+
+from analyzer.queries import QueryResult, run_query
+from analyzer.report import plots
+
+__all__ = ["ReportInputs", "build_report", "choose_request"]
+
+_STYLE = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;color:#222}
+h1{font-size:1.6em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
+table{border-collapse:collapse;font-size:.85em;margin:.5em 0} td,th{border:1px solid #ddd;padding:3px 7px;text-align:right}
+th{background:#f4f4f4} td.l,th.l{text-align:left} .note{color:#555;font-size:.85em} .fail{color:#b00;font-weight:bold}
+.pass{color:#070} .cannot_check{color:#a60} .grid{display:flex;flex-wrap:wrap;gap:1em} svg{max-width:100%;height:auto}
+"""
+
+
+@dataclass
+class ReportInputs:
+    """What the report is about: the request to detail, window parameters, audit findings."""
+
+    request_span_id: str | None = None
+    window_params: dict[str, Any] = field(default_factory=dict)
+    bucket_s: float = 1.0
+    audit_findings: list[dict[str, Any]] | None = None
+    title: str = "tokentrace report"
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return "—"
+        return f"{value:,.4f}".rstrip("0").rstrip(".") if abs(value) < 1e6 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return html.escape(str(value))
+
+
+def _table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], cls_col: str | None = None) -> str:
+    if not rows:
+        return '<p class="note">no rows</p>'
+    head = "".join(f'<th class="l">{html.escape(c)}</th>' for c in columns)
+    body = []
+    for r in rows:
+        cells = []
+        for c in columns:
+            v = r.get(c)
+            klass = "l" if isinstance(v, str) or v is None else ""
+            if cls_col and c == cls_col and isinstance(v, str):
+                klass += f" {html.escape(v)}"
+            cells.append(f'<td class="{klass.strip()}">{_fmt(v)}</td>')
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _kv_table(row: Mapping[str, Any]) -> str:
+    return "<table>" + "".join(
+        f'<tr><th class="l">{html.escape(k)}</th><td class="l">{_fmt(v)}</td></tr>' for k, v in row.items()
+    ) + "</table>"
+
+
+def choose_request(requests: Sequence[Mapping[str, Any]], request_span_id: str | None) -> Mapping[str, Any] | None:
+    """The request to detail: the one asked for, else the typical one (E2E closest to the
+    median E2E among requests seen from their best perspective)."""
+    if request_span_id is not None:
+        for r in requests:
+            if r["request_span_id"] == request_span_id:
+                return r
+        raise ValueError(f"no request with span id {request_span_id!r} in this database")
+    rank = {"client": 0, "server": 1, "engine": 2}
+    best: dict[tuple[str, str], Mapping[str, Any]] = {}
+    for r in requests:
+        key = (r["trace_id"], r["request_span_id"])
+        if key not in best or rank.get(r["perspective"], 9) < rank.get(best[key]["perspective"], 9):
+            best[key] = r
+    candidates = [r for r in best.values() if r.get("e2e_ms") is not None]
+    if not candidates:
+        return next(iter(best.values()), None)
+    median = statistics.median(r["e2e_ms"] for r in candidates)
+    return min(candidates, key=lambda r: (abs(r["e2e_ms"] - median), r["s_ns"]))
+
+
+def _optional(con: duckdb.DuckDBPyConnection, name: str, params: Mapping[str, Any] | None = None) -> QueryResult | None:
+    try:
+        return run_query(con, name, params, views=False)
+    except ValueError as exc:  # a query this installation lacks: the section says so
+        if "no query named" in str(exc):
+            return None
+        raise
+
+
+def build_report(con: duckdb.DuckDBPyConnection, inputs: ReportInputs) -> str:
+    """The report as one HTML string. Raises ValueError when the database holds no request."""
+    from analyzer.queries import install_views
+
+    install_views(con)
+    requests = run_query(con, "requests", views=False).dicts()
+    if not requests:
+        raise ValueError("the database holds no request (load traces first: tokentrace load FILE --db DB)")
+    sections: list[str] = []
+
+    window = run_query(con, "window", inputs.window_params, views=False).dicts()[0]
+    sections.append(
+        "<h2>Run summary</h2>"
+        f'<p class="note">Window mode <b>{_fmt(window["mode"])}</b>, perspective {_fmt(window["perspective"])}. '
+        f"Token counting rule: {_fmt(window['token_counting_rule'])}. SLOs: TTFT ≤ {_fmt(window['slo_ttft_ms'])} ms, "
+        f"TPOT ≤ {_fmt(window['slo_tpot_ms'])} ms, E2E ≤ {_fmt(window['slo_e2e_ms'])} ms (— = not applied). "
+        "Definitions: docs/metrics.md.</p>" + _kv_table(window)
+    )
+    summary = _optional(con, "summary")
+    if summary is not None:
+        cols = [c for c in summary.columns if c not in ("source",)]
+        sections.append("<h3>Distributions</h3>" + _table(summary.dicts(), cols))
+
+    chosen = choose_request(requests, inputs.request_span_id)
+    if chosen is not None:
+        params = {"trace_id": chosen["trace_id"], "request_span_id": chosen["request_span_id"]}
+        spans = run_query(con, "report/waterfall", params, views=False).dicts()
+        chunks = run_query(con, "report/chunk_times", params, views=False).dicts()
+        steps = run_query(con, "report/decode_steps", params, views=False).dicts()
+        itl = _optional(con, "itl", {"trace_id": chosen["trace_id"]})
+        itl_rows = [r for r in (itl.dicts() if itl else [])
+                    if r["request_span_id"] == chosen["request_span_id"] and r["perspective"] == chosen["perspective"]
+                    and r["itl_ms"] is not None]
+        facts = {k: chosen.get(k) for k in ("perspective", "trace_id", "request_span_id", "input_tokens",
+                                            "output_tokens", "finish_reason", "status_code", "ttft_ms", "e2e_ms",
+                                            "tpot_ms", "decode_output_tokens_per_second",
+                                            "whole_request_output_tokens_per_second", "prompt_kv_mib", "stop_kv_mib",
+                                            "null_reason")}
+        how = "chosen with --request" if inputs.request_span_id else "typical: E2E closest to the median"
+        sections.append(
+            f"<h2>Request waterfall</h2><p class=\"note\">Request {_fmt(chosen['request_span_id'])} ({how}). "
+            "Client-side bars are on the client's clock, server-side bars on the server's: the lane labels "
+            "name each clock. Chunk ticks mark when visible output moved.</p>"
+            + _kv_table(facts) + plots.waterfall_svg(spans, chunks)
+            + "<h3>ITL per gap and KV per decode step</h3>"
+            + f'<p class="note">{len(itl_rows)} gaps from queries/itl.sql ({_fmt(chosen["perspective"])} perspective); '
+            f"{len(steps)} decode spans from queries/report/decode_steps.sql.</p>"
+            + plots.decode_steps_svg(itl_rows, steps)
+        )
+
+    by_perspective: dict[str, dict[str, list[float]]] = {}
+    for r in requests:
+        for metric in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            by_perspective.setdefault(metric, {}).setdefault(r["perspective"], []).append(r[metric])
+    sections.append(
+        "<h2>Latency distributions (CDF)</h2><div class=\"grid\">"
+        + plots.cdf_svg(by_perspective["ttft_ms"], "TTFT (ms)", "TTFT")
+        + plots.cdf_svg(by_perspective["tpot_ms"], "TPOT (ms per output token after the first)", "TPOT")
+        + plots.cdf_svg(by_perspective["e2e_ms"], "E2E (ms)", "E2E")
+        + "</div>"
+    )
+
+    tput = run_query(con, "report/throughput_timeline", {"bucket_s": inputs.bucket_s}, views=False).dicts()
+    t0 = min((r["f_ns"] for r in requests if r.get("f_ns") is not None), default=None)
+    shade = None
+    if t0 is not None and window.get("window_start_ns") is not None:
+        shade = ((window["window_start_ns"] - t0) / 1e9, (window["window_end_ns"] - t0) / 1e9)
+    sections.append("<h2>Throughput over time</h2>" + plots.throughput_svg(tput, shade, inputs.bucket_s))
+
+    phases = _optional(con, "phases")
+    if phases is not None:
+        rows = phases.dicts()
+        cols = [c for c in phases.columns if c.endswith("_ms") or c in ("request_span_id", "cross_clock_reason")]
+        sections.append(
+            "<h2>TTFT phase breakdown</h2><p class=\"note\">From queries/phases.sql. Cross-clock parts "
+            "(network in/out) are — when the clock pair is not skew-checked; the reason column says why.</p>"
+            + (plots.phases_svg(rows) if rows else "") + _table(rows, cols)
+        )
+
+    skew_offsets = _optional(con, "skew_offsets")
+    skew_rules = _optional(con, "skew_rules")
+    if skew_offsets is not None or skew_rules is not None:
+        body = "<h2>Clock skew</h2>"
+        if skew_offsets is not None:
+            body += "<h3>Offset bounds per clock-domain pair (θ = server − client)</h3>" + _table(
+                skew_offsets.dicts(), skew_offsets.columns, cls_col="verdict")
+        if skew_rules is not None:
+            rows = skew_rules.dicts()
+            body += f"<h3>Rule violations ({len(rows)})</h3>" + _table(rows[:200], skew_rules.columns)
+            if len(rows) > 200:
+                body += f'<p class="note">first 200 of {len(rows)} shown</p>'
+        sections.append(body)
+
+    if inputs.audit_findings is not None:
+        cols = ["check", "verdict", "detail"]
+        sections.append("<h2>Audit findings</h2>" + _table(inputs.audit_findings, cols, cls_col="verdict"))
+
+    return (
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>{html.escape(inputs.title)}</title><style>{_STYLE}</style></head><body>"
+        f"<h1>{html.escape(inputs.title)}</h1>"
+        f'<p class="note">{len(requests)} request rows (request × perspective). Built from the analyzer\'s SQL '
+        "(queries/*.sql); self-contained, opens offline.</p>" + "".join(sections) + "</body></html>"
+    )
+
+
+def load_audit_findings(path: str | Path) -> list[dict[str, Any]]:
+    """Findings saved by ``tokentrace audit --format json`` (a list of rows with check/verdict)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    if isinstance(data, dict) and isinstance(data.get("findings"), list):
+        data = data["findings"]
+    if not isinstance(data, list) or not all(isinstance(r, dict) and "check" in r and "verdict" in r for r in data):
+        raise ValueError(f"{path}: expected the JSON list `tokentrace audit --format json` writes (check, verdict, detail)")
+    return data

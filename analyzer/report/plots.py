@@ -1,0 +1,155 @@
+"""Plots for the HTML report, rendered by matplotlib to inline SVG (no CDN, opens offline).
+
+Every function takes rows already computed by the analyzer's SQL and returns an SVG string.
+Every axis is labelled with its unit.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any, Sequence
+
+__all__ = ["cdf_svg", "decode_steps_svg", "phases_svg", "throughput_svg", "waterfall_svg"]
+
+_PHASE_COLORS = {
+    "chat": "#4c72b0",
+    "gateway": "#55a868",
+    "generate": "#55a868",
+    "tokenize": "#c44e52",
+    "queue": "#8172b2",
+    "prefill": "#ccb974",
+    "decode": "#64b5cd",
+}
+
+
+def _figure(width_in: float = 9.0, height_in: float = 3.6) -> tuple[Any, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(width_in, height_in), dpi=96)
+    ax.grid(True, alpha=0.3)
+    return fig, ax
+
+
+def _svg(fig: Any) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.StringIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="svg", metadata={"Date": None})
+    plt.close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg") :]  # drop the XML prolog: the SVG is inlined in HTML
+
+
+def waterfall_svg(spans: Sequence[dict[str, Any]], chunks: Sequence[dict[str, Any]]) -> str:
+    """One request on one time axis: a bar per span (decode steps on one row), chunk ticks.
+
+    ``spans`` rows come from queries/report/waterfall.sql, ``chunks`` from chunk_times.sql.
+    """
+    lanes: list[str] = []
+    bars: dict[str, list[tuple[float, float]]] = {}
+    lane_domain: dict[str, str] = {}
+    for s in spans:
+        lane = "decode steps" if s["name"] == "decode" else f"{s['name']} ({s['kind'].lower()})"
+        if lane not in bars:
+            lanes.append(lane)
+            bars[lane] = []
+            lane_domain[lane] = s.get("clock_domain") or ""
+        bars[lane].append((s["start_ms"], max(s["duration_ms"], 1e-3)))
+    chunk_lanes = sorted({c["perspective"] for c in chunks})
+    rows = lanes + [f"chunks: {p}" for p in chunk_lanes]
+    fig, ax = _figure(9.5, 0.45 * len(rows) + 1.6)
+    for y, lane in enumerate(lanes):
+        key = lane.split(" ")[0].split("(")[0]
+        color = _PHASE_COLORS.get(key, "#937860")
+        ax.broken_barh(bars[lane], (y - 0.35, 0.7), facecolors=color, edgecolors="white", linewidth=0.3)
+    for i, perspective in enumerate(chunk_lanes):
+        times = [c["time_ms"] for c in chunks if c["perspective"] == perspective]
+        ax.vlines(times, len(lanes) + i - 0.35, len(lanes) + i + 0.35, colors="#333333", linewidth=0.6)
+    ax.set_yticks(range(len(rows)))
+    labels = []
+    for lane in rows:
+        dom = lane_domain.get(lane, "")
+        labels.append(f"{lane}\n[{dom.split('|')[0]} clock]" if dom else lane)
+    ax.set_yticklabels(labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("time since the request's s (ms), each span on its own host's clock")
+    ax.set_title("Request waterfall")
+    return _svg(fig)
+
+
+def decode_steps_svg(itl_rows: Sequence[dict[str, Any]], steps: Sequence[dict[str, Any]]) -> str:
+    """ITL per gap (ms, left axis) and logical KV bytes after each decode step (MiB, right)."""
+    fig, ax = _figure()
+    if itl_rows:
+        ax.plot([r["gap_index"] for r in itl_rows], [r["itl_ms"] for r in itl_rows], ".-", markersize=3,
+                linewidth=0.8, label="ITL (ms)")
+    ax.set_xlabel("gap / decode step index (gap k: chunk k-1 → chunk k; step k: yields token k+1)")
+    ax.set_ylabel("inter-token latency (ms)")
+    kv = [(r["step"], r["kv_mib"]) for r in steps if r.get("kv_mib") is not None]
+    if kv:
+        ax2 = ax.twinx()
+        ax2.plot([k for k, _ in kv], [v for _, v in kv], color="#c44e52", linewidth=1.0, label="KV (MiB)")
+        ax2.set_ylabel("logical KV retained after step (MiB)")
+    ax.set_title("ITL per gap and KV bytes per decode step")
+    return _svg(fig)
+
+
+def cdf_svg(series: dict[str, Sequence[float]], xlabel: str, title: str) -> str:
+    """Empirical CDF of each named series (fraction of requests <= x)."""
+    fig, ax = _figure(4.6, 3.2)
+    for name, values in series.items():
+        xs = sorted(v for v in values if v is not None)
+        if not xs:
+            continue
+        ys = [(i + 1) / len(xs) for i in range(len(xs))]
+        ax.step(xs, ys, where="post", label=f"{name} (n={len(xs)})")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("fraction of requests ≤ x")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(title)
+    if series:
+        ax.legend(fontsize=7)
+    return _svg(fig)
+
+
+def throughput_svg(rows: Sequence[dict[str, Any]], window: tuple[float, float] | None, bucket_s: float) -> str:
+    """Output tokens/s and completed requests/s per bucket; the window shaded."""
+    fig, ax = _figure()
+    xs = [r["bucket_start_s"] for r in rows]
+    ax.step(xs, [r["output_tokens_per_s"] for r in rows], where="post", label="output tokens/s")
+    ax.set_xlabel(f"time since the first output chunk (s), {bucket_s:g} s buckets")
+    ax.set_ylabel("output tokens per second")
+    ax2 = ax.twinx()
+    ax2.step(xs, [r["completed_rps"] for r in rows], where="post", color="#55a868", label="completed requests/s")
+    ax2.set_ylabel("completed requests per second")
+    if window is not None:
+        ax.axvspan(window[0], window[1], color="#ccb974", alpha=0.2, label="metrics window")
+    ax.legend(loc="upper left", fontsize=7)
+    ax.set_title("Throughput over time")
+    return _svg(fig)
+
+
+_PHASES = ["network_in", "gateway_overhead", "tokenize", "queue", "prefill", "first_emit", "network_out", "residual"]
+
+
+def phases_svg(rows: Sequence[dict[str, Any]]) -> str:
+    """Stacked TTFT phases per request (ms); a missing phase (NULL with a reason) is left out."""
+    fig, ax = _figure(9.0, 3.8)
+    bottoms = [0.0] * len(rows)
+    xs = list(range(len(rows)))
+    for phase in _PHASES:
+        key = f"{phase}_ms"
+        values = [r.get(key) or 0.0 for r in rows]
+        if not any(values):
+            continue
+        ax.bar(xs, values, bottom=bottoms, label=phase, width=0.8)
+        bottoms = [b + v for b, v in zip(bottoms, values)]
+    ax.set_xlabel("request (ordered by client send)")
+    ax.set_ylabel("TTFT component (ms)")
+    ax.set_title("TTFT phase breakdown")
+    ax.legend(fontsize=7, ncol=4)
+    return _svg(fig)
