@@ -1,0 +1,139 @@
+"""Comparing a report's figures with recomputed ones: tolerance, diagnosis, and the audit SQL.
+
+Recomputed figures always come from SQL (``queries/audit/*.sql`` or the metric queries);
+this module only runs those files and compares. Tolerance of a comparison: the larger of
+``rel_tol x |recomputed|`` and half a unit of the last decimal the claimed figure prints
+(a figure written ``38.31`` stands for 38.305 ... 38.315). Integers get no rounding slack.
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+from typing import Any, Iterable, Mapping
+
+import duckdb
+
+from analyzer.claims import CANNOT, FAIL, PASS, Finding
+from analyzer.queries import run_query
+
+__all__ = [
+    "DEFAULT_REL_TOL",
+    "DEFINITION_REL_TOL",
+    "tolerance",
+    "agree",
+    "diagnose",
+    "audit_query",
+    "distribution_stats",
+    "load_values",
+    "compare_figure",
+    "PASS",
+    "FAIL",
+    "CANNOT",
+    "Finding",
+]
+
+# Default relative tolerance: a recomputation from the same arrays differs only by float
+# noise (vLLM's TPOT from ttft + sum(itls): 1.5e-7), while real mix-ups differ by more
+# (vLLM sample's mean ITL vs mean TPOT: 7.6e-4).
+DEFAULT_REL_TOL = 1e-4
+# Matching a figure to a definition whose inputs were timed slightly differently (LLMPerf's
+# ITL x O ends at the last chunk, its E2E when the stream closes: 2.3e-4 apart).
+DEFINITION_REL_TOL = 1e-2
+
+
+def _rounding_half_unit(claimed: float) -> float:
+    if not math.isfinite(claimed) or claimed == int(claimed):
+        return 0.0
+    exponent = Decimal(repr(claimed)).as_tuple().exponent
+    assert isinstance(exponent, int)
+    return 0.5 * 10.0 ** exponent
+
+
+def tolerance(claimed: float, recomputed: float, rel_tol: float) -> float:
+    """Absolute tolerance for ``claimed`` vs ``recomputed`` (same unit as both)."""
+    return max(rel_tol * abs(recomputed), _rounding_half_unit(claimed), 1e-12)
+
+
+def agree(claimed: float | None, recomputed: float | None, rel_tol: float) -> bool:
+    """True when both are given and differ by at most :func:`tolerance`."""
+    if claimed is None or recomputed is None:
+        return False
+    return abs(claimed - recomputed) <= tolerance(claimed, recomputed, rel_tol)
+
+
+def diagnose(claimed: float, candidates: Mapping[str, float | None], rel_tol: float) -> str | None:
+    """Name of the closest wrong-definition candidate that the claim matches, else None."""
+    best: tuple[float, str] | None = None
+    for name, value in candidates.items():
+        if value is None or not agree(claimed, value, rel_tol):
+            continue
+        gap = abs(claimed - value)
+        if best is None or gap < best[0]:
+            best = (gap, name)
+    return best[1] if best else None
+
+
+def audit_query(con: duckdb.DuckDBPyConnection, name: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Rows of ``queries/audit/<name>.sql`` as dicts (no adapter views are installed)."""
+    return run_query(con, f"audit/{name}", params, views=False).dicts()
+
+
+def load_values(con: duckdb.DuckDBPyConnection, rows: Iterable[tuple[str, float | None]]) -> None:
+    """(Re)create ``audit_values(metric, value)`` from (metric, value) pairs."""
+    con.execute("CREATE OR REPLACE TEMP TABLE audit_values (metric VARCHAR, value DOUBLE)")
+    batch = [(m, v) for m, v in rows]
+    if batch:
+        con.executemany("INSERT INTO audit_values VALUES (?, ?)", batch)
+
+
+def distribution_stats(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, Any]]:
+    """``audit/distribution_stats.sql`` over ``audit_values``: metric -> statistics."""
+    return {row["metric"]: row for row in audit_query(con, "distribution_stats")}
+
+
+def compare_figure(
+    check: str,
+    claimed: float | None,
+    recomputed: float | None,
+    rel_tol: float,
+    *,
+    what: str,
+    unit: str,
+    wrong: Mapping[str, float | None] | None = None,
+    explain: Mapping[str, str] | None = None,
+    missing: str | None = None,
+) -> Finding:
+    """One figure vs its recomputation. On a mismatch, name the wrong definition it matches.
+
+    ``wrong`` maps a diagnosis name to the value that wrong definition gives; ``explain``
+    maps it to a sentence. ``missing`` is the reason for ``cannot_check`` when a side is None.
+    """
+    numbers: dict[str, Any] = {"claimed": claimed, "recomputed": recomputed, "unit": unit, "rel_tol": rel_tol}
+    if claimed is None or recomputed is None:
+        reason = missing or (f"{what}: the report does not give it" if claimed is None else f"{what}: cannot be recomputed")
+        return Finding(check, CANNOT, reason, numbers)
+    numbers["tolerance"] = tolerance(claimed, recomputed, rel_tol)
+    numbers["difference"] = claimed - recomputed
+    if agree(claimed, recomputed, rel_tol):
+        return Finding(check, PASS, f"{what}: {claimed:.6g} {unit} matches the recomputed {recomputed:.6g}", numbers)
+    candidates = dict(wrong or {})
+    sentences = dict(explain or {})
+    if unit in ("ms", "s"):
+        smaller = "ms" if unit == "s" else "us"
+        larger = "s" if unit == "ms" else "ks"
+        candidates.setdefault("unit_slip_x1000", recomputed * 1000)
+        candidates.setdefault("unit_slip_div1000", recomputed / 1000)
+        sentences.setdefault("unit_slip_x1000", f"it is 1000 x the recomputed value: a figure in {smaller} "
+                             f"labelled {unit} (ms vs s slip)")
+        sentences.setdefault("unit_slip_div1000", f"it is the recomputed value / 1000: a figure in {larger} "
+                             f"labelled {unit} (ms vs s slip)")
+    found = diagnose(claimed, candidates, rel_tol)
+    if found is not None:
+        numbers["diagnosis"] = found
+        numbers["diagnosis_value"] = candidates[found]
+        sentence = sentences.get(found, found.replace("_", " "))
+        return Finding(check, FAIL, f"{what}: {claimed:.6g} {unit} is not the recomputed {recomputed:.6g}: {sentence}",
+                       numbers)
+    return Finding(check, FAIL, f"{what}: {claimed:.6g} {unit} differs from the recomputed {recomputed:.6g} "
+                   f"by {claimed - recomputed:+.4g} (tolerance {numbers['tolerance']:.3g})", numbers)

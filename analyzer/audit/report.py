@@ -1,0 +1,117 @@
+"""Dispatch: which kind of report a file is, and the audit of one report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from analyzer.audit.compare import DEFAULT_REL_TOL
+from analyzer.audit.inputs import AuditInputError, read_json
+from analyzer.claims import Finding
+from analyzer.store import connect
+
+__all__ = ["KINDS", "audit_report", "detect_kind"]
+
+KINDS = ("auto", "vllm", "vllm-nightly", "aiperf", "llmperf", "claims", "tokentrace")
+
+
+def _looks_like(data: Any) -> str | None:
+    if isinstance(data, list) and data and isinstance(data[0], dict) and "Test name" in data[0]:
+        return "vllm-nightly"
+    if not isinstance(data, dict):
+        return None
+    if "ttfts" in data or "mean_ttft_ms" in data or ("request_throughput" in data and "duration" in data):
+        return "vllm"
+    if "schema_version" in data and "aiperf_version" in data or isinstance(data.get("records"), dict):
+        return "aiperf"
+    if "time_to_first_token" in data and isinstance(data.get("time_to_first_token"), dict):
+        return "aiperf"
+    if any(str(k).startswith("results_ttft_s") for k in data):
+        return "llmperf"
+    if "scope" in data and ("ttft_ms" in data or "kv_bytes_per_token" in data):
+        return "tokentrace"
+    return None
+
+
+def detect_kind(path: str | Path) -> str:
+    """The report kind of a file, from its suffix and keys; AuditInputError when unknown."""
+    path = Path(path)
+    if path.suffix.lower() in (".yaml", ".yml"):
+        return "claims"
+    data = read_json(path)
+    kind = _looks_like(data)
+    if kind is not None:
+        return kind
+    if isinstance(data, dict):
+        from analyzer.audit.claims_file import FIGURES
+
+        if any(k in data for k in FIGURES):
+            return "claims"
+        shown = ", ".join(list(map(str, data))[:8])
+        raise AuditInputError(f"{path}: unknown report shape (top-level keys: {shown}); pass --kind, one of "
+                              f"{', '.join(KINDS[1:])}")
+    raise AuditInputError(f"{path}: unknown report shape (a JSON {type(data).__name__}); pass --kind, one of "
+                          f"{', '.join(KINDS[1:])}")
+
+
+def audit_report(
+    path: str | Path,
+    kind: str = "auto",
+    *,
+    individual: str | Path | None = None,
+    db: str | Path | None = None,
+    model_config: str | Path | None = None,
+    rel_tol: float = DEFAULT_REL_TOL,
+) -> list[Finding]:
+    """Run every check for one report and return the findings (one per check).
+
+    ``individual``: per-request records (LLMPerf individual responses, AIPerf
+    profile_export.jsonl, or the vLLM JSON behind a nightly table). ``db``: a tokentrace
+    DuckDB database whose traces the claims are recomputed from.
+    """
+    if kind not in KINDS:
+        raise AuditInputError(f"unknown report kind {kind!r}; kinds: {', '.join(KINDS)}")
+    path = Path(path)
+    if kind == "auto":
+        kind = detect_kind(path)
+    con = connect(None)
+    try:
+        if kind == "claims" or kind == "tokentrace":
+            from analyzer.audit.claim_checks import check_claims
+            from analyzer.audit.claims_file import read_claims_file, read_tokentrace_artifact
+
+            if kind == "claims":
+                claims = read_claims_file(path, model_config)
+            else:
+                data = read_json(path)
+                if not isinstance(data, dict):
+                    raise AuditInputError(f"{path}: a tokentrace artifact is a JSON object (tokentrace timeline --json)")
+                claims = read_tokentrace_artifact(path, data, model_config)
+            findings = check_claims(claims, con, rel_tol)
+            if db is not None:
+                from analyzer.audit.traces import check_claims_against_traces
+
+                findings += check_claims_against_traces(claims, db, rel_tol)
+            return findings
+        if kind == "vllm":
+            from analyzer.audit.vllm import audit_vllm
+
+            findings = audit_vllm(path, read_json(path), con, rel_tol)
+        elif kind == "vllm-nightly":
+            from analyzer.audit.vllm_nightly import audit_vllm_nightly
+
+            findings = audit_vllm_nightly(path, read_json(path), con, rel_tol, individual)
+        elif kind == "aiperf":
+            from analyzer.audit.aiperf import audit_aiperf
+
+            findings = audit_aiperf(path, read_json(path), con, rel_tol, individual)
+        else:
+            from analyzer.audit.llmperf import audit_llmperf
+
+            findings = audit_llmperf(path, read_json(path), con, rel_tol, individual)
+        if db is not None:
+            findings.append(Finding("traces", "cannot_check", f"--db recomputation compares claims files and "
+                                    f"tokentrace artifacts; a {kind} report names no request of the traces", {}))
+        return findings
+    finally:
+        con.close()

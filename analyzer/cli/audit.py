@@ -1,0 +1,66 @@
+"""``tokentrace audit``: check a published latency report against its own numbers."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from analyzer.cli.group import cli
+import json
+
+from analyzer.cli.options import UserError, emit_rows, to_jsonable
+
+KIND_CHOICES = ["auto", "vllm", "vllm-nightly", "aiperf", "llmperf", "claims", "tokentrace"]
+
+
+@cli.command("audit")
+@click.argument("report", metavar="REPORT", type=click.Path())
+@click.option("--kind", type=click.Choice(KIND_CHOICES), default="auto", show_default=True,
+              help="Report format; auto detects it from the file's suffix and keys.")
+@click.option("--individual", type=click.Path(), default=None, metavar="FILE",
+              help="Per-request records: LLMPerf *_individual_responses.json, AIPerf profile_export.jsonl, "
+                   "or the vLLM benchmark JSON behind a nightly table row.")
+@click.option("--db", "db_path", type=click.Path(), default=None, metavar="PATH",
+              help="tokentrace DuckDB database: recompute the claimed figures from its traces.")
+@click.option("--model-config", type=click.Path(), default=None, metavar="PATH",
+              help="HuggingFace config.json for the KV check (overrides the claims file's model).")
+@click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table",
+              show_default=True, help="Output format.")
+@click.option("--rel-tol", type=click.FloatRange(min=0, max=1), default=None, metavar="X",
+              help="Relative tolerance of every comparison (default 1e-4; a figure printed with "
+                   "decimals also gets half a unit of its last decimal).")
+def audit_command(report, kind, individual, db_path, model_config, output_format, rel_tol) -> None:
+    """Check a latency report: internal consistency, counting, statistics recomputed from its
+    raw arrays (in DuckDB SQL, with the tool's own percentile and std method), KV from the
+    model config, labelling, and (with --db) the traces. One row per check; exits 1 when a
+    check fails, so it can gate CI.
+
+    \b
+    Example:
+      tokentrace audit benchmark_serving_result.json
+      tokentrace audit llmperf_summary.json --individual llmperf_individual_responses.json
+      tokentrace audit claims.yaml --model-config ./config.json --format json
+      tokentrace audit claims.yaml --db traces.duckdb
+    """
+    from pathlib import Path
+
+    from analyzer.audit import AuditInputError, audit_report
+    from analyzer.audit.compare import DEFAULT_REL_TOL
+
+    if db_path is not None and not Path(db_path).is_file():
+        raise UserError(f"--db {db_path}: no such database file")
+    try:
+        findings = audit_report(report, kind, individual=individual, db=db_path, model_config=model_config,
+                                rel_tol=DEFAULT_REL_TOL if rel_tol is None else rel_tol)
+    except AuditInputError as exc:
+        raise UserError(str(exc)) from None
+    if output_format == "json":
+        click.echo(json.dumps([to_jsonable(f.to_dict()) for f in findings], indent=2))
+    else:
+        rows = [(f.check, f.verdict, f.detail) for f in findings]
+        emit_rows(["check", "verdict", "detail"], rows, "table")
+        counts = {v: sum(f.verdict == v for f in findings) for v in ("pass", "fail", "cannot_check")}
+        click.echo(f"{counts['pass']} pass, {counts['fail']} fail, {counts['cannot_check']} cannot_check")
+    if any(f.verdict == "fail" for f in findings):
+        sys.exit(1)
