@@ -1,0 +1,117 @@
+"""What the query verbs (requests, itl, phases, summary, window, skew, sql) share: where the
+spans come from (``--db`` or ``--parquet``) and running one ``queries/*.sql`` file with its
+parameters. Not a verb (the leading underscore keeps it out of verb discovery)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Mapping, Sequence
+
+import click
+import duckdb
+
+from analyzer.cli.options import UserError, emit_rows, parse_params
+from analyzer.queries import QueryResult, install_views, load_query
+from analyzer.store import default_db_path
+
+__all__ = [
+    "PERSPECTIVES", "TRACE_ID_RE", "check_trace_id", "installed", "merge_params", "open_from_flags", "query_rows",
+    "run_verb", "source_options",
+]
+
+TRACE_ID_RE = re.compile(r"^[0-9a-f]{32}$")
+PERSPECTIVES = ("client", "server", "engine")
+
+
+def source_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``--db PATH`` or ``--parquet DIR`` (a tokentrace export dump, read in place)."""
+    func = click.option(
+        "--parquet", "parquet_dir", default=None, metavar="DIR",
+        help="Query a `tokentrace export` Parquet dump in place (no load step) instead of --db.",
+    )(func)
+    return click.option(
+        "--db", "db_path", default=None, metavar="PATH",
+        help="DuckDB database written by `tokentrace load` (default: $TOKENTRACE_DB, else ./tokentrace.duckdb).",
+    )(func)
+
+
+def open_from_flags(
+    db_path: str | None, parquet_dir: str | None, start_ns: int | None = None, end_ns: int | None = None
+) -> duckdb.DuckDBPyConnection:
+    """The connection the verb queries; a clear one-line error for a missing file or dump."""
+    from analyzer.engine import SourceError, open_source
+
+    if db_path and parquet_dir:
+        raise UserError("give --db or --parquet, not both")
+    try:
+        if parquet_dir:
+            return open_source(parquet=parquet_dir, start_ns=start_ns, end_ns=end_ns)
+        return open_source(db=db_path or default_db_path())
+    except SourceError as exc:
+        raise UserError(str(exc)) from None
+
+
+def check_trace_id(trace_id: str | None) -> str | None:
+    """A trace id the user typed: 32 lowercase hex digits (uppercase accepted and lowered)."""
+    if trace_id is None:
+        return None
+    lowered = trace_id.strip().lower()
+    if not TRACE_ID_RE.match(lowered):
+        raise UserError(f"--trace-id {trace_id!r}: expected 32 hexadecimal digits")
+    return lowered
+
+
+def merge_params(query: str, flags: Mapping[str, Any], raw_params: Sequence[str]) -> dict[str, Any]:
+    """Friendly flags (None = not given) overlaid by ``--param NAME=VALUE``; unknown names are errors."""
+    params = {k: v for k, v in flags.items() if v is not None}
+    params.update(parse_params(raw_params))
+    try:
+        load_query(query).bind(params)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    perspective = params.get("perspective")
+    if perspective is not None and perspective not in PERSPECTIVES:
+        raise UserError(f"perspective {perspective!r}: expected one of {', '.join(PERSPECTIVES)}")
+    return params
+
+
+def query_rows(con: duckdb.DuckDBPyConnection, query: str, params: Mapping[str, Any]) -> QueryResult:
+    """Run ``queries/<query>.sql``; a DuckDB error caused by a bad parameter value becomes a UserError."""
+    from analyzer.queries import run_query
+
+    try:
+        return run_query(con, query, params)
+    except (duckdb.ConversionException, duckdb.InvalidInputException, duckdb.BinderException) as exc:
+        raise UserError(f"{query}: {str(exc).splitlines()[0]}") from None
+
+
+def run_verb(
+    query: str,
+    *,
+    db_path: str | None,
+    parquet_dir: str | None,
+    flags: Mapping[str, Any],
+    raw_params: Sequence[str],
+    output_format: str,
+    notes: Sequence[str] = (),
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+    validate: Callable[[dict[str, Any]], None] | None = None,
+) -> QueryResult:
+    """Open the source, run one query, print its rows (and notes); returns the result."""
+    params = merge_params(query, flags, raw_params)
+    if validate is not None:
+        validate(params)
+    con = open_from_flags(db_path, parquet_dir, start_ns, end_ns)
+    try:
+        result = query_rows(con, query, params)
+    finally:
+        con.close()
+    emit_rows(result.columns, result.rows, output_format, notes=notes)
+    return result
+
+
+def installed(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """``con`` with the adapter and metric views installed (for ad-hoc SQL)."""
+    install_views(con)
+    return con

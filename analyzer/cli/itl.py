@@ -1,0 +1,33 @@
+"""``tokentrace itl``: every inter-token gap (queries/itl.sql)."""
+
+from __future__ import annotations
+
+import click
+
+from analyzer.cli._query_verb import PERSPECTIVES, check_trace_id, run_verb, source_options
+from analyzer.cli.group import cli
+from analyzer.cli.options import format_option, param_option
+
+
+@cli.command("itl")
+@source_options
+@click.option("--perspective", type=click.Choice(PERSPECTIVES), default=None,
+              help="Only this perspective (default: every one a request has).")
+@click.option("--trace-id", default=None, metavar="HEX32", help="Only requests of this trace.")
+@format_option
+@param_option
+def itl_command(db_path, parquet_dir, perspective, trace_id, output_format, params) -> None:
+    """Every gap between consecutive visible chunks of each request, per chunk and per token.
+
+    itl_ms is the gap before a chunk; itl_per_token_ms divides it by that chunk's tokens
+    (they differ under speculative decoding or per-word flushing). A request with O
+    one-token chunks has O - 1 gaps. Gaps of a span that dropped events are empty with a
+    reason. Units: milliseconds; *_ns nanoseconds since the epoch.
+
+    \b
+    Example:
+      tokentrace itl --db traces.duckdb --perspective client --format json
+    """
+    run_verb("itl", db_path=db_path, parquet_dir=parquet_dir,
+             flags={"perspective": perspective, "trace_id": check_trace_id(trace_id)},
+             raw_params=params, output_format=output_format)

@@ -1,0 +1,43 @@
+"""``tokentrace phases``: TTFT decomposed into its phases (queries/phases.sql)."""
+
+from __future__ import annotations
+
+import click
+
+from analyzer.cli._query_verb import check_trace_id, run_verb, source_options
+from analyzer.cli.group import cli
+from analyzer.cli.options import UserError, format_option, param_option
+from analyzer.skew import OffsetSyntaxError, parse_assume_offsets
+
+
+@cli.command("phases")
+@source_options
+@click.option("--trace-id", default=None, metavar="HEX32", help="Only requests of this trace.")
+@click.option("--tolerance-ms", type=click.FloatRange(min=0), default=None,
+              help="How far a clock pair's offset bounds may exclude 0 and still count as one clock (default 1).")
+@click.option("--assume-offset", "assume_offset", multiple=True, metavar="DOMAIN=MS",
+              help="DOMAIN's clock runs MS ms ahead of the client's: shift its timestamps by -MS in "
+                   "cross-clock parts (repeatable; DOMAIN = clock domain or service name).")
+@format_option
+@param_option
+def phases_command(db_path, parquet_dir, trace_id, tolerance_ms, assume_offset, output_format, params) -> None:
+    """Client TTFT split into network-in, gateway overhead, tokenize, queue, prefill,
+    first-emit and network-out, with the residual no phase span covers.
+
+    network_in_ms and network_out_ms subtract a server time from a client time: they are
+    empty (cross_clock_reason says why) unless the clock pair's offset bounds are
+    consistent with 0 (see `tokentrace skew`) or an offset is assumed. network_round_trip_ms
+    and residual_ms never mix clocks. Units: milliseconds.
+
+    \b
+    Example:
+      tokentrace phases --db traces.duckdb
+      tokentrace phases --db traces.duckdb --assume-offset skewed-client=35
+    """
+    try:
+        offsets = parse_assume_offsets(assume_offset)
+    except OffsetSyntaxError as exc:
+        raise UserError(str(exc)) from None
+    run_verb("phases", db_path=db_path, parquet_dir=parquet_dir,
+             flags={"trace_id": check_trace_id(trace_id), "tolerance_ms": tolerance_ms, **offsets.params()},
+             raw_params=params, output_format=output_format, notes=offsets.notes())

@@ -1,0 +1,34 @@
+"""``tokentrace requests``: per-request metrics (queries/requests.sql)."""
+
+from __future__ import annotations
+
+import click
+
+from analyzer.cli._query_verb import PERSPECTIVES, check_trace_id, run_verb, source_options
+from analyzer.cli.group import cli
+from analyzer.cli.options import format_option, param_option
+
+
+@cli.command("requests")
+@source_options
+@click.option("--perspective", type=click.Choice(PERSPECTIVES), default=None,
+              help="Only this perspective (default: every one a request has).")
+@click.option("--trace-id", default=None, metavar="HEX32", help="Only requests of this trace.")
+@format_option
+@param_option
+def requests_command(db_path, parquet_dir, perspective, trace_id, output_format, params) -> None:
+    """One row per request and perspective: TTFT, E2E, TPOT, token rates, KV figures.
+
+    Each perspective (client = CLIENT span clock, server = gateway clock, engine = bare
+    generate span) is its own row; clocks are never mixed. Figures that cannot be computed
+    are empty, and null_reason says why. Units: *_ms milliseconds, *_per_second tokens/s,
+    *_bytes bytes, *_mib MiB. Formulas: docs/metrics.md.
+
+    \b
+    Example:
+      tokentrace requests --db traces.duckdb --perspective client --format csv
+      tokentrace requests --parquet dump/ --trace-id 4bf92f3577b34da6a3ce929d0e0e4736
+    """
+    run_verb("requests", db_path=db_path, parquet_dir=parquet_dir,
+             flags={"perspective": perspective, "trace_id": check_trace_id(trace_id)},
+             raw_params=params, output_format=output_format)

@@ -1,0 +1,67 @@
+"""``tokentrace skew``: clock-skew rule violations and clock offset bounds
+(queries/skew_rules.sql and queries/skew_offsets.sql)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from analyzer.cli._query_verb import check_trace_id, merge_params, open_from_flags, query_rows, source_options
+from analyzer.cli.group import cli
+from analyzer.cli.options import UserError, emit_rows, format_option, to_jsonable
+from analyzer.skew import OffsetSyntaxError, parse_assume_offsets
+
+
+@cli.command("skew")
+@source_options
+@click.option("--trace-id", default=None, metavar="HEX32", help="Check the rules on this trace only.")
+@click.option("--tolerance-ms", type=click.FloatRange(min=0), default=None,
+              help="Rule violations up to this many ms are not reported (default 0).")
+@click.option("--offset-tolerance-ms", type=click.FloatRange(min=0), default=None,
+              help="Offset bounds excluding 0 by up to this many ms still count as consistent (default 1).")
+@click.option("--assume-offset", "assume_offset", multiple=True, metavar="DOMAIN=MS",
+              help="DOMAIN's clock runs MS ms ahead of the client's (repeatable); echoed and checked "
+                   "against the bounds. Rules never edit timestamps.")
+@format_option
+def skew_command(db_path, parquet_dir, trace_id, tolerance_ms, offset_tolerance_ms, assume_offset,
+                 output_format) -> None:
+    """Named clock-skew rules with their violations, and offset bounds per clock-domain pair.
+
+    Rules: child_starts_before_parent, child_ends_after_parent, negative_duration,
+    event_outside_span, decode_steps_overlap, chunks_out_of_order (trace, span, domains,
+    magnitude_ms). Offsets: theta = server clock - client clock is bounded per request by
+    gateway.start - client.start (upper) and gateway.end - client.end (lower); the verdict
+    per pair is consistent, skew_detected or contradiction. Exit status 0 either way.
+
+    \b
+    Example:
+      tokentrace skew --db traces.duckdb
+      tokentrace skew --db traces.duckdb --assume-offset skewed-client=35 --format json
+    """
+    try:
+        offsets = parse_assume_offsets(assume_offset)
+    except OffsetSyntaxError as exc:
+        raise UserError(str(exc)) from None
+    rule_params = merge_params("skew_rules", {"tolerance_ms": tolerance_ms, "trace_id": check_trace_id(trace_id)}, ())
+    offset_params = merge_params("skew_offsets", {"tolerance_ms": offset_tolerance_ms, **offsets.params()}, ())
+    con = open_from_flags(db_path, parquet_dir)
+    try:
+        rules = query_rows(con, "skew_rules", rule_params)
+        bounds = query_rows(con, "skew_offsets", offset_params)
+    finally:
+        con.close()
+    if output_format == "json":
+        click.echo(json.dumps(to_jsonable({
+            "rules": rules.dicts(),
+            "offsets": bounds.dicts(),
+            "assumed_offsets": dict(zip(offsets.domains, offsets.offsets_ms)),
+            "notes": offsets.notes(),
+        }), indent=2))
+        return
+    for title, result, notes in (("skew_rules", rules, ()), ("skew_offsets", bounds, offsets.notes())):
+        if output_format == "table":
+            click.echo(f"{title}: {len(result.rows)} row(s)")
+        else:
+            click.echo(f"# {title}")
+        emit_rows(result.columns, result.rows, output_format, notes=notes)

@@ -1,0 +1,35 @@
+"""``tokentrace summary``: distributions of the per-request metrics (queries/summary.sql)."""
+
+from __future__ import annotations
+
+import click
+
+from analyzer.cli._query_verb import PERSPECTIVES, run_verb, source_options
+from analyzer.cli.group import cli
+from analyzer.cli.options import format_option, param_option
+
+
+@cli.command("summary")
+@source_options
+@click.option("--perspective", type=click.Choice(PERSPECTIVES), default=None,
+              help="Only this perspective (default: one row per perspective).")
+@click.option("--include-unsuccessful", is_flag=True, default=None,
+              help="Also count failed and cancelled requests (default: succeeded only).")
+@format_option
+@param_option
+def summary_command(db_path, parquet_dir, perspective, include_unsuccessful, output_format, params) -> None:
+    """Count, mean, std, min, p50/p90/p95/p99, max of TTFT, TPOT, E2E, ITL and token rates.
+
+    One row per metric and perspective. Percentiles are linear interpolation between order
+    statistics (numpy's default; DuckDB quantile_cont). itl_* rows count gaps, the others
+    requests; null_count counts requests or gaps without the figure.
+
+    \b
+    Example:
+      tokentrace summary --db traces.duckdb --perspective client
+      tokentrace summary --parquet dump/ --format csv --include-unsuccessful
+    """
+    run_verb("summary", db_path=db_path, parquet_dir=parquet_dir,
+             flags={"perspective": perspective, "include_unsuccessful": include_unsuccessful},
+             raw_params=params, output_format=output_format,
+             notes=["percentiles: linear interpolation (numpy default 'linear', DuckDB quantile_cont)"])
