@@ -29,6 +29,7 @@ from instrument.clock import now_wall_ns
 from instrument.generate_spans import DecodeSpanPolicy, SequenceTrace, emit_failed_generate_span, emit_sequence_spans
 from instrument.kv_runtime import RuntimeKV, inspect_runtime_kv
 from instrument.recorder import GenerationRecorder, RecordedTimeline
+from instrument.span_writer import span_writer_for
 from instrument.tracing import get_tracer, span_event_limit_of
 
 __all__ = ["TracedGeneration", "traced_generate", "instrument_model", "uninstrument_model", "CAPTURE_CONTENT_ENV"]
@@ -127,6 +128,7 @@ def traced_generate(
     capture_content: bool | None = None,
     device_time: bool | None = None,
     model_name: str | None = None,
+    direct_spans: bool = True,
     **generate_kwargs: Any,
 ) -> TracedGeneration:
     """Run ``model.generate`` and emit prefill/decode spans (and a ``generate`` root) for it.
@@ -140,6 +142,8 @@ def traced_generate(
     - ``capture_content``: put prompt/completion text on the root (default: off, or
       ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``).
     - ``device_time``: CUDA event timing per forward (``tokentrace.device_ns``); default on CUDA.
+    - ``direct_spans``: with an SDK tracer, hand finished spans straight to its span processor
+      (~5 µs/step) instead of the tracer API (~18 µs/step); see :mod:`instrument.span_writer`.
     - ``generate_kwargs``: passed to ``generate`` (``streamer=`` still receives every put).
     """
     policy = DecodeSpanPolicy.parse(decode_spans)
@@ -206,6 +210,7 @@ def traced_generate(
         model, getattr(output, "cache", None), batch_size=rows, tokens_held=padded_prompt_tokens + steps_recorded - 1
     )
     visible_ids = _visible_ids(tokenizer, {t for row in generated for t in row}, eos_ids)
+    writer = span_writer_for(tracer, direct=direct_spans)
     sequences: list[SequenceTrace] = []
     for row, ids in enumerate(generated):
         stop_at = next((i for i, t in enumerate(ids) if t in eos_ids), None)
@@ -234,7 +239,7 @@ def traced_generate(
             attrs["tokentrace.batch.index"] = row
             attrs["tokentrace.batch.size"] = rows
         seq.span_context = emit_sequence_spans(
-            tracer, seq, timeline, kv, policy, parent_context=parent_context, root_attributes=attrs,
+            writer, seq, timeline, kv, policy, parent_context=parent_context, root_attributes=attrs,
             call_start_ns=call_start_ns, call_end_ns=call_end_ns,
         )
         sequences.append(seq)

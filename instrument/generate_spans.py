@@ -19,6 +19,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from instrument.kv_runtime import RuntimeKV
 from instrument.recorder import RecordedTimeline
+from instrument.span_writer import ApiSpanWriter, DirectSpanWriter
 
 __all__ = ["DecodeSpanPolicy", "SequenceTrace", "emit_sequence_spans", "emit_failed_generate_span"]
 
@@ -98,7 +99,7 @@ def _content_attributes(seq: SequenceTrace) -> dict[str, str]:
 
 
 def emit_sequence_spans(
-    tracer: trace.Tracer,
+    writer: ApiSpanWriter | DirectSpanWriter,
     seq: SequenceTrace,
     timeline: RecordedTimeline,
     kv: RuntimeKV,
@@ -109,26 +110,23 @@ def emit_sequence_spans(
     call_start_ns: int,
     call_end_ns: int,
 ) -> trace.SpanContext:
-    """Create the spans of one sequence; returns the context of its root (or of the parent)."""
-    root = None
+    """Write the spans of one sequence; returns the span context of its root (or of the parent).
+
+    The root is written first (it is already finished: its times are known), then its children.
+    """
     if parent_context is None:
         attributes = dict(root_attributes)
         attributes.update(seq.usage_attributes())
         attributes.update(_content_attributes(seq))
-        root = tracer.start_span(
-            "generate", context=Context(), kind=SpanKind.INTERNAL, attributes=attributes, start_time=call_start_ns
-        )
-        for index, (emit_ns, tokens, visible) in enumerate(zip(seq.chunk_emit_ns, seq.chunk_tokens, seq.chunk_visible)):
-            root.add_event(
-                CHUNK_EVENT,
-                {"tokentrace.chunk.index": index, "tokentrace.chunk.tokens": tokens, "tokentrace.chunk.visible": visible},
-                timestamp=emit_ns,
-            )
-        child_context = trace.set_span_in_context(root)
-        result_context = root.get_span_context()
+        events = [
+            (CHUNK_EVENT, {"tokentrace.chunk.index": index, "tokentrace.chunk.tokens": tokens,
+                           "tokentrace.chunk.visible": visible}, emit_ns)
+            for index, (emit_ns, tokens, visible) in enumerate(zip(seq.chunk_emit_ns, seq.chunk_tokens, seq.chunk_visible))
+        ]
+        child_context = writer.write("generate", Context(), attributes, call_start_ns, call_end_ns, events)
     else:
         child_context = parent_context
-        result_context = trace.get_current_span(parent_context).get_span_context()
+    result_context = trace.get_current_span(child_context).get_span_context()
 
     starts = timeline.forward_start_ns
     emits = timeline.emit_ns
@@ -146,10 +144,7 @@ def emit_sequence_spans(
         prefill_attrs["tokentrace.kv.bytes"] = prefill_bytes
     if device is not None:
         prefill_attrs["tokentrace.device_ns"] = sum(device[:first_decode_forward])
-    prefill = tracer.start_span(
-        "prefill", context=child_context, kind=SpanKind.INTERNAL, attributes=prefill_attrs, start_time=starts[0]
-    )
-    prefill.end(end_time=emits[0])
+    writer.write("prefill", child_context, prefill_attrs, starts[0], emits[0])
 
     per_token = kv.layout.kv_bytes_per_token if kv.layout is not None else None
     for step in range(1, seq.generated_tokens):
@@ -162,13 +157,7 @@ def emit_sequence_spans(
             attrs["tokentrace.kv.bytes"] = kv.bytes_held(input_tokens + step)
         if device is not None:
             attrs["tokentrace.device_ns"] = device[forward]
-        span = tracer.start_span(
-            "decode", context=child_context, kind=SpanKind.INTERNAL, attributes=attrs, start_time=starts[forward]
-        )
-        span.end(end_time=emits[step])
-
-    if root is not None:
-        root.end(end_time=call_end_ns)
+        writer.write("decode", child_context, attrs, starts[forward], emits[step])
     return result_context
 
 

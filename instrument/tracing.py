@@ -19,6 +19,8 @@ Environment variables read (each with its default):
 ``TOKENTRACE_OTLP_JSON_PATH``              file for ``otlp_json`` (OTLP/JSON lines)
 ``OTEL_SPAN_EVENT_COUNT_LIMIT``            ``65536`` here (the SDK's 128 would drop the chunk
                                            events of any request longer than 128 tokens)
+``OTEL_BSP_MAX_QUEUE_SIZE``                ``65536`` here (the SDK's 2048 drops the decode
+                                           spans of any request longer than ~2,000 tokens)
 =========================================  =========================================
 """
 
@@ -56,6 +58,7 @@ SCOPE_NAME = "tokentrace"
 CONTRACT_VERSION = "1"
 DEFAULT_SERVICE_NAME = "tokentrace"
 DEFAULT_SPAN_EVENT_LIMIT = 65536
+DEFAULT_BATCH_QUEUE_SIZE = 65536
 EXPORTER_NAMES = ("otlp", "console", "otlp_json", "none")
 PROTOCOLS = ("grpc", "http/protobuf")
 
@@ -67,6 +70,7 @@ ENV_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 ENV_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 ENV_JSON_PATH = "TOKENTRACE_OTLP_JSON_PATH"
 ENV_EVENT_LIMIT = "OTEL_SPAN_EVENT_COUNT_LIMIT"
+ENV_BSP_QUEUE_SIZE = "OTEL_BSP_MAX_QUEUE_SIZE"
 
 
 def _env(name: str) -> str | None:
@@ -201,8 +205,11 @@ def setup_tracing(
         resource=_resource(service_name, instance_id, resource_attributes),
         span_limits=SpanLimits(max_events=_event_limit(span_event_limit)),
     )
+    queue_size = None if _env(ENV_BSP_QUEUE_SIZE) else DEFAULT_BATCH_QUEUE_SIZE
     for span_exporter in exporters:
-        processor = BatchSpanProcessor(span_exporter) if batch else SimpleSpanProcessor(span_exporter)
+        processor = (
+            BatchSpanProcessor(span_exporter, max_queue_size=queue_size) if batch else SimpleSpanProcessor(span_exporter)
+        )
         provider.add_span_processor(processor)
     return provider
 

@@ -38,10 +38,11 @@ def _by_name(spans, name):
     return [s for s in spans if s.name == name]
 
 
-def test_prefill_and_one_decode_span_per_step(tiny, spans_out):
+@pytest.mark.parametrize("direct_spans", [True, False], ids=["direct-writer", "tracer-api"])
+def test_prefill_and_one_decode_span_per_step(tiny, spans_out, direct_spans):
     model, tok = tiny
     provider, exporter = spans_out
-    result = traced_generate(model, tok, PROMPT, tracer_provider=provider, max_new_tokens=12)
+    result = traced_generate(model, tok, PROMPT, tracer_provider=provider, max_new_tokens=12, direct_spans=direct_spans)
     spans = exporter.get_finished_spans()
     (root,) = _by_name(spans, "generate")
     (prefill,) = _by_name(spans, "prefill")
@@ -235,3 +236,16 @@ def test_failed_generate_leaves_an_error_root(tiny, spans_out):
     (root,) = _by_name(exporter.get_finished_spans(), "generate")
     assert root.status.status_code.name == "ERROR"
     assert root.attributes["error.type"] == "RuntimeError"
+
+
+@pytest.mark.parametrize("direct_spans", [True, False], ids=["direct-writer", "tracer-api"])
+def test_sampler_is_respected(tiny, direct_spans):
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
+
+    model, tok = tiny
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ParentBased(ALWAYS_OFF), span_limits=SpanLimits(max_events=1000))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    result = traced_generate(model, tok, PROMPT, tracer_provider=provider, max_new_tokens=4, direct_spans=direct_spans)
+    assert exporter.get_finished_spans() == ()
+    assert result.sequences[0].generated_tokens == 4
