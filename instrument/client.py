@@ -1,0 +1,244 @@
+"""A traced streaming client for OpenAI-compatible servers and a load generator (issue #6).
+
+Each request is one CLIENT span ``chat {model}`` from client send (s) to the last byte
+received, with one ``tokentrace.chunk`` event per received stream chunk (index, tokens,
+visible) and the usage attributes of the final usage chunk. The W3C ``traceparent`` header
+is injected, so the server's ``gateway`` span joins the same trace.
+
+``clock_offset_ns`` shifts every client timestamp (simulates a skewed client clock).
+
+Load: closed loop (``concurrency`` workers, each sends its next request when the previous
+one ended) or open loop (Poisson arrivals at ``rate_per_s``, seeded; requests are sent on
+schedule whatever the server does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from instrument.clock import now_wall_ns
+from instrument.tracing import get_tracer
+
+__all__ = ["SEED_PROMPT", "ClientResult", "chat_body", "stream_chat", "run_load", "run_load_sync",
+           "poisson_arrival_offsets_s", "client_tracer_provider"]
+
+SEED_PROMPT = "Show me wheelchair-accessible hotels in Kyoto under $200/night with onsen access."
+CHUNK_EVENT = "tokentrace.chunk"
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+@dataclass
+class ClientResult:
+    """What one request gave the client. ``status_code`` None: no HTTP response (network error)."""
+
+    index: int
+    status_code: int | None
+    finish_reason: str | None = None
+    request_id: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    chunks: int = 0
+    text: str = ""
+    error: str | None = None
+    retry_after_s: str | None = None
+    trace_id: str | None = None
+
+    @property
+    def completed(self) -> bool:
+        return self.status_code == 200 and self.finish_reason in ("stop", "length")
+
+
+def chat_body(model: str, prompt: str = SEED_PROMPT, *, max_tokens: int = 16, temperature: float = 0.0,
+              stream: bool = True) -> dict[str, Any]:
+    """A chat-completions request body with one user message (usage requested when streaming)."""
+    body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": prompt}],
+                            "max_tokens": max_tokens, "temperature": temperature, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def client_tracer_provider(service_name: str, *, json_path: str | None = None, span_exporters: Sequence[Any] = (),
+                           batch: bool = True) -> Any:
+    """A provider for client spans: OTLP-JSON lines to ``json_path`` when given, OTLP when
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or the traces endpoint) is set, plus ``span_exporters``."""
+    import os
+
+    from instrument.tracing import setup_tracing
+
+    names = []
+    if json_path is not None:
+        names.append("otlp_json")
+    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        names.append("otlp")
+    return setup_tracing(service_name, exporter=names or ["none"], json_path=json_path,
+                         span_exporters=span_exporters, batch=batch)
+
+
+def _chunk_content(payload: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(content delta or text, finish reason) of a chunk's first choice."""
+    choices = payload.get("choices") or []
+    if not choices:
+        return None, None
+    choice = choices[0]
+    delta = choice.get("delta")
+    content = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+    return (content if isinstance(content, str) else None), choice.get("finish_reason")
+
+
+async def stream_chat(
+    http: Any, base_url: str, body: dict[str, Any], *, tracer: trace.Tracer, api_key: str | None = None,
+    clock_offset_ns: int = 0, index: int = 0, stop_after_chunks: int | None = None, path: str = "/v1/chat/completions",
+) -> ClientResult:
+    """Send one streaming request (``http``: an ``httpx.AsyncClient``) under a CLIENT span.
+
+    ``stop_after_chunks``: close the connection after that many visible chunks (a client that
+    disconnects mid-stream); the span's finish reason is then ``cancelled``.
+    """
+    model = str(body.get("model", ""))
+    operation = "chat" if "messages" in body else "text_completion"
+    attrs: dict[str, Any] = {"gen_ai.operation.name": operation, "gen_ai.request.model": model}
+    for key, attr in (("max_tokens", "gen_ai.request.max_tokens"), ("temperature", "gen_ai.request.temperature"),
+                      ("top_p", "gen_ai.request.top_p")):
+        if body.get(key) is not None:
+            attrs[attr] = body[key]
+    span = tracer.start_span(f"{operation} {model}", kind=SpanKind.CLIENT, attributes=attrs,
+                             start_time=now_wall_ns() + clock_offset_ns)
+    result = ClientResult(index, None, trace_id=f"{span.get_span_context().trace_id:032x}")
+    headers = {"content-type": "application/json"}
+    if api_key:
+        headers["authorization"] = f"Bearer {api_key}"
+    _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
+    visible_chunks = 0
+    try:
+        async with http.stream("POST", base_url.rstrip("/") + path, content=json.dumps(body), headers=headers) as resp:
+            result.status_code = resp.status_code
+            span.set_attribute("http.response.status_code", resp.status_code)
+            if resp.status_code != 200:
+                raw = await resp.aread()
+                result.retry_after_s = resp.headers.get("retry-after")
+                try:
+                    result.error = json.loads(raw)["error"]["message"]
+                except (ValueError, KeyError, TypeError):
+                    result.error = raw.decode("utf-8", "replace")[:200]
+            else:
+                result.request_id = resp.headers.get("x-request-id")
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    received_ns = now_wall_ns() + clock_offset_ns
+                    payload = json.loads(data)
+                    if "error" in payload:
+                        result.error = str(payload["error"].get("message"))
+                        result.finish_reason = "error"
+                        break
+                    content, finish = _chunk_content(payload)
+                    visible = bool(content)
+                    span.add_event(CHUNK_EVENT, {"tokentrace.chunk.index": result.chunks,
+                                                 "tokentrace.chunk.tokens": 1 if visible else 0,
+                                                 "tokentrace.chunk.visible": visible}, timestamp=received_ns)
+                    result.chunks += 1
+                    if visible:
+                        result.text += content  # type: ignore[operator]
+                        visible_chunks += 1
+                    if finish:
+                        result.finish_reason = finish
+                    if payload.get("usage"):
+                        result.input_tokens = payload["usage"].get("prompt_tokens")
+                        result.output_tokens = payload["usage"].get("completion_tokens")
+                    if stop_after_chunks is not None and visible_chunks >= stop_after_chunks:
+                        result.finish_reason = "cancelled"
+                        break
+    except Exception as exc:  # network errors, timeouts: the request failed, the load goes on
+        result.error = f"{type(exc).__name__}: {exc}"
+        span.set_attribute("error.type", type(exc).__qualname__)
+    _finish_span(span, result, clock_offset_ns)
+    return result
+
+
+def _finish_span(span: trace.Span, result: ClientResult, clock_offset_ns: int) -> None:
+    if result.request_id:
+        span.set_attribute("gen_ai.response.id", result.request_id)
+    if result.input_tokens is not None:
+        span.set_attribute("gen_ai.usage.input_tokens", result.input_tokens)
+    if result.output_tokens is not None:
+        span.set_attribute("gen_ai.usage.output_tokens", result.output_tokens)
+    if result.finish_reason:
+        span.set_attribute("gen_ai.response.finish_reasons", (result.finish_reason,))
+    if result.status_code is not None and result.status_code != 200:
+        span.set_attribute("error.type", str(result.status_code))
+    if result.error is not None or result.finish_reason == "cancelled" or result.status_code != 200:
+        span.set_status(Status(StatusCode.ERROR, (result.error or result.finish_reason or "failed")[:500]))
+    span.end(end_time=now_wall_ns() + clock_offset_ns)
+
+
+def poisson_arrival_offsets_s(requests: int, rate_per_s: float, seed: int) -> list[float]:
+    """Send times (seconds after start) of an open-loop Poisson process: exponential gaps, seeded."""
+    rng = random.Random(seed)
+    offsets, t = [], 0.0
+    for _ in range(requests):
+        offsets.append(t)
+        t += rng.expovariate(rate_per_s)
+    return offsets
+
+
+async def run_load(
+    base_url: str, body_for: Callable[[int], dict[str, Any]], *, requests: int, tracer_provider: Any,
+    concurrency: int | None = None, rate_per_s: float | None = None, seed: int = 0, api_key: str | None = None,
+    clock_offset_ns: int = 0, timeout_s: float = 120.0,
+    on_result: Callable[[ClientResult], None] | None = None,
+) -> list[ClientResult]:
+    """Send ``requests`` streaming requests, closed-loop (``concurrency``) or open-loop
+    (``rate_per_s`` Poisson arrivals); returns the results in request order."""
+    import httpx
+
+    if (concurrency is None) == (rate_per_s is None):
+        raise ValueError("give exactly one of concurrency (closed loop) or rate_per_s (open loop)")
+    tracer = get_tracer(tracer_provider)
+    results: list[ClientResult | None] = [None] * requests
+    limits = httpx.Limits(max_connections=max(concurrency or 0, 64), max_keepalive_connections=32)
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits) as http:
+
+        async def one(i: int) -> None:
+            res = await stream_chat(http, base_url, body_for(i), tracer=tracer, api_key=api_key,
+                                    clock_offset_ns=clock_offset_ns, index=i)
+            results[i] = res
+            if on_result is not None:
+                on_result(res)
+
+        if concurrency is not None:
+            next_index = iter(range(requests))
+
+            async def worker() -> None:
+                for i in next_index:
+                    await one(i)
+
+            await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, requests)))))
+        else:
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+
+            async def scheduled(i: int, at_s: float) -> None:
+                await asyncio.sleep(max(0.0, start + at_s - loop.time()))
+                await one(i)
+
+            offsets = poisson_arrival_offsets_s(requests, float(rate_per_s), seed)  # type: ignore[arg-type]
+            await asyncio.gather(*(scheduled(i, t) for i, t in enumerate(offsets)))
+    return [r for r in results if r is not None]
+
+
+def run_load_sync(*args: Any, **kwargs: Any) -> list[ClientResult]:
+    """:func:`run_load` from synchronous code (runs its own event loop)."""
+    return asyncio.run(run_load(*args, **kwargs))
