@@ -1,0 +1,59 @@
+"""summary.sql: distributions with linear (numpy default) percentiles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from trace_fixtures import mixed_db, seed_db
+
+from analyzer.queries import run_query
+
+
+def _by_metric(rows: list[dict], perspective: str) -> dict[str, dict]:
+    return {r["metric"]: r for r in rows if r["perspective"] == perspective}
+
+
+def test_seed_summary() -> None:
+    rows = _by_metric(run_query(seed_db(), "summary", {}).dicts(), "client")
+    assert rows["ttft_ms"]["p50"] == 190 and rows["e2e_ms"]["max"] == 3915
+    assert rows["itl_ms"]["count"] == 149 and rows["itl_ms"]["p99"] == 25 and rows["itl_ms"]["std_pop"] == 0
+    assert rows["tpot_ms"]["mean"] == pytest.approx(25)
+    assert rows["decode_output_tokens_per_second"]["mean"] == pytest.approx(40)
+    assert round(rows["whole_request_output_tokens_per_second"]["mean"], 2) == 38.31
+    assert {r["interpolation"] for r in rows.values()} == {"linear"}
+
+
+def test_percentiles_are_numpy_linear_over_the_requests_query() -> None:
+    con = mixed_db()
+    summary = _by_metric(run_query(con, "summary", {"perspective": "client"}).dicts(), "client")
+    reqs = [r for r in run_query(con, "requests", {"perspective": "client"}).dicts() if r["outcome"] == "succeeded"]
+    ttft = [r["ttft_ms"] for r in reqs if r["ttft_ms"] is not None]
+    assert sorted(ttft) == [190.0] * 6 + [192.0, 193.0]  # planted: skew_b 193, skew_c 192
+    row = summary["ttft_ms"]
+    assert (row["count"], row["null_count"]) == (8, 2)  # zero_tokens and dropped have no TTFT
+    assert row["p90"] == pytest.approx(192.3) and row["p99"] == pytest.approx(192.93)
+    for q in (50, 90, 95, 99):
+        assert row[f"p{q}"] == pytest.approx(np.percentile(ttft, q))  # numpy's default: linear
+    assert row["std_pop"] == pytest.approx(np.std(ttft))
+    itl = summary["itl_per_token_ms"]
+    assert itl["min"] == 6.25 and itl["null_count"] == 126  # multi-token chunk; the dropped span's gaps
+
+
+def test_failed_and_cancelled_excluded_unless_asked() -> None:
+    con = mixed_db()
+    ok = _by_metric(run_query(con, "summary", {"perspective": "server"}).dicts(), "server")
+    every = _by_metric(run_query(con, "summary", {"perspective": "server", "include_unsuccessful": True}).dicts(),
+                       "server")
+    assert every["e2e_ms"]["count"] == ok["e2e_ms"]["count"] + 2  # + failed, cancelled
+
+
+def test_empty_metric_is_null_with_reason() -> None:
+    from trace_fixtures import RequestPlan, TraceWorld
+
+    world = TraceWorld()
+    world.add(RequestPlan(output_tokens=1))
+    rows = _by_metric(run_query(world.load(), "summary", {}).dicts(), "client")
+    tpot = rows["tpot_ms"]
+    assert tpot["count"] == 0 and tpot["null_count"] == 1
+    assert tpot["mean"] is None and tpot["p50"] is None and tpot["null_reason"] == "no known value of tpot_ms"
+    assert "itl_ms" not in rows  # one chunk: no gap at all
