@@ -1,0 +1,121 @@
+"""Other engines' spans, written with the real OpenTelemetry SDK in each engine's shape.
+
+Each builder reproduces the span names, kinds, attributes (with the engine's own types and
+units), nesting and links that the engine's source writes, with explicit timestamps on the
+true clock (ms after ``ANCHOR_NS``), so the adapters in ``queries/views/2*_*.sql`` can be
+checked against planted values. The engine file and commit each builder follows is named in
+its docstring. The default plan is the seed's request: arrival 0, first token 190 ms,
+150 output tokens 25 ms apart -> TTFT 190, E2E 3,915, TPOT 25.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+
+import duckdb
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.trace import Link, SpanKind
+
+from analyzer.formats.sdk_spans import rows_from_sdk_spans
+from analyzer.store import connect, insert_rows
+
+ANCHOR_NS = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z, as in trace_fixtures
+
+
+def ns(ms: float) -> int:
+    return ANCHOR_NS + round(ms * 1_000_000)
+
+
+class EngineIds(IdGenerator):
+    """Deterministic ids. ``short_trace_ids`` gives 64-bit trace ids, as SGLang's
+    SglangTraceCustomIdGenerator does (``getrandbits(64)``)."""
+
+    def __init__(self, prefix: int, short_trace_ids: bool = False) -> None:
+        self._prefix = prefix
+        self._short = short_trace_ids
+        self._traces = itertools.count(1)
+        self._spans = itertools.count(1)
+
+    def generate_trace_id(self) -> int:
+        n = next(self._traces)
+        return (self._prefix << 48 | n) if self._short else (self._prefix << 112 | n)
+
+    def generate_span_id(self) -> int:
+        return self._prefix << 48 | next(self._spans)
+
+
+class EngineWorld:
+    """One in-memory exporter; a provider per (engine resource, id scheme)."""
+
+    def __init__(self) -> None:
+        self.exporter = InMemorySpanExporter()
+        self._providers: dict[str, TracerProvider] = {}
+
+    def tracer(self, key: str, resource: dict[str, str], scope: str, ids: IdGenerator) -> trace.Tracer:
+        if key not in self._providers:
+            provider = TracerProvider(resource=Resource.create(resource), id_generator=ids,
+                                      span_limits=SpanLimits(max_events=10_000, max_links=1_000))
+            provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+            self._providers[key] = provider
+        return self._providers[key].get_tracer(scope)
+
+    def load(self, con: duckdb.DuckDBPyConnection | None = None) -> duckdb.DuckDBPyConnection:
+        con = con if con is not None else connect(None)
+        spans, events, links = rows_from_sdk_spans(self.exporter.get_finished_spans())
+        insert_rows(con, spans, events, links)
+        return con
+
+
+# ---------------------------------------------------------------------------------- vLLM
+VLLM_RESOURCE = {"service.name": "vllm", "service.instance.id": "v-1", "host.name": "gpu-v"}
+
+
+@dataclass
+class VllmPlan:
+    start_ms: float = 0.0
+    ttft_s: float = 0.19
+    e2e_s: float = 3.915
+    queue_s: float = 0.025
+    prefill_s: float = 0.14
+    prompt_tokens: int = 1025
+    completion_tokens: int = 150
+    finish_reason: str = "length"
+    request_id: str = "cmpl-1"
+
+
+def add_vllm_request(world: EngineWorld, p: VllmPlan, parent: trace.Span | None = None) -> trace.Span:
+    """vLLM's per-request span as written by ``OutputProcessor.do_tracing``
+    (vllm/v1/engine/output_processor.py, attribute names from vllm/tracing/utils.py
+    ``SpanAttributes``; vllm-project/vllm commit d07822605346): span ``llm_request``, kind
+    SERVER, start = arrival time, ended when the request finishes; latencies are float
+    seconds; token counts under the deprecated ``gen_ai.usage.prompt_tokens`` /
+    ``completion_tokens``; finish reasons ``json.dumps([...])`` (a string). Scope:
+    ``vllm.llm_engine`` (``init_tracer("vllm.llm_engine", ...)`` in the engine)."""
+    tracer = world.tracer("vllm", VLLM_RESOURCE, "vllm.llm_engine", EngineIds(0x7111))
+    decode_s = p.e2e_s - p.ttft_s
+    attributes = {
+        "gen_ai.latency.time_to_first_token": p.ttft_s,
+        "gen_ai.latency.e2e": p.e2e_s,
+        "gen_ai.latency.time_in_queue": p.queue_s,
+        "gen_ai.usage.prompt_tokens": p.prompt_tokens,
+        "gen_ai.usage.completion_tokens": p.completion_tokens,
+        "gen_ai.latency.time_in_model_prefill": p.prefill_s,
+        "gen_ai.latency.time_in_model_decode": decode_s,
+        "gen_ai.latency.time_in_model_inference": p.prefill_s + decode_s,
+        "gen_ai.request.id": p.request_id,
+        "gen_ai.response.finish_reasons": json.dumps([p.finish_reason]),
+        "gen_ai.request.max_tokens": p.completion_tokens,
+        "gen_ai.request.n": 1,
+    }
+    ctx = trace.set_span_in_context(parent) if parent is not None else None
+    span = tracer.start_span("llm_request", context=ctx, kind=SpanKind.SERVER, start_time=ns(p.start_ms),
+                             attributes=attributes)
+    span.end(end_time=ns(p.start_ms + p.e2e_s * 1000 + 0.4))  # span ends after the last output is processed
+    return span
