@@ -82,7 +82,8 @@ def test_grpc_exporter_spans_all_written_as_valid_otlp_json(tmp_path: Path, runn
     out = tmp_path / "traces"
     n = 25
     with Receiver(out, grpc_addr="127.0.0.1:0", http_addr="off") as rx:
-        _emit(GrpcSpanExporter(endpoint=f"127.0.0.1:{rx.grpc_port}", insecure=True, timeout=TIMEOUT_S), n, batch=False)
+        _emit(GrpcSpanExporter(endpoint=f"127.0.0.1:{rx.grpc_port}", insecure=True, timeout=TIMEOUT_S,
+                               compression=grpc.Compression.Gzip), n, batch=False)
     assert rx.stats.spans_written == n and rx.stats.requests_accepted == n
     spans = _spans(_lines(out))
     assert len(spans) == n
@@ -231,3 +232,15 @@ def test_cli_collect_runs_and_stops(tmp_path: Path, runner: CliRunner) -> None:
                            catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert re.search(r"listening grpc=127\.0\.0\.1:\d+ http=127\.0\.0\.1:\d+", result.output)
+
+
+@pytest.mark.parametrize("flag", ["--grpc", "--http"])
+def test_cli_collect_port_in_use_is_one_line(tmp_path: Path, runner: CliRunner, flag: str) -> None:
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        other = "--http" if flag == "--grpc" else "--grpc"
+        result = runner.invoke(cli, ["collect", "--out", str(tmp_path), flag, f"127.0.0.1:{port}", other, "off"],
+                               catch_exceptions=False)
+    assert result.exit_code == 1 and "cannot listen" in result.output and "Traceback" not in result.output
