@@ -28,7 +28,7 @@ from instrument.clock import now_wall_ns
 from instrument.tracing import get_tracer
 
 __all__ = ["SEED_PROMPT", "ClientResult", "chat_body", "stream_chat", "run_load", "run_load_sync",
-           "poisson_arrival_offsets_s", "client_tracer_provider"]
+           "poisson_arrival_offsets_s", "local_tracer_provider"]
 
 SEED_PROMPT = "Show me wheelchair-accessible hotels in Kyoto under $200/night with onsen access."
 CHUNK_EVENT = "tokentrace.chunk"
@@ -66,7 +66,7 @@ def chat_body(model: str, prompt: str = SEED_PROMPT, *, max_tokens: int = 16, te
     return body
 
 
-def client_tracer_provider(service_name: str, *, json_path: str | None = None, span_exporters: Sequence[Any] = (),
+def local_tracer_provider(service_name: str, *, json_path: str | None = None, span_exporters: Sequence[Any] = (),
                            batch: bool = True) -> Any:
     """A provider for client spans: OTLP-JSON lines to ``json_path`` when given, OTLP when
     ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or the traces endpoint) is set, plus ``span_exporters``."""

@@ -194,8 +194,9 @@ class Gateway:
         detok = Detokenizer(self.handle.tokenizer, self.eos_ids)
         try:
             if gen.operation == "chat":
+                sent_ns = now_wall_ns()
                 yield sse.sse_line(sse.content_chunk("chat", rid, created, model, "", role=True))
-                state.chunk_written(0, False)
+                state.chunk_written(0, False, sent_ns)
             while True:
                 try:
                     kind, value = await self._next(state)
@@ -208,22 +209,28 @@ class Gateway:
                     break
                 delta, tokens = detok.push(value)
                 if delta:
+                    sent_ns = now_wall_ns()
                     yield sse.sse_line(sse.content_chunk(gen.operation, rid, created, model, delta))
-                    state.chunk_written(tokens, True)
+                    state.chunk_written(tokens, True, sent_ns)
             result: JobResult = value
             generated = result.sequence.generated_tokens if result.sequence is not None else detok.generated_tokens
+            sent_ns = now_wall_ns()
             if result.finish_reason == "error":
                 yield sse.sse_line(sse.error_body(f"generation failed: {result.error}", error_type="server_error"))
-                state.chunk_written(0, False)
+                state.chunk_written(0, False, sent_ns)
             else:
                 yield sse.sse_line(sse.finish_chunk(gen.operation, rid, created, model, result.finish_reason))
-                state.chunk_written(0, False)
+                state.chunk_written(0, False, sent_ns)
                 if gen.include_usage:
+                    sent_ns = now_wall_ns()
                     yield sse.sse_line(sse.usage_chunk(gen.operation, rid, created, model,
                                                        sse.usage(state.input_tokens, state.output_tokens)))
-                    state.chunk_written(0, False)
+                    state.chunk_written(0, False, sent_ns)
+            # The response is complete when the last bytes are handed to the server: stamped
+            # before the write, so server times never pass the client's receipt of them.
+            done_ns = now_wall_ns()
             yield sse.DONE
-            state.finalize(result, finish_reason=result.finish_reason, generated_tokens=generated)
+            state.finalize(result, finish_reason=result.finish_reason, generated_tokens=generated, end_ns=done_ns)
         finally:
             if not state.finished:  # client disconnected (or the server is shutting down)
                 state.abandon("cancelled")

@@ -125,7 +125,8 @@ class RequestState:
 
     # --- chunk events --------------------------------------------------------------
     def chunk_written(self, tokens: int, visible: bool, at_ns: int | None = None) -> None:
-        """Record that one chunk reached the socket (``tokentrace.chunk`` on the gateway span)."""
+        """Record one chunk written to the socket (``tokentrace.chunk`` on the gateway span), stamped
+        ``at_ns`` = when it was handed to the server for writing (never after the client got it)."""
         self.span.add_event(
             CHUNK_EVENT,
             {"tokentrace.chunk.index": self.chunk_index, "tokentrace.chunk.tokens": tokens,

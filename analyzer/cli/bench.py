@@ -1,0 +1,97 @@
+"""``tokentrace bench``: a traced load generator against an OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import click
+
+from analyzer.cli.group import cli
+from analyzer.cli.options import UserError
+
+__all__ = ["bench_command"]
+
+
+@cli.command("bench")
+@click.option("--url", required=True, metavar="URL", help="Server base URL, e.g. http://127.0.0.1:8000.")
+@click.option("--requests", "n_requests", type=click.IntRange(min=1, max=100_000), required=True,
+              help="Requests to send.")
+@click.option("--concurrency", type=click.IntRange(min=1, max=1024), default=None,
+              help="Closed loop: this many requests in flight, each sent when the previous one ended.")
+@click.option("--rate", "rate_per_s", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Open loop: Poisson arrivals at this many requests per second (seeded by --seed).")
+@click.option("--api-key", default=None, envvar="TOKENTRACE_API_KEY", help="Bearer key ($TOKENTRACE_API_KEY).")
+@click.option("--model", default=None, help="Model id to request (default: the first of GET /v1/models).")
+@click.option("--prompt", default=None, help="User message (default: the seed's travel-copilot request).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True, help="max_tokens per request.")
+@click.option("--temperature", type=click.FloatRange(min=0, max=2), default=0.0, show_default=True)
+@click.option("--clock-offset-ms", type=float, default=0.0, show_default=True,
+              help="Shift every client timestamp by this many ms (simulates a skewed client clock).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the Poisson arrivals.")
+@click.option("--timeout-s", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True,
+              help="Per-request timeout in seconds.")
+@click.option("--otlp-json", "otlp_json", default=None, metavar="PATH",
+              help="Also append the client spans to this OTLP-JSON lines file.")
+@click.option("--db", "db_path", default=None, metavar="PATH",
+              help="Keep the client spans in this DuckDB database (default: in memory only).")
+@click.option("--service-name", default="tokentrace-bench", show_default=True, help="service.name of the client spans.")
+def bench_command(url, n_requests, concurrency, rate_per_s, api_key, model, prompt, max_tokens, temperature,
+                  clock_offset_ms, seed, timeout_s, otlp_json, db_path, service_name) -> None:
+    """Send streaming chat requests under traced CLIENT spans and summarize them with SQL.
+
+    Each request is a `chat {model}` CLIENT span with a tokentrace.chunk event per received
+    chunk; traceparent is propagated, so a traced server's spans join the same traces. The
+    summary comes from queries/requests.sql and queries/window.sql (client perspective).
+
+    \b
+    Example:
+      tokentrace bench --url http://127.0.0.1:8000 --requests 20 --concurrency 4
+      tokentrace bench --url http://127.0.0.1:8000 --requests 50 --rate 5 --otlp-json bench.jsonl
+    """
+    import httpx
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from analyzer.cli.demo import print_query_results
+    from analyzer.demo import REQUEST_COLUMNS, summary_queries
+    from analyzer.formats.sdk_spans import rows_from_sdk_spans
+    from analyzer.store import connect, insert_rows
+    from instrument.client import SEED_PROMPT, chat_body, local_tracer_provider, run_load_sync
+
+    if (concurrency is None) == (rate_per_s is None):
+        raise UserError("give exactly one of --concurrency (closed loop) or --rate (open loop)")
+    if not url.startswith(("http://", "https://")):
+        raise UserError(f"--url {url!r}: expected http://HOST:PORT")
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    if model is None:
+        try:
+            listing = httpx.get(url.rstrip("/") + "/v1/models", headers=headers, timeout=timeout_s)
+        except httpx.HTTPError as exc:
+            raise UserError(f"--url {url}: cannot reach the server ({type(exc).__name__}: {exc})") from None
+        if listing.status_code != 200:
+            raise UserError(f"--url {url}: GET /v1/models answered {listing.status_code}: {listing.text[:200]}")
+        model = listing.json()["data"][0]["id"]
+    memory = InMemorySpanExporter()
+    provider = local_tracer_provider(service_name, json_path=otlp_json, span_exporters=[memory])
+    text = prompt or SEED_PROMPT
+    results = run_load_sync(url, lambda _i: chat_body(model, text, max_tokens=max_tokens, temperature=temperature),
+                            requests=n_requests, concurrency=concurrency, rate_per_s=rate_per_s, seed=seed,
+                            api_key=api_key, clock_offset_ns=round(clock_offset_ms * 1e6), timeout_s=timeout_s,
+                            tracer_provider=provider)
+    provider.shutdown()
+    by_status: dict[str, int] = {}
+    for r in results:
+        key = str(r.status_code) if r.status_code is not None else "no response"
+        by_status[key] = by_status.get(key, 0) + 1
+    mode = f"concurrency {concurrency}" if concurrency else f"Poisson rate {rate_per_s:g}/s (seed {seed})"
+    click.echo(f"bench: {len(results)} requests to {url} ({model}), {mode}; HTTP status: "
+               + ", ".join(f"{k}={v}" for k, v in sorted(by_status.items())))
+    errors = [r for r in results if r.error]
+    for r in errors[:3]:
+        click.echo(f"  request {r.index}: {r.error}")
+    con = connect(db_path)
+    try:
+        spans, events, links = rows_from_sdk_spans(memory.get_finished_spans())
+        insert_rows(con, spans, events, links)
+        print_query_results(summary_queries(con, perspective="client", skew=False), REQUEST_COLUMNS)
+    finally:
+        con.close()
+    if otlp_json:
+        click.echo(f"\nclient spans: {otlp_json}")

@@ -1,0 +1,121 @@
+"""``tokentrace demo``: the main job, offline: serve a model through the traced gateway, send the
+seed's travel-copilot request plus a small concurrent load, and analyze the spans."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import click
+
+from analyzer.cli.group import cli
+from analyzer.cli.options import UserError, emit_rows
+
+__all__ = ["demo_command", "print_query_results"]
+
+
+def print_query_results(results: dict[str, Any], columns: tuple[str, ...] | None = None) -> None:
+    """Print requests (selected ``columns``), window and skew_offsets results as tables."""
+    titles = {"requests": "Per-request metrics (queries/requests.sql)",
+              "window": "Window summary (queries/window.sql, closed cohort)",
+              "skew_offsets": "Clock skew check (queries/skew_offsets.sql: server clock - client clock)"}
+    for name, result in results.items():
+        click.echo(f"\n{titles.get(name, name)}")
+        cols, rows = result.columns, result.rows
+        if name == "requests" and columns:
+            keep = [cols.index(c) for c in columns if c in cols]
+            cols, rows = [cols[i] for i in keep], [tuple(r[i] for i in keep) for r in rows]
+        elif name == "window":  # one row: print it as name/value pairs
+            cols, rows = ["metric", "value"], [(c, v) for c, v in zip(result.columns, result.rows[0])] if rows else []
+        emit_rows(cols, rows, "table")
+
+
+@contextmanager
+def _progress(quiet: bool) -> Iterator[Any]:
+    """A callback (stage, done, total) drawing a rich progress display, or a no-op."""
+    if quiet or not sys.stderr.isatty():
+        yield None
+        return
+    try:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
+    except ImportError:
+        yield None
+        return
+    bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   transient=True)
+    tasks: dict[str, Any] = {}
+
+    def update(stage: str, done: int, total: int) -> None:
+        if stage not in tasks:
+            tasks[stage] = bar.add_task(stage, total=total)
+        bar.update(tasks[stage], completed=done, total=total)
+
+    with bar:
+        yield update
+
+
+@cli.command("demo")
+@click.option("--out", "out_dir", default="tokentrace-demo", show_default=True, metavar="DIR",
+              help="Folder for the OTLP-JSON lines files and the DuckDB database.")
+@click.option("--tiny", is_flag=True, help="Serve the random tiny model instead of SmolLM2-135M-Instruct (fast).")
+@click.option("--model", default=None, metavar="SPEC",
+              help="smollm2 (default), tiny, or a local HuggingFace model folder.")
+@click.option("--requests", "load_requests", type=click.IntRange(min=0), default=6, show_default=True,
+              help="Requests in the concurrent load after the seed request.")
+@click.option("--concurrency", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Closed-loop concurrency of the load.")
+@click.option("--max-tokens", type=click.IntRange(min=1, max=4096), default=48, show_default=True,
+              help="max_tokens of every request.")
+@click.option("--clock-offset-ms", type=float, default=0.0, show_default=True,
+              help="Shift the client's timestamps by this many ms (a skewed client clock).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress display.")
+def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int, concurrency: int, max_tokens: int,
+                 clock_offset_ms: float, quiet: bool) -> None:
+    """Serve a model through the traced gateway, send the seed's request and a small load, and
+    analyze every span, offline.
+
+    The seed's travel-copilot request ("Show me wheelchair-accessible hotels in Kyoto under
+    $200/night with onsen access.") goes first, then --requests more at --concurrency.
+    Client and server spans are written to DIR/client-spans.jsonl and DIR/server-spans.jsonl
+    (OTLP-JSON lines; also sent over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set), loaded
+    into DIR/tokentrace.duckdb, and summarized by the metric queries.
+
+    \b
+    Example:
+      tokentrace demo
+      tokentrace demo --tiny --out /tmp/tt --requests 4 --max-tokens 16
+      tokentrace requests --db tokentrace-demo/tokentrace.duckdb
+    """
+    from analyzer.demo import REQUEST_COLUMNS, DemoOptions, run_demo
+    from analyzer.load import LoadError
+
+    if tiny and model not in (None, "tiny"):
+        raise UserError(f"--tiny and --model {model} contradict each other: give one")
+    spec = "tiny" if tiny else (model or "smollm2")
+    options = DemoOptions(out_dir=Path(out_dir), model=spec, load_requests=load_requests, concurrency=concurrency,
+                          max_tokens=max_tokens, clock_offset_ms=clock_offset_ms)
+    try:
+        with _progress(quiet) as progress:
+            result = run_demo(options, progress)
+    except (ValueError, OSError, LoadError) as exc:  # bad --model, missing package, unwritable --out
+        raise UserError(f"demo: {exc}") from None
+    ok = sum(1 for r in result.client_results if r.completed)
+    click.echo(f"tokentrace demo: {result.model_id} served at {result.url}; {len(result.client_results)} requests "
+               f"sent, {ok} completed; {result.spans_loaded} spans loaded")
+    seed = result.client_results[0] if result.client_results else None
+    if seed is not None and seed.text:
+        click.echo(f"seed request answer ({seed.output_tokens} tokens): {seed.text[:300]!r}")
+    print_query_results(result.queries, REQUEST_COLUMNS)
+    db = result.db_path
+    click.echo("\nFiles:")
+    click.echo(f"  client spans  {result.client_spans_path}")
+    click.echo(f"  server spans  {result.server_spans_path}")
+    click.echo(f"  database      {db}")
+    click.echo("Query them:")
+    for verb in ("requests", "phases", "itl", "window", "skew"):
+        click.echo(f"  tokentrace {verb} --db {db}")
+    click.echo("View them in Jaeger (OTLP over HTTP on :4318, UI on :16686):")
+    click.echo("  docker run --rm -p 16686:16686 -p 4318:4318 jaegertracing/all-in-one")
+    click.echo(f"  OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318 tokentrace demo --out {result.db_path.parent}")

@@ -1,0 +1,100 @@
+"""``tokentrace serve``: the traced OpenAI-compatible gateway around HF generate."""
+
+from __future__ import annotations
+
+import click
+
+from analyzer.cli.group import cli
+from analyzer.cli.options import UserError
+
+__all__ = ["serve_command"]
+
+
+@cli.command("serve")
+@click.option("--model", "model_spec", required=True, metavar="PATH|smollm2|tiny",
+              help="A local HuggingFace model folder, smollm2 (SmolLM2-135M-Instruct) or tiny (random, for tests).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--port", type=click.IntRange(min=0, max=65535), default=8000, show_default=True,
+              help="Port (0 = any free port).")
+@click.option("--api-key", "api_keys", multiple=True, envvar="TOKENTRACE_API_KEYS",
+              help="Accepted Bearer key (repeatable; $TOKENTRACE_API_KEYS, space-separated). Required off loopback.")
+@click.option("--max-body-bytes", type=click.IntRange(min=1), default=1_048_576, show_default=True,
+              help="Largest request body in bytes (413 above).")
+@click.option("--max-tokens-limit", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="Largest max_tokens a request may ask for (400 above).")
+@click.option("--rate-limit-rps", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Requests per second per API key (429 + Retry-After above); default unlimited.")
+@click.option("--rate-limit-burst", type=click.IntRange(min=1), default=None, help="Burst size of the rate limit.")
+@click.option("--max-queued-requests", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Sequence budget: requests queued or running (429 above).")
+@click.option("--max-queued-tokens", type=click.IntRange(min=1), default=None,
+              help="Token budget: sum of input + max_tokens over requests in flight (429 above).")
+@click.option("--kv-budget-bytes", type=click.IntRange(min=1), default=None,
+              help="KV budget: worst-case logical KV bytes (kv_bytes_per_token x (input + max_tokens)) in flight.")
+@click.option("--decode-spans", default="all", show_default=True, metavar="all|every:N|none",
+              help="Which decode steps get a span (chunk events are always kept).")
+@click.option("--otlp-json", "otlp_json", default=None, metavar="PATH",
+              help="Append the server's spans to this OTLP-JSON lines file.")
+@click.option("--service-name", default="tokentrace-gateway", show_default=True, help="service.name of the spans.")
+def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_limit, rate_limit_rps,
+                  rate_limit_burst, max_queued_requests, max_queued_tokens, kv_budget_bytes, decode_spans,
+                  otlp_json, service_name) -> None:
+    """Serve /v1/chat/completions and /v1/completions (streaming or not), /v1/models and /health,
+    with a traced `gateway` SERVER span per request.
+
+    Spans go to --otlp-json and, when OTEL_EXPORTER_OTLP_ENDPOINT is set, over OTLP. One JSON
+    log line per request on stderr (id, tokens, queue wait, status). Errors: 400 with the
+    bad field, 401, 413, 429 with Retry-After (rate limit or over a budget).
+
+    \b
+    Example:
+      tokentrace serve --model smollm2 --otlp-json server-spans.jsonl
+      tokentrace serve --model ./my-model --host 0.0.0.0 --api-key "$KEY" --kv-budget-bytes 2000000000
+    """
+    import logging
+
+    from instrument.client import local_tracer_provider
+    from instrument.generate_spans import DecodeSpanPolicy
+    from instrument.gateway.admission import AdmissionBudgets
+    from instrument.gateway.server import is_loopback
+
+    keys = frozenset(k for raw in api_keys for k in raw.split() if k)
+    if not keys and not is_loopback(host):
+        raise UserError(f"--host {host} is not a loopback address: give --api-key (or $TOKENTRACE_API_KEYS)")
+    try:
+        DecodeSpanPolicy.parse(decode_spans)
+        provider = local_tracer_provider(service_name, json_path=otlp_json)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    try:
+        import uvicorn
+
+        from instrument.gateway.app import GatewaySettings, create_app
+        from instrument.gateway.worker import load_model_handle
+    except ImportError as exc:
+        raise UserError(f"serve needs the server extras: pip install 'tokentrace[hf,server]' ({exc})") from None
+    try:
+        handle = load_model_handle(model_spec)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    settings = GatewaySettings(
+        api_keys=keys, max_body_bytes=max_body_bytes, max_tokens_limit=max_tokens_limit,
+        rate_limit_rps=rate_limit_rps, rate_limit_burst=rate_limit_burst, decode_spans=decode_spans,
+        budgets=AdmissionBudgets(max_queued_requests, max_queued_tokens, kv_budget_bytes),
+    )
+    log = logging.getLogger("tokentrace.gateway")
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+    try:
+        app = create_app(handle, provider, settings)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    click.echo(f"tokentrace serve: {handle.model_id} on http://{host}:{port} "
+               f"(auth {'on' if keys else 'off'}, KV {handle.kv_bytes_per_token} bytes/token)", err=True)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+    finally:
+        provider.shutdown()
