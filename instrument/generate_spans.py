@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from instrument.kv_runtime import RuntimeKV
 from instrument.recorder import RecordedTimeline
-from instrument.span_writer import ApiSpanWriter, DirectSpanWriter
+from instrument.span_writer import ApiSpanWriter, DirectSpanWriter, resolve_context
 
 __all__ = ["DecodeSpanPolicy", "SequenceTrace", "emit_sequence_spans", "emit_failed_generate_span"]
 
@@ -123,7 +123,7 @@ def emit_sequence_spans(
                            "tokentrace.chunk.visible": visible}, emit_ns)
             for index, (emit_ns, tokens, visible) in enumerate(zip(seq.chunk_emit_ns, seq.chunk_tokens, seq.chunk_visible))
         ]
-        child_context = writer.write("generate", Context(), attributes, call_start_ns, call_end_ns, events)
+        child_context = resolve_context(writer.write("generate", Context(), attributes, call_start_ns, call_end_ns, events))
     else:
         child_context = parent_context
     result_context = trace.get_current_span(child_context).get_span_context()

@@ -22,7 +22,7 @@ from opentelemetry.trace import SpanKind
 
 from instrument.tracing import CONTRACT_VERSION, SCOPE_NAME
 
-__all__ = ["ApiSpanWriter", "DirectSpanWriter", "span_writer_for"]
+__all__ = ["ApiSpanWriter", "DirectSpanWriter", "span_writer_for", "resolve_context"]
 
 ChunkEvent = tuple[str, dict[str, Any], int]  # (name, attributes, timestamp ns)
 
@@ -56,6 +56,7 @@ class DirectSpanWriter:
         self.limits = tracer._span_limits
         scope = getattr(tracer, "_instrumentation_scope", None)
         self.scope = scope if scope is not None else InstrumentationScope(SCOPE_NAME, CONTRACT_VERSION)
+        self._decisions: dict[Any, Any] = {}
 
     def write(
         self, name: str, parent: Context, attributes: dict[str, Any], start_ns: int, end_ns: int,
@@ -67,25 +68,50 @@ class DirectSpanWriter:
             trace_id = self.id_generator.generate_trace_id()
         else:
             trace_id = parent_span_context.trace_id
-        sampling = self.sampler.should_sample(parent, trace_id, name, SpanKind.INTERNAL, attributes, ())
+        # The standard samplers decide on parent, trace id and name, never on per-step
+        # attributes: one decision per (parent, name) serves every decode step of a sequence.
+        key = (parent_span_context.span_id, name) if parent_span_context is not None else None
+        sampling = self._decisions.get(key) if key is not None else None
+        if sampling is None:
+            sampling = self.sampler.should_sample(parent, trace_id, name, SpanKind.INTERNAL, attributes, ())
+            if len(self._decisions) > 64:
+                self._decisions.clear()
+            self._decisions[key] = sampling
         flags = trace.TraceFlags(trace.TraceFlags.SAMPLED if sampling.decision.is_sampled() else trace.TraceFlags.DEFAULT)
         context = trace.SpanContext(
             trace_id, self.id_generator.generate_span_id(), is_remote=False, trace_flags=flags,
             trace_state=sampling.trace_state,
         )
         if sampling.decision.is_recording():
-            merged = dict(sampling.attributes or {})
-            merged.update(attributes)
+            if sampling.attributes:
+                attributes = {**sampling.attributes, **attributes}
             event_list: BoundedList | tuple[()] = ()
             if events:
                 event_list = BoundedList(self.limits.max_events)
                 event_list.extend([Event(event_name, attrs, timestamp) for event_name, attrs, timestamp in events])
             span = ReadableSpan(
-                name, context, parent_span_context, self.resource, merged, event_list, (), SpanKind.INTERNAL,
+                name, context, parent_span_context, self.resource, attributes, event_list, (), SpanKind.INTERNAL,
                 start_time=start_ns, end_time=end_ns, instrumentation_scope=self.scope,
             )
             self.processor.on_end(span)
-        return trace.set_span_in_context(trace.NonRecordingSpan(context))
+        return _LazyContext(context)  # type: ignore[return-value]
+
+
+class _LazyContext:
+    """Stands in for the returned Context until someone uses it (most callers never do)."""
+
+    __slots__ = ("span_context",)
+
+    def __init__(self, span_context: trace.SpanContext) -> None:
+        self.span_context = span_context
+
+    def resolve(self) -> Context:
+        return trace.set_span_in_context(trace.NonRecordingSpan(self.span_context))
+
+
+def resolve_context(context: Any) -> Context:
+    """A real Context from what a writer returned."""
+    return context.resolve() if isinstance(context, _LazyContext) else context
 
 
 def span_writer_for(tracer: trace.Tracer, direct: bool = True) -> ApiSpanWriter | DirectSpanWriter:

@@ -1,0 +1,167 @@
+"""GPU check of traced_generate: a ~1B Llama (random weights, bf16) on CUDA, with device time.
+
+Self-contained: builds the model from a config (no hub, no network), feeds random token ids,
+and runs plain ``generate`` and ``traced_generate`` interleaved (order alternating), every run
+forced to exactly ``--tokens`` new tokens. Then checks what the spans say:
+
+- one prefill span and tokens-1 decode spans, steps 1..tokens-1, monotonic times;
+- ``tokentrace.device_ns`` on every span, > 0 and not longer than the span itself;
+- ``tokentrace.kv.dtype`` is bf16 and the last step's ``tokentrace.kv.bytes`` equals the
+  summed nbytes of the returned DynamicCache;
+- overhead: median paired difference per decode step (µs) and the ratio, with and without
+  CUDA-event device time.
+
+Run on a CUDA machine:  python benchmarks/gpu_instrument_check.py [--tokens 128] [--reps 9]
+Exit status 0 when every check passes, 1 otherwise, 2 without CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import torch  # noqa: E402
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+
+from instrument.generate import traced_generate  # noqa: E402
+from instrument.kv_runtime import cache_tensor_bytes  # noqa: E402
+from instrument.tracing import setup_tracing  # noqa: E402
+
+
+def build_llama_1b(device: str = "cuda") -> Any:
+    """A TinyLlama-1.1B-shaped model (22 layers, 32 query / 4 KV heads, head_dim 64), bf16, random."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+        num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=4096,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    )
+    config.dtype = "bfloat16"
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM._from_config(config, dtype=torch.bfloat16)
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+def overhead(model: Any, input_ids: Any, tokens: int, reps: int, device_time: bool) -> dict[str, float]:
+    exporter = InMemorySpanExporter()
+    provider = setup_tracing(exporter="none", span_exporters=[exporter])
+    kwargs = dict(max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+
+    def plain() -> int:
+        torch.cuda.synchronize()
+        start = time.perf_counter_ns()
+        model.generate(input_ids=input_ids, **kwargs)
+        torch.cuda.synchronize()
+        return time.perf_counter_ns() - start
+
+    def traced() -> int:
+        torch.cuda.synchronize()
+        start = time.perf_counter_ns()
+        traced_generate(model, None, input_ids, tracer_provider=provider, device_time=device_time, **kwargs)
+        torch.cuda.synchronize()
+        return time.perf_counter_ns() - start
+
+    plain(), traced()  # warm-up
+    plain_ns, traced_ns = [], []
+    for rep in range(reps):
+        if rep % 2 == 0:
+            plain_ns.append(plain())
+            traced_ns.append(traced())
+        else:
+            traced_ns.append(traced())
+            plain_ns.append(plain())
+        exporter.clear()
+    provider.shutdown()
+    steps = tokens - 1
+    return {
+        "plain_ms": statistics.median(plain_ns) / 1e6,
+        "traced_ms": statistics.median(traced_ns) / 1e6,
+        "added_us_per_step": statistics.median(t - p for t, p in zip(traced_ns, plain_ns)) / 1e3 / steps,
+        "ratio": statistics.median(traced_ns) / statistics.median(plain_ns),
+    }
+
+
+def check_spans(model: Any, input_ids: Any, tokens: int) -> list[str]:
+    """Run once with device time and return the failed checks (empty: all passed)."""
+    exporter = InMemorySpanExporter()
+    provider = setup_tracing(exporter="none", batch=False)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    result = traced_generate(
+        model, None, input_ids, tracer_provider=provider, max_new_tokens=tokens, min_new_tokens=tokens,
+        do_sample=False, return_dict_in_generate=True,
+    )
+    spans = exporter.get_finished_spans()
+    failures: list[str] = []
+    prefill = [s for s in spans if s.name == "prefill"]
+    decodes = sorted((s for s in spans if s.name == "decode"), key=lambda s: s.attributes["tokentrace.step"])
+    if len(prefill) != 1:
+        failures.append(f"expected 1 prefill span, got {len(prefill)}")
+    if [d.attributes["tokentrace.step"] for d in decodes] != list(range(1, tokens)):
+        failures.append(f"decode steps are not 1..{tokens - 1}")
+    for span in prefill + decodes:
+        device_ns = span.attributes.get("tokentrace.device_ns")
+        wall_ns = span.end_time - span.start_time
+        if not isinstance(device_ns, int) or device_ns <= 0:
+            failures.append(f"{span.name} {span.attributes.get('tokentrace.step', '')}: device_ns {device_ns!r}")
+        elif device_ns > wall_ns * 1.05 + 20_000:
+            failures.append(f"{span.name} {span.attributes.get('tokentrace.step', '')}: device {device_ns} ns > wall {wall_ns} ns")
+    times = [t for s in prefill + decodes for t in (s.start_time, s.end_time)]
+    if times != sorted(times):
+        failures.append("span times are not monotonic")
+    if prefill and prefill[0].attributes.get("tokentrace.kv.dtype") != "bf16":
+        failures.append(f"kv dtype {prefill[0].attributes.get('tokentrace.kv.dtype')!r}, expected bf16")
+    cache_bytes = cache_tensor_bytes(result.output.cache)
+    if decodes and decodes[-1].attributes.get("tokentrace.kv.bytes") != cache_bytes:
+        failures.append(f"last kv.bytes {decodes[-1].attributes.get('tokentrace.kv.bytes')} != cache nbytes {cache_bytes}")
+    if decodes:
+        device = [d.attributes["tokentrace.device_ns"] for d in decodes if "tokentrace.device_ns" in d.attributes]
+        wall = [d.end_time - d.start_time for d in decodes]
+        print(f"decode steps: median wall {statistics.median(wall) / 1e3:.1f} µs, median device "
+              f"{statistics.median(device) / 1e3:.1f} µs; prefill device "
+              f"{prefill[0].attributes.get('tokentrace.device_ns', 0) / 1e3:.1f} µs" if prefill else "")
+    print(f"kv: {prefill[0].attributes.get('tokentrace.kv.bytes_per_token')} bytes/token, "
+          f"last step {decodes[-1].attributes.get('tokentrace.kv.bytes')} bytes, cache {cache_bytes} bytes"
+          if prefill and decodes else "kv: no spans")
+    provider.shutdown()
+    return failures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--reps", type=int, default=9)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("gpu_instrument_check: CUDA is not available; run this on a GPU machine", file=sys.stderr)
+        return 2
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
+    model = build_llama_1b()
+    params = sum(p.numel() for p in model.parameters())
+    print(f"model: {params / 1e9:.2f} B parameters, bf16")
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    input_ids = torch.randint(3, 32000, (1, args.prompt_tokens), generator=generator).to("cuda")
+    with torch.inference_mode():
+        failures = check_spans(model, input_ids, args.tokens)
+        for device_time in (True, False):
+            r = overhead(model, input_ids, args.tokens, args.reps, device_time)
+            print(f"device_time={device_time}: plain {r['plain_ms']:.1f} ms, traced {r['traced_ms']:.1f} ms, "
+                  f"added {r['added_us_per_step']:+.2f} µs/decode step, ratio {r['ratio']:.4f}")
+    for failure in failures:
+        print("FAIL:", failure)
+    print("all checks passed" if not failures else f"{len(failures)} checks failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
