@@ -119,3 +119,96 @@ def add_vllm_request(world: EngineWorld, p: VllmPlan, parent: trace.Span | None 
                              attributes=attributes)
     span.end(end_time=ns(p.start_ms + p.e2e_s * 1000 + 0.4))  # span ends after the last output is processed
     return span
+
+
+# ----------------------------------------------------------------------------------- TGI
+TGI_RESOURCE = {"service.name": "text-generation-inference.router", "service.instance.id": "t-1", "host.name": "gpu-t"}
+
+
+def rust_duration_debug(seconds: float) -> str:
+    """A duration as Rust's ``format!("{:?}", Duration)`` writes it: "3.9155s", "25ms",
+    "850µs", "100ns" (the unit chosen by magnitude, trailing zeros dropped)."""
+    nanos = round(seconds * 1e9)
+    for unit, size in (("s", 1_000_000_000), ("ms", 1_000_000), ("µs", 1_000)):
+        if nanos >= size:
+            whole, frac = divmod(nanos, size)
+            digits = len(str(size)) - 1
+            text = f"{whole}.{frac:0{digits}d}".rstrip("0").rstrip(".")
+            return text + unit
+    return f"{nanos}ns"
+
+
+@dataclass
+class TgiPlan:
+    start_ms: float = 0.0
+    validation_ms: float = 3.0
+    queue_ms: float = 25.0
+    prefill_ms: float = 157.0      # batch prefill forward, starts when the queue ends
+    first_token_ms: float = 190.0  # first send_generation, ms after the request span starts
+    gap_ms: float = 25.0
+    tokens: int = 150
+    with_generations: bool = True  # False: send_generation/infer spans sampled out
+    span_name: str = "generate_stream"
+
+
+def add_tgi_request(world: EngineWorld, p: TgiPlan) -> trace.Span:
+    """TGI's router spans for one streamed request, as tracing-opentelemetry exports them.
+
+    Follows huggingface/text-generation-inference router/src/server.rs (commit d957e32601a9:
+    ``#[instrument(skip_all, fields(parameters = ?req.parameters, total_time,
+    validation_time, queue_time, inference_time, time_per_token, seed))]`` on
+    ``generate_stream``; ``span.record("total_time", format!("{total_time:?}"))``) and
+    backends/v3/src/backend.rs + queue.rs (commit 1d0847a90e6b: ``info_span!(parent: None,
+    "batch", batch_size)`` per step, ``info_span!(parent: &entry.span, "infer")`` with
+    ``follows_from`` both ways, ``send_generation`` under the entry's ``infer`` span).
+    Nesting: ``POST /generate_stream`` (SERVER, axum layer) -> ``generate_stream`` (timings)
+    -> ``async_stream`` -> ``generate_stream`` (infer, no fields) -> ``schedule`` ->
+    ``infer`` per step -> ``send_generation``; step k's ``batch`` -> ``prefill``/``decode``
+    is a root span of its own trace."""
+    tracer = world.tracer("tgi", TGI_RESOURCE, "text_generation_router", EngineIds(0x7222))
+    s = p.start_ms
+    last_token = s + p.first_token_ms + (p.tokens - 1) * p.gap_ms
+    end = last_token + 0.5
+    queued = s + p.validation_ms
+    started = queued + p.queue_ms
+    inference_s = (end - started) / 1000
+    http = tracer.start_span("POST /generate_stream", kind=SpanKind.SERVER, start_time=ns(s - 0.2),
+                             attributes={"http.method": "POST", "http.route": "/generate_stream"})
+    req = tracer.start_span(p.span_name, context=trace.set_span_in_context(http), start_time=ns(s), attributes={
+        "parameters": "GenerateParameters { best_of: None, temperature: None, max_new_tokens: Some(150), .. }",
+    })
+    stream = tracer.start_span("async_stream", context=trace.set_span_in_context(req), start_time=ns(s + 0.1))
+    infer_gs = tracer.start_span("generate_stream", context=trace.set_span_in_context(stream), start_time=ns(s + 0.2))
+    schedule = tracer.start_span("schedule", context=trace.set_span_in_context(infer_gs), start_time=ns(queued))
+    schedule_ctx = trace.set_span_in_context(schedule)
+    for k in range(p.tokens):
+        token_at = s + p.first_token_ms + k * p.gap_ms
+        step_start = started if k == 0 else token_at - p.gap_ms + 1.0
+        step_end = started + p.prefill_ms if k == 0 else token_at - 0.5
+        infer = tracer.start_span("infer", context=schedule_ctx, start_time=ns(step_start)) if p.with_generations else None
+        batch = tracer.start_span("batch", context=trace.set_span_in_context(trace.INVALID_SPAN),
+                                  start_time=ns(step_start), attributes={"batch_size": 1},
+                                  links=[Link(infer.get_span_context())] if infer is not None else None)
+        tracer.start_span("prefill" if k == 0 else "decode", context=trace.set_span_in_context(batch),
+                          start_time=ns(step_start)).end(end_time=ns(step_end))
+        batch.end(end_time=ns(step_end + 0.1))
+        if infer is not None:
+            infer.add_link(batch.get_span_context())
+            tracer.start_span("send_generation", context=trace.set_span_in_context(infer), start_time=ns(token_at),
+                              attributes={"generation": f"Generation {{ request_id: 0, tokens: Some(Tokens {{ ids: [{k}] }}) }}"}
+                              ).end(end_time=ns(token_at + 0.05))
+            infer.end(end_time=ns(token_at + 0.1))
+    schedule.end(end_time=ns(end))
+    infer_gs.end(end_time=ns(end))
+    stream.end(end_time=ns(end + 0.1))
+    req.set_attributes({
+        "total_time": rust_duration_debug((end - s) / 1000),
+        "validation_time": rust_duration_debug(p.validation_ms / 1000),
+        "queue_time": rust_duration_debug(p.queue_ms / 1000),
+        "inference_time": rust_duration_debug(inference_s),
+        "time_per_token": rust_duration_debug(inference_s / p.tokens),
+        "seed": "None",
+    })
+    req.end(end_time=ns(end + 0.2))
+    http.end(end_time=ns(end + 0.3))
+    return req
