@@ -80,13 +80,13 @@ def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int
     $200/night with onsen access.") goes first, then --requests more at --concurrency.
     Client and server spans are written to DIR/client-spans.jsonl and DIR/server-spans.jsonl
     (OTLP-JSON lines; also sent over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set), loaded
-    into DIR/tokentrace.duckdb, and summarized by the metric queries.
+    into DIR/traces.duckdb, and summarized by the metric queries.
 
     \b
     Example:
       tokentrace demo
       tokentrace demo --tiny --out /tmp/tt --requests 4 --max-tokens 16
-      tokentrace requests --db tokentrace-demo/tokentrace.duckdb
+      tokentrace requests --db tokentrace-demo/traces.duckdb
     """
     from analyzer.demo import REQUEST_COLUMNS, DemoOptions, run_demo
     from analyzer.load import LoadError
@@ -94,6 +94,13 @@ def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int
     if tiny and model not in (None, "tiny"):
         raise UserError(f"--tiny and --model {model} contradict each other: give one")
     spec = "tiny" if tiny else (model or "smollm2")
+    if quiet or not sys.stderr.isatty():
+        try:  # transformers' "Loading weights" bars would clutter logs and captured output
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+        except ImportError:
+            pass
     options = DemoOptions(out_dir=Path(out_dir), model=spec, load_requests=load_requests, concurrency=concurrency,
                           max_tokens=max_tokens, clock_offset_ms=clock_offset_ms)
     try:
@@ -116,6 +123,7 @@ def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int
     click.echo("Query them:")
     for verb in ("requests", "phases", "itl", "window", "skew"):
         click.echo(f"  tokentrace {verb} --db {db}")
+    click.echo(f"  tokentrace report --db {db} --html {db.parent / 'report.html'}")
     click.echo("View them in Jaeger (OTLP over HTTP on :4318, UI on :16686):")
     click.echo("  docker run --rm -p 16686:16686 -p 4318:4318 jaegertracing/all-in-one")
     click.echo(f"  OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318 tokentrace demo --out {result.db_path.parent}")

@@ -1,0 +1,47 @@
+"""``tokentrace demo --tiny`` end to end: gateway + traced client in one process, OTLP-JSON
+files, DuckDB, and the metric queries (a few requests, few tokens)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("torch")
+
+from analyzer.cli import cli  # noqa: E402
+
+
+def test_demo_tiny_end_to_end(runner, tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    result = runner.invoke(cli, ["demo", "--tiny", "--out", str(out), "--requests", "2", "--concurrency", "2",
+                                 "--max-tokens", "6", "--quiet"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    text = result.output
+    assert "3 requests sent, 3 completed" in text
+    for title in ("Per-request metrics", "Window summary", "Clock skew check"):
+        assert title in text
+    assert f"tokentrace requests --db {out / 'traces.duckdb'}" in text
+    client_lines = (out / "client-spans.jsonl").read_text().splitlines()
+    server_lines = (out / "server-spans.jsonl").read_text().splitlines()
+    assert client_lines and server_lines
+    names = {s["name"] for line in server_lines for rs in json.loads(line)["resourceSpans"]
+             for ss in rs["scopeSpans"] for s in ss["spans"]}
+    assert {"gateway", "tokenize", "queue", "prefill", "decode"} <= names
+
+    # The database the demo wrote answers the query verbs: 3 requests x (client, server).
+    rows = runner.invoke(cli, ["requests", "--db", str(out / "traces.duckdb"), "--format", "json"],
+                         catch_exceptions=False)
+    assert rows.exit_code == 0, rows.output
+    metrics = json.loads(rows.output)
+    assert sorted(m["perspective"] for m in metrics) == ["client"] * 3 + ["server"] * 3
+    assert all(m["ttft_ms"] is not None and m["ttft_ms"] > 0 for m in metrics)
+    seed = [m for m in metrics if m["perspective"] == "client"][0]
+    assert seed["output_tokens"] == 6 and seed["finish_reason"] == "length"
+
+
+def test_demo_rejects_contradicting_model_flags(runner, tmp_path: Path) -> None:
+    result = runner.invoke(cli, ["demo", "--tiny", "--model", "smollm2", "--out", str(tmp_path)])
+    assert result.exit_code == 1 and "contradict" in result.output
