@@ -212,3 +212,68 @@ def add_tgi_request(world: EngineWorld, p: TgiPlan) -> trace.Span:
     req.end(end_time=ns(end + 0.2))
     http.end(end_time=ns(end + 0.3))
     return req
+
+
+# -------------------------------------------------------------------------------- SGLang
+SGLANG_RESOURCE = {"service.name": "sglang", "service.instance.id": "g-1", "host.name": "gpu-g"}
+
+
+@dataclass
+class SglangPlan:
+    start_ms: float = 0.0
+    rid: str = "9f2c4e7a1b3d4c5e8f60718293a4b5c6"
+    first_token_ms: float = 190.0  # end of prefill_forward
+    gap_ms: float = 25.0
+    decode_steps: int = 149        # decode_loop slices (trace level 3); tokens = 1 + steps
+    decode_loop_spans: bool = True  # False: trace level 2, decode_forward only
+
+
+def add_sglang_request(world: EngineWorld, p: SglangPlan) -> trace.Span:
+    """SGLang's request trace as python/sglang/srt/tracing/trace.py writes it
+    (sgl-project/sglang commit bad7b92eb043): ``trace_req_start`` opens the root span
+    ``Req {rid[:8]}`` (attrs ``rid``, ``bootstrap_room``) and a thread span per thread
+    (``"{thread_label} [TP {tp_rank}] (host:{host_id[:8]} | pid:{pid})"`` with attrs
+    host_id, pid, thread_label, tp_rank); ``trace_slice_start/end`` open stage slices under
+    the thread span, linked to the previous slice; the scheduler's per-step
+    ``trace_slice_batch(RequestStage.DECODE_LOOP, reqs)`` gives one ``decode_loop`` slice per
+    decode step with attr ``decode_ct`` (observability/req_time_stats.py). Tracer scope
+    ``sglang server``; 64-bit trace ids (SglangTraceCustomIdGenerator)."""
+    tracer = world.tracer("sglang", SGLANG_RESOURCE, "sglang server", EngineIds(0x7333, short_trace_ids=True))
+    s = p.start_ms
+    prefill_end = s + p.first_token_ms
+    last = prefill_end + p.decode_steps * p.gap_ms
+    finish = last + 1.0
+    root = tracer.start_span(f"Req {p.rid[:8]}", start_time=ns(s), attributes={"rid": p.rid, "bootstrap_room": "None"})
+    rctx = trace.set_span_in_context(root)
+    tok_thread = tracer.start_span("Tokenizer (host:1a2b3c4d | pid:7)", context=rctx, start_time=ns(s),
+                                   attributes={"host_id": "1a2b3c4d5e6f", "pid": 7, "thread_label": "Tokenizer"})
+    tctx = trace.set_span_in_context(tok_thread)
+    tokenize = tracer.start_span("tokenize", context=tctx, start_time=ns(s + 1))
+    tokenize.end(end_time=ns(s + 9))
+    tracer.start_span("dispatch", context=tctx, start_time=ns(s + 9),
+                      links=[Link(tokenize.get_span_context())]).end(end_time=ns(s + 10))
+    sched = tracer.start_span("Scheduler [TP 0] (host:1a2b3c4d | pid:9)", context=rctx, start_time=ns(s),
+                              attributes={"host_id": "1a2b3c4d5e6f", "pid": 9, "thread_label": "Scheduler", "tp_rank": 0})
+    sctx = trace.set_span_in_context(sched)
+    previous = None
+
+    def slice_(name: str, start: float, end: float, attrs: dict | None = None) -> None:
+        nonlocal previous
+        span = tracer.start_span(name, context=sctx, start_time=ns(start), attributes=attrs,
+                                 links=[Link(previous.get_span_context())] if previous is not None else None)
+        span.end(end_time=ns(end))
+        previous = span
+
+    slice_("request_process", s + 11, s + 20)
+    slice_("prefill_waiting", s + 20, s + 45)
+    slice_("prefill_forward", s + 45, prefill_end)
+    for k in range(p.decode_steps):
+        start, end = prefill_end + k * p.gap_ms, prefill_end + (k + 1) * p.gap_ms
+        if p.decode_loop_spans:
+            slice_("decode_loop", start, end, {"decode_ct": k})
+        else:
+            slice_("decode_forward", start, end)
+    sched.end(end_time=ns(finish))
+    tok_thread.end(end_time=ns(finish))
+    root.end(end_time=ns(finish))
+    return root
