@@ -15,7 +15,7 @@ from typing import Any
 
 import duckdb
 
-from analyzer.audit.compare import CANNOT, DEFINITION_REL_TOL, FAIL, PASS, Finding, agree, audit_query, compare_figure
+from analyzer.audit.compare import CANNOT, DEFINITION_REL_TOL, FAIL, PASS, Finding, agree, audit_query, compare_figure, create_table
 from analyzer.audit.inputs import AuditInputError
 
 __all__ = ["audit_aiperf", "normalize_aiperf"]
@@ -188,6 +188,15 @@ def _metric_value(rec: dict[str, Any], name: str, where: str) -> Any:
     return item["value"]
 
 
+def _num(value: Any) -> float | int | None:
+    """A record value for a numeric column: None stays None; ints (counts, ns) and floats pass."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    raise AuditInputError(f"record value {value!r} is not a number")
+
+
 def _records(path: Path, m: dict[str, dict[str, Any]], con: duckdb.DuckDBPyConnection, rel_tol: float) -> list[Finding]:
     try:
         lines = path.read_text().splitlines()
@@ -218,13 +227,12 @@ def _records(path: Path, m: dict[str, dict[str, Any]], con: duckdb.DuckDBPyConne
                      *vals, len(gaps), float(sum(gaps)) if gaps else None, gaps[0] if gaps else None,
                      _metric_value(rec, "min_request_timestamp", where) or meta.get("timestamp_ns"),
                      _metric_value(rec, "max_response_timestamp", where)))
-    con.execute("CREATE OR REPLACE TEMP TABLE aiperf_records (record_index INTEGER, error_code VARCHAR, ttft_ms DOUBLE, "
-                "request_latency_ms DOUBLE, output_sequence_length DOUBLE, output_token_count DOUBLE, "
-                "reasoning_token_count DOUBLE, inter_token_latency_ms DOUBLE, output_token_throughput_per_user DOUBLE, "
-                "ttst_ms DOUBLE, chunk_gaps INTEGER, chunk_gap_sum_ms DOUBLE, first_chunk_gap_ms DOUBLE, "
-                "request_start_ns DOUBLE, response_end_ns DOUBLE)")
-    if rows:
-        con.executemany("INSERT INTO aiperf_records VALUES (" + ", ".join(["?"] * 15) + ")", rows)
+    columns = {"record_index": "INTEGER", "error_code": "VARCHAR", "ttft_ms": "DOUBLE", "request_latency_ms": "DOUBLE",
+               "output_sequence_length": "DOUBLE", "output_token_count": "DOUBLE", "reasoning_token_count": "DOUBLE",
+               "inter_token_latency_ms": "DOUBLE", "output_token_throughput_per_user": "DOUBLE", "ttst_ms": "DOUBLE",
+               "chunk_gaps": "INTEGER", "chunk_gap_sum_ms": "DOUBLE", "first_chunk_gap_ms": "DOUBLE",
+               "request_start_ns": "BIGINT", "response_end_ns": "BIGINT"}
+    create_table(con, "aiperf_records", columns, [tuple(_num(v) if i > 1 else v for i, v in enumerate(r)) for r in rows])
     ident = audit_query(con, "aiperf_record_identities")
     failed = sum(r[1] is not None for r in rows)
     pairs = (("inter_token_latency_ms", "itl_ms_expected", "ITL = (latency - TTFT) / (OSL - 1)"),

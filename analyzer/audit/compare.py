@@ -26,6 +26,7 @@ __all__ = [
     "audit_query",
     "distribution_stats",
     "load_values",
+    "create_table",
     "compare_figure",
     "PASS",
     "FAIL",
@@ -81,10 +82,26 @@ def audit_query(con: duckdb.DuckDBPyConnection, name: str, params: Mapping[str, 
 
 def load_values(con: duckdb.DuckDBPyConnection, rows: Iterable[tuple[str, float | None]]) -> None:
     """(Re)create ``audit_values(metric, value)`` from (metric, value) pairs."""
-    con.execute("CREATE OR REPLACE TEMP TABLE audit_values (metric VARCHAR, value DOUBLE)")
-    batch = [(m, v) for m, v in rows]
-    if batch:
-        con.executemany("INSERT INTO audit_values VALUES (?, ?)", batch)
+    batch = list(rows)
+    create_table(con, "audit_values", {"metric": "VARCHAR", "value": "DOUBLE"}, batch)
+
+
+def create_table(con: duckdb.DuckDBPyConnection, name: str, columns: Mapping[str, str],
+                 rows: list[tuple[Any, ...]]) -> None:
+    """(Re)create temp table ``name`` with typed ``columns`` from row tuples (bulk, via Arrow)."""
+    import pyarrow as pa
+
+    arrow_types = {"VARCHAR": pa.string(), "DOUBLE": pa.float64(), "BIGINT": pa.int64(), "INTEGER": pa.int32()}
+    casts = {"DOUBLE": float, "BIGINT": int, "INTEGER": int, "VARCHAR": str}
+    cols = list(zip(*rows)) if rows else [[] for _ in columns]
+    table = pa.table({c: pa.array([None if x is None else casts[t](x) for x in v], type=arrow_types[t])
+                      for (c, t), v in zip(columns.items(), cols)})
+    con.register("_audit_arrow_rows", table)
+    try:
+        typed = ", ".join(f"CAST({c} AS {t}) AS {c}" for c, t in columns.items())
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT {typed} FROM _audit_arrow_rows")
+    finally:
+        con.unregister("_audit_arrow_rows")
 
 
 def distribution_stats(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, Any]]:

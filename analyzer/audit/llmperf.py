@@ -15,7 +15,7 @@ from typing import Any
 import duckdb
 
 from analyzer.audit.compare import (CANNOT, DEFINITION_REL_TOL, FAIL, PASS, Finding, agree, audit_query,
-                                    compare_figure, distribution_stats, load_values)
+                                    compare_figure, create_table, distribution_stats, load_values)
 from analyzer.audit.inputs import AuditInputError, optional_number, read_json
 
 __all__ = ["audit_llmperf", "LLMPERF_METRICS"]
@@ -51,11 +51,8 @@ def _load_responses(path: Path, con: duckdb.DuckDBPyConnection) -> int:
         values = [optional_number(item, k, where) for k in _RESPONSE_KEYS]
         code = item.get("error_code")
         rows.append((i, None if code in (None, "") else str(code), *values))
-    con.execute("CREATE OR REPLACE TEMP TABLE llmperf_responses (response_index INTEGER, error_code VARCHAR, "
-                "inter_token_latency_s DOUBLE, ttft_s DOUBLE, end_to_end_latency_s DOUBLE, "
-                "request_output_throughput_token_per_s DOUBLE, number_input_tokens DOUBLE, number_output_tokens DOUBLE)")
-    if rows:
-        con.executemany("INSERT INTO llmperf_responses VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    create_table(con, "llmperf_responses", {"response_index": "INTEGER", "error_code": "VARCHAR",
+                                            **{k: "DOUBLE" for k in _RESPONSE_KEYS}}, rows)
     return len(rows)
 
 

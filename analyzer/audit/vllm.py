@@ -16,7 +16,7 @@ from typing import Any
 
 import duckdb
 
-from analyzer.audit.compare import CANNOT, FAIL, PASS, Finding, audit_query, compare_figure, distribution_stats, load_values
+from analyzer.audit.compare import CANNOT, FAIL, PASS, Finding, audit_query, compare_figure, create_table, distribution_stats, load_values
 from analyzer.audit.inputs import AuditInputError, optional_number
 
 __all__ = ["audit_vllm", "load_vllm_arrays", "VLLM_METRICS"]
@@ -66,13 +66,9 @@ def load_vllm_arrays(path: Path, data: dict[str, Any], con: duckdb.DuckDBPyConne
             raise AuditInputError(f"{path}: key 'itls'[{i}] is not a list")
         for j, gap in enumerate(itl):
             gaps.append((i, j, optional_number({"itl": gap}, "itl", f"{path} [itls[{i}][{j}]]")))
-    con.execute("CREATE OR REPLACE TEMP TABLE vllm_requests (request_index INTEGER, ttft_s DOUBLE, input_len BIGINT, "
-                "output_len BIGINT, error VARCHAR)")
-    con.execute("CREATE OR REPLACE TEMP TABLE vllm_itls (request_index INTEGER, gap_index INTEGER, itl_s DOUBLE)")
-    if requests:
-        con.executemany("INSERT INTO vllm_requests VALUES (?, ?, ?, ?, ?)", requests)
-    if gaps:
-        con.executemany("INSERT INTO vllm_itls VALUES (?, ?, ?)", gaps)
+    create_table(con, "vllm_requests", {"request_index": "INTEGER", "ttft_s": "DOUBLE", "input_len": "DOUBLE",
+                                        "output_len": "DOUBLE", "error": "VARCHAR"}, requests)
+    create_table(con, "vllm_itls", {"request_index": "INTEGER", "gap_index": "INTEGER", "itl_s": "DOUBLE"}, gaps)
     return n
 
 

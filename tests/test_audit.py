@@ -1,0 +1,205 @@
+"""The audit over the real sample reports: what should pass passes, and a copy with one
+planted error is caught by the right check and only that one. Expected numbers are computed
+here with numpy, independently of the audit's SQL."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analyzer.audit import AuditInputError, audit_report, detect_kind
+
+SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
+VLLM = SAMPLES / "vllm_benchmark_serving_sharegpt_qps04_llm-k8s.json"
+LLMPERF = SAMPLES / "llmperf_meta-llama-Llama-2-7b-chat-hf_550_150_summary.json"
+LLMPERF_IND = SAMPLES / "llmperf_meta-llama-Llama-2-7b-chat-hf_550_150_individual_responses.json"
+AIPERF_NEW = SAMPLES / "aiperf_0.10.0_profile_export_aiperf_chatbot_c8.json"
+AIPERF_OLD = SAMPLES / "aiperf_2025-10_examples_run1_profile_export_aiperf.json"
+AIPERF_RECORDS = SAMPLES / "aiperf_2025-10_examples_run1_profile_export_first_records.jsonl"
+NIGHTLY = SAMPLES / "vllm_nightly_benchmark_results_llm-k8s.json"
+
+
+def by_check(findings):
+    return {f.check: f for f in findings}
+
+
+def failed(findings):
+    return sorted(f.check for f in findings if f.verdict == "fail")
+
+
+@pytest.fixture(scope="module")
+def vllm_data() -> dict:
+    return json.loads(VLLM.read_text())
+
+
+@pytest.fixture(scope="module")
+def vllm_findings():
+    return audit_report(VLLM)
+
+
+def write(tmp_path: Path, name: str, data) -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return path
+
+
+# --- facts about the real vLLM file, verified independently ---------------------------
+
+def test_vllm_sample_facts(vllm_data) -> None:
+    out = np.array(vllm_data["output_lens"])
+    chunks = np.array([len(g) + 1 for g in vllm_data["itls"]])
+    assert int((out == 1).sum()) == 14
+    assert int((out == chunks + 1).sum()) == 25 and int((out > chunks).sum()) == 25
+
+
+def test_vllm_real_file_passes(vllm_findings, vllm_data) -> None:
+    assert failed(vllm_findings) == []
+    f = by_check(vllm_findings)
+    ttft = np.array(vllm_data["ttfts"]) * 1000
+    fig = f["recompute_ttft_ms"].numbers["figures"]
+    assert fig["mean_ttft_ms"]["recomputed"] == pytest.approx(ttft.mean(), rel=1e-12)
+    assert fig["median_ttft_ms"]["recomputed"] == pytest.approx(np.median(ttft), rel=1e-12)
+    assert fig["p99_ttft_ms"]["recomputed"] == pytest.approx(np.percentile(ttft, 99), rel=1e-12)
+    assert fig["std_ttft_ms"]["recomputed"] == pytest.approx(ttft.std(), rel=1e-9)
+    tpot = np.array([sum(g) / (o - 1) for g, o in zip(vllm_data["itls"], vllm_data["output_lens"]) if o > 1]) * 1000
+    assert f["recompute_tpot_ms"].numbers["n_values"] == 186 == len(tpot)
+    assert f["recompute_tpot_ms"].numbers["figures"]["mean_tpot_ms"]["recomputed"] == pytest.approx(tpot.mean())
+    itl = np.concatenate([np.array(g) for g in vllm_data["itls"]]) * 1000
+    assert f["recompute_itl_ms"].numbers["figures"]["p99_itl_ms"]["recomputed"] == pytest.approx(np.percentile(itl, 99))
+    assert f["recompute_e2el_ms"].verdict == "cannot_check"
+    assert f["count_failed"].verdict == "cannot_check"
+    assert "mean_e2el_ms" in f["report_keys"].numbers["missing"] and f["report_keys"].numbers["legacy_goodput_key"]
+    assert f["goodput_le_throughput"].verdict == "cannot_check"
+    assert f["itl_vs_tpot_chunking"].numbers["multi_token_chunk_requests"] == 25
+    assert f["itl_vs_tpot_chunking"].numbers["one_token_requests"] == 14
+    assert f["count_output_throughput"].numbers["recomputed"] == pytest.approx(
+        sum(vllm_data["output_lens"]) / vllm_data["duration"])
+
+
+@pytest.mark.parametrize(
+    "key, value_of, check, diagnosis",
+    [
+        # One-token requests counted as TPOT 0 (vLLM leaves them out).
+        ("mean_tpot_ms", lambda d: 1000 * np.mean([sum(g) / (o - 1) if o > 1 else 0.0
+                                                   for g, o in zip(d["itls"], d["output_lens"])]),
+         "recompute_tpot_ms", "tpot_one_token_as_zero"),
+        # Per-chunk ITL reported as per-token TPOT.
+        ("mean_tpot_ms", lambda d: d["mean_itl_ms"], "recompute_tpot_ms", "itl"),
+        # Sample std where vLLM uses the population std.
+        ("std_ttft_ms", lambda d: 1000 * np.std(d["ttfts"], ddof=1), "recompute_ttft_ms", "std_sample_not_population"),
+        # Seconds written into a _ms field.
+        ("p99_ttft_ms", lambda d: np.percentile(d["ttfts"], 99), "recompute_ttft_ms", "unit_slip_div1000"),
+        # Throughput over a longer denominator than the report's own duration.
+        ("output_throughput", lambda d: d["total_output_tokens"] / (d["duration"] + 5), "count_output_throughput", None),
+        # Goodput larger than throughput.
+        ("request_goodput:", lambda d: d["request_throughput"] * 1.2, "goodput_le_throughput", None),
+    ],
+)
+def test_vllm_planted_error_caught_by_one_check(tmp_path, vllm_data, key, value_of, check, diagnosis) -> None:
+    data = dict(vllm_data)
+    data[key] = float(value_of(vllm_data))
+    findings = audit_report(write(tmp_path, "vllm.json", data), "vllm")
+    assert failed(findings) == [check]
+    if diagnosis is not None:
+        assert by_check(findings)[check].numbers["diagnosis"] == diagnosis
+
+
+def test_vllm_output_lens_all_max_tokens_flagged(tmp_path) -> None:
+    data = {"duration": 2.0, "completed": 3, "total_input_tokens": 30, "total_output_tokens": 30,
+            "request_throughput": 1.5, "output_throughput": 15.0, "total_token_throughput": 30.0,
+            "input_lens": [10, 10, 10], "output_lens": [10, 10, 10], "ttfts": [0.1, 0.2, 0.3],
+            "itls": [[0.02] * 9, [0.02] * 9, [0.02] * 9], "errors": ["", "", ""]}
+    findings = audit_report(write(tmp_path, "v.json", data))
+    assert failed(findings) == ["output_tokens_assumed_max_tokens"]
+
+
+def test_vllm_failed_requests_stored_as_zeros_are_left_out(tmp_path) -> None:
+    data = {"duration": 2.0, "completed": 2, "failed": 1, "total_input_tokens": 20, "total_output_tokens": 7,
+            "request_throughput": 1.0, "output_throughput": 3.5, "total_token_throughput": 13.5,
+            "input_lens": [10, 10, 10], "output_lens": [3, 0, 4], "ttfts": [0.1, 0.0, 0.3],
+            "itls": [[0.02, 0.03], [], [0.02, 0.02, 0.05]], "errors": ["", "timeout", ""],
+            "mean_ttft_ms": 200.0}
+    f = by_check(audit_report(write(tmp_path, "v.json", data)))
+    assert f["recompute_ttft_ms"].verdict == "pass"
+    assert f["failed_requests_as_zeros"].numbers["failed_stored_as_zeros"] == 1
+    data["mean_ttft_ms"] = 1000 * np.mean([0.1, 0.0, 0.3])
+    f = by_check(audit_report(write(tmp_path, "v.json", data)))
+    assert f["recompute_ttft_ms"].numbers["diagnosis"] == "ttft_failed_as_zero"
+
+
+# --- LLMPerf --------------------------------------------------------------------------
+
+def test_llmperf_real_file_passes_with_its_own_method() -> None:
+    findings = audit_report(LLMPERF)  # finds the sibling individual responses
+    assert failed(findings) == []
+    f = by_check(findings)
+    ind = json.loads(LLMPERF_IND.read_text())
+    ttft = np.array([r["ttft_s"] for r in ind])
+    figs = f["recompute_ttft_s"].numbers["figures"]
+    assert figs["results_ttft_s_stddev"]["recomputed"] == pytest.approx(ttft.std(ddof=1))
+    assert figs["results_ttft_s_quantiles_p90"]["recomputed"] == pytest.approx(np.percentile(ttft, 90))
+    tokens = f["recompute_number_input_tokens"].numbers["figures"]
+    assert tokens["results_number_input_tokens_min"]["claimed"] == 538.0  # serialised as "538"
+    assert "75.34 ms" in f["itl_definition"].detail
+    assert f["throughput_denominator"].numbers["window_s_from_requests_per_min"] == pytest.approx(2 * 60 / 1.8215084860475033)
+
+
+def test_llmperf_population_std_planted(tmp_path) -> None:
+    data = json.loads(LLMPERF.read_text())
+    ind = json.loads(LLMPERF_IND.read_text())
+    data["results_ttft_s_stddev"] = float(np.std([r["ttft_s"] for r in ind]))
+    findings = audit_report(write(tmp_path, "x_summary.json", data), individual=LLMPERF_IND)
+    assert failed(findings) == ["recompute_ttft_s"]
+    assert by_check(findings)["recompute_ttft_s"].numbers["diagnosis"] == "std_population_not_sample"
+
+
+def test_llmperf_without_individual_cannot_recompute(tmp_path) -> None:
+    findings = audit_report(write(tmp_path, "alone.json", json.loads(LLMPERF.read_text())))
+    assert by_check(findings)["recompute_stats"].verdict == "cannot_check"
+
+
+# --- AIPerf ---------------------------------------------------------------------------
+
+def test_aiperf_both_layouts_pass() -> None:
+    new = by_check(audit_report(AIPERF_NEW))
+    old = by_check(audit_report(AIPERF_OLD, individual=AIPERF_RECORDS))
+    assert failed(new.values()) == [] and failed(old.values()) == []
+    assert new["request_throughput"].numbers["recomputed"] == pytest.approx(96 / 28.472207654)
+    assert old["output_token_throughput"].numbers["recomputed"] == pytest.approx(21624 / 9.317788951)
+    assert old["output_tokens_include_reasoning"].numbers["reasoning_share"] == pytest.approx(19792 / 21624)
+    assert old["error_count"].numbers["error_rate"] == pytest.approx(11 / 100)
+    assert old["mean_rate_vs_inverse_mean_itl"].numbers["inverse_mean_itl_per_second"] == pytest.approx(
+        1000 / 27.763065454471807)
+    assert old["record_identities"].numbers["identities_checked"] == 6
+
+
+def test_aiperf_visible_only_throughput_planted(tmp_path) -> None:
+    data = json.loads(AIPERF_OLD.read_text())
+    data["records"]["output_token_throughput"]["avg"] = 1832 / 9.317788951
+    findings = audit_report(write(tmp_path, "a.json", data))
+    assert failed(findings) == ["output_token_throughput"]
+    assert by_check(findings)["output_token_throughput"].numbers["diagnosis"] == "visible_tokens_only"
+
+
+def test_aiperf_percentile_order_planted(tmp_path) -> None:
+    data = json.loads(AIPERF_NEW.read_text())
+    data["time_to_first_token"]["p90"] = 250.0  # above p95 = 200.5
+    assert failed(audit_report(write(tmp_path, "a.json", data))) == ["summary_statistics_consistent"]
+
+
+# --- errors ---------------------------------------------------------------------------
+
+def test_unknown_shape_names_file_and_kinds(tmp_path) -> None:
+    path = write(tmp_path, "odd.json", {"hello": 1})
+    with pytest.raises(AuditInputError, match=r"odd\.json: unknown report shape.*vllm-nightly"):
+        detect_kind(path)
+
+
+def test_bad_array_value_names_key(tmp_path, vllm_data) -> None:
+    data = dict(vllm_data)
+    data["ttfts"] = ["fast"] + data["ttfts"][1:]
+    with pytest.raises(AuditInputError, match=r"ttfts\[0\].*not a number"):
+        audit_report(write(tmp_path, "v.json", data), "vllm")
