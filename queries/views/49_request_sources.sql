@@ -1,0 +1,26 @@
+-- install: after request_facts
+-- request_sources: which adapter claimed each request, by which signature, and how its
+-- f/e were obtained. One row per request and perspective of request_facts. See
+-- docs/adapters.md; `tokentrace sql "SELECT * FROM request_sources"` lists it.
+CREATE OR REPLACE VIEW request_sources AS
+WITH adapters (source, signature, f_e_basis, clock_note) AS (
+    VALUES
+    ('tokentrace', 'scope_name = ''tokentrace'' AND (gateway SERVER | root generate | CLIENT span)',
+     'tokentrace.chunk events', 'one clock per perspective'),
+    ('vllm', 'name = ''llm_request'' AND attr gen_ai.latency.e2e',
+     'derived: s + gen_ai.latency.time_to_first_token / e2e (no chunk events)',
+     'mixed: ttft/e2e frontend wall clock, queue/prefill engine monotonic clock'),
+    ('tgi', 'name IN (generate, generate_stream, chat_completions, completions) AND attr inference_time or parameters',
+     'send_generation span starts (else e = s + total_time)',
+     'span times wall clock; *_time fields monotonic durations'),
+    ('sglang', 'name LIKE ''Req %'' AND attr rid',
+     'prefill_forward / decode_loop slice ends (scheduler)',
+     'root on tokenizer clock, slices on scheduler clock (both wall)'),
+    ('openllmetry', 'kind = CLIENT AND attr llm.request.type',
+     'chunk events (llm.content.completion.chunk | gen_ai.completion.chunk | gen_ai.content.completion.chunk)',
+     'one clock (client)')
+)
+SELECT f.trace_id, f.request_span_id, f.perspective, f.perspective_span_id, f.source,
+       a.signature, a.f_e_basis, a.clock_note
+FROM request_facts f
+LEFT JOIN adapters a ON a.source = f.source;
