@@ -277,3 +277,49 @@ def add_sglang_request(world: EngineWorld, p: SglangPlan) -> trace.Span:
     tok_thread.end(end_time=ns(finish))
     root.end(end_time=ns(finish))
     return root
+
+
+# --------------------------------------------------------------------------- OpenLLMetry
+OPENLLMETRY_RESOURCE = {"service.name": "agent", "service.instance.id": "a-1", "host.name": "laptop-a"}
+
+
+@dataclass
+class OpenllmetryPlan:
+    start_ms: float = 0.0
+    first_chunk_ms: float = 190.0
+    gap_ms: float = 25.0
+    chunks: int = 150
+    prompt_tokens: int = 1025
+    completion_tokens: int | None = 150  # None: not reported (count chunk events)
+    chunk_event: str = "llm.content.completion.chunk"
+    new_usage_names: bool = False  # gen_ai.usage.input_tokens / output_tokens
+
+
+def add_openllmetry_request(world: EngineWorld, p: OpenllmetryPlan) -> trace.Span:
+    """An OpenLLMetry-instrumented streaming chat call, as traceloop/openllmetry
+    packages/opentelemetry-instrumentation-openai (shared/chat_wrappers.py ``ChatStream``,
+    v0.33-era ``SpanAttributes`` of opentelemetry-semantic-conventions-ai) writes it: span
+    ``openai.chat``, kind CLIENT, ``llm.request.type = "chat"``, ``gen_ai.system``,
+    ``gen_ai.request.model``, usage under ``gen_ai.usage.prompt_tokens`` /
+    ``completion_tokens``, ``gen_ai.completion.0.finish_reason``, and one attribute-less
+    event ``llm.content.completion.chunk`` per received chunk (``_process_item``); newer
+    releases name the event ``gen_ai.completion.chunk``. Scope
+    ``opentelemetry.instrumentation.openai.v1``."""
+    tracer = world.tracer("openllmetry", OPENLLMETRY_RESOURCE, "opentelemetry.instrumentation.openai.v1",
+                          EngineIds(0x7444))
+    s = p.start_ms
+    last = s + p.first_chunk_ms + (p.chunks - 1) * p.gap_ms
+    attributes: dict[str, object] = {
+        "llm.request.type": "chat", "gen_ai.system": "OpenAI", "gen_ai.request.model": "m",
+        "llm.is_streaming": True, "gen_ai.completion.0.finish_reason": "length",
+    }
+    in_key, out_key = (("gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens") if p.new_usage_names
+                       else ("gen_ai.usage.prompt_tokens", "gen_ai.usage.completion_tokens"))
+    attributes[in_key] = p.prompt_tokens
+    if p.completion_tokens is not None:
+        attributes[out_key] = p.completion_tokens
+    span = tracer.start_span("openai.chat", kind=SpanKind.CLIENT, start_time=ns(s), attributes=attributes)
+    for i in range(p.chunks):
+        span.add_event(p.chunk_event, timestamp=ns(s + p.first_chunk_ms + i * p.gap_ms))
+    span.end(end_time=ns(last + 2.0))
+    return span
