@@ -203,3 +203,22 @@ def test_bad_array_value_names_key(tmp_path, vllm_data) -> None:
     data["ttfts"] = ["fast"] + data["ttfts"][1:]
     with pytest.raises(AuditInputError, match=r"ttfts\[0\].*not a number"):
         audit_report(write(tmp_path, "v.json", data), "vllm")
+
+
+# --- vLLM nightly table ------------------------------------------------------------------
+
+def test_nightly_table_matches_its_source_json() -> None:
+    f = by_check(audit_report(NIGHTLY, individual=VLLM))
+    assert failed(f.values()) == []
+    assert f["table_row_matches_source"].numbers["row"] == "tp8_pp1_qps_04"
+    assert f["table_row_matches_source"].numbers["columns_compared"] == 13
+    per_request = f["output_tokens_per_request"].numbers["output_tokens_per_request"]
+    assert per_request["tp8_pp1_qps_04"] == pytest.approx(42449 / 200)
+
+
+def test_nightly_planted_row_error(tmp_path) -> None:
+    rows = json.loads(NIGHTLY.read_text())
+    rows[1]["Mean TPOT (ms)"] = rows[1]["Mean ITL (ms)"]
+    findings = audit_report(write(tmp_path, "n.json", rows), individual=VLLM)
+    assert failed(findings) == ["table_row_matches_source"]
+    assert "Mean TPOT (ms)" in by_check(findings)["table_row_matches_source"].detail

@@ -147,3 +147,26 @@ def test_model_from_hf_config(tmp_path) -> None:
 def test_bad_claims_file(tmp_path, claims, message) -> None:
     with pytest.raises(AuditInputError, match=message):
         audit_claims(tmp_path, claims)
+
+
+def test_db_recomputation_from_traces(tmp_path, seed_csv) -> None:
+    from analyzer.store import connect
+    from analyzer.timeline import compute_artifact, read_timeline_csv
+
+    db = tmp_path / "traces.duckdb"
+    con = connect(db)
+    compute_artifact(read_timeline_csv(seed_csv), input_tokens=1025, output_tokens=150, kv=None, con=con)
+    con.close()
+    claims = {"measured": False, "ttft_ms": 190, "e2e_ms": 3940, "output_tokens": 150,
+              "whole_request_output_tokens_per_second": 38.31, "tpot_ms": {"value": 25, "stat": "mean"}}
+    findings = audit_claims(tmp_path, claims, db=db)
+    f = by_check(findings)
+    assert f["traces:ttft_ms"].verdict == "pass" and f["traces:ttft_ms"].numbers["recomputed"] == 190
+    assert f["traces:e2e_ms"].verdict == "fail" and f["traces:e2e_ms"].numbers["recomputed"] == 3915
+    assert f["traces:whole_request_output_tokens_per_second"].verdict == "pass"
+    assert f["traces:tpot_ms"].verdict == "pass" and f["traces:tpot_ms"].numbers["recomputed"] == pytest.approx(25)
+    assert f["traces:output_tokens"].verdict == "pass"
+    not_db = tmp_path / "not.duckdb"
+    not_db.write_text("nope")
+    with pytest.raises(AuditInputError, match=r"not\.duckdb: cannot open as a DuckDB database"):
+        audit_claims(tmp_path, claims, db=not_db)
