@@ -8,8 +8,9 @@ Example::
 
 Every file gets one row in ``loads`` (records and spans read, loaded, deduplicated and
 rejected by reason) and, in lenient mode, each rejected record is kept raw in ``rejects``.
-One call is one transaction with one ``load_id``: in strict mode the first bad record
-raises :class:`LoadError` and nothing from the call stays in the database.
+One call has one ``load_id``; each file is one transaction: in strict mode the first bad
+record raises :class:`LoadError` and nothing of that file stays in the database (files
+before it stay loaded; loading them again only counts duplicates).
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from typing import Callable, Sequence
 
 import duckdb
 
-from analyzer.formats import otlp_json, otlp_proto, parquet_dump, stage
+from analyzer.formats import otlp_json, otlp_json_duckdb, otlp_proto, parquet_dump, stage
 from analyzer.formats.canonical import LENIENT_HINT, LoadError, Reject, RowSink
-from analyzer.formats.inputs import INPUT_FORMATS, InputFile, detect_format, expand_inputs, open_stream
+from analyzer.formats.inputs import GZIP_MAGIC, INPUT_FORMATS, ZSTD_MAGIC, InputFile, detect_format, expand_inputs, open_stream
 from analyzer.formats.jaeger_json import is_jaeger_document, read_jaeger_document
 from analyzer.store import next_load_id, record_load
 
@@ -60,6 +61,7 @@ class LoadReport:
         return sum(getattr(f, name) for f in self.files)
 
 
+BULK_MIN_BYTES = 1 << 20  # smaller OTLP/JSON lines files go straight to the Python reader
 ProgressFn = Callable[[str, int, int | None], None]  # (file, bytes_done_increment, file_size_bytes)
 
 
@@ -82,16 +84,8 @@ def load_paths(
     if input_format not in INPUT_FORMATS:
         raise LoadError("--input-format", None, "invalid_option", f"{input_format!r}: expected one of {', '.join(INPUT_FORMATS)}")
     inputs = expand_inputs(paths)
-    con.execute("BEGIN TRANSACTION")
-    try:
-        load_id = next_load_id(con)
-        files = [_load_one(con, f, load_id, lenient, input_format, progress, batch_spans) for f in inputs]
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
-    finally:
-        stage.drop_stage(con)
+    load_id = next_load_id(con)
+    files = [_load_one(con, f, load_id, lenient, input_format, progress, batch_spans) for f in inputs]
     return LoadReport(load_id, files)
 
 
@@ -99,13 +93,38 @@ def _load_one(
     con: duckdb.DuckDBPyConnection, f: InputFile, load_id: int, lenient: bool, input_format: str,
     progress: ProgressFn | None, batch_spans: int,
 ) -> FileReport:  # fmt: skip
+    """One file, one transaction: on any error nothing of this file stays in the database."""
+    bulk = _bulk_json_lines(con, f, input_format)  # outside the transaction (see otlp_json_duckdb)
+    con.execute("BEGIN TRANSACTION")
+    try:
+        report = _load_in_transaction(con, f, load_id, lenient, input_format, progress, batch_spans, bulk)
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    finally:
+        otlp_json_duckdb.drop_flat(con)
+        stage.drop_stage(con)
+    return report
+
+
+def _load_in_transaction(
+    con: duckdb.DuckDBPyConnection, f: InputFile, load_id: int, lenient: bool, input_format: str,
+    progress: ProgressFn | None, batch_spans: int, bulk: tuple[int, int] | None,
+) -> FileReport:  # fmt: skip
     stage.create_stage(con)
     schemas = stage.stage_schemas(con)
     sink = RowSink(f.name, strict=not lenient, flush=lambda s, e, l: stage.append_stage(con, schemas, s, e, l), batch_spans=batch_spans)
     if progress is not None:
         size = f.size_bytes
         sink.on_progress = lambda n: progress(f.name, n, size)
-    fmt = _read(con, f, sink, input_format)
+    if bulk is not None:
+        otlp_json_duckdb.move_to_stage(con)
+        sink.records_read, sink.spans_read = bulk
+        sink.progress(f.size_bytes or 0)
+        fmt = "otlp_json_lines"
+    else:
+        fmt = _read(con, f, sink, input_format)
     sink.flush_now()
     result = stage.commit_stage(con, load_id)
     for line, ordinal, trace_id, span_id, raw in result.conflicting:
@@ -124,6 +143,27 @@ def _load_one(
     )  # fmt: skip
     _insert_rejects(con, load_id, f.name, sink.rejects)
     return report
+
+
+def _bulk_json_lines(con: duckdb.DuckDBPyConnection, f: InputFile, input_format: str) -> tuple[int, int] | None:
+    """Try the SQL bulk reader on a large on-disk OTLP/JSON lines file: (records, spans) staged
+    in ``_fj_stage_*``, or None (not such a file, or anything the Python reader must handle)."""
+    if f.path is None or f.dataset_dir or input_format not in ("auto", "otlp-json") or (f.size_bytes or 0) < BULK_MIN_BYTES:
+        return None
+    with open(f.path, "rb") as fh:
+        magic = fh.read(4)
+    compression = "gzip" if magic[:2] == GZIP_MAGIC else "zstd" if magic == ZSTD_MAGIC else "none"
+    stream = open_stream(f)
+    try:
+        head = stream.peek(1 << 16)[: 1 << 16]
+        if detect_format(f.name, head) != "json" or not _is_json_lines(head):
+            return None
+        _first_line_check(f.name, head)
+    except LoadError:
+        return None  # the Python path raises it again, with the same message
+    finally:
+        stream.close()
+    return otlp_json_duckdb.stage_json_lines(con, f.path, compression)
 
 
 def _read(con: duckdb.DuckDBPyConnection, f: InputFile, sink: RowSink, input_format: str) -> str:

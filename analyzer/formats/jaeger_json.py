@@ -96,8 +96,8 @@ def _resource(process: Any) -> tuple:
     tags = {"service.name": (0, process.get("serviceName") or "")}
     for k, v in _tags(process.get("tags")).items():
         tags.setdefault(k, v)
-    plain = {k: v for k, (_, v) in tags.items() if k in ("service.name", "service.instance.id", "host.name")}
     strs = {k: v for k, (i, v) in tags.items() if i == 0}
+    plain = {k: strs[k] for k in ("service.name", "service.instance.id", "host.name") if k in strs}
     return (strs.get("service.name"), strs.get("service.instance.id"), strs.get("host.name"), clock_domain_of(plain), *_maps(tags))
 
 

@@ -14,7 +14,7 @@ from analyzer.formats.values import BadRecord, parse_enum, parse_id, parse_time_
 from analyzer.schema import SPAN_KINDS, STATUS_CODES
 from analyzer.store import clock_domain_of
 
-__all__ = ["add_traces_data", "is_traces_document", "loads_json", "read_json_document", "read_json_lines"]
+__all__ = ["add_traces_data", "is_traces_document", "loads_json", "scope_attributes_json", "read_json_document", "read_json_lines"]
 
 try:  # orjson is optional: about 3x faster than the standard library here
     from orjson import loads as loads_json
@@ -46,11 +46,8 @@ def _resource_columns(resource: Any) -> tuple:
         raise BadRecord("invalid_record", "resource is not an object")
     maps = split_any_values(resource.get("attributes"))
     strs = dict(maps[0])
-    plain: dict[str, Any] = {}
-    for m in maps[:4]:
-        plain.update(m)
     sn, si, hn = strs.get("service.name"), strs.get("service.instance.id"), strs.get("host.name")
-    return (sn, si, hn, clock_domain_of({k: plain[k] for k in ("service.name", "service.instance.id", "host.name") if k in plain}), *maps)
+    return (sn, si, hn, clock_domain_of({k: strs[k] for k in ("service.name", "service.instance.id", "host.name") if k in strs}), *maps)
 
 
 def _scope_columns(scope: Any) -> tuple:
@@ -59,11 +56,22 @@ def _scope_columns(scope: Any) -> tuple:
         return None, None, None
     if not isinstance(scope, dict):
         raise BadRecord("invalid_record", "scope is not an object")
-    attrs = scope.get("attributes")
-    attrs_json = None
-    if attrs:
-        attrs_json = json_text({kv["key"]: any_value_to_plain(kv.get("value") or {}, kv["key"]) for kv in attrs})
-    return scope.get("name") or None, scope.get("version") or None, attrs_json
+    return scope.get("name") or None, scope.get("version") or None, scope_attributes_json(scope.get("attributes"))
+
+
+def scope_attributes_json(attrs: Any) -> str | None:
+    """Scope attributes as one JSON object of plain values (``scope_attributes_json``), None when empty."""
+    if not attrs:
+        return None
+    if not isinstance(attrs, list):
+        raise BadRecord("invalid_attribute", "scope attributes is not a list")
+    out: dict[str, Any] = {}
+    for kv in attrs:
+        key = kv.get("key") if isinstance(kv, dict) else None
+        if not isinstance(key, str):
+            raise BadRecord("invalid_attribute", f"scope attribute {kv!r} has no string key")
+        out[key] = any_value_to_plain(kv.get("value") or {}, key)
+    return json_text(out)
 
 
 def _span_rows(sp: dict, res: tuple, scope: tuple, ordinal: int, line: int | None) -> tuple[tuple, list, list]:
