@@ -1,0 +1,36 @@
+"""`tokentrace skew` through the real entry point."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+from trace_fixtures import mixed_world
+
+from analyzer.cli import cli
+from analyzer.store import connect
+
+
+def test_skew_json_reports_rules_offsets_and_the_assumption(tmp_path) -> None:
+    connect_db = tmp_path / "t.duckdb"
+    mixed_world().load(connect(connect_db)).close()
+    result = CliRunner().invoke(cli, ["skew", "--db", str(connect_db), "--format", "json",
+                                      "--assume-offset", "skewed-client=35"], catch_exceptions=False)
+    assert result.exit_code == 0
+    doc = json.loads(result.output)
+    assert sorted({r["rule"] for r in doc["rules"]}) == [
+        "child_starts_before_parent", "chunks_out_of_order", "decode_steps_overlap", "event_outside_span",
+        "negative_duration"]
+    skewed = next(o for o in doc["offsets"] if o["client_domain"].startswith("skewed-client"))
+    assert (skewed["offset_min_ms"], skewed["offset_max_ms"], skewed["verdict"]) == (-37.0, -30.0, "skew_detected")
+    assert skewed["assumed_offset_ms"] == -35.0 and skewed["assumed_offset_within_bounds"] is True
+    assert doc["assumed_offsets"] == {"skewed-client": 35.0} and "shifted by -35 ms" in doc["notes"][0]
+
+
+def test_skew_table_and_csv_print_both_parts(tmp_path) -> None:
+    db = tmp_path / "t.duckdb"
+    mixed_world().load(connect(db)).close()
+    table = CliRunner().invoke(cli, ["skew", "--db", str(db), "--tolerance-ms", "100"], catch_exceptions=False)
+    assert "skew_rules: 2 row(s)" in table.output  # negative_duration, chunks_out_of_order: not tolerance-gated and "skew_offsets: 2 row(s)" in table.output
+    csv = CliRunner().invoke(cli, ["skew", "--db", str(db), "--format", "csv"], catch_exceptions=False).output
+    assert "# skew_rules\nrule,trace_id" in csv and "# skew_offsets\nclient_domain,server_domain,requests" in csv
