@@ -1,0 +1,190 @@
+"""Gateway overhead: the traced gateway vs a direct ``traced_generate`` on the same model and prompts.
+
+Interleaved in one run (direct, gateway, gateway, direct, ... alternating per round) so drift
+and neighbours' load hit both sides alike. Greedy decoding with the same max_tokens, so both
+sides generate the same tokens.
+
+- direct:  s = call start of traced_generate (messages in: template + tokenization included),
+           f / e = first / last visible token handed to the streamer (perf_counter).
+- gateway: s = just before the client sends the HTTP request, f / e = receipt of the first /
+           last SSE chunk with non-empty content. The server runs in a subprocess
+           (``tokentrace serve``, spans written to an OTLP-JSON lines file) unless --in-process.
+
+Reported (milliseconds; medians over pairs): ttft_added_ms = median(gateway TTFT - direct
+TTFT) of each interleaved pair, goal <= 5 ms; e2e_ratio = median(gateway E2E / direct E2E),
+goal <= 1.02.
+
+Usage::
+
+    .venv/bin/python benchmarks/gateway_overhead.py --model tiny --rounds 20 --max-tokens 32
+    .venv/bin/python benchmarks/gateway_overhead.py --model smollm2 --rounds 5 --max-tokens 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+PROMPTS = (
+    "Show me wheelchair-accessible hotels in Kyoto under $200/night with onsen access.",
+    "Which Kyoto temples have step-free access?",
+    "How do I get from Kansai airport to Kyoto station with luggage?",
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def direct_once(handle: Any, provider: Any, prompt: str, max_tokens: int) -> tuple[float, float]:
+    """(TTFT ms, E2E ms) of one direct traced_generate call."""
+    from instrument.generate import traced_generate
+
+    tokenizer = handle.tokenizer
+    texts: list[int] = []
+    visible_ns: list[int] = []
+
+    class Streamer:
+        seen_prompt = False
+
+        def put(self, value: Any) -> None:
+            if not self.seen_prompt:
+                self.seen_prompt = True
+                return
+            texts.extend(int(t) for t in value.reshape(-1).tolist())
+            if tokenizer.decode(texts[-1:], skip_special_tokens=True):
+                visible_ns.append(time.perf_counter_ns())
+
+        def end(self) -> None:
+            pass
+
+    start_ns = time.perf_counter_ns()
+    traced_generate(handle.model, tokenizer, [{"role": "user", "content": prompt}], tracer_provider=provider,
+                    streamer=Streamer(), max_new_tokens=max_tokens, do_sample=False)
+    return (visible_ns[0] - start_ns) / 1e6, (visible_ns[-1] - start_ns) / 1e6
+
+
+def gateway_once(http: Any, url: str, model_id: str, prompt: str, max_tokens: int) -> tuple[float, float]:
+    """(TTFT ms, E2E ms) of one streaming request through the gateway, seen by the client."""
+    body = {"model": model_id, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True}
+    visible_ns: list[int] = []
+    start_ns = time.perf_counter_ns()
+    with http.stream("POST", url + "/v1/chat/completions", json=body) as resp:
+        resp.raise_for_status()
+        for line in resp.iter_lines():
+            if not line.startswith("data:") or line.endswith("[DONE]"):
+                continue
+            choices = json.loads(line[5:]).get("choices") or [{}]
+            if (choices[0].get("delta") or {}).get("content"):
+                visible_ns.append(time.perf_counter_ns())
+    return (visible_ns[0] - start_ns) / 1e6, (visible_ns[-1] - start_ns) / 1e6
+
+
+def _start_subprocess_server(model: str, max_tokens: int, spans_path: Path) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    cmd = [sys.executable, "-c", "from analyzer.cli import main; main()", "serve", "--model", model, "--port",
+           str(port), "--otlp-json", str(spans_path), "--max-tokens-limit", str(max(max_tokens, 64))]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": ""})
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _wait_healthy(http: Any, url: str, timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if http.get(url + "/health").status_code == 200:
+                return
+        except Exception:  # not listening yet
+            pass
+        time.sleep(0.25)
+    raise RuntimeError(f"the gateway at {url} did not become healthy in {timeout_s:g} s")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny", help="tiny, smollm2 or a local model folder")
+    parser.add_argument("--rounds", type=int, default=20, help="interleaved rounds (each: every prompt, both sides)")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--warmup", type=int, default=2, help="rounds discarded at the start")
+    parser.add_argument("--in-process", action="store_true", help="run the gateway in a thread of this process")
+    args = parser.parse_args(argv)
+
+    import httpx
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from instrument.gateway.worker import load_model_handle
+    from instrument.tracing import setup_tracing
+
+    handle = load_model_handle(args.model)
+    provider = setup_tracing("bench-direct", exporter="none", span_exporters=[InMemorySpanExporter()])
+    tmp = Path(tempfile.mkdtemp(prefix="tt-overhead-"))
+    proc = server = None
+    http = httpx.Client(timeout=300.0)
+    try:
+        if args.in_process:
+            from instrument.gateway.app import GatewaySettings, create_app
+            from instrument.gateway.server import ServerThread
+
+            server_provider = setup_tracing("bench-gateway", exporter="otlp_json", json_path=tmp / "server.jsonl")
+            server = ServerThread(create_app(handle, server_provider, GatewaySettings())).start()
+            url = server.url
+        else:
+            proc, url = _start_subprocess_server(args.model, args.max_tokens, tmp / "server.jsonl")
+            _wait_healthy(http, url)
+        model_id = http.get(url + "/v1/models").json()["data"][0]["id"]
+        pairs: list[dict[str, float]] = []
+        for round_index in range(args.warmup + args.rounds):
+            for prompt in PROMPTS:
+                order = ("direct", "gateway") if round_index % 2 == 0 else ("gateway", "direct")
+                got: dict[str, tuple[float, float]] = {}
+                for side in order:
+                    if side == "direct":
+                        got[side] = direct_once(handle, provider, prompt, args.max_tokens)
+                    else:
+                        got[side] = gateway_once(http, url, model_id, prompt, args.max_tokens)
+                if round_index >= args.warmup:
+                    pairs.append({"direct_ttft_ms": got["direct"][0], "direct_e2e_ms": got["direct"][1],
+                                  "gateway_ttft_ms": got["gateway"][0], "gateway_e2e_ms": got["gateway"][1]})
+    finally:
+        http.close()
+        if server is not None:
+            server.stop()
+        if proc is not None:
+            proc.terminate()
+            proc.wait(30)
+
+    def med(key: str) -> float:
+        return statistics.median(p[key] for p in pairs)
+
+    ttft_added = statistics.median(p["gateway_ttft_ms"] - p["direct_ttft_ms"] for p in pairs)
+    e2e_ratio = statistics.median(p["gateway_e2e_ms"] / p["direct_e2e_ms"] for p in pairs)
+    result = {
+        "model": model_id, "pairs": len(pairs), "max_tokens": args.max_tokens,
+        "gateway": "in-process thread" if args.in_process else "subprocess (tokentrace serve)",
+        "direct_ttft_ms_median": med("direct_ttft_ms"), "gateway_ttft_ms_median": med("gateway_ttft_ms"),
+        "direct_e2e_ms_median": med("direct_e2e_ms"), "gateway_e2e_ms_median": med("gateway_e2e_ms"),
+        "ttft_added_ms_median": ttft_added, "ttft_goal_ms": 5.0, "ttft_goal_met": ttft_added <= 5.0,
+        "e2e_ratio_median": e2e_ratio, "e2e_ratio_goal": 1.02, "e2e_goal_met": e2e_ratio <= 1.02,
+    }
+    print(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()
