@@ -222,3 +222,17 @@ def test_nightly_planted_row_error(tmp_path) -> None:
     findings = audit_report(write(tmp_path, "n.json", rows), individual=VLLM)
     assert failed(findings) == ["table_row_matches_source"]
     assert "Mean TPOT (ms)" in by_check(findings)["table_row_matches_source"].detail
+
+
+def test_audit_queries_run_from_their_subfolder() -> None:
+    from analyzer.queries import list_queries, load_query
+
+    names = list_queries("audit")
+    assert "audit/distribution_stats" in names and "audit/vllm_values" in names
+    assert "distribution_stats" not in list_queries()  # the top level is unchanged
+    assert [p.name for p in load_query("audit/vllm_totals").params] == ["duration_s"]
+    for bad in ("views/10_tokentrace_contract", "../requests", "audit/x/y"):
+        with pytest.raises(ValueError, match="invalid query name"):
+            load_query(bad)
+    with pytest.raises(ValueError, match="known: audit/"):
+        load_query("audit/nope")
