@@ -22,7 +22,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from opentelemetry import trace
 from opentelemetry.context import Context
 
 from instrument.clock import now_wall_ns
