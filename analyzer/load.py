@@ -112,21 +112,21 @@ def _load_in_transaction(
     con: duckdb.DuckDBPyConnection, f: InputFile, load_id: int, lenient: bool, input_format: str,
     progress: ProgressFn | None, batch_spans: int, bulk: tuple[int, int] | None,
 ) -> FileReport:  # fmt: skip
-    stage.create_stage(con)
-    schemas = stage.stage_schemas(con)
-    sink = RowSink(f.name, strict=not lenient, flush=lambda s, e, l: stage.append_stage(con, schemas, s, e, l), batch_spans=batch_spans)
-    if progress is not None:
-        size = f.size_bytes
-        sink.on_progress = lambda n: progress(f.name, n, size)
+    result = None
     if bulk is not None:
+        stage.create_stage(con)
         otlp_json_duckdb.move_to_stage(con)
+        sink = _sink(con, f, lenient, progress, batch_spans)
         sink.records_read, sink.spans_read = bulk
         sink.progress(f.size_bytes or 0)
         fmt = "otlp_json_lines"
-    else:
+        result = stage.commit_stage(con, load_id, insert_if_conflicts=False)
+    if result is None:  # no bulk read, or conflicts that need line numbers: the Python reader
+        stage.create_stage(con)
+        sink = _sink(con, f, lenient, progress, batch_spans)
         fmt = _read(con, f, sink, input_format)
-    sink.flush_now()
-    result = stage.commit_stage(con, load_id)
+        sink.flush_now()
+        result = stage.commit_stage(con, load_id)
     for line, ordinal, trace_id, span_id, raw in result.conflicting:
         sink.reject(Reject(line, ordinal, "conflicting_duplicate", raw, trace_id, span_id,
                            "same trace and span id as an earlier span, different content"))  # fmt: skip
@@ -143,6 +143,15 @@ def _load_in_transaction(
     )  # fmt: skip
     _insert_rejects(con, load_id, f.name, sink.rejects)
     return report
+
+
+def _sink(con: duckdb.DuckDBPyConnection, f: InputFile, lenient: bool, progress: ProgressFn | None, batch_spans: int) -> RowSink:
+    schemas = stage.stage_schemas(con)
+    sink = RowSink(f.name, strict=not lenient, flush=lambda s, e, l: stage.append_stage(con, schemas, s, e, l), batch_spans=batch_spans)
+    if progress is not None:
+        size = f.size_bytes
+        sink.on_progress = lambda n: progress(f.name, n, size)
+    return sink
 
 
 def _bulk_json_lines(con: duckdb.DuckDBPyConnection, f: InputFile, input_format: str) -> tuple[int, int] | None:

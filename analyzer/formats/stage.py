@@ -132,14 +132,18 @@ def classify(con: duckdb.DuckDBPyConnection) -> None:
     FROM ranked r LEFT JOIN stored db USING (trace_id, span_id)""")
 
 
-def commit_stage(con: duckdb.DuckDBPyConnection, load_id: int) -> StageResult:
+def commit_stage(con: duckdb.DuckDBPyConnection, load_id: int, *, insert_if_conflicts: bool = True) -> StageResult | None:
     """Classify the staged spans, insert the kept ones under ``load_id``, report the rest.
 
     The caller decides what conflicting duplicates mean (strict: an error; lenient: rejects).
+    With ``insert_if_conflicts`` False, a stage holding conflicts is left uninserted and
+    None returned (the bulk reader's rows carry no line numbers: the caller re-reads).
     """
     classify(con)
     counts = dict(con.execute("SELECT cls, count(*) FROM _stage_class GROUP BY cls").fetchall())
     conflicting: list = []
+    if counts.get("conflicting") and not insert_if_conflicts:
+        return None
     if counts.get("conflicting"):
         conflicting = con.execute("""
             SELECT s._line, s._ord, s.trace_id, s.span_id, to_json(r)::VARCHAR
