@@ -230,3 +230,34 @@ def test_disconnect_mid_stream_stops_decoding(served: Served) -> None:
     (cancel,) = [e for e in gw.events if e.name == "tokentrace.cancel"]
     after_cancel = [d for d in decodes if d.start_time > cancel.timestamp]
     assert len(after_cancel) <= 1, "generation stops within one decode step of the disconnect"
+
+
+def test_admission_budgets_fail_fast_and_release() -> None:
+    from instrument.gateway.admission import AdmissionController, AdmissionRefused
+
+    adm = AdmissionController(AdmissionBudgets(max_queued_requests=3, max_queued_tokens=100, kv_budget_bytes=256 * 60),
+                              kv_bytes_per_token=256)
+    first = adm.admit(20, 10)  # 30 tokens, 7,680 KV bytes
+    assert (first.queue_depth, first.tokens_ahead) == (0, 0)
+    with pytest.raises(AdmissionRefused) as kv_full:
+        adm.admit(20, 20)  # 40 more tokens: 70 x 256 bytes > the KV budget of 60 tokens
+    assert kv_full.value.budget == "kv" and not kv_full.value.permanent
+    with pytest.raises(AdmissionRefused) as never:
+        adm.admit(90, 20)  # could never fit the token budget: answered 400, not 429
+    assert never.value.permanent
+    adm.release(first)
+    adm.release(first)  # idempotent
+    assert (adm.requests_in_flight, adm.tokens_in_flight, adm.kv_bytes_in_flight) == (0, 0, 0)
+    assert adm.admit(20, 20).kv_bytes == 40 * 256
+
+
+def test_kv_budget_over_http(handle: ModelHandle) -> None:
+    per_token = handle.kv_bytes_per_token
+    assert per_token == 256  # tiny model: 2 x 2 layers x 2 kv heads x 8 head_dim x 4 bytes
+    s = Served(handle, GatewaySettings(budgets=AdmissionBudgets(kv_budget_bytes=per_token * 40)))
+    try:
+        r = _post(s.url, chat_body("tiny", max_tokens=64, stream=False))
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_budget_exceeded"
+        assert _post(s.url, chat_body("tiny", prompt="hi", max_tokens=4, stream=False)).status_code == 200
+    finally:
+        s.stop()

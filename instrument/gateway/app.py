@@ -192,6 +192,7 @@ class Gateway:
         """SSE body. A disconnect (cancellation of this generator) cancels generation."""
         gen, model, rid, created = state.gen, self.handle.model_id, state.request_id, int(time.time())
         detok = Detokenizer(self.handle.tokenizer, self.eos_ids)
+        state.response_started = True
         try:
             if gen.operation == "chat":
                 sent_ns = now_wall_ns()
@@ -237,6 +238,14 @@ class Gateway:
 
     async def _whole(self, request: Request, state: RequestState, headers: dict[str, str]) -> Response:
         """Non-streaming: wait for the result, polling for a client disconnect (cancels generation)."""
+        state.response_started = True
+        try:
+            return await self._whole_body(request, state, headers)
+        finally:
+            if not state.finished:  # the handler was cancelled (server shutdown)
+                state.abandon("cancelled")
+
+    async def _whole_body(self, request: Request, state: RequestState, headers: dict[str, str]) -> Response:
         detok = Detokenizer(self.handle.tokenizer, self.eos_ids)
         deadline = time.monotonic() + self.settings.request_timeout_s
         tokens = 0

@@ -27,6 +27,7 @@ from instrument.gateway.worker import Job, JobResult
 __all__ = ["CHUNK_EVENT", "Detokenizer", "RequestState", "log_request"]
 
 CHUNK_EVENT = "tokentrace.chunk"
+ORPHAN_GRACE_S = 2.0  # after the job ends, how long a response that never started may take to start
 LOGGER = logging.getLogger("tokentrace.gateway")
 
 
@@ -85,6 +86,7 @@ class RequestState:
     abandoned_reason: str | None = None  # "cancelled" (client gone) or "error" (server gave up)
     abandoned_error_type: str | None = None  # e.g. "timeout"
     finished: bool = False
+    response_started: bool = False  # the response path is running (its finally guarantees an ending)
 
     # --- worker thread -> loop -------------------------------------------------------
     def on_token_threadsafe(self, token_id: int) -> None:
@@ -102,6 +104,13 @@ class RequestState:
             self.finalize(result, finish_reason=self.abandoned_reason, generated_tokens=generated)
         else:
             self.results.put_nowait(("done", result))
+            if not self.response_started:
+                self.loop.call_later(ORPHAN_GRACE_S, self._finish_orphan, result)
+
+    def _finish_orphan(self, result: JobResult) -> None:
+        """The response body never started (the client left before it did): end as cancelled."""
+        if not self.finished and not self.response_started:
+            self.abandon("cancelled")
 
     def abandon(self, reason: str, error_type: str | None = None) -> None:
         """The response path stops waiting (client disconnected or timeout): cancel generation.
