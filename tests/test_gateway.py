@@ -261,3 +261,28 @@ def test_kv_budget_over_http(handle: ModelHandle) -> None:
         assert _post(s.url, chat_body("tiny", prompt="hi", max_tokens=4, stream=False)).status_code == 200
     finally:
         s.stop()
+
+
+def test_detokenizer_holds_back_split_characters(handle: ModelHandle) -> None:
+    from instrument.gateway.request_state import Detokenizer
+
+    tok = handle.tokenizer
+    text = "Kyoto の温泉 hotels — onsen 🎌 ok"
+    ids = tok(text)["input_ids"]
+    assert len(ids) > len(text.split())  # the tiny BPE splits the multi-byte characters into bytes
+    eos = tok.eos_token_id
+    detok = Detokenizer(tok, {eos})
+    pieces = [detok.push(i) for i in ids + [eos]]
+    assert detok.text == text and "".join(d for d, _ in pieces) == text
+    assert all("\ufffd" not in d for d, _ in pieces)
+    assert sum(n for _, n in pieces) == len(ids) and detok.generated_tokens == len(ids) + 1
+
+
+def test_structured_log_line_per_request(served: Served, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO", logger="tokentrace.gateway"):
+        r = _post(served.url, chat_body("tiny", max_tokens=3, stream=False))
+        served.wait_idle()
+    records = [json.loads(rec.getMessage()) for rec in caplog.records if rec.name == "tokentrace.gateway"]
+    (line,) = [rec for rec in records if rec["id"] == r.json()["id"]]
+    assert line["status"] in ("stop", "length") and line["http_status"] == 200
+    assert line["output_tokens"] == r.json()["usage"]["completion_tokens"] and line["queue_wait_ms"] >= 0

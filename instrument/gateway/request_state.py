@@ -41,6 +41,8 @@ class Detokenizer:
 
     ``push`` returns ``(delta, tokens)``: the new text and how many tokens it covers, or
     ``("", 0)`` while tokens are held back. Stop (EOS) tokens are counted but never shown.
+    Incremental (prefix/read offsets, as TGI and vLLM do): each push decodes only the last
+    few tokens, never the whole output.
     """
 
     def __init__(self, tokenizer: Any, eos_ids: set[int]) -> None:
@@ -48,22 +50,25 @@ class Detokenizer:
         self.eos_ids = eos_ids
         self.content_ids: list[int] = []
         self.text = ""
-        self.pending_tokens = 0
         self.generated_tokens = 0
+        self._prefix_offset = 0  # ids before this are settled context
+        self._read_offset = 0  # ids before this have been sent as text
 
     def push(self, token_id: int) -> tuple[str, int]:
         self.generated_tokens += 1
         if token_id in self.eos_ids:
             return "", 0
-        self.content_ids.append(token_id)
-        self.pending_tokens += 1
-        text = self.tokenizer.decode(self.content_ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
+        ids = self.content_ids
+        ids.append(token_id)
+        decode = self.tokenizer.decode
+        prefix_text = decode(ids[self._prefix_offset:self._read_offset], skip_special_tokens=True)
+        new_text = decode(ids[self._prefix_offset:], skip_special_tokens=True)
+        if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
             return "", 0
-        delta = text[len(self.text):] if text.startswith(self.text) else text[len(self.text):]
-        if not delta:
-            return "", 0
-        self.text, tokens, self.pending_tokens = text, self.pending_tokens, 0
+        delta = new_text[len(prefix_text):]
+        tokens = len(ids) - self._read_offset
+        self._prefix_offset, self._read_offset = self._read_offset, len(ids)
+        self.text += delta
         return delta, tokens
 
 
