@@ -15,6 +15,7 @@ before it stay loaded; loading them again only counts duplicates).
 
 from __future__ import annotations
 
+import io
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -200,14 +201,26 @@ def _read(con: duckdb.DuckDBPyConnection, f: InputFile, sink: RowSink, input_for
 
 
 def _is_json_lines(head: bytes) -> bool:
+    """True when the first line is a JSON object on its own and not a Jaeger document
+    (Jaeger JSON is one document, minified or not; its keys say ``traceID``, OTLP ``traceId``)."""
     nl = head.find(b"\n")
     if nl < 0:
-        return True  # one (long) line
+        return b'"traceID"' not in head  # one (long) line
     try:
         first = otlp_json.loads_json(head[:nl])
     except ValueError:
         return False
-    return isinstance(first, dict)
+    return isinstance(first, dict) and not is_jaeger_document(first)
+
+
+def _later_line_is_traces(data: bytes, max_lines: int = 1000) -> bool:
+    for i, line in enumerate(data.split(b"\n")[1 : max_lines + 1]):
+        try:
+            if otlp_json.is_traces_document(otlp_json.loads_json(line)):
+                return True
+        except ValueError:
+            continue
+    return False
 
 
 def _not_traces_detail(doc: object) -> str:
@@ -241,6 +254,9 @@ def _read_json(stream, head: bytes, sink: RowSink, input_format: str) -> str:  #
     try:
         doc = otlp_json.loads_json(data)
     except ValueError as e:
+        if _later_line_is_traces(data):  # JSON lines whose first line is damaged
+            otlp_json.read_json_lines(io.BytesIO(data), sink)
+            return "otlp_json_lines"
         if sink.strict:
             raise LoadError(sink.file, None, "invalid_json", str(e).split("\n")[0], hint=LENIENT_HINT) from None
         sink.records_read += 1
