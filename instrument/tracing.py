@@ -172,6 +172,7 @@ def setup_tracing(
     span_event_limit: int | None = None,
     span_exporters: Sequence[SpanExporter] = (),
     batch: bool = True,
+    count_exports: bool = True,
 ) -> TracerProvider:
     """A TracerProvider with tokentrace's resource, span limits and exporters (not installed globally).
 
@@ -185,6 +186,8 @@ def setup_tracing(
     - ``span_exporters``: extra exporters added as given (e.g. an InMemorySpanExporter).
     - ``batch``: BatchSpanProcessor (default, exports off the request path) or
       SimpleSpanProcessor (synchronous; for scripts and tests).
+    - ``count_exports``: wrap each exporter and its processor to count spans exported, failed
+      and dropped (``instrument.export_health``; one log line per exporter at shutdown).
     """
     names = _exporter_names(exporter)
     exporters: list[SpanExporter] = []
@@ -207,9 +210,17 @@ def setup_tracing(
     )
     queue_size = None if _env(ENV_BSP_QUEUE_SIZE) else DEFAULT_BATCH_QUEUE_SIZE
     for span_exporter in exporters:
+        if count_exports:
+            from instrument.export_health import CountingSpanExporter
+
+            span_exporter = CountingSpanExporter(span_exporter)
         processor = (
             BatchSpanProcessor(span_exporter, max_queue_size=queue_size) if batch else SimpleSpanProcessor(span_exporter)
         )
+        if count_exports:
+            from instrument.export_health import CountingSpanProcessor
+
+            processor = CountingSpanProcessor(processor, span_exporter)  # type: ignore[arg-type]
         provider.add_span_processor(processor)
     return provider
 
