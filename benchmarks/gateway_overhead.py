@@ -123,7 +123,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=2, help="rounds discarded at the start")
     parser.add_argument("--in-process", action="store_true", help="run the gateway in a thread of this process")
+    parser.add_argument("--torch-threads", type=int, default=1,
+                        help="torch intra-op threads on both sides (1 is steadiest on a shared machine)")
     args = parser.parse_args(argv)
+    os.environ["OMP_NUM_THREADS"] = str(args.torch_threads)  # for the server subprocess
+    import torch
+
+    torch.set_num_threads(args.torch_threads)
 
     import httpx
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -177,6 +183,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {
         "model": model_id, "pairs": len(pairs), "max_tokens": args.max_tokens,
         "gateway": "in-process thread" if args.in_process else "subprocess (tokentrace serve)",
+        "torch_threads": args.torch_threads,
         "direct_ttft_ms_median": med("direct_ttft_ms"), "gateway_ttft_ms_median": med("gateway_ttft_ms"),
         "direct_e2e_ms_median": med("direct_e2e_ms"), "gateway_e2e_ms_median": med("gateway_e2e_ms"),
         "ttft_added_ms_median": ttft_added, "ttft_goal_ms": 5.0, "ttft_goal_met": ttft_added <= 5.0,

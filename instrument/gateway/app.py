@@ -10,6 +10,7 @@ reason on the span and in the final chunk → one JSON log line.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -48,6 +49,10 @@ class GatewaySettings:
     budgets: AdmissionBudgets = field(default_factory=AdmissionBudgets)
     decode_spans: str = "all"
     request_timeout_s: float = 300.0
+    # The model thread holds the GIL through generate's Python loop; with CPython's default
+    # 5 ms switch interval each chunk write can wait up to 5 ms for it. Process-wide; None
+    # leaves it alone.
+    gil_switch_interval_s: float | None = 0.0005
 
 
 class _Rejected(Exception):
@@ -66,6 +71,10 @@ class Gateway:
     def __init__(self, handle: ModelHandle, tracer_provider: Any, settings: GatewaySettings) -> None:
         self.handle = handle
         self.settings = settings
+        if settings.gil_switch_interval_s is not None:
+            import sys
+
+            sys.setswitchinterval(settings.gil_switch_interval_s)
         self.tracer = get_tracer(tracer_provider)
         limit = span_event_limit_of(self.tracer)
         if limit is not None and limit < settings.max_tokens_limit + _EXTRA_CHUNKS:
@@ -121,8 +130,6 @@ class Gateway:
             key = self.authenticate(request)
             raw = await self.read_body(request)
             try:
-                import json
-
                 body = json.loads(raw)
             except ValueError as exc:
                 raise _Rejected(400, f"body is not valid JSON: {exc}", "invalid_request_error", param="body") from None
@@ -141,6 +148,11 @@ class Gateway:
                                  "gen_ai.request.temperature": gen.temperature, "gen_ai.request.top_p": gen.top_p,
                                  "gen_ai.response.model": self.handle.model_id})
             input_ids = self._tokenize(span, gen)
+            context = self.handle.max_context_tokens
+            if context is not None and len(input_ids) + gen.max_tokens > context:
+                raise _Rejected(400, f"prompt ({len(input_ids)} tokens) + max_tokens ({gen.max_tokens}) exceeds the "
+                                f"model's context of {context} tokens", "invalid_request_error", param="max_tokens",
+                                code="context_length_exceeded")
             try:
                 ticket = self.admission.admit(len(input_ids), gen.max_tokens)
             except AdmissionRefused as exc:
@@ -151,6 +163,10 @@ class Gateway:
                                 headers={"Retry-After": str(exc.retry_after_s)}) from None
         except _Rejected as rej:
             return self._reject(span, request_id, rej, headers)
+        except BaseException as exc:  # a bug (or cancellation): the span still ends, then it raises
+            self._reject(span, request_id, _Rejected(500, f"internal error: {type(exc).__name__}", "server_error",
+                                                     code="internal_error"), headers)
+            raise
         state = RequestState(request_id, span, self.tracer, self.admission, ticket, gen, len(input_ids),
                              asyncio.get_running_loop())
         state.job = Job(request_id, input_ids, gen.max_tokens, gen.temperature, gen.top_p,
@@ -185,11 +201,12 @@ class Gateway:
         return JSONResponse(sse.error_body(str(rej), error_type=rej.error_type, param=rej.param, code=rej.code),
                             status_code=rej.status, headers={**headers, **rej.headers})
 
-    async def _next(self, state: RequestState) -> tuple[str, Any]:
-        return await asyncio.wait_for(state.results.get(), timeout=self.settings.request_timeout_s)
-
     async def _stream(self, state: RequestState) -> AsyncIterator[bytes]:
-        """SSE body. A disconnect (cancellation of this generator) cancels generation."""
+        """SSE body. A disconnect (cancellation of this generator) cancels generation.
+
+        Tokens that arrived together (the loop lagged behind the model) are written in one
+        send, each still its own SSE chunk with its own ``tokentrace.chunk`` event.
+        """
         gen, model, rid, created = state.gen, self.handle.model_id, state.request_id, int(time.time())
         detok = Detokenizer(self.handle.tokenizer, self.eos_ids)
         state.response_started = True
@@ -198,22 +215,29 @@ class Gateway:
                 sent_ns = now_wall_ns()
                 yield sse.sse_line(sse.content_chunk("chat", rid, created, model, "", role=True))
                 state.chunk_written(0, False, sent_ns)
-            while True:
+            result: JobResult | None = None
+            while result is None:
                 try:
-                    kind, value = await self._next(state)
+                    items = await state.next_items(self.settings.request_timeout_s)
                 except asyncio.TimeoutError:
                     state.abandon("error", "timeout")
                     yield sse.sse_line(sse.error_body("generation timed out", error_type="server_error"))
                     yield sse.DONE
                     return
-                if kind == "done":
-                    break
-                delta, tokens = detok.push(value)
-                if delta:
+                out, chunk_tokens = bytearray(), []
+                for kind, value in items:
+                    if kind == "done":
+                        result = value
+                        break
+                    delta, tokens = detok.push(value)
+                    if delta:
+                        out += sse.sse_line(sse.content_chunk(gen.operation, rid, created, model, delta))
+                        chunk_tokens.append(tokens)
+                if out:
                     sent_ns = now_wall_ns()
-                    yield sse.sse_line(sse.content_chunk(gen.operation, rid, created, model, delta))
-                    state.chunk_written(tokens, True, sent_ns)
-            result: JobResult = value
+                    yield bytes(out)
+                    for tokens in chunk_tokens:
+                        state.chunk_written(tokens, True, sent_ns)
             generated = result.sequence.generated_tokens if result.sequence is not None else detok.generated_tokens
             sent_ns = now_wall_ns()
             if result.finish_reason == "error":
@@ -249,22 +273,23 @@ class Gateway:
         detok = Detokenizer(self.handle.tokenizer, self.eos_ids)
         deadline = time.monotonic() + self.settings.request_timeout_s
         tokens = 0
-        while True:
+        result: JobResult | None = None
+        while result is None:
             if time.monotonic() > deadline:
                 state.abandon("error", "timeout")
                 return JSONResponse(sse.error_body("generation timed out", error_type="server_error"), 504, headers)
             try:
-                kind, value = await asyncio.wait_for(state.results.get(), timeout=0.25)
+                items = await state.next_items(0.25)
             except asyncio.TimeoutError:
                 if await request.is_disconnected():
                     state.abandon("cancelled")
                     return Response(status_code=499, headers=headers)
                 continue
-            if kind == "done":
-                break
-            _, n = detok.push(value)
-            tokens += n
-        result: JobResult = value
+            for kind, value in items:
+                if kind == "done":
+                    result = value
+                    break
+                tokens += detok.push(value)[1]
         generated = result.sequence.generated_tokens if result.sequence is not None else detok.generated_tokens
         if result.finish_reason == "error":
             state.finalize(result, finish_reason="error", generated_tokens=generated, http_status=500)

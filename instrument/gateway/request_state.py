@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,7 +85,9 @@ class RequestState:
     gen: GenerationRequest
     input_tokens: int
     loop: asyncio.AbstractEventLoop
-    results: asyncio.Queue = field(default_factory=asyncio.Queue)
+    inbox: deque = field(default_factory=deque)  # ("token", id) | ("done", JobResult), worker -> loop
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    _wake_scheduled: bool = False
     job: Job | None = None
     chunk_index: int = 0
     output_tokens: int = 0
@@ -96,7 +99,27 @@ class RequestState:
     # --- worker thread -> loop -------------------------------------------------------
     def on_token_threadsafe(self, token_id: int) -> None:
         """Called on the worker thread for each generated token."""
-        self.loop.call_soon_threadsafe(self.results.put_nowait, ("token", token_id))
+        self.inbox.append(("token", token_id))
+        if not self._wake_scheduled:  # one loop wake-up per batch of tokens, not per token
+            self._wake_scheduled = True
+            self.loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        self._wake_scheduled = False
+        self.ready.set()
+
+    async def next_items(self, timeout_s: float) -> list[tuple[str, Any]]:
+        """Every item the worker has handed over, waiting up to ``timeout_s`` s for the first
+        (TimeoutError after that)."""
+        while not self.inbox:
+            self.ready.clear()
+            if self.inbox:
+                break
+            await asyncio.wait_for(self.ready.wait(), timeout=timeout_s)
+        items = []
+        while self.inbox:
+            items.append(self.inbox.popleft())
+        return items
 
     def on_done_threadsafe(self, result: JobResult) -> None:
         """Called on the worker thread when the job ends (always exactly once)."""
@@ -108,7 +131,8 @@ class RequestState:
             generated = result.sequence.generated_tokens if result.sequence is not None else 0
             self.finalize(result, finish_reason=self.abandoned_reason, generated_tokens=generated)
         else:
-            self.results.put_nowait(("done", result))
+            self.inbox.append(("done", result))
+            self.ready.set()
             if not self.response_started:
                 self.loop.call_later(ORPHAN_GRACE_S, self._finish_orphan, result)
 
@@ -130,8 +154,8 @@ class RequestState:
                             timestamp=now_wall_ns())
         if self.job is not None:
             self.job.cancel.set()
-        while not self.results.empty():
-            kind, value = self.results.get_nowait()
+        while self.inbox:
+            kind, value = self.inbox.popleft()
             if kind == "done":
                 generated = value.sequence.generated_tokens if value.sequence is not None else 0
                 self.finalize(value, finish_reason=reason, generated_tokens=generated)

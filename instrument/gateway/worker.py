@@ -36,6 +36,12 @@ class ModelHandle:
     kv_bytes_per_token: int | None
 
     @property
+    def max_context_tokens(self) -> int | None:
+        """The model's context length in tokens (``max_position_embeddings``), when it has one."""
+        value = getattr(self.model.config, "max_position_embeddings", None)
+        return int(value) if isinstance(value, int) and value > 0 else None
+
+    @property
     def served_models(self) -> tuple[str, ...]:
         return (self.model_id, *self.aliases)
 
