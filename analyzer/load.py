@@ -115,7 +115,6 @@ def _load_in_transaction(
 ) -> FileReport:  # fmt: skip
     result = None
     if bulk is not None:
-        stage.create_stage(con)
         otlp_json_duckdb.move_to_stage(con)
         sink = _sink(con, f, lenient, progress, batch_spans)
         sink.records_read, sink.spans_read = bulk

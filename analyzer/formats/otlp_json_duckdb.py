@@ -18,6 +18,7 @@ from pathlib import Path
 
 import duckdb
 
+from analyzer.formats import stage
 from analyzer.formats.canonical import SPAN_COLUMNS
 from analyzer.formats.otlp_json import scope_attributes_json
 from analyzer.formats.values import BadRecord, any_value_to_plain, json_text
@@ -112,36 +113,44 @@ def _register_udfs(con: duckdb.DuckDBPyConnection) -> None:
 _HEX_ID = "(regexp_full_match({0}, '[0-9a-f]{{{1}}}') AND {0} <> repeat('0', {1}))"
 
 
+_CLOCK = ("CASE WHEN resource_str['service.name'] IS NULL AND resource_str['service.instance.id'] IS NULL"
+          " AND resource_str['host.name'] IS NULL THEN NULL ELSE coalesce(resource_str['service.name'], '') || '|'"
+          " || coalesce(resource_str['service.instance.id'], '') || '|' || coalesce(resource_str['host.name'], '') END")  # fmt: skip
+
+
 def _flatten_sql(path: str, compression: str) -> str:
-    """SQL creating ``_fj_spans``: one row per span, canonical columns plus raw events/links
-    and the figures the checks need. Nothing is validated here (see ``_SPAN_CHECKS``)."""
+    """SQL creating ``_fj_stage_spans``: one row per span, the staging columns plus raw
+    events/links and the figures the checks need. Nothing is validated here (``_SPAN_CHECKS``)."""
     src = (f"read_json('{path.replace(chr(39), chr(39) * 2)}', format = 'newline_delimited', records = true, sample_size = 1,"
            f" compression = '{compression}', maximum_object_size = 1073741824, columns = {{resourceSpans: '{_SCHEMA}'}})")  # fmt: skip
     # A NULL list becomes [NULL] so a record without resourceSpans/scopeSpans/spans yields a
     # row that fails the checks (and sends the file to the Python reader) instead of vanishing.
     return f"""
-    CREATE OR REPLACE TEMP TABLE _fj_spans AS
-    WITH docs AS (SELECT resourceSpans, count(*) OVER () AS n_docs FROM {src}),
-         rs AS (SELECT n_docs, unnest(coalesce(resourceSpans, [NULL])) AS rs FROM docs),
-         rsm AS (SELECT n_docs, {_maps('rs.resource.attributes', 'resource')}, {_attr_counts('rs.resource.attributes', 'resource')},
+    CREATE OR REPLACE TEMP TABLE _fj_stage_spans AS
+    WITH rs AS (SELECT unnest(coalesce(resourceSpans, [NULL])) AS rs FROM {src}),
+         rsm AS (SELECT {_maps('rs.resource.attributes', 'resource')}, {_attr_counts('rs.resource.attributes', 'resource')},
                         rs.scopeSpans AS scope_spans FROM rs),
-         ss AS (SELECT * EXCLUDE (scope_spans), unnest(coalesce(scope_spans, [NULL])) AS ss FROM rsm),
+         rsc AS (SELECT *, resource_str['service.name'] AS service_name, resource_str['service.instance.id'] AS service_instance_id,
+                        resource_str['host.name'] AS host_name, {_CLOCK} AS clock_domain FROM rsm),
+         ss AS (SELECT * EXCLUDE (scope_spans), unnest(coalesce(scope_spans, [NULL])) AS ss FROM rsc),
          spans AS (SELECT * EXCLUDE (ss), ss.scope AS scope, unnest(coalesce(ss.spans, [NULL])) AS sp FROM ss)
-    SELECT (row_number() OVER () - 1)::BIGINT AS _ord, n_docs,
+    SELECT
            lower(sp.traceId) AS trace_id, lower(sp.spanId) AS span_id, lower(NULLIF(sp.parentSpanId, '')) AS parent_raw,
-           NULLIF(sp.traceState, '') AS trace_state, sp.flags AS flags_raw, coalesce(sp.name, '') AS name,
+           CASE WHEN parent_raw = '0000000000000000' THEN NULL ELSE parent_raw END AS parent_span_id,
+           NULLIF(sp.traceState, '') AS trace_state, sp.flags AS flags_raw, NULLIF(sp.flags, 0) AS flags, coalesce(sp.name, '') AS name,
            {_enum("sp.kind", _KINDS, "SPAN_KIND_")} AS kind,
            TRY_CAST(sp.startTimeUnixNano AS BIGINT) AS start_ns, TRY_CAST(sp.endTimeUnixNano AS BIGINT) AS end_ns,
            {_enum("sp.status.code", _CODES, "STATUS_CODE_")} AS status_code,
            NULLIF(sp.status.message, '') AS status_message,
            {_maps('sp.attributes')}, {_attr_counts('sp.attributes', 'attr')},
            resource_str, resource_int, resource_double, resource_bool, resource_json, resource_n, resource_keys,
+           service_name, service_instance_id, host_name, clock_domain,
            NULLIF(scope.name, '') AS scope_name, NULLIF(scope.version, '') AS scope_version,
            CASE WHEN scope.attributes IS NOT NULL THEN tt_scope_json(scope.attributes::VARCHAR) END AS scope_attributes_json,
            coalesce(sp.droppedAttributesCount, 0) AS dropped_attributes_count,
            coalesce(sp.droppedEventsCount, 0) AS dropped_events_count,
            coalesce(sp.droppedLinksCount, 0) AS dropped_links_count,
-           sp.events AS events, sp.links AS links
+           sp.events AS events, sp.links AS links, nextval('_fj_ord') - 1 AS _ord, NULL::BIGINT AS _line
     FROM spans"""
 
 
@@ -153,36 +162,22 @@ _SPAN_CHECKS = " AND ".join([
     _attrs_ok("attr"), _attrs_ok("resource"),
 ])  # fmt: skip
 
-_CLOCK = ("CASE WHEN resource_str['service.name'] IS NULL AND resource_str['service.instance.id'] IS NULL"
-          " AND resource_str['host.name'] IS NULL THEN NULL ELSE coalesce(resource_str['service.name'], '') || '|'"
-          " || coalesce(resource_str['service.instance.id'], '') || '|' || coalesce(resource_str['host.name'], '') END")  # fmt: skip
-
-
 def _count_bad(con: duckdb.DuckDBPyConnection, table: str, checks: str) -> int:
     return con.execute(f"SELECT count(*) FROM {table} WHERE NOT coalesce({checks}, false)").fetchone()[0]
 
 
-def _stage_from_flat(con: duckdb.DuckDBPyConnection) -> tuple[int, int] | None:
-    """Build the three staging tables in the scratch connection ``con``: (records, spans), or
-    None when any row fails a check."""
-    n_spans, n_docs = con.execute("SELECT count(*), max(n_docs) FROM _fj_spans").fetchone()
-    if not n_spans or _count_bad(con, "_fj_spans", _SPAN_CHECKS):
+def _stage_from_flat(con: duckdb.DuckDBPyConnection) -> int | None:
+    """Check ``_fj_stage_spans`` and build the events and links staging tables from it: the
+    number of spans, or None when any row fails a check."""
+    n_spans = con.execute("SELECT count(*) FROM _fj_stage_spans").fetchone()[0]
+    if not n_spans or _count_bad(con, "_fj_stage_spans", _SPAN_CHECKS):
         return None
-    exprs = {c: c for c in SPAN_COLUMNS}
-    exprs.update({
-        "parent_span_id": "CASE WHEN parent_raw = '0000000000000000' THEN NULL ELSE parent_raw END",
-        "flags": "NULLIF(flags_raw, 0)", "service_name": "resource_str['service.name']",
-        "service_instance_id": "resource_str['service.instance.id']", "host_name": "resource_str['host.name']",
-        "clock_domain": _CLOCK,
-    })  # fmt: skip
-    select = ", ".join(f"{expr} AS {col}" for col, expr in exprs.items())
-    con.execute(f"CREATE OR REPLACE TEMP TABLE _fj_stage_spans AS SELECT {select}, _ord, NULL::BIGINT AS _line FROM _fj_spans")
     con.execute(f"""CREATE OR REPLACE TEMP TABLE _fj_stage_events AS
         SELECT _ord, trace_id, span_id, i::INTEGER AS event_index, TRY_CAST(e.timeUnixNano AS BIGINT) AS time_ns,
                coalesce(e.name, '') AS name, {_maps('e.attributes')}, {_attr_counts('e.attributes', 'attr')},
                coalesce(e.droppedAttributesCount, 0) AS dropped_attributes_count
         FROM (SELECT _ord, trace_id, span_id, unnest(events) AS e, unnest(range(len(events))) AS i
-              FROM _fj_spans WHERE len(events) > 0)""")
+              FROM _fj_stage_spans WHERE len(events) > 0)""")
     if _count_bad(con, "_fj_stage_events", f"time_ns > 0 AND dropped_attributes_count >= 0 AND {_attrs_ok('attr')}"):
         return None
     con.execute(f"""CREATE OR REPLACE TEMP TABLE _fj_stage_links AS
@@ -191,13 +186,13 @@ def _stage_from_flat(con: duckdb.DuckDBPyConnection) -> tuple[int, int] | None:
                {_maps('l.attributes')}, {_attr_counts('l.attributes', 'attr')},
                coalesce(l.droppedAttributesCount, 0) AS dropped_attributes_count
         FROM (SELECT _ord, trace_id, span_id, unnest(links) AS l, unnest(range(len(links))) AS i
-              FROM _fj_spans WHERE len(links) > 0)""")
+              FROM _fj_stage_spans WHERE len(links) > 0)""")
     link_checks = (f"{_HEX_ID.format('linked_trace_id', 32)} AND {_HEX_ID.format('linked_span_id', 16)}"
                    f" AND coalesce(flags, 0) >= 0 AND dropped_attributes_count >= 0 AND {_attrs_ok('attr')}")  # fmt: skip
     if _count_bad(con, "_fj_stage_links", link_checks):
         return None
     con.execute("UPDATE _fj_stage_links SET flags = NULL WHERE flags = 0")
-    return int(n_docs), int(n_spans)
+    return int(n_spans)
 
 
 def stage_json_lines(con: duckdb.DuckDBPyConnection, path: Path, compression: str) -> tuple[int, int] | None:
@@ -209,23 +204,43 @@ def stage_json_lines(con: duckdb.DuckDBPyConnection, path: Path, compression: st
     """
     _register_udfs(con)
     try:
+        con.execute("CREATE OR REPLACE TEMP SEQUENCE _fj_ord")
         con.execute(_flatten_sql(str(path), compression))
-        counts = _stage_from_flat(con)
+        n_spans = _stage_from_flat(con)
+        counts = None if n_spans is None else (_count_records(path), n_spans)
     except (duckdb.Error, ValueError):
         counts = None
     finally:
-        con.execute("DROP TABLE IF EXISTS _fj_spans")
+        con.execute("DROP SEQUENCE IF EXISTS _fj_ord")
     if counts is None:
         drop_flat(con)
     return counts
 
 
+def _count_records(path: Path) -> int:
+    """Non-blank lines (what read_json reads as records), counted by streaming the file."""
+    import gzip
+
+    with open(path, "rb") as fh:
+        magic = fh.read(4)
+    if magic[:2] == b"\x1f\x8b":
+        stream = gzip.open(path, "rb")
+    elif magic == b"\x28\xb5\x2f\xfd":
+        import zstandard
+
+        stream = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), read_across_frames=True)  # noqa: SIM115
+        import io
+
+        stream = io.BufferedReader(stream, buffer_size=1 << 20)
+    else:
+        stream = open(path, "rb", buffering=1 << 20)  # noqa: SIM115
+    with stream:
+        return sum(1 for line in stream if line.strip())
+
+
 def move_to_stage(con: duckdb.DuckDBPyConnection) -> None:
-    """Append the rows :func:`stage_json_lines` prepared to the staging tables, then drop them."""
-    for table in ("spans", "events", "links"):
-        cols = "*" if table == "spans" else "* EXCLUDE (attr_n, attr_keys)"
-        con.execute(f"INSERT INTO _stage_{table} BY NAME SELECT {cols} FROM _fj_stage_{table}")
-    drop_flat(con)
+    """Make the rows :func:`stage_json_lines` prepared the staging tables (a rename, no copy)."""
+    stage.adopt_stage(con, "_fj_stage_")
 
 
 def drop_flat(con: duckdb.DuckDBPyConnection) -> None:

@@ -30,9 +30,17 @@ from analyzer.formats.canonical import (
     STAGE_SPAN_COLUMNS,
 )
 
-__all__ = ["StageResult", "append_stage", "commit_stage", "create_stage", "drop_stage", "stage_schemas"]
+__all__ = ["StageResult", "adopt_stage", "append_stage", "classify", "commit_stage", "create_stage", "drop_stage", "stage_schemas"]
 
 _STAGE = {"spans": "_stage_spans", "span_events": "_stage_events", "span_links": "_stage_links"}
+
+
+def adopt_stage(con: duckdb.DuckDBPyConnection, prefix: str) -> None:
+    """Make the temp tables ``<prefix>spans/events/links`` the staging tables (no copy).
+    They need the staging columns (extra columns are ignored: every query names its columns)."""
+    drop_stage(con)
+    for short, table in (("spans", "_stage_spans"), ("events", "_stage_events"), ("links", "_stage_links")):
+        con.execute(f"ALTER TABLE {prefix}{short} RENAME TO {table}")
 
 
 def create_stage(con: duckdb.DuckDBPyConnection) -> None:
@@ -45,7 +53,7 @@ def create_stage(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def drop_stage(con: duckdb.DuckDBPyConnection) -> None:
-    for name in (*_STAGE.values(), "_stage_class"):
+    for name in (*_STAGE.values(), "_stage_class", "_stage_keys"):
         con.execute(f"DROP TABLE IF EXISTS temp.{name}")
 
 
@@ -106,17 +114,22 @@ class StageResult:
     conflicting: list[tuple[int | None, int, str, str, str]]  # (_line, _ord, trace_id, span_id, raw row JSON)
 
 
-def classify(con: duckdb.DuckDBPyConnection) -> None:
-    """Fill ``_stage_class(_ord, cls)`` for every staged span (see the module docstring)."""
-    staged = _fingerprints("_stage_spans", "_stage_events", "_stage_links", "s._ord", "")
-    overlap = con.execute(
-        "SELECT count(*) FROM spans WHERE (trace_id, span_id) IN (SELECT (trace_id, span_id) FROM _stage_spans)"
-    ).fetchone()[0]
-    if overlap:
-        in_stage = "WHERE (trace_id, span_id) IN (SELECT (trace_id, span_id) FROM _stage_spans)"
-        stored = _fingerprints("spans", "span_events", "span_links", "NULL::BIGINT", in_stage)
-    else:
-        stored = "SELECT NULL::VARCHAR AS trace_id, NULL::VARCHAR AS span_id, NULL::BIGINT AS _ord, NULL::UBIGINT AS fp LIMIT 0"
+_IN_KEYS = "WHERE (trace_id, span_id) IN (SELECT (trace_id, span_id) FROM _stage_keys)"
+
+
+def classify(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
+    """Classify staged spans; returns counts by class (see the module docstring).
+
+    Only keys that repeat within the stage or are already stored need a content comparison;
+    their spans get a row in ``_stage_class(_ord, cls)``. Every other staged span is kept.
+    """
+    con.execute("""
+        CREATE OR REPLACE TEMP TABLE _stage_keys AS
+        SELECT trace_id, span_id FROM _stage_spans GROUP BY ALL HAVING count(*) > 1
+        UNION
+        SELECT trace_id, span_id FROM spans WHERE (trace_id, span_id) IN (SELECT (trace_id, span_id) FROM _stage_spans)""")
+    staged = _fingerprints("_stage_spans", "_stage_events", "_stage_links", "s._ord", _IN_KEYS)
+    stored = _fingerprints("spans", "span_events", "span_links", "NULL::BIGINT", _IN_KEYS)
     con.execute(f"""
     CREATE OR REPLACE TEMP TABLE _stage_class AS
     WITH staged AS ({staged}),
@@ -130,6 +143,10 @@ def classify(con: duckdb.DuckDBPyConnection) -> None:
                 WHEN r.fp = r.first_fp THEN 'identical'
                 ELSE 'conflicting' END AS cls
     FROM ranked r LEFT JOIN stored db USING (trace_id, span_id)""")
+    counts = dict(con.execute("SELECT cls, count(*) FROM _stage_class GROUP BY cls").fetchall())
+    total = con.execute("SELECT count(*) FROM _stage_spans").fetchone()[0]
+    counts["kept"] = total - counts.get("identical", 0) - counts.get("conflicting", 0)
+    return counts
 
 
 def commit_stage(con: duckdb.DuckDBPyConnection, load_id: int, *, insert_if_conflicts: bool = True) -> StageResult | None:
@@ -139,8 +156,7 @@ def commit_stage(con: duckdb.DuckDBPyConnection, load_id: int, *, insert_if_conf
     With ``insert_if_conflicts`` False, a stage holding conflicts is left uninserted and
     None returned (the bulk reader's rows carry no line numbers: the caller re-reads).
     """
-    classify(con)
-    counts = dict(con.execute("SELECT cls, count(*) FROM _stage_class GROUP BY cls").fetchall())
+    counts = classify(con)
     conflicting: list = []
     if counts.get("conflicting") and not insert_if_conflicts:
         return None
@@ -151,17 +167,13 @@ def commit_stage(con: duckdb.DuckDBPyConnection, load_id: int, *, insert_if_conf
             JOIN (SELECT _ord AS o, COLUMNS(* EXCLUDE (_ord, _line)) FROM _stage_spans) r ON r.o = s._ord
             WHERE c.cls = 'conflicting' ORDER BY s._ord""").fetchall()
     spans_cols = ", ".join(SPAN_COLUMNS)
-    kept = "(SELECT _ord FROM _stage_class WHERE cls = 'kept')"
-    con.execute(
-        f"INSERT INTO spans ({spans_cols}, load_id) SELECT {spans_cols}, $load_id FROM _stage_spans"
-        f" WHERE _ord IN {kept} ORDER BY _ord",
-        {"load_id": load_id},
-    )
-    for table, cols, order in (("span_events", EVENT_COLUMNS, "event_index"), ("span_links", LINK_COLUMNS, "link_index")):
+    skip = "" if counts["kept"] == sum(counts.values()) else "WHERE _ord NOT IN (SELECT _ord FROM _stage_class WHERE cls <> 'kept')"
+    con.execute(f"INSERT INTO spans ({spans_cols}, load_id) SELECT {spans_cols}, $load_id FROM _stage_spans {skip}", {"load_id": load_id})
+    for table, cols in (("span_events", EVENT_COLUMNS), ("span_links", LINK_COLUMNS)):
         c = ", ".join(cols)
-        con.execute(f"INSERT INTO {table} ({c}) SELECT {c} FROM {_STAGE[table]} WHERE _ord IN {kept} ORDER BY _ord, {order}")
+        con.execute(f"INSERT INTO {table} ({c}) SELECT {c} FROM {_STAGE[table]} {skip}")
     conflicting = [(line, o, t, s, _drop_key(raw, "o")) for line, o, t, s, raw in conflicting]
-    return StageResult(int(counts.get("kept", 0)), int(counts.get("identical", 0)), conflicting)
+    return StageResult(int(counts["kept"]), int(counts.get("identical", 0)), conflicting)
 
 
 def _drop_key(raw: str, key: str) -> str:
