@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import duckdb
 
@@ -31,6 +31,8 @@ __all__ = [
     "load_query",
     "queries_dir",
     "run_query",
+    "union_view_sql",
+    "view_files",
 ]
 
 _PARAM_RE = re.compile(
@@ -174,16 +176,36 @@ UNIONED_VIEWS = ("request_facts", "request_chunks")
 DERIVED_MARKER = "-- install: after request_facts"
 
 
+def view_files() -> tuple[list[str], list[str]]:
+    """The SQL of ``queries/views/*.sql`` in file-name order, split in two lists: the adapter
+    files (installed first) and the derived files (header line ``-- install: after
+    request_facts``, installed after the unions). Shared by every engine."""
+    base: list[str] = []
+    derived: list[str] = []
+    for path in sorted((queries_dir() / "views").glob("*.sql")):
+        text = path.read_text()
+        (derived if DERIVED_MARKER in text.splitlines() else base).append(text)
+    return base, derived
+
+
+def union_view_sql(union: str, views: Iterable[str], columns: Sequence[str]) -> str:
+    """``CREATE OR REPLACE VIEW <union>`` as the UNION ALL of every ``*_<union>`` view in
+    ``views`` (sorted by name), each selecting ``columns`` (those of ``tt_<union>``, in order).
+    Engine-neutral SQL: the caller lists the views and columns from its own catalog."""
+    parts = sorted(v for v in views if v.endswith("_" + union) and v != union)
+    if not parts:
+        raise ValueError(f"no adapter view defines *_{union}")
+    column_list = ", ".join(columns)
+    body = "\nUNION ALL\n".join(f"SELECT {column_list} FROM {v}" for v in parts)
+    return f"CREATE OR REPLACE VIEW {union} AS\n{body}"
+
+
 def install_views(con: duckdb.DuckDBPyConnection) -> None:
     """Create or replace the adapter views, then ``request_facts`` and ``request_chunks``, then
     the derived views (files whose header has the line ``-- install: after request_facts``:
     per-request metrics, gaps and clock offsets, computed once over the unions)."""
-    derived: list[str] = []
-    for path in sorted((queries_dir() / "views").glob("*.sql")):
-        text = path.read_text()
-        if DERIVED_MARKER in text.splitlines():
-            derived.append(text)
-            continue
+    base, derived = view_files()
+    for text in base:
         con.execute(text)
     views = {
         row[0]
@@ -201,10 +223,7 @@ def install_views(con: duckdb.DuckDBPyConnection) -> None:
                 {"t": reference},
             ).fetchall()
         ]
-        parts = sorted(v for v in views if v.endswith("_" + union) and v != union)
-        column_list = ", ".join(columns)
-        body = "\nUNION ALL\n".join(f"SELECT {column_list} FROM {v}" for v in parts)
-        con.execute(f"CREATE OR REPLACE VIEW {union} AS\n{body}")
+        con.execute(union_view_sql(union, views, columns))
     for text in derived:
         con.execute(text)
 
