@@ -19,7 +19,6 @@ from pathlib import Path
 import duckdb
 
 from analyzer.formats import stage
-from analyzer.formats.canonical import SPAN_COLUMNS
 from analyzer.formats.otlp_json import scope_attributes_json
 from analyzer.formats.values import BadRecord, any_value_to_plain, json_text
 

@@ -21,14 +21,7 @@ from typing import Iterable
 import duckdb
 import pyarrow as pa
 
-from analyzer.formats.canonical import (
-    EVENT_COLUMNS,
-    LINK_COLUMNS,
-    SPAN_COLUMNS,
-    STAGE_EVENT_COLUMNS,
-    STAGE_LINK_COLUMNS,
-    STAGE_SPAN_COLUMNS,
-)
+from analyzer.formats.canonical import EVENT_COLUMNS, LINK_COLUMNS, SPAN_COLUMNS
 
 __all__ = ["StageResult", "adopt_stage", "append_stage", "classify", "commit_stage", "create_stage", "drop_stage", "stage_schemas"]
 
