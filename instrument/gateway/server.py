@@ -30,6 +30,9 @@ class ServerThread:
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning") -> None:
         import uvicorn
 
+        gateway = getattr(getattr(app, "state", None), "gateway", None)
+        if gateway is not None and not is_loopback(host) and not gateway.settings.api_keys:
+            raise ValueError(f"binding {host} (not loopback) needs API keys (GatewaySettings.api_keys)")
         self.config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
                                      timeout_graceful_shutdown=5)
         self.server = uvicorn.Server(self.config)
