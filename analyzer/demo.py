@@ -57,6 +57,7 @@ class DemoResult:
     model_id: str
     client_results: list[Any] = field(default_factory=list)
     spans_loaded: int = 0
+    report_path: Path | None = None
     queries: dict[str, Any] = field(default_factory=dict)  # name -> analyzer.queries.QueryResult
 
 
@@ -134,8 +135,23 @@ def run_demo(options: DemoOptions, progress: ProgressFn | None = None) -> DemoRe
     try:
         loaded = load_paths(con, [str(client_path), str(server_path)])
         queries = summary_queries(con)
+        report("loading spans into DuckDB", 1, 1)
+        report("writing the HTML report", 0, 1)
+        report_path = _write_report(con, out / "report.html")
+        report("writing the HTML report", 1, 1)
     finally:
         con.close()
-    report("loading spans into DuckDB", 1, 1)
     return DemoResult(server_path, client_path, db_path, url, handle.model_id, seed_results + load_results,
-                      loaded.total("spans_loaded"), queries)
+                      loaded.total("spans_loaded"), queries=queries, report_path=report_path)
+
+
+def _write_report(con: Any, path: Path) -> Path | None:
+    """The HTML report of the demo's database (None when matplotlib is not installed)."""
+    try:
+        import matplotlib  # noqa: F401  (the report's plotting library, an optional extra)
+    except ImportError:
+        return None
+    from analyzer.report import ReportInputs, build_report
+
+    path.write_text(build_report(con, ReportInputs(title="tokentrace demo")), encoding="utf-8")
+    return path

@@ -24,6 +24,10 @@ def test_demo_tiny_end_to_end(runner, tmp_path: Path) -> None:
     for title in ("Per-request metrics", "Window summary", "Clock skew check"):
         assert title in text
     assert f"tokentrace requests --db {out / 'traces.duckdb'}" in text
+    # The demo ends with the HTML report of its own database.
+    page = (out / "report.html").read_text()
+    assert f"HTML report   {out / 'report.html'}" in text
+    assert ">Request waterfall<" in page and ">Clock skew<" in page
     client_lines = (out / "client-spans.jsonl").read_text().splitlines()
     server_lines = (out / "server-spans.jsonl").read_text().splitlines()
     assert client_lines and server_lines

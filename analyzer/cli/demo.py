@@ -120,10 +120,12 @@ def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int
     click.echo(f"  client spans  {result.client_spans_path}")
     click.echo(f"  server spans  {result.server_spans_path}")
     click.echo(f"  database      {db}")
+    if result.report_path is not None:
+        click.echo(f"  HTML report   {result.report_path}")
     click.echo("Query them:")
     for verb in ("requests", "phases", "itl", "window", "skew"):
         click.echo(f"  tokentrace {verb} --db {db}")
     click.echo(f"  tokentrace report --db {db} --html {db.parent / 'report.html'}")
     click.echo("View them in Jaeger (OTLP over HTTP on :4318, UI on :16686):")
-    click.echo("  docker run --rm -p 16686:16686 -p 4318:4318 jaegertracing/all-in-one")
+    click.echo("  docker run --rm -p 16686:16686 -p 4318:4318 jaegertracing/jaeger:2.14.1   (or: docker compose up, docs/jaeger.md)")
     click.echo(f"  OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318 tokentrace demo --out {result.db_path.parent}")
