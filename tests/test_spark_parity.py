@@ -22,6 +22,7 @@ from analyzer.queries import list_queries, run_query
 pytestmark = pytest.mark.spark
 
 DAY_NS = 86_400 * 10**9
+SMALL_DATA_CONF = {"spark.sql.codegen.wholeStage": "false", "spark.sql.adaptive.enabled": "false"}
 SEED = mixed_trace_id("seed")
 
 
@@ -32,7 +33,9 @@ def spark():
         pytest.skip("Java 17+ is not on PATH: Spark cannot start")
     from analyzer.engines.spark import get_session, stop_session
 
-    session = get_session(shuffle_partitions=1)
+    # tiny data: one shuffle partition, no whole-stage code generation (compiling costs more
+    # than it saves here); results do not depend on either
+    session = get_session(shuffle_partitions=1, conf=SMALL_DATA_CONF)
     yield session
     stop_session()
 
@@ -165,3 +168,28 @@ def test_export_writes_bigint_times_and_spark_reads_maps(spark, dump: Path) -> N
     types = dict(spark.read.parquet(str(dump / "spans")).dtypes)
     assert types["start_ns"] == "bigint" and types["attr_int"] == "map<string,bigint>"
     assert types["attr_json"] == "map<string,string>" and types["date"] == "string"
+
+
+def test_cli_requests_engine_spark_prints_what_duckdb_prints(spark, dump: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from analyzer.cli import cli
+
+    args = ["requests", "--parquet", str(dump), "--perspective", "client", "--format", "json"]
+    duck = CliRunner().invoke(cli, args, catch_exceptions=False)
+    on_spark = CliRunner().invoke(cli, [*args, "--engine", "spark"], catch_exceptions=False)
+    assert duck.exit_code == 0 and on_spark.exit_code == 0, on_spark.output
+    assert _same(json.loads(on_spark.output), json.loads(duck.output))
+
+
+def test_cli_engine_spark_needs_a_parquet_dump() -> None:
+    from click.testing import CliRunner
+
+    from analyzer.cli import cli
+
+    result = CliRunner().invoke(cli, ["requests", "--engine", "spark", "--db", "x.duckdb"])
+    assert result.exit_code == 1 and "--engine spark reads a Parquet dump" in result.output
+    result = CliRunner().invoke(cli, ["skew", "--engine", "spark", "--parquet", "nowhere"])
+    assert result.exit_code == 1 and "runs on DuckDB only" in result.output

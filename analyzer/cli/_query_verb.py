@@ -24,7 +24,13 @@ PERSPECTIVES = ("client", "server", "engine")
 
 
 def source_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """``--db PATH`` or ``--parquet DIR`` (a tokentrace export dump, read in place)."""
+    """``--db PATH`` or ``--parquet DIR`` (a tokentrace export dump, read in place), and
+    ``--engine`` (kept in the click context, read by run_verb; verbs take no extra argument)."""
+    func = click.option(
+        "--engine", type=click.Choice(["duckdb", "spark"]), default="duckdb", show_default=True, expose_value=False,
+        callback=lambda ctx, _param, value: ctx.meta.__setitem__("tokentrace.engine", value),
+        help="Run the query on DuckDB, or on a local Spark session over a --parquet dump (docs/spark.md).",
+    )(func)
     func = click.option(
         "--parquet", "parquet_dir", default=None, metavar="DIR",
         help="Query a `tokentrace export` Parquet dump in place (no load step) instead of --db.",
@@ -43,6 +49,8 @@ def open_from_flags(
 
     if db_path and parquet_dir:
         raise UserError("give --db or --parquet, not both")
+    if click.get_current_context().meta.get("tokentrace.engine") == "spark":  # verbs outside run_verb
+        raise UserError("--engine spark: this verb runs on DuckDB only (Spark: requests, itl, phases, summary, window)")
     try:
         if parquet_dir:
             return open_source(parquet=parquet_dir, start_ns=start_ns, end_ns=end_ns)
@@ -102,11 +110,17 @@ def run_verb(
     params = merge_params(query, flags, raw_params)
     if validate is not None:
         validate(params)
-    con = open_from_flags(db_path, parquet_dir, start_ns, end_ns)
-    try:
-        result = query_rows(con, query, params)
-    finally:
-        con.close()
+    if click.get_current_context().meta.get("tokentrace.engine") == "spark":  # analyzer/engines/spark.py
+        from analyzer.engines.spark import spark_verb_rows
+
+        result = spark_verb_rows(query, params, db_path=db_path, parquet_dir=parquet_dir, start_ns=start_ns,
+                                 end_ns=end_ns)
+    else:
+        con = open_from_flags(db_path, parquet_dir, start_ns, end_ns)
+        try:
+            result = query_rows(con, query, params)
+        finally:
+            con.close()
     emit_rows(result.columns, result.rows, output_format, notes=notes)
     return result
 

@@ -43,6 +43,7 @@ __all__ = [
     "open_spark_source",
     "partition_filters",
     "run_spark_query",
+    "spark_verb_rows",
     "stop_session",
 ]
 
@@ -88,8 +89,13 @@ def _check_runtime() -> None:
         raise SparkEngineError("--engine spark needs Java 17+: no java on PATH and JAVA_HOME is not set")
 
 
-def get_session(master: str | None = None, shuffle_partitions: int = 4) -> "SparkSession":
-    """The process's Spark session (created on first use, cached, stopped at exit)."""
+def get_session(
+    master: str | None = None, shuffle_partitions: int = 4, conf: Mapping[str, str] | None = None
+) -> "SparkSession":
+    """The process's Spark session (created on first use, cached, stopped at exit).
+
+    ``conf`` adds or overrides Spark settings (e.g. the tests turn whole-stage code
+    generation off: on tiny dumps compiling the generated code costs more than it saves)."""
     global _SESSION
     if _SESSION is not None:
         return _SESSION
@@ -110,10 +116,15 @@ def get_session(master: str | None = None, shuffle_partitions: int = 4) -> "Spar
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.default.parallelism", "2")
         .config("spark.driver.memory", os.environ.get(SPARK_MEMORY_ENV, DEFAULT_MEMORY))
+        # temp views keep their analyzed plan: the adapter views nest deeply, and re-analyzing
+        # the SQL text of every view at every reference took most of the start-up time
+        .config("spark.sql.legacy.storeAnalyzedPlanForView", "true")
         # partition values stay strings: service names are never re-typed, dates compare as text
         .config("spark.sql.sources.partitionColumnTypeInference.enabled", "false")
         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log_conf}")
     )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     try:
         _SESSION = builder.getOrCreate()
     except Exception as exc:  # JVM failed to start: Java too old, port, memory
@@ -304,3 +315,25 @@ def run_spark_query(
 ) -> QueryResult:
     """Open the dump and run one query (what ``tokentrace <verb> --engine spark`` calls)."""
     return open_spark_source(parquet, start_ns=start_ns, end_ns=end_ns).run(name, params)
+
+
+def spark_verb_rows(
+    query: str,
+    params: Mapping[str, Any],
+    *,
+    db_path: str | None,
+    parquet_dir: str | None,
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+) -> QueryResult:
+    """``tokentrace <verb> --engine spark``: the rows of one query, or a one-line UserError."""
+    from analyzer.cli.options import UserError
+
+    if db_path or not parquet_dir:
+        raise UserError(
+            "--engine spark reads a Parquet dump: give --parquet DIR (write one with tokentrace export --db X --parquet DIR)"
+        )
+    try:
+        return run_spark_query(query, params, parquet=parquet_dir, start_ns=start_ns, end_ns=end_ns)
+    except (SparkEngineError, ValueError) as exc:
+        raise UserError(str(exc)) from None
