@@ -146,3 +146,23 @@ def test_broken_cases_are_flagged() -> None:
     assert e2e.numbers["e2e_ms"] == 3915
     assert check_e2e_claim(3915, 190, 25, 150).verdict == "pass"
     assert check_e2e_claim(5000, 190, 25, 150).check == "e2e_gaps"
+
+
+def test_contract_spans_with_deprecated_usage_names() -> None:
+    """Older GenAI names (prompt_tokens / completion_tokens) on contract spans still give I and O."""
+    from analyzer.store import EventRow, SpanRow, insert_rows
+
+    con = connect(None)
+    tid, sid = "ab" * 16, "cd" * 8
+    start = 1_767_225_600_000_000_000
+    insert_rows(
+        con,
+        [SpanRow(tid, sid, "generate", start, start + 300_000_000, scope_name="tokentrace", scope_version="1",
+                 attributes={"gen_ai.usage.prompt_tokens": 12, "gen_ai.usage.completion_tokens": 3})],
+        [EventRow(tid, sid, i, start + (100 + 100 * i) * 1_000_000, "tokentrace.chunk",
+                  {"tokentrace.chunk.index": i, "tokentrace.chunk.tokens": 1, "tokentrace.chunk.visible": True})
+         for i in range(3)],
+    )
+    row = run_query(con, "requests").dicts()[0]
+    assert (row["perspective"], row["input_tokens"], row["output_tokens"]) == ("engine", 12, 3)
+    assert row["ttft_ms"] == 100 and row["tpot_ms"] == 100

@@ -103,8 +103,11 @@ SELECT
     CASE WHEN p.dropped_events_count = 0 THEN ca.first_chunk_ns END AS f_ns,
     CASE WHEN p.dropped_events_count = 0 THEN ca.last_chunk_ns END AS e_ns,
     p.end_ns AS end_ns,
-    coalesce(p.attr_int['gen_ai.usage.input_tokens'], sv.attr_int['gen_ai.usage.input_tokens']) AS input_tokens,
-    coalesce(p.attr_int['gen_ai.usage.output_tokens'], sv.attr_int['gen_ai.usage.output_tokens'],
+    -- Newest GenAI names first; the deprecated prompt_tokens / completion_tokens are read too.
+    coalesce(p.attr_int['gen_ai.usage.input_tokens'], p.attr_int['gen_ai.usage.prompt_tokens'],
+             sv.attr_int['gen_ai.usage.input_tokens'], sv.attr_int['gen_ai.usage.prompt_tokens']) AS input_tokens,
+    coalesce(p.attr_int['gen_ai.usage.output_tokens'], p.attr_int['gen_ai.usage.completion_tokens'],
+             sv.attr_int['gen_ai.usage.output_tokens'], sv.attr_int['gen_ai.usage.completion_tokens'],
              CASE WHEN p.dropped_events_count = 0 THEN coalesce(ca.visible_chunk_tokens, 0) END) AS output_tokens,
     coalesce(sv.attr_int['tokentrace.generated_tokens'], p.attr_int['tokentrace.generated_tokens']) AS generated_tokens,
     coalesce(ca.visible_chunks, 0) AS visible_chunks,
