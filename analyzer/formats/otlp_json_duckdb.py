@@ -121,7 +121,7 @@ def _flatten_sql(path: str, compression: str) -> str:
     """SQL creating ``_fj_stage_spans``: one row per span, the staging columns plus raw
     events/links and the figures the checks need. Nothing is validated here (``_SPAN_CHECKS``)."""
     src = (f"read_json('{path.replace(chr(39), chr(39) * 2)}', format = 'newline_delimited', records = true, sample_size = 1,"
-           f" compression = '{compression}', maximum_object_size = 1073741824, columns = {{resourceSpans: '{_SCHEMA}'}})")  # fmt: skip
+           f" compression = '{compression}', columns = {{resourceSpans: '{_SCHEMA}'}})")  # fmt: skip
     # A NULL list becomes [NULL] so a record without resourceSpans/scopeSpans/spans yields a
     # row that fails the checks (and sends the file to the Python reader) instead of vanishing.
     return f"""
