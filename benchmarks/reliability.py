@@ -283,3 +283,224 @@ def span_ids_in_folder(out_dir: Path) -> list[str]:
                 ids += [s["spanId"] for rs in doc.get("resourceSpans", []) for ss in rs.get("scopeSpans", [])
                         for s in ss.get("spans", [])]
     return ids
+
+
+# --------------------------------------------------------------------------------------
+# Serving: overload with disconnects, slow clients, export faults while serving
+# --------------------------------------------------------------------------------------
+_HANDLE: Any = None
+
+
+def tiny_handle() -> Any:
+    global _HANDLE
+    if _HANDLE is None:
+        from instrument.gateway.worker import load_model_handle
+
+        _HANDLE = load_model_handle("tiny")
+    return _HANDLE
+
+
+def memory_provider(exporter: str | None = None, endpoint: str | None = None) -> tuple[Any, Any]:
+    """A provider with an InMemorySpanExporter (plus an OTLP exporter to ``endpoint`` if given)."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from instrument import setup_tracing
+
+    memory = InMemorySpanExporter()
+    provider = setup_tracing("reliability-gw", exporter=exporter or "none", protocol="http/protobuf",
+                             endpoint=endpoint, span_exporters=[memory], batch=exporter is not None)
+    return provider, memory
+
+
+@contextlib.contextmanager
+def gateway(settings: Any = None, exporter: str | None = None, endpoint: str | None = None) -> Iterator[Any]:
+    """A running gateway on 127.0.0.1 (tiny model); yields (server, provider, memory)."""
+    from instrument.gateway.app import create_app
+    from instrument.gateway.server import ServerThread
+
+    provider, memory = memory_provider(exporter, endpoint)
+    app = create_app(tiny_handle(), provider, settings)
+    server = ServerThread(app).start()
+    try:
+        yield server, provider, memory
+    finally:
+        server.stop()
+
+
+def wait_idle(server: Any, timeout_s: float = 30.0) -> int:
+    """Wait (bounded) until the gateway has no admitted request; returns those still in flight."""
+    adm = server.config.app.state.gateway.admission
+    deadline = time.monotonic() + timeout_s
+    while adm.requests_in_flight and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return adm.requests_in_flight
+
+
+@dataclass
+class OverloadRun:
+    sent: int
+    completed: int
+    refused_429: int
+    cancelled_by_client: int
+    other: list[tuple[Any, Any]]  # (status, error) of anything else: lost
+    hung: int  # requests without an answer within the per-request timeout
+    gateway_spans: int
+    client_traces_without_one_gateway_span: int
+    cancelled_gateway_spans: int
+    decode_steps_after_cancel_max: int
+    in_flight_after: int
+    kv_bytes_after: int
+
+    @property
+    def lost(self) -> int:
+        return len(self.other) + self.hung + self.client_traces_without_one_gateway_span + self.in_flight_after
+
+
+def overload(burst: int = 16, max_queued: int = 3, max_tokens: int = 12, disconnect_every: int = 4,
+             request_timeout_s: float = 60.0) -> OverloadRun:
+    """``burst`` concurrent streaming requests at a gateway that admits ``max_queued``; every
+    ``disconnect_every``-th client leaves after its second chunk. Every request must end as a
+    completion, a 429 or a client-side cancel, with exactly one gateway span in its trace."""
+    import asyncio
+
+    from instrument.client import chat_body, stream_chat
+    from instrument.gateway.admission import AdmissionBudgets
+    from instrument.gateway.app import GatewaySettings
+    from instrument.tracing import get_tracer
+
+    client_provider, client_memory = memory_provider()
+    settings = GatewaySettings(budgets=AdmissionBudgets(max_queued_requests=max_queued), max_tokens_limit=512)
+    with gateway(settings) as (server, _provider, memory):
+        async def one(http: Any, i: int) -> Any:
+            stop = 2 if disconnect_every and i % disconnect_every == disconnect_every - 1 else None
+            long = stop is not None  # a leaving client asks for many tokens: it is still decoding when it goes
+            body = chat_body("tiny", max_tokens=256 if long else max_tokens)
+            try:
+                return await asyncio.wait_for(stream_chat(http, server.url, body, tracer=get_tracer(client_provider),
+                                                          index=i, stop_after_chunks=stop), request_timeout_s)
+            except asyncio.TimeoutError:
+                return None
+
+        async def go() -> list[Any]:
+            import httpx
+
+            async with httpx.AsyncClient(timeout=request_timeout_s, limits=httpx.Limits(max_connections=burst)) as http:
+                return await asyncio.gather(*(one(http, i) for i in range(burst)))
+
+        results = asyncio.run(go())
+        in_flight = wait_idle(server)
+        kv_after = server.config.app.state.gateway.admission.kv_bytes_in_flight
+        spans = memory.get_finished_spans()
+    gw = [s for s in spans if s.name == "gateway"]
+    by_trace: dict[int, list[Any]] = {}
+    for s in gw:
+        by_trace.setdefault(s.context.trace_id, []).append(s)
+    client_traces = {s.context.trace_id for s in client_memory.get_finished_spans()}
+    unjoined = sum(1 for t in client_traces if len(by_trace.get(t, [])) != 1)
+    cancelled = [s for s in gw if s.attributes.get("gen_ai.response.finish_reasons") == ("cancelled",)]
+    decodes: dict[int, list[Any]] = {}
+    for s in spans:
+        if s.name == "decode" and s.parent is not None:
+            decodes.setdefault(s.parent.span_id, []).append(s)
+    after_cancel = [0]
+    for s in cancelled:
+        marks = [e.timestamp for e in s.events if e.name == "tokentrace.cancel"]
+        if marks:
+            after_cancel.append(sum(1 for d in decodes.get(s.context.span_id, []) if d.start_time > marks[0]))
+    done = [r for r in results if r is not None]
+    completed = sum(1 for r in done if r.completed)
+    refused = sum(1 for r in done if r.status_code == 429)
+    left = sum(1 for r in done if not r.completed and r.status_code == 200 and r.finish_reason == "cancelled")
+    other = [(r.status_code, r.error) for r in done if not r.completed and r.status_code != 429
+             and not (r.status_code == 200 and r.finish_reason == "cancelled")]
+    return OverloadRun(burst, completed, refused, left, other, burst - len(done), len(gw), unjoined, len(cancelled),
+                       max(after_cancel), in_flight, kv_after)
+
+
+@dataclass
+class SlowClientRun:
+    slow_clients: int
+    normal_clients: int
+    normal_e2e_alone_s: float  # median E2E of the normal clients when the first clients read at full speed
+    normal_e2e_with_slow_s: float  # the same when those first clients are slow readers
+    slow_e2e_s: float
+    all_completed: bool
+
+
+def slow_clients(slow: int = 2, normal: int = 4, max_tokens: int = 24, read_delay_s: float = 0.05) -> SlowClientRun:
+    """``slow`` clients that read slowly (sleep ``read_delay_s`` per received line), then ``normal``
+    clients, against the same arrival pattern with fast readers: the model thread runs jobs in
+    arrival order (the normal clients wait for the first ones' generation either way) but never
+    for a reader, so the normal clients' E2E must not grow with the readers' slowness."""
+    import asyncio
+
+    import httpx
+
+    from instrument.client import chat_body
+
+    async def read(http: Any, url: str, delay: float) -> tuple[float, bool]:
+        t0 = time.perf_counter()
+        done = False
+        async with http.stream("POST", url + "/v1/chat/completions", json=chat_body("tiny", max_tokens=max_tokens)) as r:
+            async for line in r.aiter_lines():
+                if line.strip() == "data: [DONE]":
+                    done = True
+                if delay:
+                    await asyncio.sleep(delay)
+        return time.perf_counter() - t0, done and r.status_code == 200
+
+    with gateway() as (server, _provider, _memory):
+        async def run(delay: float) -> list[tuple[float, bool]]:
+            async with httpx.AsyncClient(timeout=60) as http:
+                slow_tasks = [asyncio.create_task(read(http, server.url, delay)) for _ in range(slow)]
+                await asyncio.sleep(0.05)
+                normal_res = await asyncio.gather(*(read(http, server.url, 0) for _ in range(normal)))
+                return list(normal_res) + list(await asyncio.gather(*slow_tasks))
+
+        asyncio.run(run(0))  # warm-up
+        alone = asyncio.run(run(0))
+        mixed = asyncio.run(run(read_delay_s))
+        wait_idle(server)
+    return SlowClientRun(slow, normal, statistics.median(t for t, _ in alone[:normal]),
+                         statistics.median(t for t, _ in mixed[:normal]),
+                         statistics.median(t for t, _ in mixed[normal:]) if slow else 0.0,
+                         all(ok for _, ok in alone + mixed))
+
+
+@dataclass
+class ServingExportRun:
+    requests: int
+    e2e_healthy_s: float
+    e2e_failing_s: float
+    counts: Any  # the OTLP exporter's counts (all failed or dropped, none unaccounted)
+    gateway_spans_in_memory: int
+
+
+def serving_with_export_down(requests: int = 4, max_tokens: int = 12, timeout_s: float = 1.0) -> ServingExportRun:
+    """The same sequential requests through a gateway whose OTLP endpoint is a closed port, and
+    through one exporting to memory only: latency unchanged, every OTLP span counted failed."""
+    import httpx
+
+    from instrument.client import chat_body
+    from instrument.export_health import export_health
+
+    def timed(url: str) -> list[float]:
+        out = []
+        with httpx.Client(timeout=60) as http:
+            for _ in range(requests + 1):  # the first is a warm-up
+                t0 = time.perf_counter()
+                r = http.post(url + "/v1/chat/completions", json=chat_body("tiny", max_tokens=max_tokens, stream=False))
+                assert r.status_code == 200, r.text
+                out.append(time.perf_counter() - t0)
+        return out[1:]
+
+    with gateway() as (server, _p, _m):
+        healthy = timed(server.url)
+    with export_timeout(timeout_s):
+        with gateway(exporter="otlp", endpoint=f"http://127.0.0.1:{closed_port()}/v1/traces") as (server, provider, memory):
+            failing = timed(server.url)
+            wait_idle(server)
+    provider.shutdown()
+    otlp = [c for c in export_health(provider) if c.name == "OTLPSpanExporter"][0]
+    gw = sum(1 for s in memory.get_finished_spans() if s.name == "gateway")
+    return ServingExportRun(requests, statistics.median(healthy), statistics.median(failing), otlp, gw)
