@@ -187,6 +187,12 @@ def _add_spans(spans: Any, processes: dict, sink: RowSink, line: int | None) -> 
                 raise BadRecord("invalid_record", "span is not an object")
             process = sp.get("process") or processes.get(sp.get("processID"))
             row, events, links = _span(sp, process, ordinal)
+        except (AttributeError, TypeError, KeyError, ValueError) as err:  # a field of the wrong JSON type
+            e = err if isinstance(err, BadRecord) else BadRecord("invalid_record", f"{type(err).__name__}: {err}")
+            tid, sid = (sp.get("traceID"), sp.get("spanID")) if isinstance(sp, dict) else (None, None)
+            sink.reject(Reject(line, ordinal, e.reason, raw_json(sp), tid if isinstance(tid, str) else None,
+                               sid if isinstance(sid, str) else None, e.detail))
+            continue
         except BadRecord as e:
             tid, sid = (sp.get("traceID"), sp.get("spanID")) if isinstance(sp, dict) else (None, None)
             sink.reject(Reject(line, ordinal, e.reason, raw_json(sp), tid if isinstance(tid, str) else None,

@@ -74,6 +74,14 @@ def scope_attributes_json(attrs: Any) -> str | None:
     return json_text(out)
 
 
+def _text(value: Any, what: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise BadRecord("invalid_field", f"{what} {value!r} is not a string")
+    return value
+
+
 def _span_rows(sp: dict, res: tuple, scope: tuple, ordinal: int, line: int | None) -> tuple[tuple, list, list]:
     trace_id = parse_id(_g(sp, "traceId", "trace_id"), 16, "trace_id")
     span_id = parse_id(_g(sp, "spanId", "span_id"), 8, "span_id")
@@ -92,6 +100,8 @@ def _span_rows(sp: dict, res: tuple, scope: tuple, ordinal: int, line: int | Non
     if end < start:
         raise BadRecord("end_before_start", f"end {end} < start {start}")
     status = sp.get("status") or {}
+    if not isinstance(status, dict):
+        raise BadRecord("invalid_field", f"status {status!r} is not an object")
     code = parse_enum(status.get("code"), STATUS_CODES, "STATUS_CODE_", "status.code")
     flags = parse_uint(sp.get("flags"), "flags") or None
     attrs = split_any_values(sp.get("attributes"))
@@ -103,7 +113,7 @@ def _span_rows(sp: dict, res: tuple, scope: tuple, ordinal: int, line: int | Non
         except BadRecord as e:
             raise BadRecord("invalid_event_time", f"event {idx}: {e}") from None
         events.append((
-            ordinal, trace_id, span_id, idx, t, ev.get("name") or "",
+            ordinal, trace_id, span_id, idx, t, _text(ev.get("name"), "event name"),
             *split_any_values(ev.get("attributes")),
             parse_uint(_g(ev, "droppedAttributesCount", "dropped_attributes_count"), "droppedAttributesCount"),
         ))  # fmt: skip
@@ -122,7 +132,7 @@ def _span_rows(sp: dict, res: tuple, scope: tuple, ordinal: int, line: int | Non
         ))  # fmt: skip
     row = (
         trace_id, span_id, parent, _g(sp, "traceState", "trace_state") or None, flags,
-        sp.get("name") or "", parse_enum(sp.get("kind"), SPAN_KINDS, "SPAN_KIND_", "kind"),
+        _text(sp.get("name"), "name"), parse_enum(sp.get("kind"), SPAN_KINDS, "SPAN_KIND_", "kind"),
         start, end, code, status.get("message") or None,
         res[0], res[1], res[2], res[3], scope[0], scope[1], *attrs, res[4], res[5], res[6], res[7], res[8], scope[2],
         parse_uint(_g(sp, "droppedAttributesCount", "dropped_attributes_count"), "droppedAttributesCount"),
@@ -181,6 +191,9 @@ def add_traces_data(doc: Any, sink: RowSink, line: int | None) -> None:
                         row, events, links = _span_rows(sp, res, scope, sink.spans_read - 1, line)
                     except BadRecord as e:
                         _span_reject(sink, sp, line, e)
+                        continue
+                    except (AttributeError, TypeError, KeyError, ValueError) as e:  # a field of the wrong JSON type
+                        _span_reject(sink, sp, line, BadRecord("invalid_record", f"{type(e).__name__}: {e}"))
                         continue
                     sink.spans.append(row)
                     if events:

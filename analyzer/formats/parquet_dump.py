@@ -47,7 +47,16 @@ def _quote(s: str) -> str:
 
 
 def read_parquet_dump(con: duckdb.DuckDBPyConnection, f, sink: RowSink) -> str:  # noqa: ANN001
-    """Stage a Parquet dump (``f`` an :class:`~analyzer.formats.inputs.InputFile`); returns ``parquet``."""
+    """Stage a Parquet dump (``f`` an :class:`~analyzer.formats.inputs.InputFile`); returns ``parquet``.
+
+    A damaged file or a column of the wrong type is a :class:`LoadError` (``invalid_parquet``)."""
+    try:
+        return _read(con, f, sink)
+    except (duckdb.Error, UnicodeDecodeError) as e:
+        raise LoadError(f.name, None, "invalid_parquet", str(e).split("\n")[0][:300]) from None
+
+
+def _read(con: duckdb.DuckDBPyConnection, f, sink: RowSink) -> str:  # noqa: ANN001
     assert f.path is not None
     src = _source(f.path, "spans", f.dataset_dir)
     try:
