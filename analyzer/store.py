@@ -243,7 +243,9 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str, records: list[dict[str, 
 
 def next_load_id(con: duckdb.DuckDBPyConnection) -> int:
     """A fresh id for the ``loads`` table (1 + the largest so far)."""
-    return int(con.execute("SELECT coalesce(max(load_id), 0) + 1 FROM loads").fetchone()[0])
+    # fetchall, not fetchone: DuckDB 2.0 leaves a half-read result open after fetchone, which
+    # blocks later create_function calls on the same connection.
+    return int(con.execute("SELECT coalesce(max(load_id), 0) + 1 FROM loads").fetchall()[0][0])
 
 
 def insert_rows(
