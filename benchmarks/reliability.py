@@ -504,3 +504,80 @@ def serving_with_export_down(requests: int = 4, max_tokens: int = 12, timeout_s:
     otlp = [c for c in export_health(provider) if c.name == "OTLPSpanExporter"][0]
     gw = sum(1 for s in memory.get_finished_spans() if s.name == "gateway")
     return ServingExportRun(requests, statistics.median(healthy), statistics.median(failing), otlp, gw)
+
+
+# --------------------------------------------------------------------------------------
+# The table
+# --------------------------------------------------------------------------------------
+def fuzz_rows(examples: int) -> list[tuple[str, str, str, str, str]]:
+    """Run tests/test_fuzz_loaders.py in-process with ``examples`` cases per property."""
+    import pytest
+
+    os.environ["TOKENTRACE_FUZZ_EXAMPLES"] = str(examples)
+    code = pytest.main(["-q", "-p", "no:cacheprovider", str(REPO / "tests" / "test_fuzz_loaders.py")])
+    mod = sys.modules.get("test_fuzz_loaders")
+    tried = getattr(mod, "TRIED", {})
+    rows = []
+    for name, n in sorted(tried.items()):
+        outcome = ("second copy: every span an identical duplicate" if name == "duplicate_delivery"
+                   else "LoadError or counted rejects; no hang")
+        rows.append(("loader fuzz", name.replace("_", " "), f"{n} cases", outcome, "0" if code == 0 else "see pytest"))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every count (default 1)")
+    parser.add_argument("--fuzz", action="store_true", help="also run the loader fuzzers ($TOKENTRACE_FUZZ_EXAMPLES, default 200)")
+    args = parser.parse_args(argv)
+    n = lambda base: max(1, round(base * args.scale))  # noqa: E731
+    import logging
+    import tempfile
+
+    logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)  # the exporter's retry chatter
+    rows: list[tuple[str, str, str, str, str]] = []
+    runs = export_fault_runs(requests=n(8), max_tokens=64)
+    ok = runs["ok"]
+    for mode, run in runs.items():
+        c = run.counts
+        ratio = run.median_s / ok.median_s
+        rows.append(("export", f"endpoint {mode} (HTTP/protobuf, {run.requests} generations)", f"{c.submitted} spans",
+                     f"exported {c.exported}, failed {c.failed}, dropped {c.dropped}, arrived {run.received_unique}; "
+                     f"E2E ×{ratio:.2f} of healthy; shutdown {run.shutdown_s:.1f} s",
+                     str(run.unaccounted + (c.exported - run.received_unique))))
+    rec = recovery_503(requests=n(4))
+    rows.append(("export", f"recovery: {rec.how}", f"{rec.during_fault + rec.after_recovery} spans",
+                 f"{rec.during_fault} failed (counted) while down; {rec.arrived_after_recovery}/{rec.after_recovery} arrived after",
+                 str(rec.after_recovery - rec.arrived_after_recovery)))
+    with tempfile.TemporaryDirectory() as tmp:
+        rec = recovery_receiver_restart(Path(tmp) / "rx", requests=n(4))
+    rows.append(("export", f"recovery: {rec.how}", f"{rec.during_fault + rec.after_recovery} spans",
+                 f"{rec.during_fault} failed (counted) while down; {rec.arrived_after_recovery}/{rec.after_recovery} on disk",
+                 str(rec.after_recovery - rec.arrived_after_recovery)))
+    ov = overload(burst=n(48), max_queued=4, max_tokens=12, disconnect_every=4)
+    rows.append(("serving", f"overload burst of {ov.sent} (capacity 4), every 4th client leaves mid-stream",
+                 f"{ov.sent} requests",
+                 f"{ov.completed} completed, {ov.refused_429} × 429, {ov.cancelled_by_client} cancelled; hung {ov.hung}; "
+                 f"{ov.gateway_spans} gateway spans; decode steps after a cancel ≤ {ov.decode_steps_after_cancel_max}",
+                 str(ov.lost)))
+    sc = slow_clients(slow=n(3), normal=n(6), max_tokens=24)
+    rows.append(("serving", f"{sc.slow_clients} slow readers ahead of {sc.normal_clients} normal clients",
+                 f"{sc.slow_clients + sc.normal_clients} requests ×2",
+                 f"normal E2E {sc.normal_e2e_with_slow_s:.2f} s vs {sc.normal_e2e_alone_s:.2f} s with fast readers ahead",
+                 "0" if sc.all_completed else "incomplete"))
+    se = serving_with_export_down(requests=n(8))
+    c = se.counts
+    rows.append(("serving", f"OTLP endpoint down while serving ({se.requests} requests)", f"{c.submitted} spans",
+                 f"E2E {se.e2e_failing_s:.2f} s vs {se.e2e_healthy_s:.2f} s healthy; failed {c.failed}, dropped {c.dropped}",
+                 str(c.submitted - c.exported - c.failed - c.dropped - c.pending)))
+    if args.fuzz:
+        rows += fuzz_rows(int(os.environ.get("TOKENTRACE_FUZZ_EXAMPLES", "200")))
+    print("| area | scenario | tried | outcome | lost (unaccounted) |")
+    print("|---|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

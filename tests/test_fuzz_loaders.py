@@ -19,7 +19,6 @@ import json
 import os
 import random
 import struct
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -41,30 +40,6 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None,
 LOAD_TIMEOUT_S = 30.0
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fuzz-load")
 TRIED: dict[str, int] = {}  # cases per property, read by benchmarks/reliability.py
-KNOWN: dict[str, int] = {}  # cases that hit a known bug (see the xfail tests below), per exception type
-
-# Known bugs, each shown by a strict xfail test at the end of this file: the suite stays green
-# while the fuzzers keep counting how often they hit them (benchmarks/reliability.py reports it).
-# (exception types, file, function) - the exception must pass through that function.
-KNOWN_BUGS: list[tuple[tuple[type[BaseException], ...], str, str]] = [
-    ((TypeError, AttributeError, KeyError, ValueError), "jaeger_json.py", "_add_spans"),
-    ((duckdb.Error, UnicodeDecodeError), "parquet_dump.py", "read_parquet_dump"),
-]
-try:
-    import pyarrow
-
-    KNOWN_BUGS.append(((pyarrow.ArrowTypeError,), "stage.py", ""))  # a non-string name reaches the Arrow stage
-except ImportError:  # pragma: no cover
-    pass
-
-
-def _known_bug(exc: BaseException) -> str | None:
-    frames = [(Path(f.f_code.co_filename).name, f.f_code.co_name) for f, _ in traceback.walk_tb(exc.__traceback__)]
-    for types, file, function in KNOWN_BUGS:
-        if isinstance(exc, types) and any(fn == file and (not function or co == function) for fn, co in frames):
-            return f"{file}:{type(exc).__name__}"
-    return None
-
 
 DEEP = 5_000  # nesting depth of the "deep" corruption (past Python's recursion limit of 1,000)
 _SENTINEL = "\u2063fuzz-raw-{}\u2063"
@@ -87,12 +62,6 @@ def load_accounted(paths: list[Path], *, lenient: bool = True) -> str:
         message = str(e)
         assert message and "\n" not in message.strip() and "Traceback" not in message, message
         return "error"
-    except Exception as e:  # noqa: BLE001
-        known = _known_bug(e)
-        if known is None:
-            raise
-        KNOWN[known] = KNOWN.get(known, 0) + 1
-        return "known_bug"
     # A record-level reject (a whole line/document/message) counted no span; a span-level one
     # counted its span. A reject without ids can be either (a span that is not an object, or a
     # record whose resource is bad; the rejects table keeps no detail): it may fall on either side.
@@ -290,7 +259,7 @@ def test_same_file_twice_every_span_is_an_identical_duplicate(tmp_path_factory, 
     assert con.execute("SELECT sum(duplicates_identical) FROM loads").fetchone()[0] == len(generated)
 
 
-# --- known bugs found by the fuzzers (fixes described in docs/reliability.md) --------------------
+# --- regressions: bugs the fuzzers found (fixed in analyzer/formats/, see docs/reliability.md) ----
 def _otlp_span(i: int, **over: Any) -> dict:
     return {"traceId": "0" * 31 + "1", "spanId": f"{i:016x}", "name": f"s{i}", "kind": 1,
             "startTimeUnixNano": "1000", "endTimeUnixNano": "2000", **over}
@@ -300,19 +269,14 @@ def _otlp_doc(*spans: dict) -> dict:
     return {"resourceSpans": [{"resource": {"attributes": []}, "scopeSpans": [{"scope": {}, "spans": list(spans)}]}]}
 
 
-@pytest.mark.xfail(strict=True, raises=Exception, reason="analyzer/formats/otlp_json.py _span_rows: a non-string "
-                   "span/event name is staged as is and pyarrow raises ArrowTypeError at flush")
-def test_bug_non_string_span_name_is_a_reject_not_a_crash(tmp_path: Path) -> None:
+def test_regression_non_string_span_name_is_a_reject_not_a_crash(tmp_path: Path) -> None:
     p = tmp_path / "t.jsonl"
     p.write_text(json.dumps(_otlp_doc(_otlp_span(1), _otlp_span(2, name=5))) + "\n")
     report = load_paths(connect(), [str(p)], lenient=True)
     assert report.files[0].spans_loaded == 1 and report.files[0].rejected == 1
 
 
-@pytest.mark.xfail(strict=True, reason="analyzer/formats/otlp_json.py add_traces_data: an AttributeError/TypeError "
-                   "inside one span (e.g. status: \"x\") rejects the rest of the record as invalid_record after earlier "
-                   "spans were staged; later spans are never counted in spans_read")
-def test_bug_one_malformed_span_does_not_swallow_the_rest_of_its_record(tmp_path: Path) -> None:
+def test_regression_one_malformed_span_does_not_swallow_the_rest_of_its_record(tmp_path: Path) -> None:
     p = tmp_path / "t.jsonl"
     p.write_text(json.dumps(_otlp_doc(_otlp_span(1), _otlp_span(2, status="x"), _otlp_span(3))) + "\n")
     con = connect()
@@ -321,10 +285,8 @@ def test_bug_one_malformed_span_does_not_swallow_the_rest_of_its_record(tmp_path
     assert con.execute("SELECT span_id FROM rejects").fetchall() == [("0000000000000002",)]
 
 
-@pytest.mark.xfail(strict=True, raises=(TypeError, AttributeError), reason="analyzer/formats/jaeger_json.py "
-                   "_add_spans catches only BadRecord: references/tags/process of the wrong type crash the load")
 @pytest.mark.parametrize("over", [{"references": "x"}, {"tags": 1}])
-def test_bug_jaeger_span_fields_of_the_wrong_type_are_rejects(tmp_path: Path, over: dict) -> None:
+def test_regression_jaeger_span_fields_of_the_wrong_type_are_rejects(tmp_path: Path, over: dict) -> None:
     span = {"traceID": "0" * 31 + "1", "spanID": "0" * 15 + "1", "operationName": "op", "startTime": 1, "duration": 1,
             "processID": "p1", "references": [], "tags": [], "logs": []}
     doc = {"data": [{"traceID": "0" * 31 + "1", "spans": [{**span, **over}], "processes": {"p1": {"serviceName": "s"}}}]}
@@ -333,10 +295,8 @@ def test_bug_jaeger_span_fields_of_the_wrong_type_are_rejects(tmp_path: Path, ov
     assert load_paths(connect(), [str(p)], lenient=True).files[0].rejected == 1
 
 
-@pytest.mark.xfail(strict=True, raises=(duckdb.Error, UnicodeDecodeError), reason="analyzer/formats/parquet_dump.py "
-                   "read_parquet_dump: DuckDB errors from a damaged or mistyped Parquet file escape instead of LoadError")
 @pytest.mark.parametrize("damage", ["flipped_page", "wrong_type"])
-def test_bug_damaged_parquet_is_a_load_error(tmp_path: Path, damage: str) -> None:
+def test_regression_damaged_parquet_is_a_load_error(tmp_path: Path, damage: str) -> None:
     src = tmp_path / "t.jsonl"
     src.write_text(json.dumps(_otlp_doc(_otlp_span(1), _otlp_span(2))) + "\n")
     con = connect()
