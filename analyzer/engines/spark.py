@@ -115,6 +115,9 @@ def get_session(
         .config("spark.sql.ansi.enabled", "true")  # integer overflow raises, as in DuckDB
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.default.parallelism", "2")
+        # the planner sizes a table by its compressed Parquet bytes; attribute maps inflate
+        # several-fold in memory, and the 10 MB default broadcast ran the 2g heap out at 1e6 spans
+        .config("spark.sql.autoBroadcastJoinThreshold", "1m")
         .config("spark.driver.memory", os.environ.get(SPARK_MEMORY_ENV, DEFAULT_MEMORY))
         # temp views keep their analyzed plan: the adapter views nest deeply, and re-analyzing
         # the SQL text of every view at every reference took most of the start-up time
