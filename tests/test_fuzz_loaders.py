@@ -40,6 +40,7 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None,
 LOAD_TIMEOUT_S = 30.0
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fuzz-load")
 TRIED: dict[str, int] = {}  # cases per property, read by benchmarks/reliability.py
+KNOWN: dict[str, int] = {}  # cases that hit an open bug (a strict xfail test below shows each), per bug
 
 DEEP = 5_000  # nesting depth of the "deep" corruption (past Python's recursion limit of 1,000)
 _SENTINEL = "\u2063fuzz-raw-{}\u2063"
@@ -49,7 +50,7 @@ def _count(name: str) -> None:
     TRIED[name] = TRIED.get(name, 0) + 1
 
 
-def load_accounted(paths: list[Path], *, lenient: bool = True) -> str:
+def load_accounted(paths: list[Path], *, lenient: bool = True, known: tuple[str, tuple[type, ...]] | None = None) -> str:
     """Load under a timeout; 'error' for a LoadError, else 'loaded' after checking that every
     span read is loaded, an identical duplicate or a reject, and the tables agree."""
     con = connect()
@@ -62,6 +63,11 @@ def load_accounted(paths: list[Path], *, lenient: bool = True) -> str:
         message = str(e)
         assert message and "\n" not in message.strip() and "Traceback" not in message, message
         return "error"
+    except Exception as e:  # an open bug (its strict xfail test shows it) is counted; anything else fails
+        if known is None or not isinstance(e, known[1]):
+            raise
+        KNOWN[known[0]] = KNOWN.get(known[0], 0) + 1
+        return "known_bug"
     # A record-level reject (a whole line/document/message) counted no span; a span-level one
     # counted its span. A reject without ids can be either (a span that is not an object, or a
     # record whose resource is bad; the rejects table keeps no detail): it may fall on either side.
@@ -132,6 +138,14 @@ def corrupt_json(doc: Any, edits: list[tuple[int, Any, bool]], *, indent: int | 
     return data
 
 
+try:
+    import pyarrow
+
+    # open bug: see test_bug_jaeger_non_string_operation_name_or_service_name_is_a_reject
+    JAEGER_NON_STRING_NAME: tuple[str, tuple[type, ...]] | None = ("jaeger non-string name", (pyarrow.ArrowTypeError,))
+except ImportError:  # pragma: no cover
+    JAEGER_NON_STRING_NAME = None
+
 EDITS = st.lists(st.tuples(st.integers(0, 10**6), REPLACEMENTS, st.booleans()), min_size=1, max_size=3)
 
 
@@ -162,7 +176,7 @@ def test_jaeger_json_structured_corruption(tmp_path_factory, generated, edits):
     _count("jaeger_json")
     p = tmp_path_factory.mktemp("fz") / "t.json"
     p.write_bytes(corrupt_json(to_jaeger_trace(generated), edits))
-    load_accounted([p])
+    load_accounted([p], known=JAEGER_NON_STRING_NAME)
 
 
 PROTO_EDITS = st.lists(st.tuples(st.sampled_from(["truncate", "flip", "insert", "prefix"]), st.integers(0, 10**6),
@@ -311,3 +325,21 @@ def test_regression_damaged_parquet_is_a_load_error(tmp_path: Path, damage: str)
         con.execute(f"COPY (SELECT * EXCLUDE (attr_str), 'not a map' AS attr_str FROM spans) TO '{out}' (FORMAT parquet)")
     with pytest.raises(LoadError):
         load_paths(connect(), [str(out)], lenient=True)
+
+
+@pytest.mark.xfail(strict=True, raises=Exception, reason="analyzer/formats/jaeger_json.py _span (line ~175 "
+                   "`sp.get('operationName') or ''`) and _resource (`process.get('serviceName') or ''`) stage a "
+                   "non-string as is; pyarrow raises ArrowTypeError at flush")
+@pytest.mark.parametrize("where", ["operationName", "serviceName"])
+def test_bug_jaeger_non_string_operation_name_or_service_name_is_a_reject(tmp_path: Path, where: str) -> None:
+    span = {"traceID": "0" * 31 + "1", "spanID": "0" * 15 + "1", "operationName": "op", "startTime": 1, "duration": 1,
+            "processID": "p1", "references": [], "tags": [], "logs": []}
+    process = {"serviceName": "s"}
+    if where == "operationName":
+        span["operationName"] = 1
+    else:
+        process["serviceName"] = 1
+    doc = {"data": [{"traceID": "0" * 31 + "1", "spans": [span], "processes": {"p1": process}}]}
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(doc))
+    assert load_paths(connect(), [str(p)], lenient=True).files[0].rejected == 1
