@@ -50,9 +50,10 @@ __all__ = [
 #: Spark master URL; default ``local[2]`` (two worker threads in this process's JVM).
 SPARK_MASTER_ENV = "TOKENTRACE_SPARK_MASTER"
 DEFAULT_MASTER = "local[2]"
-#: Driver heap (local mode runs everything in the driver JVM); default 2g.
+#: Driver heap, -Xmx (local mode runs everything in the driver JVM); default 6g: 2g ran out
+#: of memory on the 1e6-decode-span benchmark dump, 6g finished it (benchmarks/scale.py).
 SPARK_MEMORY_ENV = "TOKENTRACE_SPARK_MEMORY"
-DEFAULT_MEMORY = "2g"
+DEFAULT_MEMORY = "6g"
 #: Views materialized (lineage cut with a lazy localCheckpoint) once per source: without it
 #: Spark inlines the whole adapter tree into every reference, and a query such as summary
 #: (request_metrics referenced seven times) spends tens of seconds planning, or runs out of
@@ -271,8 +272,8 @@ def _table_view(spark: "SparkSession", root: Path, table: str, where: str, args:
     clause = ""
     if where and {"date", "service_name"} <= available:
         clause = f" WHERE {where}"
-    # Temp views cannot hold parameter markers: the partition values are validated text
-    # (ISO days, service names) bound through a DataFrame filter, not formatted into SQL.
+    # SQL temp views cannot hold parameter markers: the partition values (days, service
+    # names) are bound as named parameters of a query whose DataFrame becomes the view.
     view = spark.sql(f"SELECT {select} FROM {raw}{clause}", args=args or None)
     view.createOrReplaceTempView(table)
     return len(files)
