@@ -15,6 +15,7 @@ Example counts: ``TOKENTRACE_FUZZ_EXAMPLES`` (default 30 per property; benchmark
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import json
 import os
 import random
@@ -131,7 +132,7 @@ def corrupt_json(doc: Any, edits: list[tuple[int, Any, bool]], *, indent: int | 
             token = _SENTINEL.format(len(raws))
             raws[json.dumps(token)] = _RAW[value[4:]]
             value = token
-        doc = _set(doc, path, value)
+        doc = _set(doc, path, copy.deepcopy(value))  # sampled [] / {} are shared objects: never alias them
     data = json.dumps(doc, indent=indent, allow_nan=True).encode()
     for token, raw in raws.items():
         data = data.replace(token.encode(), raw)
