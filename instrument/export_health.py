@@ -7,8 +7,9 @@ processor is accounted for::
 
 - ``exported``: the exporter returned SUCCESS for the batch holding the span.
 - ``failed``: the exporter returned FAILURE (or raised) for it: endpoint down, 503, timeout.
-- ``dropped``: never handed to the exporter: the batch queue was full (the SDK drops the
-  newest span), or the processor shut down with the span still queued.
+- ``dropped``: never handed to the exporter: the batch queue was full (the SDK evicts a
+  span), or the processor shut down with the span still queued. Exact after shutdown; while
+  running, the queue-full part is an estimate (a check that races with the export thread).
 - ``pending``: still queued (0 after shutdown).
 
 ``setup_tracing`` wraps every exporter in :class:`CountingSpanExporter` and its processor
@@ -154,8 +155,12 @@ class CountingSpanProcessor(SpanProcessor):
         self._shut = True
         self.inner.shutdown()
         with self._lock, self.exporter._lock:
-            unsent = self.submitted - self.exporter.exported - self.exporter.failed - self.dropped_queue_full
-            self.dropped_at_shutdown = max(0, unsent)
+            # Exact once the processor is shut down: what the exporter never got was dropped.
+            # (The queue-full count taken in on_end races with the export thread by a span or
+            # two; it is an estimate while running, corrected here.)
+            dropped = max(0, self.submitted - self.exporter.exported - self.exporter.failed)
+            self.dropped_queue_full = min(self.dropped_queue_full, dropped)
+            self.dropped_at_shutdown = dropped - self.dropped_queue_full
         counts = self.counts()
         _log.log(logging.WARNING if counts.lost else logging.INFO, counts.log_line())
 

@@ -46,6 +46,7 @@ def test_counting_exporter_counts_success_failure_and_exceptions() -> None:
     (counts,) = export_health(provider)
     assert (counts.submitted, counts.exported, counts.failed, counts.dropped, counts.pending) == (5, 3, 2, 0, 0)
     assert counts.batches_failed == 2 and counts.lost == 2
+    provider.shutdown()
 
     class Raising(InMemorySpanExporter):
         def export(self, spans):  # an exporter bug: must not escape into the export thread
