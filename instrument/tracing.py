@@ -21,6 +21,8 @@ Environment variables read (each with its default):
                                            events of any request longer than 128 tokens)
 ``OTEL_BSP_MAX_QUEUE_SIZE``                ``65536`` here (the SDK's 2048 drops the decode
                                            spans of any request longer than ~2,000 tokens)
+``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT``      ``8192`` characters here (the SDK's default is
+                                           unlimited); also ``OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT``
 =========================================  =========================================
 """
 
@@ -160,6 +162,24 @@ def _event_limit(span_event_limit: int | None) -> int:
     return span_event_limit
 
 
+# Longest attribute value a span keeps (characters) unless OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT /
+# OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT say otherwise: one opted-in prompt or an error text
+# of any size must not bloat a span. Longer strings are truncated by the SDK.
+DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT = 8192
+ENV_ATTRIBUTE_LENGTH = ("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT")
+
+
+def _attribute_length_limits() -> dict[str, int]:
+    """Explicit attribute value length limits, unless the standard variables set them (the SDK
+    reads those itself when the arguments are absent)."""
+    if any(_env(name) for name in ENV_ATTRIBUTE_LENGTH):
+        return {}
+    return {
+        "max_attribute_length": DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT,
+        "max_span_attribute_length": DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT,
+    }
+
+
 def setup_tracing(
     service_name: str | None = None,
     *,
@@ -206,7 +226,7 @@ def setup_tracing(
     exporters.extend(span_exporters)
     provider = TracerProvider(
         resource=_resource(service_name, instance_id, resource_attributes),
-        span_limits=SpanLimits(max_events=_event_limit(span_event_limit)),
+        span_limits=SpanLimits(max_events=_event_limit(span_event_limit), **_attribute_length_limits()),
     )
     queue_size = None if _env(ENV_BSP_QUEUE_SIZE) else DEFAULT_BATCH_QUEUE_SIZE
     for span_exporter in exporters:

@@ -43,7 +43,8 @@ def check_claims_against_traces(claims: Claims, db: str | Path, rel_tol: float) 
         if "spans" not in tables:
             raise AuditInputError(f"{db}: not a tokentrace database (no 'spans' table)")
         for table in tables:
-            con.execute(f'CREATE TABLE main."{table}" AS SELECT * FROM traces.main."{table}"')
+            quoted = '"' + table.replace('"', '""') + '"'  # an identifier, quoted and escaped
+            con.execute(f"CREATE TABLE main.{quoted} AS SELECT * FROM traces.main.{quoted}")
         con.execute("DETACH traces")
         requests = run_query(con, "requests").dicts()
         perspectives = {r["perspective"] for r in requests}

@@ -90,10 +90,19 @@ def _maps(tags: dict[str, tuple[int, Any]]) -> tuple[list, list, list, list, lis
     return maps
 
 
+def _text(value: Any, field: str) -> str:
+    """A string field of a Jaeger record ('' when absent); anything else rejects the span."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise BadRecord("invalid_record", f"{field} must be a string, got {type(value).__name__}")
+    return value
+
+
 def _resource(process: Any) -> tuple:
     if not isinstance(process, dict):
         raise BadRecord("invalid_record", "span has no process")
-    tags = {"service.name": (0, process.get("serviceName") or "")}
+    tags = {"service.name": (0, _text(process.get("serviceName"), "process.serviceName"))}
     for k, v in _tags(process.get("tags")).items():
         tags.setdefault(k, v)
     strs = {k: v for k, (i, v) in tags.items() if i == 0}
@@ -172,7 +181,7 @@ def _span(sp: dict, process: Any, ordinal: int) -> tuple[tuple, list, list]:
     row = (
         trace_id, span_id, parent, special.get("w3c.tracestate") or None,
         flags if isinstance(flags, int) and not isinstance(flags, bool) and flags > 0 else None,
-        sp.get("operationName") or "", kind, start, end, status, message or None,
+        _text(sp.get("operationName"), "operationName"), kind, start, end, status, message or None,
         *res[:4], scope_name or None, scope_version or None, *_maps(tags), *res[4:], None, 0, 0, 0,
     )  # fmt: skip
     return row, events, links

@@ -50,13 +50,19 @@ def _resource_columns(resource: Any) -> tuple:
     return (sn, si, hn, clock_domain_of({k: strs[k] for k in ("service.name", "service.instance.id", "host.name") if k in strs}), *maps)
 
 
+def _optional_text(value: Any, what: str) -> str | None:
+    """An optional string field: None when absent or empty; any other type rejects the span."""
+    return _text(value, what) or None
+
+
 def _scope_columns(scope: Any) -> tuple:
     """(scope_name, scope_version, scope_attributes_json)."""
     if not scope:
         return None, None, None
     if not isinstance(scope, dict):
         raise BadRecord("invalid_record", "scope is not an object")
-    return scope.get("name") or None, scope.get("version") or None, scope_attributes_json(scope.get("attributes"))
+    return (_optional_text(scope.get("name"), "scope.name"), _optional_text(scope.get("version"), "scope.version"),
+            scope_attributes_json(scope.get("attributes")))
 
 
 def scope_attributes_json(attrs: Any) -> str | None:
@@ -125,15 +131,15 @@ def _span_rows(sp: dict, res: tuple, scope: tuple, ordinal: int, line: int | Non
         except BadRecord as e:
             raise BadRecord("invalid_link_id", f"link {idx}: {e}") from None
         links.append((
-            ordinal, trace_id, span_id, idx, lt, ls, _g(ln, "traceState", "trace_state") or None,
+            ordinal, trace_id, span_id, idx, lt, ls, _optional_text(_g(ln, "traceState", "trace_state"), "link.traceState"),
             parse_uint(ln.get("flags"), "link flags") or None,
             *split_any_values(ln.get("attributes")),
             parse_uint(_g(ln, "droppedAttributesCount", "dropped_attributes_count"), "droppedAttributesCount"),
         ))  # fmt: skip
     row = (
-        trace_id, span_id, parent, _g(sp, "traceState", "trace_state") or None, flags,
+        trace_id, span_id, parent, _optional_text(_g(sp, "traceState", "trace_state"), "traceState"), flags,
         _text(sp.get("name"), "name"), parse_enum(sp.get("kind"), SPAN_KINDS, "SPAN_KIND_", "kind"),
-        start, end, code, status.get("message") or None,
+        start, end, code, _optional_text(status.get("message"), "status.message"),
         res[0], res[1], res[2], res[3], scope[0], scope[1], *attrs, res[4], res[5], res[6], res[7], res[8], scope[2],
         parse_uint(_g(sp, "droppedAttributesCount", "dropped_attributes_count"), "droppedAttributesCount"),
         parse_uint(_g(sp, "droppedEventsCount", "dropped_events_count"), "droppedEventsCount"),
