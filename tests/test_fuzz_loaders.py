@@ -41,7 +41,6 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None,
 LOAD_TIMEOUT_S = 30.0
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fuzz-load")
 TRIED: dict[str, int] = {}  # cases per property, read by benchmarks/reliability.py
-KNOWN: dict[str, int] = {}  # cases that hit an open bug (a strict xfail test below shows each), per bug
 
 DEEP = 5_000  # nesting depth of the "deep" corruption (past Python's recursion limit of 1,000)
 _SENTINEL = "\u2063fuzz-raw-{}\u2063"
@@ -51,7 +50,7 @@ def _count(name: str) -> None:
     TRIED[name] = TRIED.get(name, 0) + 1
 
 
-def load_accounted(paths: list[Path], *, lenient: bool = True, known: tuple[str, tuple[type, ...]] | None = None) -> str:
+def load_accounted(paths: list[Path], *, lenient: bool = True) -> str:
     """Load under a timeout; 'error' for a LoadError, else 'loaded' after checking that every
     span read is loaded, an identical duplicate or a reject, and the tables agree."""
     con = connect()
@@ -64,11 +63,6 @@ def load_accounted(paths: list[Path], *, lenient: bool = True, known: tuple[str,
         message = str(e)
         assert message and "\n" not in message.strip() and "Traceback" not in message, message
         return "error"
-    except Exception as e:  # an open bug (its strict xfail test shows it) is counted; anything else fails
-        if known is None or not isinstance(e, known[1]):
-            raise
-        KNOWN[known[0]] = KNOWN.get(known[0], 0) + 1
-        return "known_bug"
     # A record-level reject (a whole line/document/message) counted no span; a span-level one
     # counted its span. A reject without ids can be either (a span that is not an object, or a
     # record whose resource is bad; the rejects table keeps no detail): it may fall on either side.
@@ -139,16 +133,6 @@ def corrupt_json(doc: Any, edits: list[tuple[int, Any, bool]], *, indent: int | 
     return data
 
 
-try:
-    import pyarrow
-
-    # open bug: see test_bug_jaeger_non_string_operation_name_or_service_name_is_a_reject
-    JAEGER_NON_STRING_NAME: tuple[str, tuple[type, ...]] | None = ("jaeger non-string name", (pyarrow.ArrowTypeError,))
-    # open bug: see test_bug_otlp_json_non_string_text_fields_are_rejects
-    OTLP_NON_STRING_TEXT: tuple[str, tuple[type, ...]] | None = ("otlp json non-string text field", (pyarrow.ArrowTypeError,))
-except ImportError:  # pragma: no cover
-    JAEGER_NON_STRING_NAME = OTLP_NON_STRING_TEXT = None
-
 EDITS = st.lists(st.tuples(st.integers(0, 10**6), REPLACEMENTS, st.booleans()), min_size=1, max_size=3)
 
 
@@ -161,7 +145,7 @@ def test_otlp_json_lines_structured_corruption(tmp_path_factory, generated, edit
     lines[i] = corrupt_json(json.loads(lines[i]), edits)
     p = tmp_path_factory.mktemp("fz") / "t.jsonl"
     p.write_bytes(b"\n".join(lines) + b"\n")
-    load_accounted([p], known=OTLP_NON_STRING_TEXT)
+    load_accounted([p])
 
 
 @FUZZ
@@ -170,7 +154,7 @@ def test_otlp_json_document_structured_corruption(tmp_path_factory, generated, e
     _count("otlp_json_document")
     p = tmp_path_factory.mktemp("fz") / "t.json"
     p.write_bytes(corrupt_json(to_otlp_json(generated), edits, indent=2))
-    load_accounted([p], known=OTLP_NON_STRING_TEXT)
+    load_accounted([p])
 
 
 @FUZZ
@@ -179,7 +163,7 @@ def test_jaeger_json_structured_corruption(tmp_path_factory, generated, edits):
     _count("jaeger_json")
     p = tmp_path_factory.mktemp("fz") / "t.json"
     p.write_bytes(corrupt_json(to_jaeger_trace(generated), edits))
-    load_accounted([p], known=JAEGER_NON_STRING_NAME)
+    load_accounted([p])
 
 
 PROTO_EDITS = st.lists(st.tuples(st.sampled_from(["truncate", "flip", "insert", "prefix"]), st.integers(0, 10**6),
@@ -330,11 +314,8 @@ def test_regression_damaged_parquet_is_a_load_error(tmp_path: Path, damage: str)
         load_paths(connect(), [str(out)], lenient=True)
 
 
-@pytest.mark.xfail(strict=True, raises=Exception, reason="analyzer/formats/jaeger_json.py _span (line ~175 "
-                   "`sp.get('operationName') or ''`) and _resource (`process.get('serviceName') or ''`) stage a "
-                   "non-string as is; pyarrow raises ArrowTypeError at flush")
 @pytest.mark.parametrize("where", ["operationName", "serviceName"])
-def test_bug_jaeger_non_string_operation_name_or_service_name_is_a_reject(tmp_path: Path, where: str) -> None:
+def test_regression_jaeger_non_string_operation_name_or_service_name_is_a_reject(tmp_path: Path, where: str) -> None:
     span = {"traceID": "0" * 31 + "1", "spanID": "0" * 15 + "1", "operationName": "op", "startTime": 1, "duration": 1,
             "processID": "p1", "references": [], "tags": [], "logs": []}
     process = {"serviceName": "s"}
@@ -348,11 +329,8 @@ def test_bug_jaeger_non_string_operation_name_or_service_name_is_a_reject(tmp_pa
     assert load_paths(connect(), [str(p)], lenient=True).files[0].rejected == 1
 
 
-@pytest.mark.xfail(strict=True, raises=Exception, reason="analyzer/formats/otlp_json.py: scope name/version "
-                   "(_scope_columns), span and link traceState and status.message (_span_rows) are staged without a "
-                   "type check; a number there makes pyarrow raise ArrowTypeError at flush")
 @pytest.mark.parametrize("where", ["scope.name", "scope.version", "traceState", "status.message", "link.traceState"])
-def test_bug_otlp_json_non_string_text_fields_are_rejects(tmp_path: Path, where: str) -> None:
+def test_regression_otlp_json_non_string_text_fields_are_rejects(tmp_path: Path, where: str) -> None:
     span = _otlp_span(1, traceState="a=b", status={"code": 1, "message": "m"},
                       links=[{"traceId": "0" * 31 + "2", "spanId": "0" * 15 + "2", "traceState": "x=y"}])
     doc = _otlp_doc(span)
