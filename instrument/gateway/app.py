@@ -338,8 +338,13 @@ def create_app(handle: ModelHandle, tracer_provider: Any, settings: GatewaySetti
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
+        from instrument.export_health import export_health
+
         adm = gateway.admission
+        # Span export counts per exporter (submitted / exported / failed / dropped / lost):
+        # a collector that is down shows here while serving goes on.
         return {"status": "ok", "model": handle.model_id, "requests_in_flight": adm.requests_in_flight,
-                "tokens_in_flight": adm.tokens_in_flight, "kv_bytes_in_flight": adm.kv_bytes_in_flight}
+                "tokens_in_flight": adm.tokens_in_flight, "kv_bytes_in_flight": adm.kv_bytes_in_flight,
+                "export": [c.as_dict() for c in export_health(tracer_provider)]}
 
     return app
