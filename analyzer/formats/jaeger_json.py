@@ -167,6 +167,8 @@ def _span(sp: dict, process: Any, ordinal: int) -> tuple[tuple, list, list]:
         if log.get("timestamp") is None:
             raise BadRecord("invalid_event_time", f"log {i} has no timestamp")
         t = _int(log["timestamp"], "log timestamp") * 1000
+        if t > INT64_MAX:
+            raise BadRecord("invalid_event_time", f"log {i}: timestamp does not fit int64 nanoseconds")
         if t <= 0:
             raise BadRecord("invalid_event_time", f"log {i}: timestamp {t}")
         fields = _tags(log.get("fields"))
@@ -180,7 +182,7 @@ def _span(sp: dict, process: Any, ordinal: int) -> tuple[tuple, list, list]:
     res = _resource(process)
     row = (
         trace_id, span_id, parent, special.get("w3c.tracestate") or None,
-        flags if isinstance(flags, int) and not isinstance(flags, bool) and flags > 0 else None,
+        flags if isinstance(flags, int) and not isinstance(flags, bool) and 0 < flags <= INT64_MAX else None,
         _text(sp.get("operationName"), "operationName"), kind, start, end, status, message or None,
         *res[:4], scope_name or None, scope_version or None, *_maps(tags), *res[4:], None, 0, 0, 0,
     )  # fmt: skip
