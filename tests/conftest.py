@@ -44,6 +44,6 @@ import os as _os
 
 from hypothesis import settings as _settings
 
-_settings.register_profile("tokentrace", derandomize=True, deadline=None, print_blob=True)
+_settings.register_profile("tokentrace", derandomize=True, database=None, deadline=None, print_blob=True)
 _settings.register_profile("tokentrace-random", deadline=None, print_blob=True)
 _settings.load_profile("tokentrace-random" if _os.environ.get("TOKENTRACE_FUZZ_RANDOM") else "tokentrace")

@@ -347,3 +347,21 @@ def test_regression_otlp_json_non_string_text_fields_are_rejects(tmp_path: Path,
     p = tmp_path / "t.jsonl"
     p.write_text(json.dumps(doc) + "\n")
     assert load_paths(connect(), [str(p)], lenient=True).files[0].rejected == 1
+
+
+@pytest.mark.parametrize("key", ["otel.scope.name", "otel.scope.version", "w3c.tracestate", "otel.status_description",
+                                 "otel.status_code", "span.kind"])
+@pytest.mark.parametrize("typ, value", [("bool", False), ("int64", 5), ("float64", 1.5)])
+def test_jaeger_mistyped_special_tags_stay_plain_attributes(tmp_path: Path, key: str, typ: str, value: object) -> None:
+    """A fuzz find: a special Jaeger tag (mapped to an OTLP field) with a non-string type crashed
+    the staging; it now stays an ordinary attribute of its own type and the span loads."""
+    span = {"traceID": "0" * 31 + "1", "spanID": "0" * 15 + "1", "operationName": "op", "startTime": 1, "duration": 1,
+            "processID": "p1", "references": [], "tags": [{"key": key, "type": typ, "value": value}], "logs": []}
+    doc = {"data": [{"traceID": "0" * 31 + "1", "spans": [span], "processes": {"p1": {"serviceName": "s"}}}]}
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(doc))
+    con = connect()
+    report = load_paths(con, [str(p)], lenient=True).files[0]
+    assert (report.spans_loaded, report.rejected) == (1, 0)
+    column = {"bool": "attr_bool", "int64": "attr_int", "float64": "attr_double"}[typ]
+    assert con.execute(f"SELECT {column}[$k] FROM spans", {"k": key}).fetchone()[0] == value

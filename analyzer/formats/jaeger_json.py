@@ -126,7 +126,8 @@ def _span(sp: dict, process: Any, ordinal: int) -> tuple[tuple, list, list]:
     if end > INT64_MAX:
         raise BadRecord("invalid_time", "end time does not fit int64 nanoseconds")
     tags = _tags(sp.get("tags"))
-    special = {k: tags.pop(k)[1] for k in _SPECIAL if k in tags}
+    # Only string-typed tags carry these OTLP fields; a mistyped one stays an ordinary attribute.
+    special = {k: tags.pop(k)[1] for k in _SPECIAL if k in tags and tags[k][0] == 0}
     kind = _KINDS.get(str(special.get("span.kind", "")).lower(), "UNSPECIFIED")
     status, message = "UNSET", special.get("otel.status_description")
     code = str(special.get("otel.status_code", "")).upper()
