@@ -365,3 +365,19 @@ def test_jaeger_mistyped_special_tags_stay_plain_attributes(tmp_path: Path, key:
     assert (report.spans_loaded, report.rejected) == (1, 0)
     column = {"bool": "attr_bool", "int64": "attr_int", "float64": "attr_double"}[typ]
     assert con.execute(f"SELECT {column}[$k] FROM spans", {"k": key}).fetchone()[0] == value
+
+
+@pytest.mark.parametrize("span_id", [False, 0, []])
+def test_jaeger_child_of_reference_with_a_non_string_span_id(tmp_path: Path, span_id: object) -> None:
+    """A fuzz find (clean-clone CI run): a CHILD_OF reference whose spanID is falsy but not a
+    string reached the stage as the parent id and crashed it; it is now a counted reject."""
+    tid = "0" * 31 + "1"
+    span = {"traceID": tid, "spanID": "0" * 15 + "2", "operationName": "op", "startTime": 1, "duration": 1,
+            "processID": "p1", "references": [{"refType": "CHILD_OF", "traceID": tid, "spanID": span_id}],
+            "tags": [], "logs": []}
+    ok = dict(span, spanID="0" * 15 + "3", references=[])
+    doc = {"data": [{"traceID": tid, "spans": [ok, span], "processes": {"p1": {"serviceName": "s"}}}]}
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(doc))
+    report = load_paths(connect(), [str(p)], lenient=True).files[0]
+    assert (report.spans_read, report.spans_loaded, report.rejected) == (2, 1, 1)

@@ -145,7 +145,9 @@ def _span(sp: dict, process: Any, ordinal: int) -> tuple[tuple, list, list]:
             break
     if parent_ref is not None:
         parent = refs[parent_ref].get("spanID")
-    if parent:
+    if parent is None or parent == "":
+        parent = None
+    else:  # a non-string (False, 0, ...) is an invalid id, never "no parent"
         try:
             parent = parse_id(parent, 8, "parent_span_id", pad=True)
         except BadRecord as e:
