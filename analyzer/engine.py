@@ -19,7 +19,7 @@ import duckdb
 
 from analyzer.schema import TABLE_DDL
 
-__all__ = ["DUMP_TABLES", "SourceError", "open_source", "parquet_views"]
+__all__ = ["DUMP_TABLES", "SourceError", "open_source", "parquet_views", "utc_day_of_ns"]
 
 DUMP_TABLES: tuple[str, ...] = ("spans", "span_events", "span_links")
 LOAD_HINT = "load traces first with tokentrace load"
@@ -38,8 +38,10 @@ def _canonical_columns(table: str) -> list[tuple[str, str]]:
         con.close()
 
 
-def _day(ns: int) -> str:
-    return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.timezone.utc).date().isoformat()
+def utc_day_of_ns(ns: int) -> str:
+    """The UTC day (YYYY-MM-DD) of a nanosecond timestamp, as export's ``date`` partitions
+    name it. Integer seconds: a float division would round within ~256 ns of midnight."""
+    return dt.datetime.fromtimestamp(ns // 1_000_000_000, tz=dt.timezone.utc).date().isoformat()
 
 
 def parquet_views(
@@ -73,9 +75,9 @@ def parquet_views(
         )
         where = []
         if "date" in available and start_ns is not None:
-            where.append(f"CAST(date AS DATE) >= DATE '{_day(start_ns)}' - INTERVAL 1 DAY")
+            where.append(f"CAST(date AS DATE) >= DATE '{utc_day_of_ns(start_ns)}' - INTERVAL 1 DAY")
         if "date" in available and end_ns is not None:
-            where.append(f"CAST(date AS DATE) <= DATE '{_day(end_ns)}' + INTERVAL 1 DAY")
+            where.append(f"CAST(date AS DATE) <= DATE '{utc_day_of_ns(end_ns)}' + INTERVAL 1 DAY")
         clause = f" WHERE {' AND '.join(where)}" if where else ""
         con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT {select} FROM {source}{clause}")
     return files

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from analyzer.engine import DUMP_TABLES, _canonical_columns
+from analyzer.engine import DUMP_TABLES, _canonical_columns, utc_day_of_ns
 from analyzer.engines.spark_sql import TranspileError, spark_type, to_spark, to_spark_statements
 from analyzer.queries import UNIONED_VIEWS, QueryResult, load_query, union_view_sql, view_files
 
@@ -146,10 +146,6 @@ def stop_session() -> None:
         _SESSION = None
 
 
-def _day(ns: int) -> str:
-    return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.timezone.utc).date().isoformat()
-
-
 def partition_filters(
     start_ns: int | None = None, end_ns: int | None = None, services: Sequence[str] | None = None
 ) -> tuple[str, dict[str, Any]]:
@@ -159,10 +155,10 @@ def partition_filters(
     args: dict[str, Any] = {}
     if start_ns is not None:
         where.append("date >= :tt_first_day")
-        args["tt_first_day"] = (dt.date.fromisoformat(_day(start_ns)) - dt.timedelta(days=1)).isoformat()
+        args["tt_first_day"] = (dt.date.fromisoformat(utc_day_of_ns(start_ns)) - dt.timedelta(days=1)).isoformat()
     if end_ns is not None:
         where.append("date <= :tt_last_day")
-        args["tt_last_day"] = (dt.date.fromisoformat(_day(end_ns)) + dt.timedelta(days=1)).isoformat()
+        args["tt_last_day"] = (dt.date.fromisoformat(utc_day_of_ns(end_ns)) + dt.timedelta(days=1)).isoformat()
     if services:
         names = [f":tt_service_{i}" for i in range(len(services))]
         where.append(f"service_name IN ({', '.join(names)})")
