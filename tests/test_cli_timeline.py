@@ -91,3 +91,14 @@ def test_kv_verb(runner, tmp_path) -> None:
                                "hidden_size": 7168, "kv_lora_rank": 512, "torch_dtype": "bfloat16"}))
     refused = runner.invoke(cli, ["kv", "--model-config", str(mla)], catch_exceptions=False)
     assert refused.exit_code != 0 and "multi-head latent attention" in refused.output
+
+
+def test_table_output_keeps_the_figures_exact() -> None:
+    """The table format must not round the seed's figures (320.3125 MiB, 38.31... tok/s)."""
+    import io
+
+    from analyzer.cli.options import emit_rows
+
+    buf = io.StringIO()
+    emit_rows(["prompt_kv_mib", "whole_rate", "ttft_ms"], [(320.3125, 150 / 3.915, 190.0)], "table", out=buf)
+    assert "320.3125" in buf.getvalue() and "38.31417625" in buf.getvalue() and "190" in buf.getvalue()

@@ -109,7 +109,8 @@ def _cell(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, float):
-        return f"{value:.6g}" if abs(value) < 1e15 else f"{value:.6e}"
+        # 10 significant digits: 320.3125 MiB must not print as 320.312
+        return f"{value:.10g}"
     return str(value)
 
 
