@@ -1,4 +1,4 @@
-"""``tokentrace collect``: an embedded OTLP receiver writing OTLP/JSON lines files."""
+"""``tokentrace collect``: an embedded OTLP receiver writing OTLP/JSON lines files or a Parquet dump."""
 
 from __future__ import annotations
 
@@ -23,24 +23,31 @@ WAIT_SLICE_S = 0.5  # how often the main thread wakes while waiting for a signal
 @click.option("--http", "http_addr", default="127.0.0.1:4318", show_default=True, metavar="HOST:PORT|off",
               help="OTLP/HTTP listen address for POST /v1/traces (protobuf or JSON, gzip allowed).")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), metavar="DIR",
-              help="Folder for the OTLP/JSON lines files (created if missing).")
-@click.option("--format", "out_format", type=click.Choice(["jsonl"]), default="jsonl", show_default=True,
-              help="Output format: OTLP/JSON lines, one ExportTraceServiceRequest per line.")
+              help="Output folder (created if missing); one format per folder.")
+@click.option("--format", "out_format", type=click.Choice(["jsonl", "parquet"]), default="jsonl", show_default=True,
+              help="jsonl: OTLP/JSON lines, one ExportTraceServiceRequest per line. parquet: the Hive-partitioned "
+                   "dump `tokentrace export` writes (spans/, span_events/, span_links/), one part file per request.")
 @click.option("--rotate-mb", type=click.FloatRange(min=0.001), default=64.0, show_default=True,
-              help="Start a new file when the current one would pass this size (MiB).")
-@click.option("--fsync", is_flag=True, help="fsync every line before acknowledging (survives power loss).")
+              help="jsonl: start a new file when the current one would pass this size. parquet: close the "
+                   "segment once its part files reach this size and compact them, one file per partition (MiB).")
+@click.option("--fsync", is_flag=True, help="fsync every line (part file) before acknowledging (survives power loss).")
 @click.option("--max-seconds", type=click.FloatRange(min=0), default=None,
               help="Stop by itself after this many seconds (default: run until SIGINT/SIGTERM).")
 def collect_command(grpc_addr: str, http_addr: str, out_dir: str, out_format: str, rotate_mb: float,
                     fsync: bool, max_seconds: float | None) -> None:
-    """Receive OTLP traces (gRPC and HTTP) and write them as OTLP/JSON lines.
+    """Receive OTLP traces (gRPC and HTTP) and write them as OTLP/JSON lines or Parquet.
 
-    Every accepted Export request becomes one line, written and flushed before the sender
-    is acknowledged. Files are named otlp-traces-<UTC time>-<counter>.jsonl inside DIR;
-    a restart starts new files beside the old ones. Malformed requests get HTTP 400 /
-    gRPC INVALID_ARGUMENT; spans with malformed ids are dropped and reported back as a
-    partial success (rejected_spans). SIGINT or SIGTERM: finish in-flight requests, flush,
-    close. Binds loopback by default: the receiver has no authentication.
+    Every accepted Export request is written before the sender is acknowledged.
+    jsonl: one line per request, in otlp-traces-<UTC time>-<counter>.jsonl files inside
+    DIR; a restart starts new files beside the old ones. parquet: one part file per
+    request and partition, moved into DIR/spans/service_name=.../date=.../ (and
+    span_events/, span_links/) by an atomic rename; closed segments and the last one at
+    SIGINT/SIGTERM are compacted into seg-<segment>.parquet; a restart finishes what a
+    crash left (docs/jaeger.md). Malformed requests get HTTP 400 / gRPC
+    INVALID_ARGUMENT; spans with malformed ids (parquet: any span the loader would
+    reject) are dropped and reported back as a partial success (rejected_spans).
+    SIGINT or SIGTERM: finish in-flight requests, flush, close. Binds loopback by
+    default: the receiver has no authentication.
 
     Prints one line 'listening grpc=HOST:PORT http=HOST:PORT out=DIR' when ready.
 
@@ -49,11 +56,14 @@ def collect_command(grpc_addr: str, http_addr: str, out_dir: str, out_format: st
       tokentrace collect --out ./traces
       OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 python my_app.py
       tokentrace load ./traces && tokentrace requests
+      tokentrace collect --out ./traces-pq --format parquet --rotate-mb 16
+      tokentrace load ./traces-pq      # or: tokentrace requests --parquet ./traces-pq
     """
     from analyzer.collect.receiver import Receiver, is_loopback
 
     try:
-        receiver = Receiver(out_dir, grpc_addr, http_addr, rotate_bytes=int(rotate_mb * 1024 * 1024), fsync=fsync)
+        receiver = Receiver(out_dir, grpc_addr, http_addr, rotate_bytes=int(rotate_mb * 1024 * 1024), fsync=fsync,
+                            out_format=out_format)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     for bind, flag in ((receiver.grpc_bind, "--grpc"), (receiver.http_bind, "--http")):
@@ -73,8 +83,13 @@ def collect_command(grpc_addr: str, http_addr: str, out_dir: str, out_format: st
         except ImportError as exc:
             raise UserError(f"--http needs uvicorn and starlette ({exc.name} is missing)",
                             hint="pip install 'tokentrace[server]', or pass --http off") from None
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
         except OSError as exc:
             raise UserError(f"cannot listen: {exc}") from None
+        recovery = getattr(receiver.writer, "recovery", None)
+        if recovery is not None and recovery.anything:
+            click.echo(f"recovered {receiver.out_dir}: {recovery.summary()}", err=True)
         click.echo(
             f"listening grpc={receiver.grpc_address or 'off'} http={receiver.http_address or 'off'} out={receiver.out_dir}"
         )
@@ -89,8 +104,10 @@ def collect_command(grpc_addr: str, http_addr: str, out_dir: str, out_format: st
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     s = receiver.stats
+    compacted = getattr(receiver.writer, "segments_compacted", None)
     click.echo(
         f"stopped: {s.requests_accepted} requests, {s.spans_written} spans written, {s.spans_rejected} rejected, "
-        f"{s.requests_malformed} malformed requests, {len(receiver.files)} file(s)",
+        f"{s.requests_malformed} malformed requests, {len(receiver.files)} file(s)"
+        + (f", {compacted} segment(s) compacted" if compacted is not None else ""),
         err=True,
     )

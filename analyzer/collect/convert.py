@@ -51,6 +51,12 @@ class Validation:
     rejected: int = 0
     reasons: list[str] = field(default_factory=list)
 
+    def reject_more(self, reasons: list[str]) -> None:
+        """Move ``len(reasons)`` accepted spans to rejected (the writer could not store them)."""
+        self.accepted -= len(reasons)
+        self.rejected += len(reasons)
+        self.reasons = (self.reasons + reasons)[:MAX_REASONS]
+
     @property
     def error_message(self) -> str:
         if not self.rejected:

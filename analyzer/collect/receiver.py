@@ -1,4 +1,5 @@
-"""``Receiver``: an embedded OTLP trace receiver (gRPC and/or HTTP) writing OTLP/JSON lines.
+"""``Receiver``: an embedded OTLP trace receiver (gRPC and/or HTTP) writing OTLP/JSON lines
+or a Parquet dump (``out_format="parquet"``).
 
 Example::
 
@@ -14,13 +15,14 @@ import ipaddress
 from pathlib import Path
 from typing import Any
 
-from analyzer.collect.sink import ReceiverStats, TraceSink
-from analyzer.collect.writer import DEFAULT_ROTATE_BYTES, JsonlWriter
+from analyzer.collect.sink import ReceiverStats, SpanWriter, TraceSink
+from analyzer.collect.writer import DEFAULT_ROTATE_BYTES, FILE_PREFIX, FILE_SUFFIX, JsonlWriter
 
 __all__ = [
     "DEFAULT_GRPC_ADDR",
     "DEFAULT_HTTP_ADDR",
     "DEFAULT_MAX_BODY_BYTES",
+    "OUT_FORMATS",
     "Receiver",
     "format_address",
     "is_loopback",
@@ -32,6 +34,7 @@ DEFAULT_HTTP_ADDR = "127.0.0.1:4318"
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 DEFAULT_GRACE_S = 5.0
 OFF = "off"
+OUT_FORMATS: tuple[str, ...] = ("jsonl", "parquet")
 
 
 def parse_bind_address(text: str | None, what: str = "address") -> tuple[str, int] | None:
@@ -73,12 +76,30 @@ def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def _check_out_dir(out: Path, out_format: str) -> None:
+    """Refuse a folder holding the other format: ``tokentrace load DIR`` reads a folder with
+    ``spans/`` as one Parquet dump and nothing else, so JSON lines there would be skipped."""
+    if not out.is_dir():
+        return
+    if out_format == "parquet":
+        jsonl = sorted(p.name for p in out.glob(f"{FILE_PREFIX}*{FILE_SUFFIX}"))
+        if jsonl:
+            raise ValueError(f"--out {str(out)!r} holds OTLP/JSON lines files ({jsonl[0]}, ...): "
+                             "give --format parquet a folder of its own (tokentrace load would skip them)")
+    elif (out / "spans").is_dir():
+        raise ValueError(f"--out {str(out)!r} holds a Parquet dump (spans/): give --format jsonl a folder "
+                         "of its own (tokentrace load would read only the Parquet)")
+
+
 class Receiver:
-    """OTLP trace receiver writing one OTLP/JSON line per accepted Export request into ``out_dir``.
+    """OTLP trace receiver writing each accepted Export request into ``out_dir``: one OTLP/JSON
+    line (``out_format="jsonl"``) or one Parquet part of a dump ``tokentrace load`` reads
+    (``"parquet"``; see :mod:`analyzer.collect.parquet_layout`).
 
     ``grpc_addr`` / ``http_addr``: ``HOST:PORT`` (port 0 = ephemeral) or None/``"off"``.
-    ``rotate_bytes``: start a new file when the current one would pass this size (bytes).
-    ``fsync``: fsync every line before acknowledging (slower, survives power loss).
+    ``rotate_bytes``: jsonl: start a new file when the current one would pass this size;
+    parquet: close the segment once its parts reach this size, then compact it (bytes).
+    ``fsync``: fsync every line or part before acknowledging (slower, survives power loss).
     ``max_body_bytes``: largest request accepted, compressed or not (bytes).
     ``grace_s``: how long :meth:`stop` waits for in-flight requests (seconds).
     """
@@ -91,6 +112,7 @@ class Receiver:
         *,
         rotate_bytes: int = DEFAULT_ROTATE_BYTES,
         fsync: bool = False,
+        out_format: str = "jsonl",
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         grace_s: float = DEFAULT_GRACE_S,
     ) -> None:
@@ -98,17 +120,21 @@ class Receiver:
         self.http_bind = parse_bind_address(http_addr, "--http")
         if self.grpc_bind is None and self.http_bind is None:
             raise ValueError("both --grpc and --http are off: nothing to receive on")
+        if out_format not in OUT_FORMATS:
+            raise ValueError(f"--format {out_format!r}: expected one of {', '.join(OUT_FORMATS)}")
         out = Path(out_dir)
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {str(out)!r} exists and is not a directory")
+        _check_out_dir(out, out_format)
         self.out_dir = out
+        self.out_format = out_format
         self.rotate_bytes = rotate_bytes
         self.fsync = fsync
         self.max_body_bytes = max_body_bytes
         self.grace_s = grace_s
         self.grpc_port: int | None = None
         self.http_port: int | None = None
-        self._writer: JsonlWriter | None = None
+        self._writer: SpanWriter | None = None
         self._sink: TraceSink | None = None
         self._grpc_server: Any = None
         self._http: Any = None
@@ -135,10 +161,16 @@ class Receiver:
         return format_address(self.http_bind[0], self.http_port)
 
     def start(self) -> "Receiver":
-        """Bind and serve; returns self. Raises OSError (bind), ImportError (no uvicorn for HTTP)."""
+        """Bind and serve; returns self. Raises OSError (bind), ImportError (no uvicorn for HTTP),
+        ValueError (parquet: the folder is in use by another receiver)."""
         if self._sink is not None:
             raise RuntimeError("the receiver is already started")
-        self._writer = JsonlWriter(self.out_dir, rotate_bytes=self.rotate_bytes, fsync=self.fsync)
+        if self.out_format == "parquet":
+            from analyzer.collect.parquet_writer import ParquetWriter
+
+            self._writer = ParquetWriter(self.out_dir, rotate_bytes=self.rotate_bytes, fsync=self.fsync)
+        else:
+            self._writer = JsonlWriter(self.out_dir, rotate_bytes=self.rotate_bytes, fsync=self.fsync)
         self._sink = TraceSink(self._writer)
         try:
             if self.grpc_bind is not None:
@@ -155,8 +187,14 @@ class Receiver:
             raise
         return self
 
+    @property
+    def writer(self) -> SpanWriter | None:
+        """The writer (``JsonlWriter`` or ``ParquetWriter``) once started."""
+        return self._writer
+
     def stop(self) -> None:
-        """Stop accepting, finish in-flight requests (up to ``grace_s``), flush and close (idempotent)."""
+        """Stop accepting, finish in-flight requests (up to ``grace_s``), flush and close
+        (parquet: compact the open segment too); idempotent."""
         if self._grpc_server is not None:
             self._grpc_server.stop(self.grace_s).wait(self.grace_s + 1.0)
             self._grpc_server = None

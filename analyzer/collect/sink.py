@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -11,9 +13,22 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from analyzer.collect.convert import filter_invalid_spans, request_to_otlp_json, response_for
-from analyzer.collect.writer import JsonlWriter
 
-__all__ = ["ReceiverStats", "TraceSink"]
+__all__ = ["ReceiverStats", "SpanWriter", "TraceSink"]
+
+
+class SpanWriter(Protocol):
+    """Where accepted requests go: :class:`~analyzer.collect.writer.JsonlWriter` or
+    :class:`~analyzer.collect.parquet_writer.ParquetWriter`."""
+
+    @property
+    def files(self) -> list[Path]: ...
+
+    def write(self, document: dict[str, Any]) -> list[str]:
+        """Store one OTLP/JSON request before returning; return one reason per span not stored."""
+        ...
+
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -28,10 +43,10 @@ class ReceiverStats:
 
 
 class TraceSink:
-    """Validates one ExportTraceServiceRequest, writes its valid spans as one OTLP/JSON line,
-    and returns the response. The line is on disk (flushed) before the response exists."""
+    """Validates one ExportTraceServiceRequest, writes its valid spans (one OTLP/JSON line, or
+    one Parquet part), and returns the response. The spans are on disk before the response exists."""
 
-    def __init__(self, writer: JsonlWriter) -> None:
+    def __init__(self, writer: SpanWriter) -> None:
         self.writer = writer
         self.stats = ReceiverStats()
         self._lock = threading.Lock()
@@ -41,11 +56,12 @@ class TraceSink:
         validation = filter_invalid_spans(request)
         if validation.accepted:
             try:
-                self.writer.write(request_to_otlp_json(request))
+                not_stored = self.writer.write(request_to_otlp_json(request))
             except (OSError, RuntimeError):
                 with self._lock:
                     self.stats.requests_failed += 1
                 raise
+            validation.reject_more(not_stored)
         with self._lock:
             self.stats.requests_accepted += 1
             self.stats.spans_written += validation.accepted

@@ -70,8 +70,9 @@ class JsonlWriter:
         self._stream.close()
         self._stream = None
 
-    def write(self, document: dict[str, Any]) -> None:
-        """Append ``document`` as one compact JSON line; flushed (and fsync'ed) on return."""
+    def write(self, document: dict[str, Any]) -> list[str]:
+        """Append ``document`` as one compact JSON line; flushed (and fsync'ed) on return.
+        Returns ``[]``: every span is stored (the loader judges them later)."""
         line = (json.dumps(document, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
         with self._lock:
             if self._closed:
@@ -87,6 +88,7 @@ class JsonlWriter:
                 os.fsync(self._stream.fileno())
             self._size += len(line)
             self.lines_written += 1
+        return []
 
     def close(self) -> None:
         """Flush and close the current file (idempotent)."""
