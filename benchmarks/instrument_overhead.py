@@ -54,17 +54,24 @@ def compare(
     enc = tok("The travel copilot asks for wheelchair-accessible hotels in Kyoto", return_tensors="pt")
     kwargs = dict(max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
 
+    plain_cpu_ns: list[int] = []
+    traced_cpu_ns: list[int] = []
+
     def plain() -> int:
-        start = time.perf_counter_ns()
+        cpu, start = time.thread_time_ns(), time.perf_counter_ns()
         model.generate(**enc, **kwargs)
-        return time.perf_counter_ns() - start
+        wall = time.perf_counter_ns() - start
+        plain_cpu_ns.append(time.thread_time_ns() - cpu)
+        return wall
 
     def traced() -> int:
-        start = time.perf_counter_ns()
+        cpu, start = time.thread_time_ns(), time.perf_counter_ns()
         traced_generate(
             model, tok, enc, tracer_provider=provider, decode_spans=decode_spans, direct_spans=direct_spans, **kwargs
         )
-        return time.perf_counter_ns() - start
+        wall = time.perf_counter_ns() - start
+        traced_cpu_ns.append(time.thread_time_ns() - cpu)
+        return wall
 
     with torch.inference_mode():
         for _ in range(2):  # warm-up both paths
@@ -72,6 +79,7 @@ def compare(
         plain_ns: list[int] = []
         traced_ns: list[int] = []
         gc.collect()
+        plain_cpu_ns.clear(), traced_cpu_ns.clear()
         for rep in range(reps):
             if rep % 2 == 0:
                 plain_ns.append(plain())
@@ -90,12 +98,15 @@ def compare(
         "plain_us_per_step": statistics.median(plain_ns) / 1e3 / tokens,
         # Best-of-reps difference: robust when other processes share the CPU.
         "added_us_per_step_min": (min(traced_ns) - min(plain_ns)) / 1e3 / steps,
+        # CPU time of the calling thread (torch runs its ops there with 1 thread): what the
+        # instrument costs the request's thread, unaffected by time spent descheduled.
+        "added_cpu_us_per_step": statistics.median(t - p for t, p in zip(traced_cpu_ns, plain_cpu_ns)) / 1e3 / steps,
     }
     print(
         f"{label:<22} tokens={tokens} reps={reps} decode_spans={decode_spans}: plain {result['plain_ms']:.2f} ms "
         f"({result['plain_us_per_step']:.0f} µs/token), traced {result['traced_ms']:.2f} ms, "
         f"added {result['added_us_per_step']:+.2f} µs/decode step (best-of-reps {result['added_us_per_step_min']:+.2f}), "
-        f"ratio {result['ratio']:.4f} "
+        f"ratio {result['ratio']:.4f}; thread CPU added {result['added_cpu_us_per_step']:+.2f} µs/decode step "
         f"(spans exported: {exporter.spans})"
     )
     return result

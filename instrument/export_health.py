@@ -141,6 +141,18 @@ class CountingSpanProcessor(SpanProcessor):
                 self.dropped_queue_full += 1
         self.inner.on_end(span)
 
+    def on_end_many(self, spans: list[ReadableSpan]) -> None:
+        """``on_end`` for a list of finished spans: one lock and one count for the list."""
+        queue = self._queue()
+        inner_on_end = self.inner.on_end
+        room = None if queue is None or queue.maxlen is None else queue.maxlen - len(queue)
+        with self._lock:
+            self.submitted += len(spans)
+            if room is not None and len(spans) > room:
+                self.dropped_queue_full += len(spans) - max(room, 0)
+        for span in spans:
+            inner_on_end(span)
+
     def counts(self) -> ExportCounts:
         e = self.exporter
         with self._lock, e._lock:

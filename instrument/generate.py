@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -107,13 +108,29 @@ def _generation_settings(model: Any, kwargs: dict[str, Any], prompt_tokens: int)
     return config, int(max_new), {int(i) for i in eos_ids}
 
 
+_VISIBLE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> {token id: visible}
+
+
 def _visible_ids(tokenizer: Any, token_ids: set[int], eos_ids: set[int]) -> set[int]:
-    """Token ids whose text delta is non-empty (special tokens and stop tokens are not visible)."""
-    candidates = sorted(token_ids - eos_ids)
+    """Token ids whose text delta is non-empty (special tokens and stop tokens are not visible).
+
+    Each tokenizer's answers are remembered (a token's decoded text does not change), so a
+    call decodes only ids it has not seen before.
+    """
+    candidates = token_ids - eos_ids
     if tokenizer is None:
-        return set(candidates)
-    texts = tokenizer.batch_decode([[i] for i in candidates], skip_special_tokens=True)
-    return {i for i, text in zip(candidates, texts) if text != ""}
+        return candidates
+    try:
+        known = _VISIBLE.setdefault(tokenizer, {})
+    except TypeError:  # a tokenizer that cannot be weakly referenced
+        known = {}
+    new = sorted(i for i in candidates if i not in known)
+    if new:
+        texts = tokenizer.batch_decode([[i] for i in new], skip_special_tokens=True)
+        if len(known) > 1_000_000:
+            known.clear()
+        known.update((i, text != "") for i, text in zip(new, texts))
+    return {i for i in candidates if known[i]}
 
 
 def traced_generate(

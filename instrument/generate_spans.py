@@ -147,17 +147,27 @@ def emit_sequence_spans(
     writer.write("prefill", child_context, prefill_attrs, starts[0], emits[0])
 
     per_token = kv.layout.kv_bytes_per_token if kv.layout is not None else None
-    for step in range(1, seq.generated_tokens):
-        if not policy.keeps(step):
-            continue
-        forward = first_decode_forward + step - 1
-        attrs: dict[str, Any] = {"tokentrace.step": step, "tokentrace.context_tokens": input_tokens + step}
-        if per_token is not None:
-            attrs["tokentrace.kv.bytes_per_token"] = per_token
-            attrs["tokentrace.kv.bytes"] = kv.bytes_held(input_tokens + step)
-        if device is not None:
-            attrs["tokentrace.device_ns"] = device[forward]
-        writer.write("decode", child_context, attrs, starts[forward], emits[step])
+    bytes_held = kv.bytes_held
+    first_forward = first_decode_forward - 1  # forward index of step k is first_forward + k
+    steps = range(1, seq.generated_tokens)
+    if policy.every_n_steps is None:
+        steps = range(0)
+    elif policy.every_n_steps > 1:
+        steps = range(1, seq.generated_tokens, policy.every_n_steps)
+    if per_token is None and device is None:
+        children = (({"tokentrace.step": k, "tokentrace.context_tokens": input_tokens + k},
+                     starts[first_forward + k], emits[k]) for k in steps)
+    elif device is None:
+        children = (({"tokentrace.step": k, "tokentrace.context_tokens": input_tokens + k,
+                      "tokentrace.kv.bytes_per_token": per_token, "tokentrace.kv.bytes": bytes_held(input_tokens + k)},
+                     starts[first_forward + k], emits[k]) for k in steps)
+    else:
+        children = (({"tokentrace.step": k, "tokentrace.context_tokens": input_tokens + k,
+                      **({} if per_token is None else {"tokentrace.kv.bytes_per_token": per_token,
+                                                       "tokentrace.kv.bytes": bytes_held(input_tokens + k)}),
+                      "tokentrace.device_ns": device[first_forward + k]},
+                     starts[first_forward + k], emits[k]) for k in steps)
+    writer.write_children("decode", child_context, children)
     return result_context
 
 

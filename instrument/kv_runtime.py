@@ -10,6 +10,7 @@ the layout is ``unsupported:<reason>`` and no byte figures are written. Never a 
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +62,29 @@ def cache_tensor_bytes(cache: Any) -> int:
     return total
 
 
+# (id(config), dtype) -> (weak reference to the config, layout). Reading a transformers
+# config (``to_dict``) costs ~50-100 µs per generate call; the layout of one config object
+# and dtype does not change between calls, and every call still cross-checks it against the
+# bytes the returned cache really holds.
+_LAYOUTS: dict[tuple[int, str], tuple[Any, kv.KVLayout]] = {}
+
+
+def _layout_for(config: Any, dtype: str) -> kv.KVLayout:
+    key = (id(config), dtype)
+    cached = _LAYOUTS.get(key)
+    if cached is not None and cached[0]() is config:
+        return cached[1]
+    layout = kv.kv_layout_from_config(config, kv_dtype=dtype)
+    try:
+        ref = weakref.ref(config)
+    except TypeError:
+        return layout
+    if len(_LAYOUTS) > 64:
+        _LAYOUTS.clear()
+    _LAYOUTS[key] = (ref, layout)
+    return layout
+
+
 def inspect_runtime_kv(model: Any, cache: Any, *, batch_size: int, tokens_held: int) -> RuntimeKV:
     """Derive the KV layout of ``model`` with the dtype ``cache`` holds, cross-checked against it.
 
@@ -82,7 +106,7 @@ def inspect_runtime_kv(model: Any, cache: Any, *, batch_size: int, tokens_held: 
     if keys is None or not hasattr(keys, "dtype"):
         return _unsupported(f"{type(layers[0]).__name__} holds no key tensor after generate")
     try:
-        layout = kv.kv_layout_from_config(model.config, kv_dtype=str(keys.dtype))
+        layout = _layout_for(model.config, str(keys.dtype))
     except kv.UnsupportedArchitecture as exc:
         return _unsupported(str(exc))
     except ValueError as exc:  # e.g. a cache dtype the formula has no byte size for

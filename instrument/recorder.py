@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from instrument.clock import wall_ns_from_perf_ns
+from instrument.clock import wall_ns_from_perf_ns_list
 
 __all__ = ["GenerationRecorder", "RecordedTimeline", "RecordingStreamer"]
 
@@ -147,14 +147,18 @@ class GenerationRecorder:
         """The recording in wall-clock ns; synchronizes on the last CUDA event once."""
         if self._streamer is None:
             raise RuntimeError("GenerationRecorder.streamer() was never passed to generate")
-        chunk_tokens = [int(v.shape[-1]) if getattr(v, "dim", lambda: 0)() >= 2 else 1 for v in self._streamer.emitted]
+        emitted = self._streamer.emitted
+        try:  # tensors: [batch] (one token each) or [batch, n] (n tokens per sequence)
+            chunk_tokens = [1 if v.dim() < 2 else int(v.shape[-1]) for v in emitted]
+        except AttributeError:
+            chunk_tokens = [int(v.shape[-1]) if getattr(v, "dim", lambda: 0)() >= 2 else 1 for v in emitted]
         device_ns: list[int] | None = None
         if self.device_time and self._events_used:
             self._events_used[-1][1].synchronize()
             device_ns = [round(start.elapsed_time(end) * 1e6) for start, end in self._events_used]
         return RecordedTimeline(
-            forward_start_ns=[wall_ns_from_perf_ns(t) for t in self.forward_start_perf_ns],
-            emit_ns=[wall_ns_from_perf_ns(t) for t in self._streamer.emit_perf_ns],
+            forward_start_ns=wall_ns_from_perf_ns_list(self.forward_start_perf_ns),
+            emit_ns=wall_ns_from_perf_ns_list(self._streamer.emit_perf_ns),
             chunk_tokens=chunk_tokens,
             forward_device_ns=device_ns,
         )

@@ -11,7 +11,8 @@ the SDK's Batch and Simple processors do nothing there.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import itertools
+from typing import Any, Iterable, Sequence
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -25,6 +26,7 @@ from instrument.tracing import CONTRACT_VERSION, SCOPE_NAME
 __all__ = ["ApiSpanWriter", "DirectSpanWriter", "span_writer_for", "resolve_context"]
 
 ChunkEvent = tuple[str, dict[str, Any], int]  # (name, attributes, timestamp ns)
+ChildSpan = tuple[dict[str, Any], int, int]  # (attributes, start ns, end ns)
 
 
 class ApiSpanWriter:
@@ -43,6 +45,16 @@ class ApiSpanWriter:
             span.add_event(event_name, event_attributes, timestamp=timestamp)
         span.end(end_time=end_ns)
         return trace.set_span_in_context(span)
+
+    def write_children(self, name: str, parent: Context, children: Iterable[ChildSpan]) -> int:
+        """Write many event-less INTERNAL spans named ``name`` under ``parent``; returns how many."""
+        written = 0
+        for attributes, start_ns, end_ns in children:
+            self.tracer.start_span(
+                name, context=parent, kind=SpanKind.INTERNAL, attributes=attributes, start_time=start_ns
+            ).end(end_time=end_ns)
+            written += 1
+        return written
 
 
 class DirectSpanWriter:
@@ -95,6 +107,64 @@ class DirectSpanWriter:
             )
             self.processor.on_end(span)
         return _LazyContext(context)  # type: ignore[return-value]
+
+    def write_children(self, name: str, parent: Context, children: Iterable[ChildSpan]) -> int:
+        """Write many event-less INTERNAL spans named ``name`` under ``parent``; returns how many.
+
+        The per-sequence work (parent lookup, one sampling decision, flags) is done once; per
+        span only an id, a ``SpanContext``, a ``ReadableSpan`` and the hand-off remain (the
+        decode-step path: ~2.5 µs per span instead of ~4 µs through :meth:`write`).
+        """
+        parent_span_context = trace.get_current_span(parent).get_span_context()
+        if parent_span_context is None or not parent_span_context.is_valid:
+            # No parent: each span starts its own trace; keep the general path.
+            written = 0
+            for attributes, start_ns, end_ns in children:
+                self.write(name, parent, attributes, start_ns, end_ns)
+                written += 1
+            return written
+        iterator = iter(children)
+        first = next(iterator, None)
+        if first is None:
+            return 0
+        trace_id = parent_span_context.trace_id
+        key = (parent_span_context.span_id, name)
+        sampling = self._decisions.get(key)
+        if sampling is None:
+            sampling = self.sampler.should_sample(parent, trace_id, name, SpanKind.INTERNAL, first[0], ())
+            if len(self._decisions) > 64:
+                self._decisions.clear()
+            self._decisions[key] = sampling
+        if not sampling.decision.is_recording():
+            return 1 + sum(1 for _ in iterator)
+        flags = trace.TraceFlags(trace.TraceFlags.SAMPLED if sampling.decision.is_sampled() else trace.TraceFlags.DEFAULT)
+        trace_state, extra = sampling.trace_state, sampling.attributes
+        new_span_id, span_context, readable = self.id_generator.generate_span_id, trace.SpanContext, ReadableSpan
+        resource, scope, internal = self.resource, self.scope, SpanKind.INTERNAL
+        spans = []
+        for attributes, start_ns, end_ns in itertools.chain((first,), iterator):
+            if extra:
+                attributes = {**extra, **attributes}
+            spans.append(readable(
+                name, span_context(trace_id, new_span_id(), False, flags, trace_state), parent_span_context, resource,
+                attributes, (), (), internal, start_time=start_ns, end_time=end_ns, instrumentation_scope=scope,
+            ))
+        _hand_off(self.processor, spans)
+        return len(spans)
+
+
+def _hand_off(processor: Any, spans: list[ReadableSpan]) -> None:
+    """``processor.on_end`` for each span, through ``on_end_many`` where a processor has one
+    (the SDK's multi-processor is unrolled so that our counting processor sees the batch)."""
+    inner = getattr(processor, "_span_processors", None)
+    for target in (inner if isinstance(inner, tuple) else (processor,)):
+        many = getattr(target, "on_end_many", None)
+        if many is not None:
+            many(spans)
+        else:
+            on_end = target.on_end
+            for span in spans:
+                on_end(span)
 
 
 class _LazyContext:

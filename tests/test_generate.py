@@ -249,3 +249,47 @@ def test_sampler_is_respected(tiny, direct_spans):
     result = traced_generate(model, tok, PROMPT, tracer_provider=provider, max_new_tokens=4, direct_spans=direct_spans)
     assert exporter.get_finished_spans() == ()
     assert result.sequences[0].generated_tokens == 4
+
+
+def test_decode_spans_handed_off_as_a_batch_are_counted_and_exported(tiny):
+    """The bulk decode-span path (``write_children`` -> ``on_end_many``) keeps the export
+    accounting exact: every span submitted is counted, exported and parented."""
+    from instrument.export_health import export_health
+
+    model, tok = tiny
+    exporter = InMemorySpanExporter()
+    provider = setup_tracing(exporter="none", span_exporters=[exporter], batch=True)
+    try:
+        results = [
+            traced_generate(model, tok, PROMPT, tracer_provider=provider, max_new_tokens=9, min_new_tokens=9)
+            for _ in range(3)
+        ]
+        provider.force_flush()
+        [counts] = export_health(provider)
+    finally:
+        provider.shutdown()
+    spans = exporter.get_finished_spans()
+    assert len(spans) == 3 * (1 + 1 + 8)  # generate + prefill + 8 decode steps, per call
+    assert counts.submitted == counts.exported == len(spans) and counts.dropped == 0
+    for result in results:
+        root_id = result.sequences[0].span_context.span_id
+        steps = sorted(s.attributes["tokentrace.step"] for s in spans if s.name == "decode" and s.parent.span_id == root_id)
+        assert steps == list(range(1, 9))
+
+
+def test_visible_token_cache_matches_a_fresh_decode(tiny):
+    """Visibility answers remembered per tokenizer give the same O as decoding afresh."""
+    from instrument import generate as generate_module
+
+    model, tok = tiny
+    provider = setup_tracing(exporter="none", span_exporters=[InMemorySpanExporter()], batch=False)
+    try:
+        first = traced_generate(model, tok, PROMPT, tracer_provider=provider, max_new_tokens=16)
+        generate_module._VISIBLE.pop(tok, None)
+        again = traced_generate(model, tok, PROMPT, tracer_provider=provider, max_new_tokens=16)
+    finally:
+        provider.shutdown()
+    ids = set(again.output[0, -16:].tolist())
+    expected = {i for i in ids if tok.decode([i], skip_special_tokens=True) != ""} - {tok.eos_token_id}
+    assert generate_module._VISIBLE[tok] and {i for i in ids if generate_module._VISIBLE[tok].get(i)} == expected
+    assert first.sequences[0].output_tokens == again.sequences[0].output_tokens
