@@ -347,3 +347,37 @@ def test_parquet_file_names_stay_inside_the_folder_whatever_the_sender_says(tmp_
     con, report = _load(root)
     assert report.spans_loaded == len(names)
     assert sorted(r[0] for r in con.execute("SELECT service_name FROM spans").fetchall()) == sorted(names)
+
+
+def test_write_failure_is_retryable_and_a_restart_moves_the_written_request_in(tmp_path: Path) -> None:
+    (tmp_path / "span_events").write_text("a file where the events folder goes")  # every move of events fails
+    with Receiver(tmp_path, grpc_addr="off", http_addr="127.0.0.1:0", out_format="parquet") as rx:
+        url = f"http://127.0.0.1:{rx.http_port}/v1/traces"
+        failed = httpx.post(url, content=_request(_span(1, "with-events")).SerializeToString(),
+                            headers={"Content-Type": "application/x-protobuf"}, timeout=TIMEOUT_S)
+        assert failed.status_code == 503 and "could not write the spans" in failed.text  # OTLP: retry later
+        assert not _post(rx.http_port, _request(_span(2, "no-events", events=0))).HasField("partial_success")
+    assert (rx.stats.requests_failed, rx.stats.spans_written) == (1, 1)
+    (tmp_path / "span_events").unlink()
+    with Receiver(tmp_path, grpc_addr="off", http_addr="127.0.0.1:0", out_format="parquet") as rx:
+        assert rx.writer.recovery.requests_completed == 1  # written completely before the failed move
+    con, report = _load(tmp_path)
+    assert sorted(r[0] for r in con.execute("SELECT name FROM spans").fetchall()) == ["no-events", "with-events"]
+    assert con.execute("SELECT count(*) FROM span_events").fetchone()[0] == 1
+
+
+def test_compaction_failure_keeps_the_parts_loadable(tmp_path: Path) -> None:
+    warnings: list[str] = []
+    with Receiver(tmp_path, grpc_addr="off", http_addr="127.0.0.1:0", out_format="parquet") as rx:
+        rx.writer.log = warnings.append
+        for i in range(3):
+            _post(rx.http_port, _request(_span(i)))
+        part = next((tmp_path / "spans").rglob("part-*.parquet"))
+        blocker = part.parent / f".seg-{PART_NAME.match(part.name).group('segment')}.parquet.tmp"
+        blocker.mkdir()  # the compacted temporary cannot be written
+    assert len(warnings) == 1 and "could not compact segment" in warnings[0] and "stay and load" in warnings[0]
+    assert rx.writer.compaction_errors == 1 and rx.writer.segments_compacted == 0
+    assert len(list((tmp_path / "spans").rglob("part-*.parquet"))) == 3
+    assert not list((tmp_path / "span_events").rglob("part-*.parquet"))  # the other folder compacted
+    _con, report = _load(tmp_path)
+    assert report.spans_loaded == 3

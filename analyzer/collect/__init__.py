@@ -1,5 +1,6 @@
-"""Embedded OTLP trace receiver (``tokentrace collect``): OTLP/gRPC and OTLP/HTTP in,
-OTLP/JSON lines out (the format ``tokentrace load`` and the Collector's file exporter share)."""
+"""Embedded OTLP trace receiver (``tokentrace collect``): OTLP/gRPC and OTLP/HTTP in, OTLP/JSON
+lines out (the format ``tokentrace load`` and the Collector's file exporter share) or, with
+``out_format="parquet"``, the Parquet dump ``tokentrace export`` writes."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from analyzer.collect.convert import filter_invalid_spans, otlp_json_to_request,
 from analyzer.collect.receiver import (
     DEFAULT_GRPC_ADDR,
     DEFAULT_HTTP_ADDR,
+    OUT_FORMATS,
     Receiver,
     parse_bind_address,
 )
@@ -18,6 +20,7 @@ __all__ = [
     "DEFAULT_HTTP_ADDR",
     "DEFAULT_ROTATE_BYTES",
     "JsonlWriter",
+    "OUT_FORMATS",
     "Receiver",
     "ReceiverStats",
     "filter_invalid_spans",

@@ -46,19 +46,28 @@ from analyzer.formats import stage
 from analyzer.formats.canonical import EVENT_COLUMNS, LINK_COLUMNS, SPAN_COLUMNS, Reject, RowSink
 from analyzer.formats.otlp_json import add_traces_data
 
-__all__ = ["COMPACT_WAIT_S", "OutputInUse", "ParquetWriter"]
+__all__ = ["COMPACT_WAIT_S", "OutputError", "OutputInUse", "ParquetWriter", "map_request"]
 
 LOCK_FILE = "lock"
 COMPACT_WAIT_S = 600.0  # close() waits at most this long for compactions (seconds); parts stay safe either way
 _TABLES = ("spans", "span_events", "span_links", "_stage_spans", "_stage_events", "_stage_links")
 
 
-class OutputInUse(ValueError):
+class OutputError(ValueError):
+    """The output folder cannot be prepared (created, locked or recovered)."""
+
+
+class OutputInUse(OutputError):
     """Another receiver holds the output folder's lock."""
 
 
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _reject_text(r: Reject) -> str:
@@ -118,20 +127,25 @@ class ParquetWriter:
         self.requests_written = 0
         self.segments_compacted = 0
         self.compaction_errors = 0
-        self._written: list[Path] = []
+        self._written: dict[Path, None] = {}  # an ordered set; compacted parts leave it
         self._lock = threading.Lock()
         self._closed = False
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         self.workspace = self.out_dir / WORKSPACE
         self.incoming = self.workspace / INCOMING
-        self.incoming.mkdir(parents=True, exist_ok=True)
+        try:
+            self.incoming.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OutputError(f"cannot create --out {str(self.out_dir)!r}: {exc}") from None
         self._lock_fd = self._take_lock()
         try:
             self._run_token = secrets.token_hex(3)
             self._segment_counter = 0
             self._request_counter = 0
             recovery_segment = self._segment_id(0)  # counter 0: the requests a restart moves in
-            self.recovery: Recovery = recover(self.out_dir, self.workspace, recovery_segment, fsync)
+            try:
+                self.recovery: Recovery = recover(self.out_dir, self.workspace, recovery_segment, fsync)
+            except OSError as exc:
+                raise OutputError(f"cannot recover {str(self.out_dir)!r} after an earlier crash: {exc}") from None
             self._segment = self._new_segment()
             from analyzer.store import connect
 
@@ -165,7 +179,9 @@ class ParquetWriter:
     @property
     def files(self) -> list[Path]:
         """Files this writer put in the output that still exist (parts and compacted segments), in order."""
-        return [p for p in self._written if p.exists()]
+        with self._lock:
+            written = list(self._written)
+        return [p for p in written if p.exists()]
 
     def _segment_id(self, counter: int) -> str:
         """``<UTC start time>-<run token>-<counter>``: unique across restarts (the token is random)."""
@@ -202,12 +218,12 @@ class ParquetWriter:
                 move_request_in(self.out_dir, ready, request_id, self.fsync, moved)
             except duckdb.Error as exc:
                 shutil.rmtree(writing, ignore_errors=True)
-                raise OSError(f"cannot write Parquet into {self.out_dir}: {str(exc).splitlines()[0]}") from exc
+                raise OSError(f"cannot write Parquet into {self.out_dir}: {_first_line(exc)}") from exc
             except OSError:
                 shutil.rmtree(writing, ignore_errors=True)
                 raise
             finally:  # what landed belongs to this segment, acknowledged or not (see parquet_layout)
-                self._written.extend(moved)
+                self._written.update(dict.fromkeys(moved))
                 self._segment.parts.extend(moved)
             self.requests_written += 1
             self._segment.bytes += sum(p.stat().st_size for p in moved)
@@ -270,14 +286,16 @@ class ParquetWriter:
                 continue
             try:
                 final = compact_group(con, self.out_dir, folder, segment_id, present)
-            except (OSError, duckdb.Error) as exc:
+            except Exception as exc:  # noqa: BLE001 - OSError, duckdb.Error or a bug: the parts are intact either way
                 ok = False
                 self.compaction_errors += 1
-                self.log(f"warning: could not compact segment {segment_id} in {folder} "
-                         f"(its {len(present)} part file(s) stay and load as they are): {str(exc).splitlines()[0]}")
+                self.log(f"warning: could not compact segment {segment_id} in {folder} (its {len(present)} part "
+                         f"file(s) stay and load as they are): {type(exc).__name__}: {_first_line(exc)}")
                 continue
             with self._lock:
-                self._written.append(final)
+                for p in present:
+                    self._written.pop(p, None)
+                self._written[final] = None
         if ok:
             self.segments_compacted += 1
 
