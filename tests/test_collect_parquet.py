@@ -199,7 +199,8 @@ def test_parquet_null_service_and_two_days_partition_like_export(tmp_path: Path)
 
 def test_rotation_compacts_segments_into_several_files_that_load_together(tmp_path: Path) -> None:
     n_requests, per_request = 12, 5
-    with Receiver(tmp_path, grpc_addr="off", http_addr="127.0.0.1:0", out_format="parquet", rotate_bytes=12_000) as rx:
+    with Receiver(tmp_path, grpc_addr="off", http_addr="127.0.0.1:0", out_format="parquet", rotate_bytes=12_000,
+                  fsync=True) as rx:
         for i in range(n_requests):
             _post(rx.http_port, _request(*[_span(i * per_request + k) for k in range(per_request)]))
             if i == 0:
