@@ -245,8 +245,6 @@ def test_killed_between_compaction_rename_and_deletes_loads_and_restart_cleans_u
     assert con.execute("SELECT count(*) FROM span_events").fetchone()[0] == 2 * n
 
 
-@pytest.mark.xfail(strict=True, reason="analyzer/formats/parquet_dump.py joins every copy of an event row to the "
-                                       "kept span: a span present twice in a dump gets its events twice")
 def test_killed_between_compaction_rename_and_deletes_keeps_events_single(tmp_path: Path) -> None:
     out = tmp_path / "pq"
     parts, n = _written_with_parts(out, 3)

@@ -51,3 +51,39 @@ def test_parquet_rows_are_checked_like_any_input(tmp_path):
     export_parquet(con, tmp_path / "d")
     f = load_paths(connect(), [str(tmp_path / "d")], lenient=True).files[0]
     assert (f.spans_loaded, f.rejected_by_reason) == (2, {"end_before_start": 1})
+
+
+def _dump_with_a_second_copy(tmp_path, change_event_name: bool) -> Path:
+    """A dump whose every span and event file is there twice (as a sender's retry or a
+    receiver crash between compaction and cleanup leaves it), optionally with one event renamed."""
+    con = connect()
+    load_paths(con, [str(SAMPLES / "jaeger_fixture_log_tags_trace.otlp.json")], lenient=True)
+    dump = tmp_path / "dump"
+    export_parquet(con, dump)
+    for table in ("spans", "span_events"):
+        for part in list((dump / table).rglob("*.parquet")):
+            copy = part.with_name("copy-" + part.name)
+            if table == "span_events" and change_event_name:
+                duckdb.connect().execute(
+                    f"COPY (SELECT * REPLACE (name || '-changed' AS name) FROM read_parquet('{part}')) TO '{copy}' (FORMAT parquet)")
+            else:
+                copy.write_bytes(part.read_bytes())
+    return dump
+
+
+def test_a_span_twice_in_a_dump_keeps_its_events_once(tmp_path):
+    con = connect()
+    load_paths(con, [str(SAMPLES / "jaeger_fixture_log_tags_trace.otlp.json")], lenient=True)
+    expected = _tables(con)
+    assert expected["span_events"], "the sample must carry events for this test to mean anything"
+    con2 = connect()
+    f = load_paths(con2, [str(_dump_with_a_second_copy(tmp_path, change_event_name=False))]).files[0]
+    assert f.spans_read == 2 * f.spans_loaded and f.duplicates_identical == f.spans_loaded
+    assert _tables(con2) == expected
+
+
+def test_a_span_twice_in_a_dump_with_different_events_is_refused(tmp_path):
+    from analyzer.formats.canonical import LoadError
+
+    with pytest.raises(LoadError, match="conflicting_duplicate: span_events: span .* two different rows with event_index"):
+        load_paths(connect(), [str(_dump_with_a_second_copy(tmp_path, change_event_name=True))])

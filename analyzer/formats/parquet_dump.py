@@ -83,15 +83,31 @@ def _read(con: duckdb.DuckDBPyConnection, f, sink: RowSink) -> str:  # noqa: ANN
         " WHERE NOT list_contains($bad, _ord)",
         {"bad": bad_ords},
     )
-    for table, stage_table, columns in (("span_events", "_stage_events", EVENT_COLUMNS), ("span_links", "_stage_links", LINK_COLUMNS)):
+    # A span can be in a dump more than once (a sender's retry, a receiver crash between
+    # compaction and cleanup); its child rows then are too, and nothing says which copy a
+    # row came from. Each distinct child row is given to every copy of its span, so copies
+    # with the same rows fingerprint as identical duplicates (one kept, no doubled events).
+    # Two different rows at one index cannot be told apart per copy: that is refused.
+    for table, stage_table, columns, index in (("span_events", "_stage_events", EVENT_COLUMNS, "event_index"),
+                                               ("span_links", "_stage_links", LINK_COLUMNS, "link_index")):
         child = _source(f.path, table, f.dataset_dir)
         if child is None:
             continue
+        cols = ", ".join(columns)
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _pq_child AS SELECT DISTINCT {cols} FROM {child}")
+        clash = con.execute(f"""
+            SELECT trace_id, span_id, {index} FROM _pq_child
+            GROUP BY ALL HAVING count(*) > 1 ORDER BY ALL LIMIT 1""").fetchone()
+        if clash is not None:
+            con.execute("DROP TABLE IF EXISTS _pq_child")
+            raise LoadError(f.name, None, "conflicting_duplicate",
+                            f"{table}: span {clash[0]}/{clash[1]} has two different rows with {index} {clash[2]}")
         c = ", ".join(f"c.{x}" for x in columns)
         con.execute(f"""
             INSERT INTO {stage_table}
-            SELECT k._ord, {c} FROM {child} c
-            JOIN (SELECT trace_id, span_id, min(_ord) AS _ord FROM _stage_spans GROUP BY ALL) k
+            SELECT k._ord, {c} FROM _pq_child c
+            JOIN (SELECT trace_id, span_id, _ord FROM _stage_spans) k
               ON k.trace_id = c.trace_id AND k.span_id = c.span_id""")
+        con.execute("DROP TABLE IF EXISTS _pq_child")
     con.execute("DROP TABLE IF EXISTS _pq_spans")
     return "parquet"
