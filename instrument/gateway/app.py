@@ -209,6 +209,8 @@ class Gateway:
         """
         gen, model, rid, created = state.gen, self.handle.model_id, state.request_id, int(time.time())
         detok = Detokenizer(self.handle.tokenizer, self.eos_ids)
+        render = sse.ContentChunks(gen.operation, rid, created, model).render
+        push = detok.push
         state.response_started = True
         try:
             if gen.operation == "chat":
@@ -229,9 +231,9 @@ class Gateway:
                     if kind == "done":
                         result = value
                         break
-                    delta, tokens = detok.push(value)
+                    delta, tokens = push(value)
                     if delta:
-                        out += sse.sse_line(sse.content_chunk(gen.operation, rid, created, model, delta))
+                        out += render(delta)
                         chunk_tokens.append(tokens)
                 if out:
                     sent_ns = now_wall_ns()

@@ -41,12 +41,15 @@ class Detokenizer:
     """Turns generated token ids into text deltas; holds back tokens that end mid-character.
 
     ``push`` returns ``(delta, tokens)``: the new text and how many tokens it covers, or
-    ``("", 0)`` while tokens are held back. Stop (EOS) tokens are counted but never shown.
-    Incremental (prefix/read offsets, as TGI and vLLM do): each push decodes only the last
-    few tokens, never the whole output.
+    ``("", 0)`` while tokens are held back. Stop (EOS) tokens are counted but never shown;
+    other special tokens are skipped (``skip_special_tokens``) and counted in the next delta.
+    Incremental: with a fast (Rust) tokenizer, ``tokenizers.decoders.DecodeStream`` (about
+    0.5 µs per token); otherwise prefix/read offsets as TGI and vLLM do (two ``decode`` calls
+    of the last few tokens, about 4 µs per token). Both give the same deltas.
     """
 
-    def __init__(self, tokenizer: Any, eos_ids: set[int]) -> None:
+    def __init__(self, tokenizer: Any, eos_ids: set[int], *, stream: bool | None = None) -> None:
+        """``stream``: use DecodeStream (None: when the tokenizer has a Rust backend)."""
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
         self.content_ids: list[int] = []
@@ -54,21 +57,40 @@ class Detokenizer:
         self.generated_tokens = 0
         self._prefix_offset = 0  # ids before this are settled context
         self._read_offset = 0  # ids before this have been sent as text
+        backend = getattr(tokenizer, "backend_tokenizer", None) if stream is not False else None
+        self._backend = backend
+        self._stream: Any = None
+        if backend is not None:
+            try:
+                from tokenizers.decoders import DecodeStream
+            except ImportError:  # tokenizers < 0.21
+                self._backend = None
+            else:
+                self._stream = DecodeStream(skip_special_tokens=True)
+        if stream and self._stream is None:
+            raise ValueError("DecodeStream needs a fast tokenizer and tokenizers >= 0.21")
 
     def push(self, token_id: int) -> tuple[str, int]:
+        """Add one generated token; the text it completes (if any) and the tokens that text covers."""
         self.generated_tokens += 1
         if token_id in self.eos_ids:
             return "", 0
         ids = self.content_ids
         ids.append(token_id)
-        decode = self.tokenizer.decode
-        prefix_text = decode(ids[self._prefix_offset:self._read_offset], skip_special_tokens=True)
-        new_text = decode(ids[self._prefix_offset:], skip_special_tokens=True)
-        if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
-            return "", 0
-        delta = new_text[len(prefix_text):]
+        if self._stream is not None:
+            delta = self._stream.step(self._backend, token_id)
+            if not delta:
+                return "", 0
+        else:
+            decode = self.tokenizer.decode
+            prefix_text = decode(ids[self._prefix_offset:self._read_offset], skip_special_tokens=True)
+            new_text = decode(ids[self._prefix_offset:], skip_special_tokens=True)
+            if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
+                return "", 0
+            delta = new_text[len(prefix_text):]
+            self._prefix_offset = self._read_offset
         tokens = len(ids) - self._read_offset
-        self._prefix_offset, self._read_offset = self._read_offset, len(ids)
+        self._read_offset = len(ids)
         self.text += delta
         return delta, tokens
 
@@ -86,8 +108,9 @@ class RequestState:
     input_tokens: int
     loop: asyncio.AbstractEventLoop
     inbox: deque = field(default_factory=deque)  # ("token", id) | ("done", JobResult), worker -> loop
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    _waiter: asyncio.Future | None = None  # the response path's wait for the inbox (loop thread only)
     _wake_scheduled: bool = False
+    _pending_chunks: list = field(default_factory=list)  # (index, tokens, visible, at_ns) not yet on the span
     job: Job | None = None
     chunk_index: int = 0
     output_tokens: int = 0
@@ -105,21 +128,37 @@ class RequestState:
             self.loop.call_soon_threadsafe(self._wake)
 
     def _wake(self) -> None:
+        """On the loop: wake the response path if it waits (a bare future; no task, no Event)."""
         self._wake_scheduled = False
-        self.ready.set()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def next_items(self, timeout_s: float) -> list[tuple[str, Any]]:
         """Every item the worker has handed over, waiting up to ``timeout_s`` s for the first
         (TimeoutError after that)."""
-        while not self.inbox:
-            self.ready.clear()
-            if self.inbox:
-                break
-            await asyncio.wait_for(self.ready.wait(), timeout=timeout_s)
+        if not self.inbox:
+            # Items are appended before their wake-up is scheduled and wake-ups run on this
+            # loop, so an item that arrives after the check always finds the waiter set. A
+            # stale wake-up (its items already taken) finds the inbox empty: wait again.
+            loop = self.loop
+            timer = loop.call_later(timeout_s, self._expire)
+            try:
+                while not self.inbox:
+                    self._waiter = loop.create_future()
+                    await self._waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
         items = []
         while self.inbox:
             items.append(self.inbox.popleft())
         return items
+
+    def _expire(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(asyncio.TimeoutError())
 
     def on_done_threadsafe(self, result: JobResult) -> None:
         """Called on the worker thread when the job ends (always exactly once)."""
@@ -132,7 +171,7 @@ class RequestState:
             self.finalize(result, finish_reason=self.abandoned_reason, generated_tokens=generated)
         else:
             self.inbox.append(("done", result))
-            self.ready.set()
+            self._wake()
             if not self.response_started:
                 self.loop.call_later(ORPHAN_GRACE_S, self._finish_orphan, result)
 
@@ -150,6 +189,7 @@ class RequestState:
             return
         self.abandoned_reason = reason
         self.abandoned_error_type = error_type
+        self.flush_chunk_events()
         self.span.add_event("tokentrace.cancel", {"tokentrace.cancel.reason": error_type or reason},
                             timestamp=now_wall_ns())
         if self.job is not None:
@@ -164,16 +204,25 @@ class RequestState:
     # --- chunk events --------------------------------------------------------------
     def chunk_written(self, tokens: int, visible: bool, at_ns: int | None = None) -> None:
         """Record one chunk written to the socket (``tokentrace.chunk`` on the gateway span), stamped
-        ``at_ns`` = when it was handed to the server for writing (never after the client got it)."""
-        self.span.add_event(
-            CHUNK_EVENT,
-            {"tokentrace.chunk.index": self.chunk_index, "tokentrace.chunk.tokens": tokens,
-             "tokentrace.chunk.visible": visible},
-            timestamp=at_ns if at_ns is not None else now_wall_ns(),
-        )
+        ``at_ns`` (ns since the epoch) = when it was handed to the server for writing (never
+        after the client got it).
+
+        The event is kept here and put on the span by :meth:`flush_chunk_events` (at the end
+        of the request, before any other event), so the span gets the same events, in order,
+        with these timestamps, while the ~8 µs per event of the SDK stays off the stream.
+        """
+        self._pending_chunks.append((self.chunk_index, tokens, visible, at_ns if at_ns is not None else now_wall_ns()))
         self.chunk_index += 1
         if visible:
             self.output_tokens += tokens
+
+    def flush_chunk_events(self) -> None:
+        """Put the recorded ``tokentrace.chunk`` events on the gateway span (in chunk order)."""
+        pending, self._pending_chunks = self._pending_chunks, []
+        add_event = self.span.add_event
+        for index, tokens, visible, at_ns in pending:
+            add_event(CHUNK_EVENT, {"tokentrace.chunk.index": index, "tokentrace.chunk.tokens": tokens,
+                                    "tokentrace.chunk.visible": visible}, timestamp=at_ns)
 
     # --- the one ending --------------------------------------------------------------
     def finalize(
@@ -185,6 +234,7 @@ class RequestState:
             return
         self.finished = True
         self.admission.release(self.ticket)
+        self.flush_chunk_events()
         end_ns = end_ns if end_ns is not None else now_wall_ns()
         job = self.job
         if job is not None:

@@ -9,9 +9,11 @@ with ``data: [DONE]\\n\\n``; with ``stream_options.include_usage`` a last chunk 
 from __future__ import annotations
 
 import json
+from json.encoder import encode_basestring  # what json.dumps(str, ensure_ascii=False) uses
 from typing import Any
 
-__all__ = ["DONE", "sse_line", "content_chunk", "finish_chunk", "usage_chunk", "error_body", "full_response", "usage"]
+__all__ = ["DONE", "ContentChunks", "sse_line", "content_chunk", "finish_chunk", "usage_chunk", "error_body",
+           "full_response", "usage"]
 
 DONE = b"data: [DONE]\n\n"
 
@@ -37,6 +39,29 @@ def content_chunk(
     else:
         out["choices"] = [{"index": 0, "text": text, "logprobs": None, "finish_reason": None}]
     return out
+
+
+class ContentChunks:
+    """Pre-rendered content-chunk envelope of one response: ``render(text)`` returns the same
+    bytes as ``sse_line(content_chunk(operation, request_id, created_s, model, text))``.
+
+    The envelope (id, object, created, model, choices) is fixed for a response, so it is
+    rendered once; each chunk is then ``prefix + JSON string of the delta + suffix`` (about
+    0.5 µs per chunk instead of ~6 µs for ``json.dumps`` of the whole object).
+    """
+
+    _SENTINEL = "\x00tokentrace-delta\x00"
+
+    def __init__(self, operation: str, request_id: str, created_s: int, model: str) -> None:
+        line = sse_line(content_chunk(operation, request_id, created_s, model, self._SENTINEL))
+        marker = encode_basestring(self._SENTINEL).encode("utf-8")
+        if line.count(marker) != 1:  # an id or model name that contains the sentinel: never in practice
+            raise ValueError("cannot pre-render the chunk envelope")
+        self.prefix, self.suffix = line.split(marker)
+
+    def render(self, text: str) -> bytes:
+        """One SSE content chunk (UTF-8 bytes) carrying ``text``."""
+        return self.prefix + encode_basestring(text).encode("utf-8") + self.suffix
 
 
 def finish_chunk(operation: str, request_id: str, created_s: int, model: str, finish_reason: str) -> dict[str, Any]:

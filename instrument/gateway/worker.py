@@ -175,12 +175,16 @@ class ModelWorker:
         from instrument.generate import traced_generate
 
         cancel = job.cancel
+        model = self.handle.model
+        # Batch of one: the answers are two fixed tensors, not a new tensor per step.
+        go_on = torch.zeros((1,), dtype=torch.bool, device=model.device)
+        stop = torch.ones((1,), dtype=torch.bool, device=model.device)
 
         class CancelCriteria(StoppingCriteria):
             """Stops generation after the current token once the request is cancelled."""
 
             def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-                return torch.full((input_ids.shape[0],), cancel.is_set(), dtype=torch.bool, device=input_ids.device)
+                return stop if cancel.is_set() else go_on
 
         on_token = job.on_token
 
@@ -199,7 +203,6 @@ class ModelWorker:
             def end(self) -> None:
                 pass
 
-        model = self.handle.model
         input_ids = torch.tensor([job.input_ids], dtype=torch.long, device=model.device)
         sampling: dict[str, Any] = {"do_sample": job.temperature > 0}
         if job.temperature > 0:
