@@ -10,10 +10,18 @@ Parameters are DuckDB's native ``$name`` parameters, bound by name (never format
 SQL). A parameter a caller does not give takes the default from the header. Views in
 ``queries/views/`` (adapters and ``request_facts``) are installed in file-name order before
 any query runs.
+
+Per connection, the views are installed once and the request-level views a query needs
+(:data:`MATERIALIZED_VIEWS`) are kept as temp tables, so the next query reads them instead of
+deriving them from the spans again. Both are keyed on the data: the row counts of ``spans``,
+``span_events``, ``span_links`` and ``loads`` (every ``tokentrace load`` appends a ``loads``
+row) and the view files' text. A change that keeps every count (an UPDATE, a DELETE and an
+INSERT of as many rows) must call :func:`install_views` with ``refresh=True``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -24,11 +32,16 @@ from typing import Any, Iterable, Mapping, Sequence
 import duckdb
 
 __all__ = [
+    "CHUNK_VIEWS",
+    "MATERIALIZED_VIEWS",
+    "MATERIALIZE_MAX_EVENTS",
     "QueryFile",
     "QueryResult",
     "install_views",
+    "kept_views",
     "list_queries",
     "load_query",
+    "materialize_views",
     "queries_dir",
     "run_query",
     "union_view_sql",
@@ -200,13 +213,112 @@ def union_view_sql(union: str, views: Iterable[str], columns: Sequence[str]) -> 
     return f"CREATE OR REPLACE VIEW {union} AS\n{body}"
 
 
-def install_views(con: duckdb.DuckDBPyConnection) -> None:
+#: Views kept as temp tables once a query on the connection needed them, in dependency order
+#: (the Spark engine checkpoints the same request-level views). A kept view ``v`` becomes
+#: ``SELECT * FROM tt_cached_v``; the views built on it read the table.
+MATERIALIZED_VIEWS: tuple[str, ...] = ("request_facts", "request_metrics", "request_keys", "request_gap_times")
+#: The per-chunk views among them (one row per gap: seven BIGINTs, 56 bytes a row in memory).
+CHUNK_VIEWS: tuple[str, ...] = ("request_gap_times",)
+#: Per-chunk views are kept only while ``span_events`` has at most this many rows (50M rows:
+#: about 2.8 GB); above it every query derives them from the spans again (streaming; DuckDB
+#: spills what does not fit in memory).
+MATERIALIZE_MAX_EVENTS = 50_000_000
+CACHE_PREFIX = "tt_cached_"
+STATE_TABLE = "tt_view_state"
+_COUNTED_TABLES = ("spans", "span_events", "span_links", "loads")
+
+
+def _present(con: duckdb.DuckDBPyConnection) -> set[str]:
+    """Tables and views reachable by their bare name (this database's and temp objects)."""
+    return {
+        r[0]
+        for r in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name IN (current_database(), 'temp')"
+            " UNION SELECT view_name FROM duckdb_views()"
+            " WHERE NOT internal AND database_name IN (current_database(), 'temp')"
+        ).fetchall()
+    }
+
+
+def _fingerprint(con: duckdb.DuckDBPyConnection, base: Sequence[str], derived: Sequence[str]) -> tuple[str, int]:
+    """What the installed views and kept tables depend on: row counts of the canonical tables,
+    the last load id and the view files' text. Also returns span_events' row count."""
+    present = _present(con)
+    counted = [t for t in _COUNTED_TABLES if t in present]
+    parts = [f"(SELECT count(*) FROM {t})" for t in counted]
+    if "loads" in present:
+        parts.append("(SELECT max(load_id) FROM loads)")
+    values = con.execute(f"SELECT {', '.join(parts)}").fetchall()[0] if parts else ()
+    counts = dict(zip(counted, values or ()))
+    digest = hashlib.sha256("\x00".join([*base, *derived]).encode()).hexdigest()[:16]
+    return f"{list(values or ())}|{digest}", int(counts.get("span_events") or 0)
+
+
+def _state(con: duckdb.DuckDBPyConnection) -> tuple[str, int] | None:
+    """(fingerprint, span_events rows) of the views installed on this connection, else None."""
+    found = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE database_name = 'temp' AND table_name = $t", {"t": STATE_TABLE}
+    ).fetchall()
+    if not found[0][0]:
+        return None
+    rows = con.execute(f"SELECT fingerprint, span_events FROM temp.{STATE_TABLE}").fetchall()
+    return (rows[0][0], int(rows[0][1])) if rows else None
+
+
+def _cached(con: duckdb.DuckDBPyConnection) -> set[str]:
+    return {
+        r[0][len(CACHE_PREFIX):]
+        for r in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = 'temp' AND starts_with(table_name, $p)",
+            {"p": CACHE_PREFIX},
+        ).fetchall()
+    }
+
+
+_KEEP_RE = re.compile(r"^--\s*keep:\s*(?P<names>[A-Za-z0-9_, ]+)$", re.MULTILINE)
+
+
+def kept_views(texts: Iterable[str]) -> list[str]:
+    """The views named on ``-- keep: a, b`` header lines of adapter files, in file order: each
+    adapter's request spans (one row per request span, so small), kept as temp tables when the
+    views are installed on DuckDB."""
+    return [
+        name.strip()
+        for text in texts
+        for m in _KEEP_RE.finditer(text)
+        for name in m["names"].split(",")
+        if name.strip()
+    ]
+
+
+def _keep(con: duckdb.DuckDBPyConnection, view: str) -> int:
+    """Replace ``view`` by a temp table of its rows (views built on it read the table); returns
+    its row count."""
+    con.execute(f"CREATE TEMP TABLE {CACHE_PREFIX}{view} AS SELECT * FROM {view}")
+    con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM temp.{CACHE_PREFIX}{view}")
+    return int(con.execute(f"SELECT count(*) FROM temp.{CACHE_PREFIX}{view}").fetchall()[0][0])
+
+
+def install_views(con: duckdb.DuckDBPyConnection, *, refresh: bool = False) -> None:
     """Create or replace the adapter views, then ``request_facts`` and ``request_chunks``, then
     the derived views (files whose header has the line ``-- install: after request_facts``:
-    per-request metrics, gaps and clock offsets, computed once over the unions)."""
+    per-request metrics, gaps and clock offsets, computed once over the unions).
+
+    The adapters' ``-- keep:`` views (their request spans) are kept as temp tables, and an
+    adapter whose ``<prefix>_request_spans`` has no row is left out of the unions (it would
+    add no row). Does nothing when this connection's views were installed over the same data
+    (see the module docstring); otherwise, or with ``refresh``, drops every kept table first."""
     base, derived = view_files()
+    fingerprint, events = _fingerprint(con, base, derived)
+    state = _state(con)
+    if not refresh and state is not None and state[0] == fingerprint:
+        return
+    for view in _cached(con):
+        con.execute(f"DROP TABLE IF EXISTS temp.{CACHE_PREFIX}{view}")
+    con.execute(f"DROP TABLE IF EXISTS temp.{STATE_TABLE}")
     for text in base:
         con.execute(text)
+    rows = {view: _keep(con, view) for view in kept_views(base)}
     views = {
         row[0]
         for row in con.execute(
@@ -223,9 +335,53 @@ def install_views(con: duckdb.DuckDBPyConnection) -> None:
                 {"t": reference},
             ).fetchall()
         ]
-        con.execute(union_view_sql(union, views, columns))
+        parts = [v for v in views if v.endswith("_" + union) and v != union]
+        with_rows = [v for v in parts if rows.get(v[: -len(union)] + "request_spans", 1) > 0]
+        con.execute(union_view_sql(union, with_rows or [reference], columns))
     for text in derived:
         con.execute(text)
+    con.execute(f"CREATE TEMP TABLE {STATE_TABLE} (fingerprint VARCHAR, span_events BIGINT)")
+    con.execute(f"INSERT INTO temp.{STATE_TABLE} VALUES ($f, $e)", {"f": fingerprint, "e": events})
+
+
+def _referenced(sql: str, definitions: Mapping[str, str]) -> set[str]:
+    """The views ``sql`` reads, directly or through other views (names matched as words)."""
+    found: set[str] = set()
+    pending = [_strip_comments(sql)]
+    while pending:  # bounded: each view is expanded at most once
+        text = pending.pop()
+        for name, body in definitions.items():
+            if name not in found and re.search(rf"\b{re.escape(name)}\b", text):
+                found.add(name)
+                pending.append(_strip_comments(body))
+    return found
+
+
+def materialize_views(con: duckdb.DuckDBPyConnection, sql: str) -> list[str]:
+    """Keep as temp tables the :data:`MATERIALIZED_VIEWS` that ``sql`` reads (directly or
+    through other views) and that are not kept yet; per-chunk views only while span_events
+    has at most :data:`MATERIALIZE_MAX_EVENTS` rows. Needs views from :func:`install_views`
+    on this connection (else does nothing). Returns the views it materialized."""
+    state = _state(con)
+    if state is None:
+        return []
+    definitions = dict(
+        con.execute(
+            "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal AND schema_name = current_schema()"
+            " AND database_name = current_database()"
+        ).fetchall()
+    )
+    needed = _referenced(sql, definitions)
+    cached = _cached(con)
+    made: list[str] = []
+    for view in MATERIALIZED_VIEWS:
+        if view not in needed or view in cached or view not in definitions:
+            continue
+        if view in CHUNK_VIEWS and state[1] > MATERIALIZE_MAX_EVENTS:
+            continue
+        _keep(con, view)
+        made.append(view)
+    return made
 
 
 @dataclass
@@ -247,10 +403,18 @@ def run_query(
     *,
     views: bool = True,
 ) -> QueryResult:
-    """Run ``queries/<name>.sql`` with its parameters bound by name."""
+    """Run ``queries/<name>.sql`` with its parameters bound by name.
+
+    ``views``: install the views first (a no-op when they are current, see
+    :func:`install_views`). Unless the query is narrowed to one trace or request (a non-NULL
+    ``$trace_id`` / ``$request_span_id``), the views it reads are kept for the next query
+    (:func:`materialize_views`)."""
     query = load_query(name)
+    bound = query.bind(params)
     if views:
         install_views(con)
-    cur = con.execute(query.sql, query.bind(params))
+    if bound.get("trace_id") is None and bound.get("request_span_id") is None:
+        materialize_views(con, query.sql)
+    cur = con.execute(query.sql, bound)
     columns = [d[0] for d in cur.description]
     return QueryResult(name, columns, cur.fetchall())

@@ -4,23 +4,38 @@ Synthetic traces of N requests x 150 visible tokens (client + gateway + tokenize
 prefill + 149 decode spans; 150 chunk events on the client and on the gateway span, with
 0-6 ms of deterministic jitter per chunk) are written with DuckDB COPY as a
 ``tokentrace export``-shaped dump (Hive partitions service_name/date). Then, each in a fresh
-subprocess so peak memory (ru_maxrss) is its own:
+subprocess so peak memory (VmHWM) is its own:
 
-- ``duckdb``: queries/requests.sql, itl.sql and summary.sql through analyzer.engine.open_source
-  (parquet=...), results fetched as Arrow (the full metric set: per-request metrics, every
-  ITL gap, percentiles); plus each other query alone (window, phases, skew_offsets, skew_rules).
-- ``pandas``: the same metric set (per-request TTFT/E2E/TPOT/rates per perspective, every
-  ITL gap, count/mean/p50/p90/p95/p99 with numpy's linear percentiles) from the same files,
-  read with pyarrow (map values looked up with pyarrow.compute). Only at N <= 1e5.
+- ``duckdb``: the full metric set as the library runs it (analyzer.queries: install_views,
+  then per query materialize_views and the query): queries/requests.sql, itl.sql and
+  summary.sql through analyzer.engine.open_source(parquet=...). requests and summary are
+  fetched as Arrow tables; itl as an Arrow table too up to --pandas-max requests, above that
+  streamed as Arrow record batches and dropped (298M gaps at 1e6 requests do not fit in
+  memory as one table; the query still computes and orders every gap). Timed from the open,
+  views included. Then each other query alone in a fresh process (window, phases,
+  skew_offsets, skew_rules).
+- ``pandas``: the same metric set, column for column, from the same files read with pyarrow
+  (map values looked up with pyarrow.compute): requests (per perspective s/f/e, tokens,
+  finish reason, status, outcome, TTFT, E2E, TPOT, both rates, KV bytes per token / prompt /
+  stop and MiB, null_reason; ordered like requests.sql), every ITL gap (gap_index, chunk,
+  times, tokens, itl_ms, itl_per_token_ms, null_reason; ordered like itl.sql) and the
+  summary (count, null_count, mean, std_pop, min, p50/p90/p95/p99 with numpy's linear
+  percentiles, max, succeeded requests only). Written as well as pandas allows: requests
+  are numbered with factorize so the gap sort is on integers, as DuckDB's request_key. Only
+  at N <= --pandas-max.
 
-    .venv/bin/pip install pandas      # benchmark only
+The parent checks that both engines gave the same row counts and the same summary numbers
+(relative 1e-9) before printing the ratio. Load average is printed beside every timing.
+
     .venv/bin/python benchmarks/queries.py --sizes 10000 100000 [--keep DIR]
+    .venv/bin/python benchmarks/queries.py --sizes 1000000 --keep /tmp/tt-bench   # DuckDB only
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import subprocess
@@ -28,12 +43,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 ANCHOR_NS = 1_767_225_600_000_000_000
 MS = "CAST(1000000 AS BIGINT)"  # ns per ms, as SQL (BIGINT arithmetic)
 DECODE_STEPS = 149  # 150 visible tokens
+FULL_SET = ("requests", "itl", "summary")
+OTHERS = ("window", "phases", "skew_offsets", "skew_rules")
+SUMMARY_NUMBERS = ("count", "null_count", "mean", "std_pop", "min", "p50", "p90", "p95", "p99", "max")
 
 
 def _select(table: str, values: dict[str, str]) -> str:
@@ -107,21 +126,45 @@ def generate(directory: Path, n: int) -> None:
     con.close()
 
 
-def run_duckdb(directory: str, queries: list[str]) -> dict:
+def run_duckdb(directory: str, queries: list[str], stream_itl: bool) -> dict[str, Any]:
+    """The queries as analyzer.queries runs them on one connection; seconds per query
+    (including the views it was the first to need) and in all, from the open."""
     from analyzer.engine import open_source
-    from analyzer.queries import install_views, load_query
+    from analyzer.queries import install_views, load_query, materialize_views
 
+    t0 = time.perf_counter()
     con = open_source(parquet=directory)
     install_views(con)
-    rows = {}
-    t0 = time.perf_counter()
+    seconds: dict[str, float] = {"open+views": time.perf_counter() - t0}
+    rows: dict[str, int] = {}
+    summary: list[dict[str, Any]] = []
     for name in queries:
-        q = load_query(name)
-        rows[name] = con.execute(q.sql, q.bind({})).to_arrow_table().num_rows
-    return {"seconds": time.perf_counter() - t0, "rows": rows}
+        start = time.perf_counter()
+        query = load_query(name)
+        materialize_views(con, query.sql)
+        relation = con.sql(query.sql, params=query.bind({}) or None)
+        if name == "itl" and stream_itl:
+            reader = relation.fetch_arrow_reader(batch_size=1_000_000)
+            rows[name] = sum(batch.num_rows for batch in reader)
+        else:
+            table = relation.to_arrow_table()
+            rows[name] = table.num_rows
+            if name == "summary":
+                summary = table.to_pylist()
+        seconds[name] = time.perf_counter() - start
+    seconds["total"] = time.perf_counter() - t0
+    return {"seconds": seconds, "rows": rows, "summary": summary}
 
 
-def run_pandas(directory: str) -> dict:
+def _lookup(column: Any, key: str) -> Any:
+    import pyarrow.compute as pc
+
+    return pc.map_lookup(column, key, "first")
+
+
+def run_pandas(directory: str) -> dict[str, Any]:
+    """requests, itl and summary with pandas/numpy: the columns of requests.sql / itl.sql /
+    summary.sql for tokentrace's span contract (client and server perspectives)."""
     import numpy as np
     import pandas as pd
     import pyarrow.compute as pc
@@ -129,42 +172,167 @@ def run_pandas(directory: str) -> dict:
 
     t0 = time.perf_counter()
     spans = ds.dataset(f"{directory}/spans", format="parquet", partitioning="hive")
-    st = spans.to_table(columns=["trace_id", "span_id", "parent_span_id", "name", "kind", "start_ns", "attr_int"],
-                        filter=pc.field("name").isin(["chat m", "gateway"]))
-    out_tokens = pc.list_element(pc.map_lookup(st["attr_int"], "gen_ai.usage.output_tokens", "all"), 0)
-    sp = st.drop(["attr_int"]).append_column("O", out_tokens).to_pandas()
-    sp["perspective"] = np.where(sp["kind"] == "CLIENT", "client", "server")
-    ev = ds.dataset(f"{directory}/span_events", format="parquet", partitioning="hive").to_table(
-        columns=["trace_id", "span_id", "time_ns", "name", "attr_int", "attr_bool"])
-    idx = pc.list_element(pc.map_lookup(ev["attr_int"], "tokentrace.chunk.index", "all"), 0)
-    tok = pc.list_element(pc.map_lookup(ev["attr_int"], "tokentrace.chunk.tokens", "all"), 0)
-    vis = pc.list_element(pc.map_lookup(ev["attr_bool"], "tokentrace.chunk.visible", "all"), 0)
-    ev = ev.drop(["attr_int", "attr_bool"]).append_column("chunk_index", idx).append_column("tokens", tok)
-    ev = ev.append_column("visible", vis).to_pandas()
-    ev = ev[(ev["name"] == "tokentrace.chunk") & ev["visible"].fillna(True)]
-    agg = ev.groupby(["trace_id", "span_id"], sort=False)["time_ns"].agg(f_ns="min", e_ns="max").reset_index()
-    req = sp.merge(agg, on=["trace_id", "span_id"], how="left")
-    req["ttft_ms"] = (req["f_ns"] - req["start_ns"]) / 1e6
-    req["e2e_ms"] = (req["e_ns"] - req["start_ns"]) / 1e6
-    many = req["O"] > 1
-    req["tpot_ms"] = np.where(many, (req["e2e_ms"] - req["ttft_ms"]) / (req["O"] - 1), np.nan)
-    req["decode_rate"] = np.where(many & (req["e_ns"] > req["f_ns"]),
-                                  (req["O"] - 1) / ((req["e_ns"] - req["f_ns"]) / 1e9), np.nan)
-    req["whole_rate"] = np.where(req["e_ns"] > req["start_ns"], req["O"] / ((req["e_ns"] - req["start_ns"]) / 1e9), np.nan)
-    ev = ev.sort_values(["trace_id", "span_id", "chunk_index", "time_ns"])
-    ev["itl_ms"] = ev.groupby(["trace_id", "span_id"], sort=False)["time_ns"].diff() / 1e6
-    gaps = ev.dropna(subset=["itl_ms"]).merge(sp[["trace_id", "span_id", "perspective"]], on=["trace_id", "span_id"])
-    gaps["itl_per_token_ms"] = gaps["itl_ms"] / gaps["tokens"]
+    ours = pc.field("scope_name") == "tokentrace"
+    # --- request spans: CLIENT spans and gateway SERVER spans, with their attributes
+    st = spans.to_table(
+        columns=["trace_id", "span_id", "parent_span_id", "name", "kind", "start_ns", "end_ns", "status_code",
+                 "clock_domain", "dropped_events_count", "attr_int", "attr_str", "attr_bool", "attr_json"],
+        filter=ours & ((pc.field("kind") == "CLIENT") | ((pc.field("name") == "gateway") & (pc.field("kind") == "SERVER"))))
+    ints = {k: _lookup(st["attr_int"], k) for k in (
+        "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "gen_ai.usage.output_tokens",
+        "gen_ai.usage.completion_tokens", "tokentrace.generated_tokens")}
+    rs = st.select(["trace_id", "span_id", "parent_span_id", "kind", "start_ns", "end_ns", "status_code",
+                    "clock_domain", "dropped_events_count"]).to_pandas()
+    for k, v in ints.items():
+        rs[k] = v.to_pandas().astype("Int64")
+    rs["finish_reason"] = _lookup(st["attr_json"], "gen_ai.response.finish_reasons").to_pandas().str.extract(
+        r'^\["([^"]*)"', expand=False)
+    rs["error_type"] = _lookup(st["attr_str"], "error.type").to_pandas()
+    rs["synthetic"] = _lookup(st["attr_bool"], "tokentrace.synthetic").to_pandas().fillna(False).astype(bool)
+    # --- phase spans under each gateway: prefill KV and the last decode step's KV
+    pre = spans.to_table(columns=["trace_id", "parent_span_id", "attr_int"], filter=ours & (pc.field("name") == "prefill"))
+    prefill = pre.select(["trace_id", "parent_span_id"]).to_pandas()
+    prefill["kv_bytes_per_token"] = _lookup(pre["attr_int"], "tokentrace.kv.bytes_per_token").to_pandas()
+    prefill["prompt_kv_bytes"] = _lookup(pre["attr_int"], "tokentrace.kv.bytes").to_pandas()
+    prefill = prefill.groupby(["trace_id", "parent_span_id"], sort=False).max()
+    dec = spans.to_table(columns=["trace_id", "parent_span_id", "attr_int"], filter=ours & (pc.field("name") == "decode"))
+    decode = dec.select(["trace_id", "parent_span_id"]).to_pandas()
+    decode["stop_kv_bytes"] = _lookup(dec["attr_int"], "tokentrace.kv.bytes").to_pandas()
+    decode = decode.groupby(["trace_id", "parent_span_id"], sort=False).agg(
+        stop_kv_bytes=("stop_kv_bytes", "max"), decode_spans=("stop_kv_bytes", "size"))
+    kv = prefill.join(decode, how="outer").reset_index().rename(columns={"parent_span_id": "server_span_id"})
+    # --- visible chunk events
+    et = ds.dataset(f"{directory}/span_events", format="parquet", partitioning="hive").to_table(
+        columns=["trace_id", "span_id", "event_index", "time_ns", "attr_int", "attr_bool"],
+        filter=pc.field("name") == "tokentrace.chunk")
+    visible = pc.fill_null(_lookup(et["attr_bool"], "tokentrace.chunk.visible"), True)
+    idx = pc.coalesce(_lookup(et["attr_int"], "tokentrace.chunk.index"), pc.cast(et["event_index"], "int64"))
+    tok = pc.fill_null(_lookup(et["attr_int"], "tokentrace.chunk.tokens"), 1)
+    et = et.select(["trace_id", "span_id", "time_ns"]).append_column("chunk_index", idx).append_column(
+        "chunk_tokens", tok).filter(visible)
+    ev = et.to_pandas()
+    chunk_agg = ev.groupby(["trace_id", "span_id"], sort=False).agg(
+        first_ns=("time_ns", "min"), last_ns=("time_ns", "max"), visible_chunk_tokens=("chunk_tokens", "sum")
+    ).reset_index()
+    # --- one row per request perspective (client, server)
+    gw = rs[rs["kind"] == "SERVER"]
+    cl = rs[rs["kind"] == "CLIENT"]
+    server = gw[["trace_id", "span_id", "parent_span_id"]].merge(
+        cl[["trace_id", "span_id"]].rename(columns={"span_id": "client_span_id"}),
+        left_on=["trace_id", "parent_span_id"], right_on=["trace_id", "client_span_id"], how="left")
+    server = server.assign(perspective="server", request_span_id=server["span_id"], perspective_span_id=server["span_id"],
+                           server_span_id=server["span_id"])
+    client = cl[["trace_id", "span_id"]].merge(
+        gw[["trace_id", "span_id", "parent_span_id"]].rename(columns={"span_id": "server_span_id"}),
+        left_on=["trace_id", "span_id"], right_on=["trace_id", "parent_span_id"], how="left")
+    client = client.assign(perspective="client", request_span_id=client["server_span_id"].fillna(client["span_id"]),
+                           perspective_span_id=client["span_id"], client_span_id=client["span_id"])
+    keys = ["trace_id", "request_span_id", "perspective", "perspective_span_id", "server_span_id"]
+    req = pd.concat([server[keys], client[keys]], ignore_index=True)
+    p = rs.rename(columns=lambda c: c if c == "trace_id" else "p_" + c)
+    sv = rs.rename(columns=lambda c: c if c == "trace_id" else "sv_" + c)
+    req = req.merge(p, left_on=["trace_id", "perspective_span_id"], right_on=["trace_id", "p_span_id"])
+    req = req.merge(sv, left_on=["trace_id", "server_span_id"], right_on=["trace_id", "sv_span_id"], how="left")
+    req = req.merge(chunk_agg, left_on=["trace_id", "perspective_span_id"], right_on=["trace_id", "span_id"], how="left")
+    req = req.merge(kv, on=["trace_id", "server_span_id"], how="left")
+    complete = req["p_dropped_events_count"] == 0
+    out = pd.DataFrame({"source": "tokentrace", "perspective": req["perspective"], "trace_id": req["trace_id"],
+                        "request_span_id": req["request_span_id"], "clock_domain": req["p_clock_domain"],
+                        "s_ns": req["p_start_ns"]})
+    out["f_ns"] = req["first_ns"].where(complete)
+    out["e_ns"] = req["last_ns"].where(complete)
+    out["input_tokens"] = req["p_gen_ai.usage.input_tokens"].fillna(req["p_gen_ai.usage.prompt_tokens"]).fillna(
+        req["sv_gen_ai.usage.input_tokens"]).fillna(req["sv_gen_ai.usage.prompt_tokens"])
+    out["output_tokens"] = req["p_gen_ai.usage.output_tokens"].fillna(req["p_gen_ai.usage.completion_tokens"]).fillna(
+        req["sv_gen_ai.usage.output_tokens"]).fillna(req["sv_gen_ai.usage.completion_tokens"]).fillna(
+        req["visible_chunk_tokens"].fillna(0).where(complete).astype("Int64"))
+    out["generated_tokens"] = req["sv_tokentrace.generated_tokens"].fillna(req["p_tokentrace.generated_tokens"])
+    out["finish_reason"] = req["p_finish_reason"].fillna(req["sv_finish_reason"])
+    out["status_code"] = req["p_status_code"]
+    O = out["output_tokens"].astype("float64")
+    f, e, s = out["f_ns"], out["e_ns"], out["s_ns"]
+    out["ttft_ms"] = (f - s) / 1e6
+    out["e2e_ms"] = (e - s) / 1e6
+    out["tpot_ms"] = ((e - f) / 1e6 / (O - 1)).where(O > 1)
+    out["decode_output_tokens_per_second"] = ((O - 1) / ((e - f) / 1e9)).where((O > 1) & (e > f))
+    out["whole_request_output_tokens_per_second"] = (O / ((e - s) / 1e9)).where(e > s)
+    out["kv_bytes_per_token"] = req["kv_bytes_per_token"]
+    out["prompt_kv_bytes"] = req["prompt_kv_bytes"]
+    out["prompt_kv_mib"] = req["prompt_kv_bytes"] / 1048576.0
+    one_token = req["decode_spans"].fillna(0).eq(0) & out["generated_tokens"].eq(1)
+    out["stop_kv_bytes"] = req["stop_kv_bytes"].fillna(req["prompt_kv_bytes"].where(one_token))
+    out["stop_kv_mib"] = out["stop_kv_bytes"] / 1048576.0
+    out["synthetic"] = req["p_synthetic"]
+    failed = out["finish_reason"].eq("error") | out["status_code"].eq("ERROR") | req["sv_status_code"].eq("ERROR")
+    out["outcome"] = np.select([out["finish_reason"].eq("cancelled"), failed], ["cancelled", "failed"], "succeeded")
+    dropped = req["p_dropped_events_count"]
+    out["null_reason"] = np.select(
+        [dropped > 0, req["first_ns"].isna(), O.isna(), O <= 1, e == f],
+        ["f/e unknown: " + dropped.astype(str) + " events dropped by the span event limit", "no visible chunk events",
+         "output token count unknown", "tpot_ms and decode rate need more than one output token",
+         "decode rate needs e > f"], None)
+    requests = out.sort_values(["s_ns", "trace_id", "request_span_id", "perspective"], ignore_index=True)
+    # --- every gap. The request perspectives are numbered in (trace, request span,
+    # perspective) order (request_key); chunks are sorted on integers with numpy, the gap is
+    # the difference to the previous chunk of the same request; strings are attached last.
+    order = req[["trace_id", "request_span_id", "perspective", "perspective_span_id", "p_dropped_events_count"]]
+    order = order.sort_values(["trace_id", "request_span_id", "perspective"], ignore_index=True)
+    order["request_key"] = np.arange(len(order))
+    key_of = ev[["trace_id", "span_id"]].merge(
+        order[["trace_id", "perspective_span_id", "request_key"]], how="left",
+        left_on=["trace_id", "span_id"], right_on=["trace_id", "perspective_span_id"])["request_key"]
+    has_key = key_of.notna().to_numpy()
+    rk = key_of.to_numpy(dtype="float64")[has_key].astype(np.int64)
+    cidx = ev["chunk_index"].to_numpy(dtype=np.int64)[has_key]
+    tns = ev["time_ns"].to_numpy(dtype=np.int64)[has_key]
+    ctok = ev["chunk_tokens"].to_numpy(dtype=np.int64)[has_key]
+    sort = np.lexsort((tns, cidx, rk))
+    rk, cidx, tns, ctok = rk[sort], cidx[sort], tns[sort], ctok[sort]
+    starts = np.r_[True, rk[1:] != rk[:-1]]
+    position = np.arange(len(rk)) - np.maximum.accumulate(np.where(starts, np.arange(len(rk)), 0))
+    later = ~starts
+    g_key, g_prev, g_time, g_tok = rk[later], tns[:-1][later[1:]], tns[later], ctok[later]
+    g_dropped = order["p_dropped_events_count"].to_numpy(dtype=np.int64)[g_key]
+    known = g_dropped == 0
+    itl_ms = np.where(known, (g_time - g_prev) / 1e6, np.nan)
+    itl_per_token_ms = np.where(known & (g_tok > 0), itl_ms / np.where(g_tok > 0, g_tok, 1), np.nan)
+    reason = np.full(len(g_key), None, dtype=object)
+    if (~known).any():
+        reason[~known] = ["gap unknown: " + str(d) + " events dropped by the span event limit, chunks are missing"
+                          for d in g_dropped[~known]]
+    reason[known & (g_tok == 0)] = "itl_per_token_ms needs a chunk with tokens"
+    gaps = pd.DataFrame({
+        "source": pd.Series(["tokentrace"], dtype=order["perspective"].dtype).take(np.zeros(len(g_key), np.int64)).array,
+        "perspective": order["perspective"].take(g_key).array,
+        "trace_id": order["trace_id"].take(g_key).array,
+        "request_span_id": order["request_span_id"].take(g_key).array,
+        "gap_index": position[later], "chunk_index": cidx[later], "prev_time_ns": g_prev, "time_ns": g_time,
+        "chunk_tokens": g_tok, "itl_ms": itl_ms, "itl_per_token_ms": itl_per_token_ms,
+        "null_reason": pd.Series(reason, dtype=object).array}, copy=False)
+    # --- summary over succeeded requests (per perspective)
+    ok = requests[requests["outcome"] == "succeeded"]
+    ok_keys = order.merge(ok[["trace_id", "request_span_id", "perspective"]],
+                          on=["trace_id", "request_span_id", "perspective"])["request_key"].to_numpy()
+    ok_gap = np.isin(g_key, ok_keys)
+    gap_perspective = order["perspective"].to_numpy()[g_key]
     summary = []
-    for perspective, group in req.groupby("perspective"):
-        for metric in ("ttft_ms", "tpot_ms", "e2e_ms", "decode_rate", "whole_rate"):
-            v = group[metric].dropna().to_numpy()
-            summary.append((metric, perspective, len(v), v.mean(), *np.percentile(v, [50, 90, 95, 99])))
-    for perspective, group in gaps.groupby("perspective"):
-        for metric in ("itl_ms", "itl_per_token_ms"):
-            v = group[metric].to_numpy()
-            summary.append((metric, perspective, len(v), v.mean(), *np.percentile(v, [50, 90, 95, 99])))
-    return {"seconds": time.perf_counter() - t0, "rows": {"requests": len(req), "itl": len(gaps), "summary": len(summary)}}
+    for metric in ("ttft_ms", "tpot_ms", "e2e_ms", "itl_ms", "itl_per_token_ms", "decode_output_tokens_per_second",
+                   "whole_request_output_tokens_per_second"):
+        for perspective in sorted(ok["perspective"].unique()):
+            if metric.startswith("itl"):
+                values = (itl_ms if metric == "itl_ms" else itl_per_token_ms)[ok_gap & (gap_perspective == perspective)]
+            else:
+                values = ok.loc[ok["perspective"] == perspective, metric].to_numpy(dtype="float64", na_value=np.nan)
+            v = values[~np.isnan(values)]
+            pct = np.percentile(v, [50, 90, 95, 99]) if len(v) else [None] * 4
+            summary.append({"metric": metric, "perspective": perspective, "count": len(v),
+                            "null_count": int(len(values) - len(v)), "mean": v.mean() if len(v) else None,
+                            "std_pop": v.std() if len(v) else None, "min": v.min() if len(v) else None,
+                            "p50": pct[0], "p90": pct[1], "p95": pct[2], "p99": pct[3],
+                            "max": v.max() if len(v) else None})
+    seconds = time.perf_counter() - t0
+    return {"seconds": {"total": seconds}, "summary": summary,
+            "rows": {"requests": len(requests), "itl": len(gaps), "summary": len(summary)}}
 
 
 def _peak_rss_mib() -> float:
@@ -179,52 +347,101 @@ def _peak_rss_mib() -> float:
 
 
 def _child(args: argparse.Namespace) -> None:
-    if args.engine == "pandas":
+    if args.child == "pandas":
         result = run_pandas(args.dir)
     else:
-        result = run_duckdb(args.dir, args.queries.split(","))
+        result = run_duckdb(args.dir, args.queries.split(","), args.stream_itl)
     result["peak_rss_mib"] = _peak_rss_mib()
-    print(json.dumps(result))
+    print(json.dumps(result, default=str))
 
 
-def _measure(engine: str, directory: Path, queries: str = "") -> dict:
+def _measure(engine: str, directory: Path, queries: str = "", stream_itl: bool = False) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", engine, "--dir", str(directory), "--queries", queries]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=900).stdout
+    if stream_itl:
+        cmd.append("--stream-itl")
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=7200).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+def _load() -> str:
+    return "load " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _same_summary(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[str]:
+    """Differences between two summaries (metric, perspective, numbers; relative 1e-9)."""
+    index = {(r["metric"], r["perspective"]): r for r in b}
+    diffs = []
+    for row in a:
+        other = index.get((row["metric"], row["perspective"]))
+        if other is None:
+            diffs.append(f"{row['metric']}/{row['perspective']}: missing")
+            continue
+        for k in SUMMARY_NUMBERS:
+            x, y = row[k], other[k]
+            if (x is None) != (y is None) or (x is not None and not math.isclose(float(x), float(y), rel_tol=1e-9, abs_tol=1e-9)):
+                diffs.append(f"{row['metric']}/{row['perspective']} {k}: {x} != {y}")
+    if len(a) != len(b):
+        diffs.append(f"{len(a)} summary rows != {len(b)}")
+    return diffs
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--pandas-max", type=int, default=100_000, help="largest size also run with pandas")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per engine and size (the fastest is reported)")
+    parser.add_argument("--skip-others", action="store_true", help="only the full metric set")
     parser.add_argument("--keep", default=None, help="write dumps here (default: a temp dir, removed)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--dir", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--queries", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--stream-itl", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        args.engine = args.child
         _child(args)
         return
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="tt-bench-"))
+    results: list[dict[str, Any]] = []
     for n in args.sizes:
         directory = root / f"n{n}"
         t0 = time.perf_counter()
         if not (directory / "spans").is_dir():
             generate(directory, n)
+        spans = n * (5 + DECODE_STEPS)
         size_mib = sum(f.stat().st_size for f in directory.rglob("*.parquet")) / 2**20
-        print(f"\nN = {n:,} requests: {n * (5 + DECODE_STEPS):,} spans, {n * 2 * (DECODE_STEPS + 1):,} events, "
+        print(f"\nN = {n:,} requests: {spans:,} spans, {n * 2 * (DECODE_STEPS + 1):,} events, "
               f"{size_mib:,.0f} MiB Parquet (generated/found in {time.perf_counter() - t0:.1f} s)", flush=True)
-        full = _measure("duckdb", directory, "requests,itl,summary")
-        print(f"  duckdb full metric set (requests+itl+summary): {full['seconds']:.2f} s, "
-              f"peak RSS {full['peak_rss_mib']:,.0f} MiB, rows {full['rows']}", flush=True)
-        for q in ("window", "phases", "skew_offsets", "skew_rules"):
-            one = _measure("duckdb", directory, q)
-            print(f"  duckdb {q:<13} {one['seconds']:.2f} s, peak RSS {one['peak_rss_mib']:,.0f} MiB", flush=True)
+        stream = n > args.pandas_max
+        runs = [_measure("duckdb", directory, ",".join(FULL_SET), stream) for _ in range(args.repeat)]
+        full = min(runs, key=lambda r: r["seconds"]["total"])
+        per_query = "  ".join(f"{k} {v:.2f} s" for k, v in full["seconds"].items() if k != "total")
+        print(f"  duckdb full metric set: {full['seconds']['total']:.2f} s ({per_query}), "
+              f"{full['seconds']['total'] / spans * 1e6:.3f} s per 1M spans, peak RSS {full['peak_rss_mib']:,.0f} MiB, "
+              f"rows {full['rows']}, itl {'streamed' if stream else 'Arrow table'}  [{_load()}]", flush=True)
+        entry: dict[str, Any] = {"requests": n, "spans": spans, "duckdb": full}
+        if not args.skip_others:
+            for q in OTHERS:
+                one = _measure("duckdb", directory, q)
+                entry[q] = one
+                print(f"  duckdb {q:<13} {one['seconds']['total']:.2f} s (open+views {one['seconds']['open+views']:.2f} s), "
+                      f"peak RSS {one['peak_rss_mib']:,.0f} MiB  [{_load()}]", flush=True)
         if n <= args.pandas_max:
-            pd_res = _measure("pandas", directory)
-            print(f"  pandas full metric set: {pd_res['seconds']:.2f} s, peak RSS {pd_res['peak_rss_mib']:,.0f} MiB, "
-                  f"rows {pd_res['rows']}  -> duckdb is {pd_res['seconds'] / full['seconds']:.1f}x faster", flush=True)
+            pd_runs = [_measure("pandas", directory) for _ in range(args.repeat)]
+            pd_res = min(pd_runs, key=lambda r: r["seconds"]["total"])
+            diffs = _same_summary(full["summary"], pd_res["summary"])
+            counts = {k: (full["rows"][k], pd_res["rows"][k]) for k in ("requests", "itl")}
+            agree = not diffs and all(a == b for a, b in counts.values())
+            ratio = pd_res["seconds"]["total"] / full["seconds"]["total"]
+            print(f"  pandas full metric set: {pd_res['seconds']['total']:.2f} s, peak RSS {pd_res['peak_rss_mib']:,.0f} MiB, "
+                  f"rows {pd_res['rows']}  [{_load()}]", flush=True)
+            print(f"  results {'agree' if agree else 'DIFFER: ' + '; '.join(diffs[:5]) + str(counts)}; "
+                  f"duckdb is {ratio:.1f}x faster than pandas", flush=True)
+            entry.update(pandas=pd_res, ratio=ratio, agree=agree)
+        for engine in ("duckdb", "pandas"):
+            if engine in entry:
+                entry[engine].pop("summary", None)
+        results.append(entry)
+    print(json.dumps(results, indent=1, default=str))
     if not args.keep:
         import shutil
 

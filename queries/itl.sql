@@ -24,4 +24,6 @@ SELECT
 FROM request_gaps
 WHERE ($perspective IS NULL OR perspective = $perspective)
   AND ($trace_id IS NULL OR trace_id = $trace_id)
-ORDER BY trace_id, request_span_id, perspective, gap_index;
+-- request_key numbers (trace_id, request_span_id, perspective) in that order (view request_keys):
+-- the same row order as sorting on the three strings, at the cost of one integer.
+ORDER BY request_key, gap_index;

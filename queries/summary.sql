@@ -17,11 +17,17 @@ WITH req AS (
     WHERE ($perspective IS NULL OR perspective = $perspective)
       AND ($include_unsuccessful OR outcome = 'succeeded')
 ),
+-- the gaps of the counted requests, matched on the integer request_key (view request_keys)
+req_keys AS (
+    SELECT k.request_key
+    FROM req r
+    JOIN request_keys k
+      ON k.trace_id = r.trace_id AND k.request_span_id = r.request_span_id AND k.perspective = r.perspective
+),
 gaps AS (
     SELECT g.*
     FROM request_gaps g
-    JOIN req r ON r.trace_id = g.trace_id AND r.request_span_id = g.request_span_id
-              AND r.perspective = g.perspective
+    JOIN req_keys r ON r.request_key = g.request_key
 ),
 vals AS (
     SELECT perspective, 1 AS metric_order, 'ttft_ms' AS metric, 'ms' AS unit, ttft_ms AS value FROM req
@@ -38,23 +44,39 @@ vals AS (
     UNION ALL
     SELECT perspective, 7, 'whole_request_output_tokens_per_second', 'tokens/s', whole_request_output_tokens_per_second
     FROM req
+),
+-- the four percentiles in one pass (one sorted copy of the values, not four)
+distributions AS (
+    SELECT
+        metric_order,
+        metric,
+        perspective,
+        unit,
+        count(value) AS count,
+        count(*) - count(value) AS null_count,
+        avg(value) AS mean,
+        stddev_pop(value) AS std_pop,
+        min(value) AS min,
+        quantile_cont(value, [0.5, 0.9, 0.95, 0.99]) AS percentiles,
+        max(value) AS max
+    FROM vals
+    GROUP BY metric_order, metric, perspective, unit
 )
 SELECT
     metric,
     perspective,
     unit,
-    count(value) AS count,
-    count(*) - count(value) AS null_count,
-    avg(value) AS mean,
-    stddev_pop(value) AS std_pop,
-    min(value) AS min,
-    quantile_cont(value, 0.5) AS p50,
-    quantile_cont(value, 0.9) AS p90,
-    quantile_cont(value, 0.95) AS p95,
-    quantile_cont(value, 0.99) AS p99,
-    max(value) AS max,
+    count,
+    null_count,
+    mean,
+    std_pop,
+    min,
+    percentiles[1] AS p50,
+    percentiles[2] AS p90,
+    percentiles[3] AS p95,
+    percentiles[4] AS p99,
+    max,
     'linear' AS interpolation,
-    CASE WHEN count(value) = 0 THEN 'no known value of ' || metric END AS null_reason
-FROM vals
-GROUP BY metric_order, metric, perspective, unit
+    CASE WHEN count = 0 THEN 'no known value of ' || metric END AS null_reason
+FROM distributions
 ORDER BY metric_order, perspective;

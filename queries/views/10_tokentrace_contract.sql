@@ -3,21 +3,38 @@
 -- one root `generate` span (no gateway), or one CLIENT span whose server side was not traced.
 -- Each request gives one row per perspective: client (CLIENT span clock), server (gateway
 -- clock), engine (bare generate root).
+-- keep: tt_request_candidates, tt_request_spans
+
+-- The spans that can carry a request perspective (gateway SERVER, CLIENT, root generate),
+-- with every column the facts read. The request views join this small set, never all of
+-- `spans` (a request has ~150 decode spans). Three disjoint scans with one equality each, not
+-- one OR: DuckDB pushes an equality into the Parquet/table scan and decodes the attribute
+-- maps of the matching rows only (7x faster than the OR at 1.5M spans).
+CREATE OR REPLACE VIEW tt_request_candidates AS
+SELECT trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, status_code, clock_domain,
+       attr_int, attr_bool, attr_str, attr_json, dropped_events_count
+FROM spans
+WHERE scope_name = 'tokentrace' AND name = 'gateway' AND kind = 'SERVER'
+UNION ALL
+SELECT trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, status_code, clock_domain,
+       attr_int, attr_bool, attr_str, attr_json, dropped_events_count
+FROM spans
+WHERE scope_name = 'tokentrace' AND kind = 'CLIENT'
+UNION ALL
+SELECT trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, status_code, clock_domain,
+       attr_int, attr_bool, attr_str, attr_json, dropped_events_count
+FROM spans
+WHERE scope_name = 'tokentrace' AND name = 'generate' AND parent_span_id IS NULL AND kind <> 'CLIENT';
 
 CREATE OR REPLACE VIEW tt_request_spans AS
-WITH ours AS (
-    SELECT trace_id, span_id, parent_span_id, name, kind
-    FROM spans
-    WHERE scope_name = 'tokentrace'
-),
-gateway AS (
-    SELECT trace_id, span_id, parent_span_id FROM ours WHERE name = 'gateway' AND kind = 'SERVER'
+WITH gateway AS (
+    SELECT trace_id, span_id, parent_span_id FROM tt_request_candidates WHERE name = 'gateway' AND kind = 'SERVER'
 ),
 client AS (
-    SELECT trace_id, span_id FROM ours WHERE kind = 'CLIENT'
+    SELECT trace_id, span_id FROM tt_request_candidates WHERE kind = 'CLIENT'
 ),
 engine AS (
-    SELECT trace_id, span_id FROM ours WHERE name = 'generate' AND parent_span_id IS NULL
+    SELECT trace_id, span_id FROM tt_request_candidates WHERE name = 'generate' AND parent_span_id IS NULL
 )
 SELECT g.trace_id, g.span_id AS request_span_id, 'server' AS perspective,
        g.span_id AS perspective_span_id, g.span_id AS server_span_id, c.span_id AS client_span_id
@@ -55,7 +72,7 @@ CREATE OR REPLACE VIEW tt_request_chunks AS
 SELECT r.trace_id, r.request_span_id, r.perspective, 'tokentrace' AS source,
        c.chunk_index, c.time_ns, c.chunk_tokens, p.dropped_events_count AS events_dropped
 FROM tt_request_spans r
-JOIN spans p ON p.trace_id = r.trace_id AND p.span_id = r.perspective_span_id
+JOIN tt_request_candidates p ON p.trace_id = r.trace_id AND p.span_id = r.perspective_span_id
 JOIN tt_chunk_events c ON c.trace_id = r.trace_id AND c.span_id = r.perspective_span_id
 WHERE c.visible;
 
@@ -144,9 +161,9 @@ SELECT
         WHEN ca.first_chunk_ns IS NULL THEN 'no visible chunk events'
     END AS null_reason
 FROM tt_request_spans r
-JOIN spans p ON p.trace_id = r.trace_id AND p.span_id = r.perspective_span_id
-LEFT JOIN spans sv ON sv.trace_id = r.trace_id AND sv.span_id = r.server_span_id
-LEFT JOIN spans cl ON cl.trace_id = r.trace_id AND cl.span_id = r.client_span_id
+JOIN tt_request_candidates p ON p.trace_id = r.trace_id AND p.span_id = r.perspective_span_id
+LEFT JOIN tt_request_candidates sv ON sv.trace_id = r.trace_id AND sv.span_id = r.server_span_id
+LEFT JOIN tt_request_candidates cl ON cl.trace_id = r.trace_id AND cl.span_id = r.client_span_id
 LEFT JOIN chunk_agg ca ON ca.trace_id = r.trace_id AND ca.span_id = r.perspective_span_id
 LEFT JOIN chunk_agg sca ON sca.trace_id = r.trace_id AND sca.span_id = r.server_span_id
 LEFT JOIN chunk_agg cca ON cca.trace_id = r.trace_id AND cca.span_id = r.client_span_id

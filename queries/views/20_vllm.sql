@@ -11,6 +11,7 @@
 -- No per-token times: f and e are DERIVED as s + TTFT and s + E2E (not chunk events), ITL is
 -- unknown (no request_chunks rows), and queue/prefill boundaries place engine-clock
 -- durations back from f (a mixed-clock figure, flagged in null_reason).
+-- keep: vllm_request_spans
 
 CREATE OR REPLACE VIEW vllm_request_spans AS
 SELECT

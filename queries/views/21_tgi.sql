@@ -15,6 +15,7 @@
 -- each: speculative multi-token generations are not split). Without send_generation spans
 -- (sampled out) f is unknown and e = s + total_time (derived, flagged in null_reason).
 -- TGI spans carry no prompt token count and no finish reason: NULL.
+-- keep: tgi_request_spans
 
 CREATE OR REPLACE VIEW tgi_request_spans AS
 SELECT trace_id, span_id, start_ns, end_ns, clock_domain, status_code, attr_str

@@ -15,6 +15,7 @@
 -- 1 + decode steps (speculative decoding, several tokens per step, is not split). These are
 -- scheduler times on the scheduler's clock: when the token was computed, not when it was sent.
 -- The root's start is on the tokenizer process's clock; both are time.time() wall clocks.
+-- keep: sglang_request_spans
 
 CREATE OR REPLACE VIEW sglang_request_spans AS
 SELECT trace_id, span_id, start_ns, end_ns, clock_domain, status_code, attr_str

@@ -12,6 +12,7 @@
 -- Signature: kind = 'CLIENT' AND attr llm.request.type present AND not our scope.
 -- The request is keyed by the client span itself: a traced server span below it (vLLM, TGI,
 -- SGLang) is a separate request row from its own adapter (not joined; docs/adapters.md).
+-- keep: openllmetry_request_spans
 
 CREATE OR REPLACE VIEW openllmetry_request_spans AS
 SELECT trace_id, span_id, start_ns, end_ns, clock_domain, status_code, dropped_events_count,

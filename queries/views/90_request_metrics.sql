@@ -60,38 +60,60 @@ SELECT
     END AS null_reason
 FROM request_facts;
 
--- One row per gap between consecutive visible chunks of a request perspective (ordered by
--- chunk index): itl_ms per chunk; itl_per_token_ms = gap / tokens of the later chunk.
-CREATE OR REPLACE VIEW request_gaps AS
+-- One integer key per request perspective: request_key numbers the (trace_id,
+-- request_span_id, perspective, source) rows of request_facts in that order (1, 2, ...).
+-- The per-chunk work (the gap window, itl's ORDER BY, summary's filter) partitions, sorts
+-- and joins on this one BIGINT instead of three strings (docs/metrics.md, "Performance").
+-- Every adapter's chunk rows belong to a request_facts row (docs/adapters.md).
+CREATE OR REPLACE VIEW request_keys AS
+SELECT source, perspective, trace_id, request_span_id,
+       row_number() OVER (ORDER BY trace_id, request_span_id, perspective, source) AS request_key
+FROM (SELECT DISTINCT source, perspective, trace_id, request_span_id FROM request_facts) k;
+
+-- The gaps on integers only: each visible chunk after the first of a request perspective,
+-- ordered by chunk index (then time), with the previous chunk's time. gap_index counts from 1.
+CREATE OR REPLACE VIEW request_gap_times AS
 WITH ordered AS (
     SELECT
-        source, perspective, trace_id, request_span_id, chunk_index, time_ns, chunk_tokens, events_dropped,
-        lag(time_ns) OVER w AS prev_time_ns,
-        row_number() OVER w AS chunk_position
-    FROM request_chunks
-    WINDOW w AS (PARTITION BY trace_id, request_span_id, perspective ORDER BY chunk_index, time_ns)
+        k.request_key, c.chunk_index, c.time_ns, c.chunk_tokens, c.events_dropped,
+        lag(c.time_ns) OVER w AS prev_time_ns,
+        row_number() OVER w - 1 AS gap_index
+    FROM request_chunks c
+    JOIN request_keys k
+      ON k.trace_id = c.trace_id AND k.request_span_id = c.request_span_id
+     AND k.perspective = c.perspective AND k.source = c.source
+    WINDOW w AS (PARTITION BY k.request_key ORDER BY c.chunk_index, c.time_ns)
 )
-SELECT
-    source,
-    perspective,
-    trace_id,
-    request_span_id,
-    chunk_position - 1 AS gap_index,
-    chunk_index,
-    prev_time_ns,
-    time_ns,
-    chunk_tokens,
-    CASE WHEN events_dropped = 0 THEN (time_ns - prev_time_ns) / 1e6 END AS itl_ms,
-    CASE WHEN events_dropped = 0 AND chunk_tokens > 0
-         THEN (time_ns - prev_time_ns) / 1e6 / chunk_tokens END AS itl_per_token_ms,
-    CASE
-        WHEN events_dropped > 0 THEN
-            'gap unknown: ' || CAST(events_dropped AS VARCHAR)
-            || ' events dropped by the span event limit, chunks are missing'
-        WHEN chunk_tokens = 0 THEN 'itl_per_token_ms needs a chunk with tokens'
-    END AS null_reason
+SELECT request_key, gap_index, chunk_index, prev_time_ns, time_ns, chunk_tokens, events_dropped
 FROM ordered
-WHERE chunk_position > 1;
+WHERE gap_index > 0;
+
+-- One row per gap between consecutive visible chunks of a request perspective (ordered by
+-- chunk index): itl_ms per chunk; itl_per_token_ms = gap / tokens of the later chunk.
+-- request_key (view request_keys) orders the gaps as (trace_id, request_span_id, perspective).
+CREATE OR REPLACE VIEW request_gaps AS
+SELECT
+    k.source,
+    k.perspective,
+    k.trace_id,
+    k.request_span_id,
+    g.gap_index,
+    g.chunk_index,
+    g.prev_time_ns,
+    g.time_ns,
+    g.chunk_tokens,
+    CASE WHEN g.events_dropped = 0 THEN (g.time_ns - g.prev_time_ns) / 1e6 END AS itl_ms,
+    CASE WHEN g.events_dropped = 0 AND g.chunk_tokens > 0
+         THEN (g.time_ns - g.prev_time_ns) / 1e6 / g.chunk_tokens END AS itl_per_token_ms,
+    CASE
+        WHEN g.events_dropped > 0 THEN
+            'gap unknown: ' || CAST(g.events_dropped AS VARCHAR)
+            || ' events dropped by the span event limit, chunks are missing'
+        WHEN g.chunk_tokens = 0 THEN 'itl_per_token_ms needs a chunk with tokens'
+    END AS null_reason,
+    g.request_key
+FROM request_gap_times g
+JOIN request_keys k ON k.request_key = g.request_key;
 
 -- Clock offset bounds per request that has both a client and a server span.
 -- theta = server clock - client clock. A message cannot arrive before it was sent:
