@@ -181,6 +181,69 @@ def test_hand_off_delivers_every_token_in_order_and_times_out(handle: ModelHandl
     asyncio.run(go())
 
 
+def test_hand_off_never_loses_a_wake_up_under_races(handle: ModelHandle) -> None:
+    """A fast worker against a consumer that sometimes lags (as when a write takes long):
+    every token arrives, in order, and no wait runs into its timeout (a lost wake-up would)."""
+    async def go() -> None:
+        state, _ = _state(handle, asyncio.get_running_loop())
+        sent = list(range(3000))
+        rng = random.Random(1)
+        pauses = [rng.random() < 0.01 for _ in sent]
+
+        def worker() -> None:
+            for token, pause in zip(sent, pauses):
+                state.on_token_threadsafe(token)
+                if pause:
+                    time.sleep(0.0005)
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        got: list[int] = []
+        waits = 0
+        while len(got) < len(sent) and waits < len(sent):  # bounded: every call returns >= 1 token
+            waits += 1
+            items = await state.next_items(5.0)
+            got.extend(v for _, v in items)
+            if rng.random() < 0.3:
+                await asyncio.sleep(0.0002)  # the consumer lags: tokens pile up without wake-ups
+        thread.join(TIMEOUT_S)
+        assert got == sent
+
+    asyncio.run(go())
+
+
+def test_hand_off_ping_pong_wakes_for_every_last_token(handle: ModelHandle) -> None:
+    """The worker sends one token and waits until it is received: each token is the last one
+    for a while, so a wake-up lost in the consumer's check-then-wait window would stall the
+    stream (TimeoutError here) instead of being rescued by the next token."""
+    async def go() -> None:
+        state, _ = _state(handle, asyncio.get_running_loop())
+        received = threading.Event()
+        rounds = 400
+
+        def worker() -> None:
+            for token in range(rounds):
+                state.on_token_threadsafe(token)
+                if not received.wait(TIMEOUT_S):
+                    return
+                received.clear()
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        got: list[int] = []
+        try:
+            for _ in range(rounds):
+                items = await state.next_items(2.0)
+                got.extend(v for _, v in items)
+                received.set()
+        finally:
+            received.set()
+            thread.join(TIMEOUT_S)
+        assert got == list(range(rounds))
+
+    asyncio.run(go())
+
+
 def test_chunk_events_reach_the_span_in_order_before_the_cancel_event(handle: ModelHandle) -> None:
     async def go() -> None:
         state, exporter = _state(handle, asyncio.get_running_loop())

@@ -109,7 +109,7 @@ class RequestState:
     loop: asyncio.AbstractEventLoop
     inbox: deque = field(default_factory=deque)  # ("token", id) | ("done", JobResult), worker -> loop
     _waiter: asyncio.Future | None = None  # the response path's wait for the inbox (loop thread only)
-    _wake_scheduled: bool = False
+    _loop_awake: bool = False  # the loop looks at the inbox before it blocks again: no wake-up needed
     _pending_chunks: list = field(default_factory=list)  # (index, tokens, visible, at_ns) not yet on the span
     job: Job | None = None
     chunk_index: int = 0
@@ -121,15 +121,19 @@ class RequestState:
 
     # --- worker thread -> loop -------------------------------------------------------
     def on_token_threadsafe(self, token_id: int) -> None:
-        """Called on the worker thread for each generated token."""
+        """Called on the worker thread for each generated token.
+
+        Wakes the loop only when the response path is (about to be) blocked on an empty
+        inbox; while it is still writing earlier chunks, the token waits in the inbox for its
+        next look (no wake-up, no delay). The first token always wakes it.
+        """
         self.inbox.append(("token", token_id))
-        if not self._wake_scheduled:  # one loop wake-up per batch of tokens, not per token
-            self._wake_scheduled = True
+        if not self._loop_awake:
+            self._loop_awake = True
             self.loop.call_soon_threadsafe(self._wake)
 
     def _wake(self) -> None:
         """On the loop: wake the response path if it waits (a bare future; no task, no Event)."""
-        self._wake_scheduled = False
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -138,18 +142,23 @@ class RequestState:
         """Every item the worker has handed over, waiting up to ``timeout_s`` s for the first
         (TimeoutError after that)."""
         if not self.inbox:
-            # Items are appended before their wake-up is scheduled and wake-ups run on this
-            # loop, so an item that arrives after the check always finds the waiter set. A
-            # stale wake-up (its items already taken) finds the inbox empty: wait again.
+            # The flag is cleared before the inbox is looked at again, and the worker reads it
+            # after appending: an item the look misses always finds the flag clear and
+            # schedules a wake-up. A stale wake-up (its items already taken) finds the inbox
+            # empty: wait again.
             loop = self.loop
             timer = loop.call_later(timeout_s, self._expire)
             try:
-                while not self.inbox:
+                while True:
+                    self._loop_awake = False
+                    if self.inbox:
+                        break
                     self._waiter = loop.create_future()
                     await self._waiter
             finally:
                 timer.cancel()
                 self._waiter = None
+        self._loop_awake = True  # until the next call finds the inbox empty
         items = []
         while self.inbox:
             items.append(self.inbox.popleft())
