@@ -100,6 +100,9 @@ def open_source(
         raise SourceError("give either a database (--db) or a Parquet dump (--parquet), not both or neither")
     if parquet is not None:
         con = duckdb.connect(":memory:")
+        # Parquet footers are read once per file, not at every bind: the adapter and metric
+        # views reference `spans` dozens of times, each a read_parquet over the dump.
+        con.execute("SET parquet_metadata_cache = true")
         try:
             parquet_views(con, parquet, start_ns, end_ns)
         except duckdb.Error as exc:

@@ -275,17 +275,19 @@ def _cached(con: duckdb.DuckDBPyConnection) -> set[str]:
     }
 
 
-_KEEP_RE = re.compile(r"^--\s*keep:\s*(?P<names>[A-Za-z0-9_, ]+)$", re.MULTILINE)
+_KEEP_RE = re.compile(r"^--\s*keep(?P<chunks> chunks)?:\s*(?P<names>[A-Za-z0-9_, ]+)$", re.MULTILINE)
 
 
-def kept_views(texts: Iterable[str]) -> list[str]:
-    """The views named on ``-- keep: a, b`` header lines of adapter files, in file order: each
-    adapter's request spans (one row per request span, so small), kept as temp tables when the
-    views are installed on DuckDB."""
+def kept_views(texts: Iterable[str], chunks: bool = False) -> list[str]:
+    """The views named on the adapter files' header lines, in file order: ``-- keep: a, b``
+    (each adapter's request spans, one row per request span: kept as temp tables when the
+    views are installed on DuckDB) or, with ``chunks``, ``-- keep chunks: c`` (one row per
+    chunk: kept when a query first reads them, while span_events is small enough)."""
     return [
         name.strip()
         for text in texts
         for m in _KEEP_RE.finditer(text)
+        if bool(m["chunks"]) == chunks
         for name in m["names"].split(",")
         if name.strip()
     ]
@@ -373,11 +375,12 @@ def materialize_views(con: duckdb.DuckDBPyConnection, sql: str) -> list[str]:
     )
     needed = _referenced(sql, definitions)
     cached = _cached(con)
+    adapter_chunks = kept_views(view_files()[0], chunks=True)
     made: list[str] = []
-    for view in MATERIALIZED_VIEWS:
+    for view in [*adapter_chunks, *MATERIALIZED_VIEWS]:
         if view not in needed or view in cached or view not in definitions:
             continue
-        if view in CHUNK_VIEWS and state[1] > MATERIALIZE_MAX_EVENTS:
+        if (view in CHUNK_VIEWS or view in adapter_chunks) and state[1] > MATERIALIZE_MAX_EVENTS:
             continue
         _keep(con, view)
         made.append(view)

@@ -6,7 +6,7 @@
 --   (DuckDB quantile_cont = numpy's default 'linear' method = Spark percentile); the
 --   method is named in the interpolation column. A metric without any value has NULL
 --   statistics and null_reason says so (never 0). Per-request values come from view
---   request_metrics, gaps from view request_gaps.
+--   request_metrics, gaps from view request_gap_times.
 -- param: $perspective VARCHAR default NULL -- client, server or engine; NULL = every perspective
 -- param: $include_unsuccessful BOOLEAN default false -- also count failed and cancelled requests (default: succeeded only, as vLLM's benchmark)
 -- units: ttft_ms, tpot_ms, e2e_ms, itl_ms, itl_per_token_ms milliseconds; *_per_second tokens
@@ -17,16 +17,18 @@ WITH req AS (
     WHERE ($perspective IS NULL OR perspective = $perspective)
       AND ($include_unsuccessful OR outcome = 'succeeded')
 ),
--- the gaps of the counted requests, matched on the integer request_key (view request_keys)
+-- the gaps of the counted requests, matched on the integer request_key (view request_keys):
+-- request_gap_times holds the gap figures without the request's names
 req_keys AS (
-    SELECT k.request_key
+    SELECT r.perspective, k.request_key
     FROM req r
     JOIN request_keys k
-      ON k.trace_id = r.trace_id AND k.request_span_id = r.request_span_id AND k.perspective = r.perspective
+      ON k.trace_id = r.trace_id AND k.request_span_id = r.request_span_id
+     AND k.perspective = r.perspective AND k.source = r.source
 ),
 gaps AS (
-    SELECT g.*
-    FROM request_gaps g
+    SELECT r.perspective, g.itl_ms, g.itl_per_token_ms
+    FROM request_gap_times g
     JOIN req_keys r ON r.request_key = g.request_key
 ),
 vals AS (

@@ -4,50 +4,63 @@
 -- Each request gives one row per perspective: client (CLIENT span clock), server (gateway
 -- clock), engine (bare generate root).
 -- keep: tt_request_candidates, tt_request_spans
+-- keep chunks: tt_candidate_chunks
 
 -- The spans that can carry a request perspective (gateway SERVER, CLIENT, root generate),
--- with every column the facts read. The request views join this small set, never all of
--- `spans` (a request has ~150 decode spans). Three disjoint scans with one equality each, not
--- one OR: DuckDB pushes an equality into the Parquet/table scan and decodes the attribute
--- maps of the matching rows only (7x faster than the OR at 1.5M spans).
+-- with every column the facts read, numbered by candidate_key (dense_rank over trace_id,
+-- span_id: the same number on every engine and every evaluation). The request views join
+-- this small set on that integer, never all of `spans` (a request has ~150 decode spans).
+-- Three disjoint scans with one equality each, not one OR: DuckDB pushes an equality into
+-- the Parquet/table scan and decodes the attribute maps of the matching rows only.
 CREATE OR REPLACE VIEW tt_request_candidates AS
-SELECT trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, status_code, clock_domain,
-       attr_int, attr_bool, attr_str, attr_json, dropped_events_count
-FROM spans
-WHERE scope_name = 'tokentrace' AND name = 'gateway' AND kind = 'SERVER'
-UNION ALL
-SELECT trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, status_code, clock_domain,
-       attr_int, attr_bool, attr_str, attr_json, dropped_events_count
-FROM spans
-WHERE scope_name = 'tokentrace' AND kind = 'CLIENT'
-UNION ALL
-SELECT trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, status_code, clock_domain,
-       attr_int, attr_bool, attr_str, attr_json, dropped_events_count
-FROM spans
-WHERE scope_name = 'tokentrace' AND name = 'generate' AND parent_span_id IS NULL AND kind <> 'CLIENT';
+WITH found AS (
+    SELECT trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, status_code, clock_domain,
+           attr_int, attr_bool, attr_str, attr_json, dropped_events_count
+    FROM spans
+    WHERE scope_name = 'tokentrace' AND name = 'gateway' AND kind = 'SERVER'
+    UNION ALL
+    SELECT trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, status_code, clock_domain,
+           attr_int, attr_bool, attr_str, attr_json, dropped_events_count
+    FROM spans
+    WHERE scope_name = 'tokentrace' AND kind = 'CLIENT'
+    UNION ALL
+    SELECT trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, status_code, clock_domain,
+           attr_int, attr_bool, attr_str, attr_json, dropped_events_count
+    FROM spans
+    WHERE scope_name = 'tokentrace' AND name = 'generate' AND parent_span_id IS NULL AND kind <> 'CLIENT'
+)
+SELECT dense_rank() OVER (ORDER BY trace_id, span_id) AS candidate_key, *
+FROM found;
 
+-- One row per request perspective: the perspective's span and the request's server and
+-- client spans, by span id and by candidate_key (perspective_key, server_key, client_key).
 CREATE OR REPLACE VIEW tt_request_spans AS
 WITH gateway AS (
-    SELECT trace_id, span_id, parent_span_id FROM tt_request_candidates WHERE name = 'gateway' AND kind = 'SERVER'
+    SELECT trace_id, span_id, parent_span_id, candidate_key
+    FROM tt_request_candidates WHERE name = 'gateway' AND kind = 'SERVER'
 ),
 client AS (
-    SELECT trace_id, span_id FROM tt_request_candidates WHERE kind = 'CLIENT'
+    SELECT trace_id, span_id, candidate_key FROM tt_request_candidates WHERE kind = 'CLIENT'
 ),
 engine AS (
-    SELECT trace_id, span_id FROM tt_request_candidates WHERE name = 'generate' AND parent_span_id IS NULL
+    SELECT trace_id, span_id, candidate_key
+    FROM tt_request_candidates WHERE name = 'generate' AND parent_span_id IS NULL
 )
 SELECT g.trace_id, g.span_id AS request_span_id, 'server' AS perspective,
-       g.span_id AS perspective_span_id, g.span_id AS server_span_id, c.span_id AS client_span_id
+       g.span_id AS perspective_span_id, g.span_id AS server_span_id, c.span_id AS client_span_id,
+       g.candidate_key AS perspective_key, g.candidate_key AS server_key, c.candidate_key AS client_key
 FROM gateway g
 LEFT JOIN client c ON c.trace_id = g.trace_id AND c.span_id = g.parent_span_id
 UNION ALL
 SELECT c.trace_id, coalesce(g.span_id, c.span_id) AS request_span_id, 'client' AS perspective,
-       c.span_id AS perspective_span_id, g.span_id AS server_span_id, c.span_id AS client_span_id
+       c.span_id AS perspective_span_id, g.span_id AS server_span_id, c.span_id AS client_span_id,
+       c.candidate_key AS perspective_key, g.candidate_key AS server_key, c.candidate_key AS client_key
 FROM client c
 LEFT JOIN gateway g ON g.trace_id = c.trace_id AND g.parent_span_id = c.span_id
 UNION ALL
 SELECT e.trace_id, e.span_id AS request_span_id, 'engine' AS perspective,
-       e.span_id AS perspective_span_id, e.span_id AS server_span_id, NULL AS client_span_id
+       e.span_id AS perspective_span_id, e.span_id AS server_span_id, NULL AS client_span_id,
+       e.candidate_key AS perspective_key, e.candidate_key AS server_key, CAST(NULL AS BIGINT) AS client_key
 FROM engine e;
 
 -- One row per `tokentrace.chunk` event: when visible output moved, and how many tokens.
@@ -64,6 +77,15 @@ SELECT
 FROM span_events
 WHERE name = 'tokentrace.chunk';
 
+-- The visible chunks of the candidate spans, on integers only: the one pass over the chunk
+-- events that the facts (first/last chunk per span) and the chunks (every gap) share.
+CREATE OR REPLACE VIEW tt_candidate_chunks AS
+SELECT k.candidate_key, c.chunk_index, c.time_ns, c.chunk_tokens
+FROM tt_chunk_events c
+JOIN (SELECT DISTINCT candidate_key, trace_id, span_id FROM tt_request_candidates) k
+  ON k.trace_id = c.trace_id AND k.span_id = c.span_id
+WHERE c.visible;
+
 -- Visible chunks of every request perspective, for per-gap (ITL) and steady-state window
 -- questions. perspective_span_id is the span that carried the events.
 CREATE OR REPLACE VIEW tt_request_chunks AS
@@ -72,20 +94,18 @@ CREATE OR REPLACE VIEW tt_request_chunks AS
 SELECT r.trace_id, r.request_span_id, r.perspective, 'tokentrace' AS source,
        c.chunk_index, c.time_ns, c.chunk_tokens, p.dropped_events_count AS events_dropped
 FROM tt_request_spans r
-JOIN tt_request_candidates p ON p.trace_id = r.trace_id AND p.span_id = r.perspective_span_id
-JOIN tt_chunk_events c ON c.trace_id = r.trace_id AND c.span_id = r.perspective_span_id
-WHERE c.visible;
+JOIN tt_request_candidates p ON p.candidate_key = r.perspective_key
+JOIN tt_candidate_chunks c ON c.candidate_key = r.perspective_key;
 
 CREATE OR REPLACE VIEW tt_request_facts AS
 WITH chunk_agg AS (
-    SELECT trace_id, span_id,
+    SELECT candidate_key,
            min(time_ns) AS first_chunk_ns,
            max(time_ns) AS last_chunk_ns,
            count(*) AS visible_chunks,
            sum(chunk_tokens) AS visible_chunk_tokens
-    FROM tt_chunk_events
-    WHERE visible
-    GROUP BY trace_id, span_id
+    FROM tt_candidate_chunks
+    GROUP BY candidate_key
 ),
 phase AS (
     SELECT trace_id, parent_span_id,
@@ -161,10 +181,10 @@ SELECT
         WHEN ca.first_chunk_ns IS NULL THEN 'no visible chunk events'
     END AS null_reason
 FROM tt_request_spans r
-JOIN tt_request_candidates p ON p.trace_id = r.trace_id AND p.span_id = r.perspective_span_id
-LEFT JOIN tt_request_candidates sv ON sv.trace_id = r.trace_id AND sv.span_id = r.server_span_id
-LEFT JOIN tt_request_candidates cl ON cl.trace_id = r.trace_id AND cl.span_id = r.client_span_id
-LEFT JOIN chunk_agg ca ON ca.trace_id = r.trace_id AND ca.span_id = r.perspective_span_id
-LEFT JOIN chunk_agg sca ON sca.trace_id = r.trace_id AND sca.span_id = r.server_span_id
-LEFT JOIN chunk_agg cca ON cca.trace_id = r.trace_id AND cca.span_id = r.client_span_id
+JOIN tt_request_candidates p ON p.candidate_key = r.perspective_key
+LEFT JOIN tt_request_candidates sv ON sv.candidate_key = r.server_key
+LEFT JOIN tt_request_candidates cl ON cl.candidate_key = r.client_key
+LEFT JOIN chunk_agg ca ON ca.candidate_key = r.perspective_key
+LEFT JOIN chunk_agg sca ON sca.candidate_key = r.server_key
+LEFT JOIN chunk_agg cca ON cca.candidate_key = r.client_key
 LEFT JOIN phase ph ON ph.trace_id = r.trace_id AND ph.parent_span_id = r.server_span_id;

@@ -70,8 +70,10 @@ SELECT source, perspective, trace_id, request_span_id,
        row_number() OVER (ORDER BY trace_id, request_span_id, perspective, source) AS request_key
 FROM (SELECT DISTINCT source, perspective, trace_id, request_span_id FROM request_facts) k;
 
--- The gaps on integers only: each visible chunk after the first of a request perspective,
--- ordered by chunk index (then time), with the previous chunk's time. gap_index counts from 1.
+-- Every gap on integers only: each visible chunk after the first of a request perspective,
+-- ordered by chunk index (then time), with the previous chunk's time; gap_index counts from
+-- 1. itl_ms = (time - previous time) / 1e6 per chunk; itl_per_token_ms = itl_ms / tokens
+-- of the later chunk; both NULL when the span dropped events (chunks are missing).
 CREATE OR REPLACE VIEW request_gap_times AS
 WITH ordered AS (
     SELECT
@@ -84,12 +86,22 @@ WITH ordered AS (
      AND k.perspective = c.perspective AND k.source = c.source
     WINDOW w AS (PARTITION BY k.request_key ORDER BY c.chunk_index, c.time_ns)
 )
-SELECT request_key, gap_index, chunk_index, prev_time_ns, time_ns, chunk_tokens, events_dropped
+SELECT
+    request_key,
+    gap_index,
+    chunk_index,
+    prev_time_ns,
+    time_ns,
+    chunk_tokens,
+    events_dropped,
+    CASE WHEN events_dropped = 0 THEN (time_ns - prev_time_ns) / 1e6 END AS itl_ms,
+    CASE WHEN events_dropped = 0 AND chunk_tokens > 0
+         THEN (time_ns - prev_time_ns) / 1e6 / chunk_tokens END AS itl_per_token_ms
 FROM ordered
 WHERE gap_index > 0;
 
 -- One row per gap between consecutive visible chunks of a request perspective (ordered by
--- chunk index): itl_ms per chunk; itl_per_token_ms = gap / tokens of the later chunk.
+-- chunk index): request_gap_times with the request's names and why a figure is NULL.
 -- request_key (view request_keys) orders the gaps as (trace_id, request_span_id, perspective).
 CREATE OR REPLACE VIEW request_gaps AS
 SELECT
@@ -102,9 +114,8 @@ SELECT
     g.prev_time_ns,
     g.time_ns,
     g.chunk_tokens,
-    CASE WHEN g.events_dropped = 0 THEN (g.time_ns - g.prev_time_ns) / 1e6 END AS itl_ms,
-    CASE WHEN g.events_dropped = 0 AND g.chunk_tokens > 0
-         THEN (g.time_ns - g.prev_time_ns) / 1e6 / g.chunk_tokens END AS itl_per_token_ms,
+    g.itl_ms,
+    g.itl_per_token_ms,
     CASE
         WHEN g.events_dropped > 0 THEN
             'gap unknown: ' || CAST(g.events_dropped AS VARCHAR)
