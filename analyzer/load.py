@@ -95,38 +95,30 @@ def _load_one(
     progress: ProgressFn | None, batch_spans: int,
 ) -> FileReport:  # fmt: skip
     """One file, one transaction: on any error nothing of this file stays in the database."""
-    bulk = _bulk_json_lines(con, f, input_format)  # outside the transaction (see otlp_json_duckdb)
+    report = _load_bulk(con, f, load_id, input_format, progress)
+    if report is not None:
+        return report
     con.execute("BEGIN TRANSACTION")
     try:
-        report = _load_in_transaction(con, f, load_id, lenient, input_format, progress, batch_spans, bulk)
+        report = _load_in_transaction(con, f, load_id, lenient, input_format, progress, batch_spans)
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
         raise
     finally:
-        otlp_json_duckdb.drop_flat(con)
         stage.drop_stage(con)
     return report
 
 
 def _load_in_transaction(
     con: duckdb.DuckDBPyConnection, f: InputFile, load_id: int, lenient: bool, input_format: str,
-    progress: ProgressFn | None, batch_spans: int, bulk: tuple[int, int] | None,
+    progress: ProgressFn | None, batch_spans: int,
 ) -> FileReport:  # fmt: skip
-    result = None
-    if bulk is not None:
-        otlp_json_duckdb.move_to_stage(con)
-        sink = _sink(con, f, lenient, progress, batch_spans)
-        sink.records_read, sink.spans_read = bulk
-        sink.progress(f.size_bytes or 0)
-        fmt = "otlp_json_lines"
-        result = stage.commit_stage(con, load_id, insert_if_conflicts=False)
-    if result is None:  # no bulk read, or conflicts that need line numbers: the Python reader
-        stage.create_stage(con)
-        sink = _sink(con, f, lenient, progress, batch_spans)
-        fmt = _read(con, f, sink, input_format)
-        sink.flush_now()
-        result = stage.commit_stage(con, load_id)
+    stage.create_stage(con)
+    sink = _sink(con, f, lenient, progress, batch_spans)
+    fmt = _read(con, f, sink, input_format)
+    sink.flush_now()
+    result = stage.commit_stage(con, load_id)
     for line, ordinal, trace_id, span_id, raw in result.conflicting:
         sink.reject(Reject(line, ordinal, "conflicting_duplicate", raw, trace_id, span_id,
                            "same trace and span id as an earlier span, different content"))  # fmt: skip
@@ -135,14 +127,18 @@ def _load_in_transaction(
         f.name, fmt, sink.records_read, sink.spans_read, result.spans_loaded, result.duplicates_identical,
         reasons.get("conflicting_duplicate", 0), reasons, sink.incomplete_last_line,
     )  # fmt: skip
-    record_load(
-        con, load_id, f.name, fmt, records_read=report.records_read, spans_read=report.spans_read,
-        spans_loaded=report.spans_loaded, duplicates_identical=report.duplicates_identical,
-        duplicates_conflicting=report.duplicates_conflicting, rejected_by_reason=reasons,
-        incomplete_last_line=report.incomplete_last_line,
-    )  # fmt: skip
+    _record(con, load_id, report)
     _insert_rejects(con, load_id, f.name, sink.rejects)
     return report
+
+
+def _record(con: duckdb.DuckDBPyConnection, load_id: int, report: FileReport) -> None:
+    record_load(
+        con, load_id, report.file, report.format, records_read=report.records_read, spans_read=report.spans_read,
+        spans_loaded=report.spans_loaded, duplicates_identical=report.duplicates_identical,
+        duplicates_conflicting=report.duplicates_conflicting, rejected_by_reason=report.rejected_by_reason,
+        incomplete_last_line=report.incomplete_last_line,
+    )  # fmt: skip
 
 
 def _sink(con: duckdb.DuckDBPyConnection, f: InputFile, lenient: bool, progress: ProgressFn | None, batch_spans: int) -> RowSink:
@@ -154,9 +150,35 @@ def _sink(con: duckdb.DuckDBPyConnection, f: InputFile, lenient: bool, progress:
     return sink
 
 
-def _bulk_json_lines(con: duckdb.DuckDBPyConnection, f: InputFile, input_format: str) -> tuple[int, int] | None:
-    """Try the SQL bulk reader on a large on-disk OTLP/JSON lines file: (records, spans) staged
-    in ``_fj_stage_*``, or None (not such a file, or anything the Python reader must handle)."""
+def _load_bulk(
+    con: duckdb.DuckDBPyConnection, f: InputFile, load_id: int, input_format: str, progress: ProgressFn | None
+) -> FileReport | None:
+    """Load a large on-disk OTLP/JSON lines file with the SQL bulk reader, in its own
+    transaction; None (rolled back, progress rewound) when it is not such a file or the bulk
+    reader hands it to the Python reader."""
+    compression = _bulk_candidate(f, input_format)
+    if compression is None:
+        return None
+
+    def bulk_progress(n: int) -> None:
+        if progress is not None:
+            progress(f.name, n, f.size_bytes)
+
+    def record(result: otlp_json_duckdb.BulkResult) -> None:
+        nonlocal report
+        report = FileReport(f.name, "otlp_json_lines", result.records_read, result.spans_read, result.spans_loaded,
+                            result.duplicates_identical)  # fmt: skip
+        _record(con, load_id, report)
+
+    report: FileReport | None = None
+    if otlp_json_duckdb.load_json_lines(con, f.path, compression, load_id, record, bulk_progress) is None:  # type: ignore[arg-type]
+        return None
+    return report
+
+
+def _bulk_candidate(f: InputFile, input_format: str) -> str | None:
+    """The compression (none, gzip, zstd) of a large on-disk OTLP/JSON lines file the bulk
+    reader may try, or None (not such a file: the Python readers take it)."""
     if f.path is None or f.dataset_dir or input_format not in ("auto", "otlp-json") or (f.size_bytes or 0) < BULK_MIN_BYTES:
         return None
     with open(f.path, "rb") as fh:
@@ -172,7 +194,7 @@ def _bulk_json_lines(con: duckdb.DuckDBPyConnection, f: InputFile, input_format:
         return None  # the Python path raises it again, with the same message
     finally:
         stream.close()
-    return otlp_json_duckdb.stage_json_lines(con, f.path, compression)
+    return compression
 
 
 def _read(con: duckdb.DuckDBPyConnection, f: InputFile, sink: RowSink, input_format: str) -> str:

@@ -1,82 +1,73 @@
-"""Bulk path for OTLP/JSON lines files: DuckDB ``read_json`` with an explicit schema, flattened
-and validated in SQL, straight into the staging tables.
+"""Bulk path for OTLP/JSON lines files: DuckDB ``read_json`` with explicit schemas, checked in
+SQL, inserted straight into the canonical tables.
 
 This is an accelerator, not a second definition of the format: it handles the common shape
 (camelCase keys, hex ids, every record a TracesData) and gives up on anything else. It
-returns False — and the caller re-reads the file with the Python reader in
+rolls back and returns None — the caller then re-reads the file with the Python reader in
 :mod:`otlp_json`, which finds the line, field and reason — when the JSON does not parse,
-a value does not cast, a record is not a plain TracesData, any check below fails, or any
-span would be rejected. So both paths produce the same rows, and every error message
+a value does not cast, a record is not a plain TracesData, any check in
+:mod:`otlp_json_sql` fails, two spans share a key with different content, or the file
+changed while it was read. So both paths produce the same rows, and every error message
 comes from one place. Arrays, kvlists and bytes values are converted by the same Python
 function the reader uses (a DuckDB UDF), so ``attr_json`` text is identical too.
+
+How (one transaction per attempt; each step is one scan of the file):
+
+1. Direct: insert ``spans`` straight from ``read_json`` (no staging copy; the checks run
+   inside the inserting scan: ``error()`` aborts it), counting records (non-blank lines)
+   and spans with links on the side (temp sequences). Then look for repeated keys
+   ``(trace_id, span_id)`` among the new rows and against the stored ones (a hash of the
+   new keys: the only state that grows with the file, tens of bytes per span). None: insert
+   ``span_events`` and, when there are links, ``span_links`` the same way, and commit.
+2. Staged, when a key repeats (exporter retries, a file loaded twice): roll back; one scan
+   stages spans with their raw events and links (temp tables, DuckDB memory, spillable) and
+   :func:`stage.commit_stage` sorts identical from conflicting duplicates; conflicts need
+   line numbers, so they go to the Python reader.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import duckdb
 
 from analyzer.formats import stage
+from analyzer.formats.canonical import EVENT_COLUMNS, LINK_COLUMNS, SPAN_COLUMNS
 from analyzer.formats.otlp_json import scope_attributes_json
+from analyzer.formats.otlp_json_sql import (
+    EVENT_SCHEMA,
+    LINK_SCHEMA,
+    SPAN_SCHEMA,
+    STAGE_SCHEMA,
+    event_select,
+    link_select,
+    read_json_sql,
+    span_select,
+    spans_with,
+)
 from analyzer.formats.values import BadRecord, any_value_to_plain, json_text
 
-__all__ = ["drop_flat", "move_to_stage", "stage_json_lines"]
+__all__ = ["BulkResult", "drop_temp", "load_json_lines", "register_udfs"]
 
-_VALUE = ("STRUCT(stringValue VARCHAR, intValue VARCHAR, doubleValue DOUBLE, boolValue BOOLEAN,"
-          " arrayValue JSON, kvlistValue JSON, bytesValue VARCHAR)")  # fmt: skip
-_ATTRS = f"STRUCT(key VARCHAR, value {_VALUE})[]"
-_SPAN = (
-    f"STRUCT(traceId VARCHAR, spanId VARCHAR, parentSpanId VARCHAR, traceState VARCHAR, flags BIGINT, name VARCHAR,"
-    f" kind VARCHAR, startTimeUnixNano VARCHAR, endTimeUnixNano VARCHAR, attributes {_ATTRS}, droppedAttributesCount BIGINT,"
-    f" events STRUCT(timeUnixNano VARCHAR, name VARCHAR, attributes {_ATTRS}, droppedAttributesCount BIGINT)[],"
-    f" droppedEventsCount BIGINT, links STRUCT(traceId VARCHAR, spanId VARCHAR, traceState VARCHAR, attributes {_ATTRS},"
-    f" droppedAttributesCount BIGINT, flags BIGINT)[], droppedLinksCount BIGINT, status STRUCT(message VARCHAR, code VARCHAR))"
-)
-_SCHEMA = (f"STRUCT(resource STRUCT(attributes {_ATTRS}), scopeSpans STRUCT(scope STRUCT(name VARCHAR, version VARCHAR,"
-           f" attributes JSON), spans {_SPAN}[])[])[]")  # fmt: skip
+ProgressFn = Callable[[int], None]  # bytes of the file accounted for since the last call
 
-_KINDS = "['UNSPECIFIED', 'INTERNAL', 'SERVER', 'CLIENT', 'PRODUCER', 'CONSUMER']"
-_CODES = "['UNSET', 'OK', 'ERROR']"
+# Share of the file's bytes reported after each step (progress bar), from measured step times.
+_SPANS, _EVENTS = 0.5, 0.4
 
 
-def _enum(expr: str, names: str, prefix: str) -> str:
-    """SQL: an enum given as an integer or a (prefixed) name -> its name, else NULL."""
-    return (f"(CASE WHEN {expr} IS NULL THEN {names}[1]"
-            f" WHEN regexp_full_match({expr}, '[0-9]+') THEN {names}[TRY_CAST({expr} AS INTEGER) + 1]"
-            f" WHEN list_contains({names}, upper(replace(upper({expr}), '{prefix}', ''))) THEN upper(replace(upper({expr}), '{prefix}', ''))"
-            f" END)")  # fmt: skip
+@dataclass
+class BulkResult:
+    """What the bulk path loaded from one file. Counts are records (lines) and spans."""
 
-
-def _maps(attrs: str, prefix: str = "attr") -> str:
-    """SQL: the five typed map columns (``<prefix>_str`` ...) of an OTLP attribute list."""
-    a = f"coalesce({attrs}, [])"
-    kind_json = "(x.value.arrayValue IS NOT NULL OR x.value.kvlistValue IS NOT NULL OR x.value.bytesValue IS NOT NULL)"
-    one = "map_from_entries(list_transform(list_filter({a}, lambda x: {cond}), lambda x: {{'k': x.key, 'v': {v}}}))::MAP(VARCHAR, {t}) AS {col}"
-    parts = [
-        one.format(a=a, cond="x.value.stringValue IS NOT NULL", v="x.value.stringValue", t="VARCHAR", col=f"{prefix}_str"),
-        one.format(a=a, cond="x.value.intValue IS NOT NULL", v="x.value.intValue::BIGINT", t="BIGINT", col=f"{prefix}_int"),
-        one.format(a=a, cond="x.value.doubleValue IS NOT NULL", v="x.value.doubleValue", t="DOUBLE", col=f"{prefix}_double"),
-        one.format(a=a, cond="x.value.boolValue IS NOT NULL", v="x.value.boolValue", t="BOOLEAN", col=f"{prefix}_bool"),
-        one.format(a=a, cond=kind_json, t="VARCHAR", col=f"{prefix}_json",
-                   v="tt_plain_json(x.value.arrayValue::VARCHAR, x.value.kvlistValue::VARCHAR, x.value.bytesValue)"),
-    ]
-    return ", ".join(parts)
-
-
-def _attr_counts(attrs: str, prefix: str) -> str:
-    """SQL: ``<prefix>_n`` (attributes given) and ``<prefix>_keys`` (distinct keys), checked
-    later against the maps' sizes: a value of no or several known kinds, or a repeated key,
-    makes them differ (and sends the file to the Python reader)."""
-    a = f"coalesce({attrs}, [])"
-    return f"len({a}) AS {prefix}_n, len(list_distinct(list_transform({a}, lambda x: x.key))) AS {prefix}_keys"
-
-
-def _attrs_ok(prefix: str) -> str:
-    """SQL over materialized columns: the five maps hold every attribute exactly once."""
-    card = " + ".join(f"cardinality({prefix}_{k})" for k in ("str", "int", "double", "bool", "json"))
-    return f"({card}) = {prefix}_n AND {prefix}_keys = {prefix}_n"
+    records_read: int
+    spans_read: int
+    spans_loaded: int
+    duplicates_identical: int
+    staged: bool  # True when duplicates sent it through the staging tables
 
 
 def _plain_json(array_value: str | None, kvlist_value: str | None, bytes_value: str | None) -> str:
@@ -99,7 +90,8 @@ def _scope_json(attrs_json: str | None) -> str | None:
         raise ValueError(str(e)) from None
 
 
-def _register_udfs(con: duckdb.DuckDBPyConnection) -> None:
+def register_udfs(con: duckdb.DuckDBPyConnection) -> None:
+    """Register ``tt_plain_json`` and ``tt_scope_json`` (idempotent). Call outside a transaction."""
     con.execute("SELECT 1").fetchall()  # finish any pending result: create_function refuses to run otherwise
     for name, fn, args in (("tt_plain_json", _plain_json, ["VARCHAR", "VARCHAR", "VARCHAR"]), ("tt_scope_json", _scope_json, ["VARCHAR"])):
         try:
@@ -109,139 +101,136 @@ def _register_udfs(con: duckdb.DuckDBPyConnection) -> None:
                 raise
 
 
-_HEX_ID = "(regexp_full_match({0}, '[0-9a-f]{{{1}}}') AND {0} <> repeat('0', {1}))"
+def _file_state(path: Path) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
-_CLOCK = ("CASE WHEN resource_str['service.name'] IS NULL AND resource_str['service.instance.id'] IS NULL"
-          " AND resource_str['host.name'] IS NULL THEN NULL ELSE coalesce(resource_str['service.name'], '') || '|'"
-          " || coalesce(resource_str['service.instance.id'], '') || '|' || coalesce(resource_str['host.name'], '') END")  # fmt: skip
+_REPEATS = "repeats"  # a key repeats within the file or matches a stored span: use the staging tables
 
 
-def _flatten_sql(path: str, compression: str) -> str:
-    """SQL creating ``_fj_stage_spans``: one row per span, the staging columns plus raw
-    events/links and the figures the checks need. Nothing is validated here (``_SPAN_CHECKS``)."""
-    src = (f"read_json('{path.replace(chr(39), chr(39) * 2)}', format = 'newline_delimited', records = true, sample_size = 1,"
-           f" compression = '{compression}', columns = {{resourceSpans: '{_SCHEMA}'}})")  # fmt: skip
-    # A NULL list becomes [NULL] so a record without resourceSpans/scopeSpans/spans yields a
-    # row that fails the checks (and sends the file to the Python reader) instead of vanishing.
-    return f"""
-    CREATE OR REPLACE TEMP TABLE _fj_stage_spans AS
-    WITH rs AS (SELECT unnest(coalesce(resourceSpans, [NULL])) AS rs FROM {src}),
-         rsm AS (SELECT {_maps('rs.resource.attributes', 'resource')}, {_attr_counts('rs.resource.attributes', 'resource')},
-                        rs.scopeSpans AS scope_spans FROM rs),
-         rsc AS (SELECT *, resource_str['service.name'] AS service_name, resource_str['service.instance.id'] AS service_instance_id,
-                        resource_str['host.name'] AS host_name, {_CLOCK} AS clock_domain FROM rsm),
-         ss AS (SELECT * EXCLUDE (scope_spans), unnest(coalesce(scope_spans, [NULL])) AS ss FROM rsc),
-         spans AS (SELECT * EXCLUDE (ss), ss.scope AS scope, unnest(coalesce(ss.spans, [NULL])) AS sp FROM ss)
-    SELECT
-           lower(sp.traceId) AS trace_id, lower(sp.spanId) AS span_id, lower(NULLIF(sp.parentSpanId, '')) AS parent_raw,
-           CASE WHEN parent_raw = '0000000000000000' THEN NULL ELSE parent_raw END AS parent_span_id,
-           NULLIF(sp.traceState, '') AS trace_state, sp.flags AS flags_raw, NULLIF(sp.flags, 0) AS flags, coalesce(sp.name, '') AS name,
-           {_enum("sp.kind", _KINDS, "SPAN_KIND_")} AS kind,
-           TRY_CAST(sp.startTimeUnixNano AS BIGINT) AS start_ns, TRY_CAST(sp.endTimeUnixNano AS BIGINT) AS end_ns,
-           {_enum("sp.status.code", _CODES, "STATUS_CODE_")} AS status_code,
-           NULLIF(sp.status.message, '') AS status_message,
-           {_maps('sp.attributes')}, {_attr_counts('sp.attributes', 'attr')},
-           resource_str, resource_int, resource_double, resource_bool, resource_json, resource_n, resource_keys,
-           service_name, service_instance_id, host_name, clock_domain,
-           NULLIF(scope.name, '') AS scope_name, NULLIF(scope.version, '') AS scope_version,
-           CASE WHEN scope.attributes IS NOT NULL THEN tt_scope_json(scope.attributes::VARCHAR) END AS scope_attributes_json,
-           coalesce(sp.droppedAttributesCount, 0) AS dropped_attributes_count,
-           coalesce(sp.droppedEventsCount, 0) AS dropped_events_count,
-           coalesce(sp.droppedLinksCount, 0) AS dropped_links_count,
-           sp.events AS events, sp.links AS links, nextval('_fj_ord') - 1 AS _ord, NULL::BIGINT AS _line
-    FROM spans"""
+def load_json_lines(
+    con: duckdb.DuckDBPyConnection, path: Path, compression: str, load_id: int,
+    record: Callable[[BulkResult], None], progress: ProgressFn | None = None,
+) -> BulkResult | None:  # fmt: skip
+    """Load one OTLP/JSON lines file (``compression``: none, gzip or zstd) under ``load_id``.
 
-
-_SPAN_CHECKS = " AND ".join([
-    _HEX_ID.format("trace_id", 32), _HEX_ID.format("span_id", 16),
-    "(parent_raw IS NULL OR regexp_full_match(parent_raw, '[0-9a-f]{16}'))",
-    "start_ns > 0", "end_ns >= start_ns", "kind IS NOT NULL", "status_code IS NOT NULL",
-    "coalesce(flags_raw, 0) >= 0", "dropped_attributes_count >= 0", "dropped_events_count >= 0", "dropped_links_count >= 0",
-    _attrs_ok("attr"), _attrs_ok("resource"),
-])  # fmt: skip
-
-def _count_bad(con: duckdb.DuckDBPyConnection, table: str, checks: str) -> int:
-    return con.execute(f"SELECT count(*) FROM {table} WHERE NOT coalesce({checks}, false)").fetchone()[0]
-
-
-def _stage_from_flat(con: duckdb.DuckDBPyConnection) -> int | None:
-    """Check ``_fj_stage_spans`` and build the events and links staging tables from it: the
-    number of spans, or None when any row fails a check."""
-    n_spans = con.execute("SELECT count(*) FROM _fj_stage_spans").fetchone()[0]
-    if not n_spans or _count_bad(con, "_fj_stage_spans", _SPAN_CHECKS):
-        return None
-    con.execute(f"""CREATE OR REPLACE TEMP TABLE _fj_stage_events AS
-        SELECT _ord, trace_id, span_id, i::INTEGER AS event_index, TRY_CAST(e.timeUnixNano AS BIGINT) AS time_ns,
-               coalesce(e.name, '') AS name, {_maps('e.attributes')}, {_attr_counts('e.attributes', 'attr')},
-               coalesce(e.droppedAttributesCount, 0) AS dropped_attributes_count
-        FROM (SELECT _ord, trace_id, span_id, unnest(events) AS e, unnest(range(len(events))) AS i
-              FROM _fj_stage_spans WHERE len(events) > 0)""")
-    if _count_bad(con, "_fj_stage_events", f"time_ns > 0 AND dropped_attributes_count >= 0 AND {_attrs_ok('attr')}"):
-        return None
-    con.execute(f"""CREATE OR REPLACE TEMP TABLE _fj_stage_links AS
-        SELECT _ord, trace_id, span_id, i::INTEGER AS link_index, lower(l.traceId) AS linked_trace_id,
-               lower(l.spanId) AS linked_span_id, NULLIF(l.traceState, '') AS trace_state, l.flags AS flags,
-               {_maps('l.attributes')}, {_attr_counts('l.attributes', 'attr')},
-               coalesce(l.droppedAttributesCount, 0) AS dropped_attributes_count
-        FROM (SELECT _ord, trace_id, span_id, unnest(links) AS l, unnest(range(len(links))) AS i
-              FROM _fj_stage_spans WHERE len(links) > 0)""")
-    link_checks = (f"{_HEX_ID.format('linked_trace_id', 32)} AND {_HEX_ID.format('linked_span_id', 16)}"
-                   f" AND coalesce(flags, 0) >= 0 AND dropped_attributes_count >= 0 AND {_attrs_ok('attr')}")  # fmt: skip
-    if _count_bad(con, "_fj_stage_links", link_checks):
-        return None
-    con.execute("UPDATE _fj_stage_links SET flags = NULL WHERE flags = 0")
-    return int(n_spans)
-
-
-def stage_json_lines(con: duckdb.DuckDBPyConnection, path: Path, compression: str) -> tuple[int, int] | None:
-    """Flatten and check an OTLP/JSON lines file into the temp tables ``_fj_stage_*``.
-
-    Returns (records, spans) read, or None when the Python reader must read the file (nothing
-    is then left behind). Call it outside a transaction: a parse or cast error inside one
-    would abort it. :func:`move_to_stage` then moves the rows into the staging tables.
+    Call it outside a transaction: it opens its own (one per attempt) and calls ``record``
+    with the result inside it, just before COMMIT (the caller's ``loads`` row). Returns the
+    result, or None — rolled back, nothing written — when the Python reader must read the
+    file instead. ``progress`` receives byte counts that add up to the file size on success
+    and back to zero on None.
     """
-    _register_udfs(con)
-    try:
-        con.execute("CREATE OR REPLACE TEMP SEQUENCE _fj_ord")
-        con.execute(_flatten_sql(str(path), compression))
-        n_spans = _stage_from_flat(con)
-        counts = None if n_spans is None else (_count_records(path), n_spans)
-    except (duckdb.Error, ValueError):
-        counts = None
-    finally:
-        con.execute("DROP SEQUENCE IF EXISTS _fj_ord")
-    if counts is None:
-        drop_flat(con)
-    return counts
+    register_udfs(con)
+    size = os.path.getsize(path)
+    done = 0
+
+    def advance(share: float | None) -> None:
+        """Report progress up to ``share`` of the file (None: all of it); a negative share rewinds."""
+        nonlocal done
+        target = size if share is None else max(0, min(size, int(size * share)))
+        if progress is not None and target != done:
+            progress(target - done)
+        done = target
+
+    src = lambda schema: read_json_sql(str(path), compression, schema)  # noqa: E731
+    before = _file_state(path)
+    for attempt in (_direct, _staged):
+        con.execute("BEGIN TRANSACTION")
+        try:
+            try:
+                result = attempt(con, src, load_id, advance)
+            except (duckdb.Error, ValueError):  # a check or cast failed, or the JSON does not parse
+                result = None
+            if result is _REPEATS:
+                con.execute("ROLLBACK")
+                advance(0)
+                continue
+            if result is None or _file_state(path) != before:  # a file still being written: read it once, in Python
+                con.execute("ROLLBACK")
+                advance(0)
+                return None
+            record(result)
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            advance(0)
+            raise
+        finally:
+            drop_temp(con)
+        advance(None)
+        return result
+    return None
 
 
-def _count_records(path: Path) -> int:
-    """Non-blank lines (what read_json reads as records), counted by streaming the file."""
-    import gzip
-
-    with open(path, "rb") as fh:
-        magic = fh.read(4)
-    if magic[:2] == b"\x1f\x8b":
-        stream = gzip.open(path, "rb")
-    elif magic == b"\x28\xb5\x2f\xfd":
-        import zstandard
-
-        stream = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), read_across_frames=True)  # noqa: SIM115
-        import io
-
-        stream = io.BufferedReader(stream, buffer_size=1 << 20)
-    else:
-        stream = open(path, "rb", buffering=1 << 20)  # noqa: SIM115
-    with stream:
-        return sum(1 for line in stream if line.strip())
+def _sequences(con: duckdb.DuckDBPyConnection) -> None:
+    for seq in _SEQUENCES:
+        con.execute(f"CREATE OR REPLACE TEMP SEQUENCE {seq}")
 
 
-def move_to_stage(con: duckdb.DuckDBPyConnection) -> None:
-    """Make the rows :func:`stage_json_lines` prepared the staging tables (a rename, no copy)."""
+def _last_value(con: duckdb.DuckDBPyConnection, seq: str) -> int:
+    """How many times ``nextval(seq)`` ran in this transaction (0: never)."""
+    row = con.execute("SELECT last_value FROM duckdb_sequences() WHERE temporary AND sequence_name = $s", {"s": seq}).fetchall()
+    return int(row[0][0]) if row and row[0][0] is not None else 0
+
+
+def _direct(con: duckdb.DuckDBPyConnection, src: Callable[[str], str], load_id: int, advance: Callable[[float | None], None]):  # noqa: ANN202
+    """Spans, events and links straight into the canonical tables; _REPEATS when a key repeats."""
+    _sequences(con)
+    before = con.execute("SELECT coalesce(max(rowid), -1) FROM spans").fetchall()[0][0]
+    cols = ", ".join(SPAN_COLUMNS)
+    spans = con.execute(f"INSERT INTO spans ({cols}, load_id) SELECT {cols}, $load_id FROM ({span_select(src(SPAN_SCHEMA))})",
+                        {"load_id": load_id}).fetchall()[0][0]  # fmt: skip
+    if _repeats(con, before, spans):
+        return _REPEATS
+    advance(_SPANS)
+    cols = ", ".join(EVENT_COLUMNS)
+    con.execute(f"INSERT INTO span_events ({cols}) SELECT {cols} FROM ({event_select(spans_with(src(EVENT_SCHEMA), 'events'))})")
+    advance(_SPANS + _EVENTS)
+    if _last_value(con, "_fj_links"):
+        cols = ", ".join(LINK_COLUMNS)
+        con.execute(f"INSERT INTO span_links ({cols}) SELECT {cols} FROM ({link_select(spans_with(src(LINK_SCHEMA), 'links'))})")
+    return BulkResult(_last_value(con, "_fj_rec"), spans, spans, 0, staged=False)
+
+
+def _repeats(con: duckdb.DuckDBPyConnection, before: int, spans: int) -> bool:
+    """True when a just-inserted span (rowid > ``before``) shares its key with another span:
+    one of this file, or one stored before (a hash of the new keys: memory grows with the file's
+    key set). Also True if the rowids do not single out the new rows (then the staged path decides)."""
+    new = f"(SELECT trace_id, span_id FROM spans WHERE rowid > {int(before)})"
+    n, distinct = con.execute(f"SELECT count(*), count(DISTINCT (trace_id, span_id)) FROM {new}").fetchall()[0]
+    if n != spans or distinct != n:
+        return True
+    if before < 0:
+        return False
+    old = f"(SELECT trace_id, span_id FROM spans WHERE rowid <= {int(before)})"
+    return bool(con.execute(f"SELECT count(*) FROM {new} n JOIN {old} o USING (trace_id, span_id)").fetchall()[0][0])
+
+
+def _staged(con: duckdb.DuckDBPyConnection, src: Callable[[str], str], load_id: int, advance: Callable[[float | None], None]):  # noqa: ANN202
+    """Spans with raw events and links into temp staging tables, then :func:`stage.commit_stage`
+    (identical duplicates counted, not inserted). None on conflicting duplicates."""
+    _sequences(con)
+    extra = {"events": "sp.events", "links": "sp.links", "_ord": "nextval('_fj_ord') - 1", "_line": "NULL::BIGINT"}
+    con.execute(f"CREATE OR REPLACE TEMP TABLE _fj_stage_spans AS {span_select(src(STAGE_SCHEMA), extra)}")
+    advance(_SPANS)
+    con.execute(f"CREATE OR REPLACE TEMP TABLE _fj_stage_events AS {event_select('_fj_stage_spans', keep='_ord')}")
+    con.execute(f"CREATE OR REPLACE TEMP TABLE _fj_stage_links AS {link_select('_fj_stage_spans', keep='_ord')}")
     stage.adopt_stage(con, "_fj_stage_")
+    result = stage.commit_stage(con, load_id, insert_if_conflicts=False)
+    if result is None:  # conflicting duplicates: the Python reader reports them with their lines
+        return None
+    spans = stage.staged_counts(con)[0]
+    return BulkResult(_last_value(con, "_fj_rec"), spans, result.spans_loaded, result.duplicates_identical, staged=True)
 
 
-def drop_flat(con: duckdb.DuckDBPyConnection) -> None:
-    for table in ("spans", "events", "links"):
-        con.execute(f"DROP TABLE IF EXISTS _fj_stage_{table}")
+_SEQUENCES = ("_fj_rec", "_fj_links", "_fj_ord")
+
+
+def drop_temp(con: duckdb.DuckDBPyConnection) -> None:
+    """Drop what :func:`load_json_lines` leaves behind (temp tables, sequences, staging tables)."""
+    for table in ("_fj_stage_spans", "_fj_stage_events", "_fj_stage_links"):
+        con.execute(f"DROP TABLE IF EXISTS temp.{table}")
+    for seq in _SEQUENCES:
+        con.execute(f"DROP SEQUENCE IF EXISTS temp.{seq}")
+    stage.drop_stage(con)
