@@ -108,8 +108,12 @@ def _absent(*exprs: str) -> str:
 def _maps(attrs: str, prefix: str) -> str:
     """The five typed map columns ``<prefix>_str`` ... of an OTLP attribute list, with each
     value checked as the Python reader checks it (``split_any_values``)."""
-    a = f"coalesce({attrs}, [])"
-    one = "map_from_entries(list_transform(list_filter({a}, lambda x: {cond}), lambda x: {{'k': x.key, 'v': {v}}}))::MAP(VARCHAR, {t}) AS {col}"
+    # No coalesce(attrs, []) here: after an UNNEST the list shares its parent's child vector,
+    # and coalescing it copied that whole vector per chunk (the costliest step, measured).
+    # A NULL list gives a NULL map, coalesced to an empty one instead.
+    a = attrs
+    one = ("coalesce(map_from_entries(list_transform(list_filter({a}, lambda x: {cond}), lambda x: {{'k': x.key, 'v': {v}}})),"
+           " MAP {{}})::MAP(VARCHAR, {t}) AS {col}")
     i, d, b = "x.value.intValue", "x.value.doubleValue", "x.value.boolValue"
     int_v = f"CASE WHEN regexp_full_match({i}, '-?[0-9]+') THEN {i}::BIGINT ELSE {_fail('intValue')} END"
     dbl_ok = f"regexp_full_match({d}, '-?[0-9]+(\\.[0-9]+)?([eE][-+]?[0-9]+)?|-?Infinity|NaN')"
@@ -124,17 +128,17 @@ def _maps(attrs: str, prefix: str) -> str:
         one.format(a=a, cond=f"{b} IS NOT NULL", v=bool_v, t="BOOLEAN", col=f"{prefix}_bool"),
         one.format(a=a, cond=json_kind, v=json_v, t="VARCHAR", col=f"{prefix}_json"),
     ]
-    return ", ".join(parts) + f", len({a}) AS {prefix}_n"
+    return ", ".join(parts) + f", coalesce(len({a}), 0) AS {prefix}_n"
 
 
 def _maps_ok(prefix: str) -> str:
     """True when the five maps hold every attribute exactly once: as many entries as given
     (a value of no kind lands in no map) and no key in two maps (a repeated key of another
     kind, or a value of several kinds). A key repeated within one kind already fails in
-    ``map_from_entries``."""
+    ``map_from_entries``. The pairwise key test runs only where both maps have entries."""
     cols = [f"{prefix}_{k}" for k in _MAP_KINDS]
     card = " + ".join(f"cardinality({c})" for c in cols)
-    cross = [f"len(list_filter(map_keys({b}), lambda k: map_contains({a}, k))) = 0"
+    cross = [f"(cardinality({a}) = 0 OR cardinality({b}) = 0 OR len(list_filter(map_keys({b}), lambda k: map_contains({a}, k))) = 0)"
              for n, a in enumerate(cols) for b in cols[n + 1:]]  # fmt: skip
     return f"(({card}) = {prefix}_n AND {' AND '.join(cross)})"
 
@@ -162,33 +166,41 @@ def span_select(src: str, extra: dict[str, str] | None = None) -> str:
     extra_inner = "".join(f", {expr} AS {name}" for name, expr in extra.items())
     extra_outer = "".join(f", {name}" for name in extra)
     span_ok = " AND ".join([
-        "rec IS NOT NULL", "sp IS NOT NULL", "end_ns >= start_ns", "resource_ok", "snake_ok", _maps_ok("attr"),
+        "rec IS NOT NULL", "shape_ok", "NOT sp_null", "end_ns >= start_ns", "resource_ok", "snake_ok", _maps_ok("attr"),
         "(parent_raw IS NULL OR regexp_full_match(parent_raw, '[0-9a-f]{16}'))", "(links_seen IS NULL OR links_seen > 0)",
     ])  # fmt: skip
+    # Shape checks sit at the level they test (record, resource, scope), as columns the final
+    # check reads, so a null list fails where it is instead of being padded: coalescing a
+    # list this size copied all of it.
     return f"""
-    WITH r AS NOT MATERIALIZED (SELECT nextval('_fj_rec') AS rec, resourceSpans AS rsl FROM {src}),
-         rs AS NOT MATERIALIZED (SELECT rec, unnest(coalesce(rsl, [NULL])) AS rs FROM r),
-         rsm AS NOT MATERIALIZED (SELECT rec, {_maps('rs.resource.attributes', 'resource')}, rs.scopeSpans AS scope_spans FROM rs),
+    WITH r AS NOT MATERIALIZED (
+           SELECT nextval('_fj_rec') AS rec, resourceSpans AS rsl, {_checked('resourceSpans IS NOT NULL', 'true', 'record shape')} AS rec_ok
+           FROM {src}),
+         rs AS NOT MATERIALIZED (SELECT rec, rec_ok, unnest(rsl) AS rs FROM r),
+         rsm AS NOT MATERIALIZED (
+           SELECT rec, {_checked('rec_ok AND rs IS NOT NULL AND rs.scopeSpans IS NOT NULL', 'true', 'resource shape')} AS rs_ok,
+                  {_maps('rs.resource.attributes', 'resource')}, rs.scopeSpans AS scope_spans FROM rs),
          rsc AS NOT MATERIALIZED (
            SELECT * EXCLUDE (resource_n), {_checked(_maps_ok('resource'), 'true', 'resource attributes')} AS resource_ok,
                   resource_str['service.name'] AS service_name, resource_str['service.instance.id'] AS service_instance_id,
                   resource_str['host.name'] AS host_name, {_CLOCK} AS clock_domain FROM rsm),
-         ss AS NOT MATERIALIZED (SELECT * EXCLUDE (scope_spans), unnest(coalesce(scope_spans, [NULL])) AS ss FROM rsc),
-         sp AS NOT MATERIALIZED (
-           SELECT * EXCLUDE (ss), ss.scope AS scope, ss.instrumentationLibrary AS il,
-                  unnest(coalesce(ss.spans, CASE WHEN ss IS NULL THEN [NULL] END)) AS sp FROM ss),
+         ss AS NOT MATERIALIZED (SELECT * EXCLUDE (scope_spans), unnest(scope_spans) AS ss FROM rsc),
+         ssc AS NOT MATERIALIZED (  -- per scope, before the spans are unnested: the Python UDF runs once per scope
+           SELECT * EXCLUDE (rs_ok), {_checked('rs_ok AND ss IS NOT NULL', 'true', 'scope shape')} AS shape_ok,
+                  NULLIF(ss.scope.name, '') AS scope_name, NULLIF(ss.scope.version, '') AS scope_version,
+                  CASE WHEN ss.scope.attributes IS NOT NULL THEN tt_scope_json(ss.scope.attributes::VARCHAR) END AS scope_attributes_json,
+                  ss.instrumentationLibrary AS il FROM ss),
+         sp AS NOT MATERIALIZED (SELECT * EXCLUDE (ss), unnest(ss.spans) AS sp FROM ssc),
          flat AS NOT MATERIALIZED (
-           SELECT rec, sp, {_hex_id('sp.traceId', 32)} AS trace_id, {_hex_id('sp.spanId', 16)} AS span_id,
+           SELECT rec, shape_ok, sp IS NULL AS sp_null, {_hex_id('sp.traceId', 32)} AS trace_id, {_hex_id('sp.spanId', 16)} AS span_id,
                   lower(NULLIF(sp.parentSpanId, '')) AS parent_raw,
                   NULLIF(sp.traceState, '') AS trace_state, NULLIF({_uint('sp.flags')}, 0) AS flags,
                   coalesce(sp.name, '') AS name, {_enum('sp.kind', _KINDS, 'SPAN_KIND_')} AS kind,
                   {_time('sp.startTimeUnixNano')} AS start_ns, {_time('sp.endTimeUnixNano')} AS end_ns,
                   {_enum('sp.status.code', _CODES, 'STATUS_CODE_')} AS status_code, NULLIF(sp.status.message, '') AS status_message,
-                  service_name, service_instance_id, host_name, clock_domain,
-                  NULLIF(scope.name, '') AS scope_name, NULLIF(scope.version, '') AS scope_version,
+                  service_name, service_instance_id, host_name, clock_domain, scope_name, scope_version,
                   {_maps('sp.attributes', 'attr')},
-                  resource_str, resource_int, resource_double, resource_bool, resource_json, resource_ok,
-                  CASE WHEN scope.attributes IS NOT NULL THEN tt_scope_json(scope.attributes::VARCHAR) END AS scope_attributes_json,
+                  resource_str, resource_int, resource_double, resource_bool, resource_json, resource_ok, scope_attributes_json,
                   {_uint('sp.droppedAttributesCount')} AS dropped_attributes_count,
                   {_uint('sp.droppedEventsCount')} AS dropped_events_count,
                   {_uint('sp.droppedLinksCount')} AS dropped_links_count,
