@@ -24,16 +24,25 @@ goal <= 1.02. To say where the E2E difference comes from:
   gateway's from its OTLP-JSON file): whether the model thread itself ran slower in the server.
 - load_average_{start,end}: the machine's 1-minute load average (a shared machine is noisy).
 
+--baseline-ref REF adds a third side to the same interleaved run: the gateway as it was at git
+commit REF (its instrument/gateway/ over the current instrument/, so only the gateway differs),
+served with uvicorn's --baseline-loop / --baseline-http. Its numbers are under "baseline", and
+e2e_gateway_over_baseline_median = median(gateway E2E / baseline E2E) of each round: a
+before/after comparison under the same load. Sides rotate through every order.
+
 Usage::
 
     .venv/bin/python benchmarks/gateway_overhead.py --model tiny --rounds 20 --max-tokens 32
     .venv/bin/python benchmarks/gateway_overhead.py --model smollm2 --rounds 5 --max-tokens 32
+    .venv/bin/python benchmarks/gateway_overhead.py --model tiny --baseline-ref 1149bb1 \
+        --baseline-loop asyncio --baseline-http h11
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import json
 import os
 import shutil
@@ -130,6 +139,49 @@ def _start_subprocess_server(model: str, max_tokens: int, spans_path: Path) -> t
     return proc, f"http://127.0.0.1:{port}"
 
 
+_BASELINE_SERVER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import uvicorn
+from instrument.client import local_tracer_provider
+from instrument.gateway.app import GatewaySettings, create_app
+from instrument.gateway.worker import load_model_handle
+model, port, spans, max_tokens, loop, http = sys.argv[2:8]
+provider = local_tracer_provider("tokentrace-gateway-baseline", json_path=spans)
+app = create_app(load_model_handle(model), provider, GatewaySettings(max_tokens_limit=int(max_tokens)))
+try:
+    uvicorn.run(app, host="127.0.0.1", port=int(port), log_level="warning", loop=loop, http=http)
+finally:
+    provider.shutdown()
+"""
+
+
+def _baseline_source(ref: str, into: Path) -> Path:
+    """A copy of the current ``instrument/`` with ``instrument/gateway/`` as of git ``ref``."""
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"--baseline-ref {ref}: git {' '.join(args)} failed: {done.stderr.strip()}")
+        return done.stdout
+
+    shutil.copytree(REPO / "instrument", into / "instrument", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.rmtree(into / "instrument" / "gateway")
+    (into / "instrument" / "gateway").mkdir()
+    for path in git("ls-tree", "--name-only", ref, "instrument/gateway/").split():
+        (into / path).write_text(git("show", f"{ref}:{path}"))
+    return into
+
+
+def _start_baseline_server(source: Path, model: str, max_tokens: int, spans_path: Path, loop: str,
+                           http: str) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    cmd = [sys.executable, "-c", _BASELINE_SERVER, str(source), model, str(port), str(spans_path),
+           str(max(max_tokens, 64)), loop, http]
+    proc = subprocess.Popen(cmd, cwd=source, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": ""})
+    return proc, f"http://127.0.0.1:{port}"
+
+
 def _wait_healthy(http: Any, url: str, timeout_s: float = 300.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -142,6 +194,19 @@ def _wait_healthy(http: Any, url: str, timeout_s: float = 300.0) -> None:
     raise RuntimeError(f"the gateway at {url} did not become healthy in {timeout_s:g} s")
 
 
+def _side_summary(rows: list[dict[str, tuple[float, ...]]], side: str) -> dict[str, Any]:
+    """A gateway side against the direct side of the same rounds: medians over rounds, in ms."""
+    per_chunk = [((r[side][1] - r[side][0]) - (r["direct"][1] - r["direct"][0])) / (r[side][2] - 1)
+                 for r in rows if r[side][2] > 1]
+    return {
+        "ttft_ms_median": statistics.median(r[side][0] for r in rows),
+        "e2e_ms_median": statistics.median(r[side][1] for r in rows),
+        "ttft_added_ms_median": statistics.median(r[side][0] - r["direct"][0] for r in rows),
+        "e2e_ratio_median": statistics.median(r[side][1] / r["direct"][1] for r in rows),
+        "per_chunk_added_ms_median": statistics.median(per_chunk) if per_chunk else None,
+    }
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny", help="tiny, smollm2 or a local model folder")
@@ -151,6 +216,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--in-process", action="store_true", help="run the gateway in a thread of this process")
     parser.add_argument("--torch-threads", type=int, default=1,
                         help="torch intra-op threads on both sides (1 is steadiest on a shared machine)")
+    parser.add_argument("--baseline-ref", default=None, metavar="GIT_REF",
+                        help="also run the gateway as of this commit, interleaved (a before/after comparison)")
+    parser.add_argument("--baseline-loop", default="auto", choices=("auto", "asyncio", "uvloop"),
+                        help="uvicorn event loop of the baseline gateway")
+    parser.add_argument("--baseline-http", default="auto", choices=("auto", "h11", "httptools"),
+                        help="uvicorn HTTP implementation of the baseline gateway")
     args = parser.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = str(args.torch_threads)  # for the server subprocess
     import torch
@@ -168,8 +239,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     direct_spans = InMemorySpanExporter()
     provider = setup_tracing("bench-direct", exporter="none", span_exporters=[direct_spans])
     tmp = Path(tempfile.mkdtemp(prefix="tt-overhead-"))
-    proc = server = server_provider = None
+    proc = server = server_provider = baseline = None
     http = httpx.Client(timeout=300.0)
+    urls: dict[str, str] = {}
     try:
         if args.in_process:
             from instrument.gateway.app import GatewaySettings, create_app
@@ -177,22 +249,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
             server_provider = setup_tracing("bench-gateway", exporter="otlp_json", json_path=tmp / "server.jsonl")
             server = ServerThread(create_app(handle, server_provider, GatewaySettings())).start()
-            url = server.url
+            urls["gateway"] = server.url
         else:
-            proc, url = _start_subprocess_server(args.model, args.max_tokens, tmp / "server.jsonl")
+            proc, urls["gateway"] = _start_subprocess_server(args.model, args.max_tokens, tmp / "server.jsonl")
+        if args.baseline_ref is not None:
+            source = _baseline_source(args.baseline_ref, tmp / "baseline-src")
+            baseline, urls["baseline"] = _start_baseline_server(source, args.model, args.max_tokens,
+                                                                tmp / "baseline.jsonl", args.baseline_loop,
+                                                                args.baseline_http)
+        for url in urls.values():
             _wait_healthy(http, url)
-        model_id = http.get(url + "/v1/models").json()["data"][0]["id"]
+        model_id = http.get(urls["gateway"] + "/v1/models").json()["data"][0]["id"]
+        orders = list(itertools.permutations(["direct", *urls]))
         pairs: list[dict[str, float]] = []
+        rows: list[dict[str, tuple[float, ...]]] = []
         for round_index in range(args.warmup + args.rounds):
-            for prompt in PROMPTS:
-                order = ("direct", "gateway") if round_index % 2 == 0 else ("gateway", "direct")
+            for prompt_index, prompt in enumerate(PROMPTS):
+                order = orders[(round_index * len(PROMPTS) + prompt_index) % len(orders)]
                 got: dict[str, tuple[float, ...]] = {}
                 for side in order:
                     if side == "direct":
                         got[side] = direct_once(handle, provider, prompt, args.max_tokens)
                     else:
-                        got[side] = gateway_once(http, url, model_id, prompt, args.max_tokens)
+                        got[side] = gateway_once(http, urls[side], model_id, prompt, args.max_tokens)
                 if round_index >= args.warmup:
+                    rows.append(got)
                     pairs.append({"direct_ttft_ms": got["direct"][0], "direct_e2e_ms": got["direct"][1],
                                   "gateway_ttft_ms": got["gateway"][0], "gateway_e2e_ms": got["gateway"][1],
                                   "chunks": got["gateway"][2]})
@@ -201,9 +282,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if server is not None:
             server.stop()  # the app's shutdown closes its model worker
             server_provider.shutdown()  # flushes the server's spans to its file
-        if proc is not None:
-            proc.terminate()  # SIGTERM: `serve` flushes its spans to the file as it exits
-            proc.wait(30)
+        for child in (proc, baseline):
+            if child is not None:
+                child.terminate()  # SIGTERM: the server flushes its spans to the file as it exits
+                child.wait(30)
         provider.force_flush()
         direct_decode = [(s.end_time - s.start_time) / 1e6 for s in direct_spans.get_finished_spans()
                          if s.name == "decode"]
@@ -236,6 +318,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "server_loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
         "load_average_start": load_start, "load_average_end": os.getloadavg()[0],
     }
+    if "baseline" in urls:
+        result["baseline"] = {
+            "ref": args.baseline_ref, "loop": args.baseline_loop, "http": args.baseline_http,
+            **_side_summary(rows, "baseline"),
+        }
+        result["e2e_gateway_over_baseline_median"] = statistics.median(
+            r["gateway"][1] / r["baseline"][1] for r in rows)
     print(json.dumps(result, indent=2))
     return result
 
