@@ -136,6 +136,9 @@ ODD_LINES = {
     "int as 5.5 number": _line(attributes=[_attr("n", {"intValue": 5.5})]),
     "int as 2.0 number": _line(attributes=[_attr("n", {"intValue": 2.0})]),
     "int with spaces": _line(attributes=[_attr("n", {"intValue": " 7"})]),
+    "int -0 and 007": _line(attributes=[_attr("n", {"intValue": "-0"}), _attr("m", {"intValue": "007"})]),
+    "int beyond int64": _line(attributes=[_attr("n", {"intValue": "9223372036854775808"})]),
+    "int at int64 limits": _line(attributes=[_attr("n", {"intValue": "9223372036854775807"}), _attr("m", {"intValue": -9223372036854775808})]),
     "double as bool": _line(attributes=[_attr("d", {"doubleValue": True})]),
     "double as NaN string": _line(attributes=[_attr("d", {"doubleValue": "NaN"})]),
     "double as 1_0 string": _line(attributes=[_attr("d", {"doubleValue": "1_0"})]),
@@ -152,6 +155,10 @@ ODD_LINES = {
     "time 1.5e3 string": _line(startTimeUnixNano="1.5e3"),
     "time as float number": _line(startTimeUnixNano=1000.0),
     "time zero": _line(startTimeUnixNano="0"),
+    "time with a leading zero": _line(startTimeUnixNano="01000"),
+    "time as number": _line(startTimeUnixNano=1000, endTimeUnixNano=2000),
+    "time beyond int64": _line(endTimeUnixNano="9223372036854775808"),
+    "flags 007": _line(flags="007"),
     "end before start": _line(endTimeUnixNano="999"),
     "kind suffix": _line(kind="SERVERSPAN_KIND_"),
     "kind 9": _line(kind=9),
@@ -195,7 +202,7 @@ def test_odd_values_end_exactly_as_in_the_python_reader(tmp_path, monkeypatch, n
 def test_clean_odd_lines_stay_on_the_bulk_path(tmp_path, monkeypatch):
     """Values the bulk path reads itself (no fallback), with the Python reader's rows."""
     for name in ("double as NaN string", "kind name", "uppercase ids", "parent all zeros", "link with attributes",
-                 "kvlist and bytes", "scope attributes"):  # fmt: skip
+                 "kvlist and bytes", "scope attributes", "int at int64 limits", "time as number"):  # fmt: skip
         p = tmp_path / "ok.jsonl"
         p.write_text(SDK_LINE + ODD_LINES[name])
         rows, used = _outcome([p], True, monkeypatch, lenient=False)

@@ -74,15 +74,21 @@ def _fail(what: str) -> str:
     return f"error('tokentrace bulk check failed: {what}')"
 
 
+def _int64(expr: str) -> str:
+    """``expr`` (VARCHAR) as BIGINT when it is exactly the canonical decimal text of one, else
+    NULL. Stricter than the Python reader ("007", "-0", " 5" go to it) and than DuckDB's cast
+    ("5.5" -> 6, "1e3", "+5", "5_000", "0x10"): a round trip, cheaper than a regexp."""
+    return f"(CASE WHEN TRY_CAST({expr} AS BIGINT)::VARCHAR = {expr} THEN TRY_CAST({expr} AS BIGINT) END)"
+
+
 def _uint(expr: str) -> str:
     """A non-negative integer given as a JSON number or digit string; missing is 0 (``parse_uint``)."""
-    return f"(CASE WHEN {expr} IS NULL THEN 0 WHEN regexp_full_match({expr}, '[0-9]{{1,19}}') THEN {expr}::BIGINT ELSE {_fail('count')} END)"
+    return f"(CASE WHEN {expr} IS NULL THEN 0 WHEN {_int64(expr)} >= 0 THEN {_int64(expr)} ELSE {_fail('count')} END)"
 
 
 def _time(expr: str) -> str:
     """A positive int64 nanosecond time; anything else (missing, 0, "1.5e18") fails."""
-    return (f"(CASE WHEN regexp_full_match({expr}, '[0-9]{{1,19}}') AND TRY_CAST({expr} AS BIGINT) > 0"
-            f" THEN TRY_CAST({expr} AS BIGINT) ELSE {_fail('time')} END)")  # fmt: skip
+    return f"(CASE WHEN {_int64(expr)} > 0 THEN {_int64(expr)} ELSE {_fail('time')} END)"
 
 
 def _hex_id(expr: str, digits: int) -> str:
@@ -115,7 +121,7 @@ def _maps(attrs: str, prefix: str) -> str:
     one = ("coalesce(map_from_entries(list_transform(list_filter({a}, lambda x: {cond}), lambda x: {{'k': x.key, 'v': {v}}})),"
            " MAP {{}})::MAP(VARCHAR, {t}) AS {col}")
     i, d, b = "x.value.intValue", "x.value.doubleValue", "x.value.boolValue"
-    int_v = f"CASE WHEN regexp_full_match({i}, '-?[0-9]+') THEN {i}::BIGINT ELSE {_fail('intValue')} END"
+    int_v = f"coalesce({_int64(i)}, {_fail('intValue')})"
     dbl_ok = f"regexp_full_match({d}, '-?[0-9]+(\\.[0-9]+)?([eE][-+]?[0-9]+)?|-?Infinity|NaN')"
     dbl_v = f"CASE WHEN {dbl_ok} THEN {d}::DOUBLE ELSE {_fail('doubleValue')} END"
     bool_v = f"CASE {b} WHEN 'true' THEN true WHEN 'false' THEN false ELSE {_fail('boolValue')} END"
