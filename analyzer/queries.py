@@ -405,18 +405,19 @@ def run_query(
     params: Mapping[str, Any] | None = None,
     *,
     views: bool = True,
+    keep: bool = True,
 ) -> QueryResult:
     """Run ``queries/<name>.sql`` with its parameters bound by name.
 
     ``views``: install the views first (a no-op when they are current, see
-    :func:`install_views`). Unless the query is narrowed to one trace or request (a non-NULL
-    ``$trace_id`` / ``$request_span_id``), the views it reads are kept for the next query
-    (:func:`materialize_views`)."""
+    :func:`install_views`). ``keep``: unless the query is narrowed to one trace or request (a
+    non-NULL ``$trace_id`` / ``$request_span_id``), the views it reads are kept for the next
+    query (:func:`materialize_views`); with ``keep=False`` it reads the views as they are."""
     query = load_query(name)
     bound = query.bind(params)
     if views:
         install_views(con)
-    if bound.get("trace_id") is None and bound.get("request_span_id") is None:
+    if keep and bound.get("trace_id") is None and bound.get("request_span_id") is None:
         materialize_views(con, query.sql)
     cur = con.execute(query.sql, bound)
     columns = [d[0] for d in cur.description]

@@ -9,11 +9,12 @@ subprocess so peak memory (VmHWM) is its own:
 - ``duckdb``: the full metric set as the library runs it (analyzer.queries: install_views,
   then per query materialize_views and the query): queries/requests.sql, itl.sql and
   summary.sql through analyzer.engine.open_source(parquet=...). requests and summary are
-  fetched as Arrow tables; itl as an Arrow table too up to --pandas-max requests, above that
-  streamed as Arrow record batches and dropped (298M gaps at 1e6 requests do not fit in
-  memory as one table; the query still computes and orders every gap). Timed from the open,
-  views included. Then each other query alone in a fresh process (window, phases,
-  skew_offsets, skew_rules).
+  fetched as Arrow tables. itl (--itl-fetch): ``stream`` (default) reads the ordered result as
+  Arrow record batches of 1M rows, counts and drops them, as ``tokentrace itl --format csv``
+  streams its rows out: every gap and column is computed, ordered and converted to Arrow,
+  nothing is held; ``table`` keeps it as one Arrow table in memory (298M gaps at 1e6
+  requests do not fit: that size always streams). Timed from the open, views included.
+  Then each other query alone in a fresh process (window, phases, skew_offsets, skew_rules).
 - ``pandas``: the same metric set, column for column, from the same files read with pyarrow
   (map values looked up with pyarrow.compute): requests (per perspective s/f/e, tokens,
   finish reason, status, outcome, TTFT, E2E, TPOT, both rates, KV bytes per token / prompt /
@@ -75,6 +76,7 @@ def generate(directory: Path, n: int) -> None:
 
     con = duckdb.connect()
     con.execute("SET preserve_insertion_order = false")
+    con.execute("SET enable_progress_bar = false")
     base = f"(CAST({ANCHOR_NS} AS BIGINT) + r * 10 * {MS})"
     common = {
         "trace_id": "printf('%032x', r + 1)", "scope_name": "'tokentrace'", "scope_version": "'1'",
@@ -144,7 +146,7 @@ def run_duckdb(directory: str, queries: list[str], stream_itl: bool) -> dict[str
         materialize_views(con, query.sql)
         relation = con.sql(query.sql, params=query.bind({}) or None)
         if name == "itl" and stream_itl:
-            reader = relation.fetch_arrow_reader(batch_size=1_000_000)
+            reader = relation.to_arrow_reader(1_000_000)
             rows[name] = sum(batch.num_rows for batch in reader)
         else:
             table = relation.to_arrow_table()
@@ -391,6 +393,8 @@ def main() -> None:
     parser.add_argument("--pandas-max", type=int, default=100_000, help="largest size also run with pandas")
     parser.add_argument("--repeat", type=int, default=1, help="runs per engine and size (the fastest is reported)")
     parser.add_argument("--skip-others", action="store_true", help="only the full metric set")
+    parser.add_argument("--itl-fetch", choices=["stream", "table"], default="stream",
+                        help="DuckDB's itl result: streamed Arrow batches (counted) or one Arrow table")
     parser.add_argument("--keep", default=None, help="write dumps here (default: a temp dir, removed)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--dir", default=None, help=argparse.SUPPRESS)
@@ -411,7 +415,7 @@ def main() -> None:
         size_mib = sum(f.stat().st_size for f in directory.rglob("*.parquet")) / 2**20
         print(f"\nN = {n:,} requests: {spans:,} spans, {n * 2 * (DECODE_STEPS + 1):,} events, "
               f"{size_mib:,.0f} MiB Parquet (generated/found in {time.perf_counter() - t0:.1f} s)", flush=True)
-        stream = n > args.pandas_max
+        stream = args.itl_fetch == "stream" or n > args.pandas_max
         runs = [_measure("duckdb", directory, ",".join(FULL_SET), stream) for _ in range(args.repeat)]
         full = min(runs, key=lambda r: r["seconds"]["total"])
         per_query = "  ".join(f"{k} {v:.2f} s" for k, v in full["seconds"].items() if k != "total")

@@ -26,34 +26,33 @@ req_keys AS (
       ON k.trace_id = r.trace_id AND k.request_span_id = r.request_span_id
      AND k.perspective = r.perspective AND k.source = r.source
 ),
-gaps AS (
-    SELECT r.perspective, g.itl_ms, g.itl_per_token_ms
-    FROM request_gap_times g
-    JOIN req_keys r ON r.request_key = g.request_key
+metrics (metric_order, metric, unit) AS (
+    VALUES (1, 'ttft_ms', 'ms'), (2, 'tpot_ms', 'ms/token'), (3, 'e2e_ms', 'ms'),
+           (4, 'itl_ms', 'ms per chunk gap'), (5, 'itl_per_token_ms', 'ms per token'),
+           (6, 'decode_output_tokens_per_second', 'tokens/s'),
+           (7, 'whole_request_output_tokens_per_second', 'tokens/s')
 ),
+-- one (perspective, metric number, value) row per known-or-NULL figure; names come last
 vals AS (
-    SELECT perspective, 1 AS metric_order, 'ttft_ms' AS metric, 'ms' AS unit, ttft_ms AS value FROM req
+    SELECT perspective, 1 AS metric_order, ttft_ms AS value FROM req
     UNION ALL
-    SELECT perspective, 2, 'tpot_ms', 'ms/token', tpot_ms FROM req
+    SELECT perspective, 2, tpot_ms FROM req
     UNION ALL
-    SELECT perspective, 3, 'e2e_ms', 'ms', e2e_ms FROM req
+    SELECT perspective, 3, e2e_ms FROM req
     UNION ALL
-    SELECT perspective, 4, 'itl_ms', 'ms per chunk gap', itl_ms FROM gaps
+    SELECT r.perspective, 4, g.itl_ms FROM request_gap_times g JOIN req_keys r ON r.request_key = g.request_key
     UNION ALL
-    SELECT perspective, 5, 'itl_per_token_ms', 'ms per token', itl_per_token_ms FROM gaps
+    SELECT r.perspective, 5, g.itl_per_token_ms FROM request_gap_times g JOIN req_keys r ON r.request_key = g.request_key
     UNION ALL
-    SELECT perspective, 6, 'decode_output_tokens_per_second', 'tokens/s', decode_output_tokens_per_second FROM req
+    SELECT perspective, 6, decode_output_tokens_per_second FROM req
     UNION ALL
-    SELECT perspective, 7, 'whole_request_output_tokens_per_second', 'tokens/s', whole_request_output_tokens_per_second
-    FROM req
+    SELECT perspective, 7, whole_request_output_tokens_per_second FROM req
 ),
 -- the four percentiles in one pass (one sorted copy of the values, not four)
 distributions AS (
     SELECT
         metric_order,
-        metric,
         perspective,
-        unit,
         count(value) AS count,
         count(*) - count(value) AS null_count,
         avg(value) AS mean,
@@ -62,7 +61,7 @@ distributions AS (
         quantile_cont(value, [0.5, 0.9, 0.95, 0.99]) AS percentiles,
         max(value) AS max
     FROM vals
-    GROUP BY metric_order, metric, perspective, unit
+    GROUP BY metric_order, perspective
 )
 SELECT
     metric,
@@ -81,4 +80,5 @@ SELECT
     'linear' AS interpolation,
     CASE WHEN count = 0 THEN 'no known value of ' || metric END AS null_reason
 FROM distributions
+JOIN metrics USING (metric_order)
 ORDER BY metric_order, perspective;

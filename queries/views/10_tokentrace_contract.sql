@@ -107,6 +107,18 @@ WITH chunk_agg AS (
     FROM tt_candidate_chunks
     GROUP BY candidate_key
 ),
+-- tokenize / queue / prefill: a few spans per request. One equality per scan (pushed into
+-- the scan; an IN list is not, and would decode every span's attribute maps).
+phase_spans AS (
+    SELECT trace_id, parent_span_id, name, start_ns, end_ns, attr_int, attr_str
+    FROM spans WHERE scope_name = 'tokentrace' AND name = 'tokenize'
+    UNION ALL
+    SELECT trace_id, parent_span_id, name, start_ns, end_ns, attr_int, attr_str
+    FROM spans WHERE scope_name = 'tokentrace' AND name = 'queue'
+    UNION ALL
+    SELECT trace_id, parent_span_id, name, start_ns, end_ns, attr_int, attr_str
+    FROM spans WHERE scope_name = 'tokentrace' AND name = 'prefill'
+),
 phase AS (
     SELECT trace_id, parent_span_id,
            min(CASE WHEN name = 'tokenize' THEN start_ns END) AS tokenize_start_ns,
@@ -117,12 +129,18 @@ phase AS (
            max(CASE WHEN name = 'prefill' THEN end_ns END) AS prefill_end_ns,
            max(CASE WHEN name = 'prefill' THEN attr_int['tokentrace.kv.bytes_per_token'] END) AS kv_bytes_per_token,
            max(CASE WHEN name = 'prefill' THEN attr_int['tokentrace.kv.bytes'] END) AS prompt_kv_bytes,
-           max(CASE WHEN name = 'prefill' THEN attr_str['tokentrace.kv.layout'] END) AS kv_layout,
-           max(CASE WHEN name = 'decode' THEN attr_int['tokentrace.kv.bytes'] END) AS stop_kv_bytes,
-           sum(CASE WHEN name = 'decode' THEN 1 ELSE 0 END) AS decode_spans,
-           max(CASE WHEN name = 'decode' THEN attr_int['tokentrace.step'] END) AS last_decode_step
+           max(CASE WHEN name = 'prefill' THEN attr_str['tokentrace.kv.layout'] END) AS kv_layout
+    FROM phase_spans
+    GROUP BY trace_id, parent_span_id
+),
+-- one span per decode step: how many, and the KV held after the last one (kv.bytes grows
+-- with every step, so the largest is the last step's)
+decode AS (
+    SELECT trace_id, parent_span_id,
+           count(*) AS decode_spans,
+           max(attr_int['tokentrace.kv.bytes']) AS stop_kv_bytes
     FROM spans
-    WHERE scope_name = 'tokentrace' AND name IN ('tokenize', 'queue', 'prefill', 'decode')
+    WHERE scope_name = 'tokentrace' AND name = 'decode'
     GROUP BY trace_id, parent_span_id
 )
 SELECT
@@ -170,9 +188,9 @@ SELECT
     ph.prefill_end_ns,
     ph.kv_bytes_per_token,
     ph.prompt_kv_bytes,
-    ph.stop_kv_bytes,
+    dc.stop_kv_bytes,
     ph.kv_layout,
-    coalesce(ph.decode_spans, 0) AS decode_spans,
+    coalesce(dc.decode_spans, 0) AS decode_spans,
     coalesce(p.attr_bool['tokentrace.synthetic'], false) AS synthetic,
     CASE
         WHEN p.dropped_events_count > 0 THEN
@@ -187,4 +205,5 @@ LEFT JOIN tt_request_candidates cl ON cl.candidate_key = r.client_key
 LEFT JOIN chunk_agg ca ON ca.candidate_key = r.perspective_key
 LEFT JOIN chunk_agg sca ON sca.candidate_key = r.server_key
 LEFT JOIN chunk_agg cca ON cca.candidate_key = r.client_key
-LEFT JOIN phase ph ON ph.trace_id = r.trace_id AND ph.parent_span_id = r.server_span_id;
+LEFT JOIN phase ph ON ph.trace_id = r.trace_id AND ph.parent_span_id = r.server_span_id
+LEFT JOIN decode dc ON dc.trace_id = r.trace_id AND dc.parent_span_id = r.server_span_id;
