@@ -1,6 +1,9 @@
 """Input formats: one reader module per input shape, all producing the canonical rows.
 
 - :mod:`otlp_json` — OTLP/JSON lines, documents, Jaeger api_v3 wrapper
+- :mod:`otlp_json_duckdb` (SQL in :mod:`otlp_json_sql`) — the bulk path for large OTLP/JSON
+  lines files: DuckDB ``read_json`` straight into the tables, handing anything unusual to
+  :mod:`otlp_json`
 - :mod:`otlp_proto` — OTLP/protobuf, length-prefixed (Collector file exporter), zstd per message
 - :mod:`jaeger_json` — Jaeger /api/traces, UI trace object, bare span array
 - :mod:`parquet_dump` — Parquet written by ``tokentrace export``
