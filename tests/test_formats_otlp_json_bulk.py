@@ -77,6 +77,22 @@ def test_bulk_and_python_paths_give_identical_rows(generated, monkeypatch):
     assert _rows(con_b) == _rows(con_p)
 
 
+def test_bulk_path_reads_gzip_and_zstd(generated, tmp_path, monkeypatch):
+    import gzip
+
+    import zstandard
+
+    gz, zst = tmp_path / "gen.jsonl.gz", tmp_path / "gen.jsonl.zst"
+    gz.write_bytes(gzip.compress(generated.read_bytes()))
+    zst.write_bytes(zstandard.ZstdCompressor().compress(generated.read_bytes()))
+    plain = _rows(_load([generated], True, monkeypatch)[0])
+    for p in (gz, zst):
+        con, _, used = _load([p], True, monkeypatch)
+        assert used == [True]
+        rows = _rows(con)
+        assert {t: v for t, v in rows.items() if t != "loads"} == {t: v for t, v in plain.items() if t != "loads"}
+
+
 def test_bulk_path_counts_identical_duplicates(tmp_path, monkeypatch):
     p, again = tmp_path / "twice.jsonl", tmp_path / "twice_again.jsonl"
     p.write_text(SDK_LINE + SDK_LINE)
