@@ -128,7 +128,7 @@ def generate(directory: Path, n: int) -> None:
     con.close()
 
 
-def run_duckdb(directory: str, queries: list[str], stream_itl: bool) -> dict[str, Any]:
+def run_duckdb(directory: str, queries: list[str], stream_itl: bool, memory_limit: str | None = None) -> dict[str, Any]:
     """The queries as analyzer.queries runs them on one connection; seconds per query
     (including the views it was the first to need) and in all, from the open."""
     from analyzer.engine import open_source
@@ -136,6 +136,9 @@ def run_duckdb(directory: str, queries: list[str], stream_itl: bool) -> dict[str
 
     t0 = time.perf_counter()
     con = open_source(parquet=directory)
+    if memory_limit:  # DuckDB's default is 80% of RAM; beyond the limit it spills to its temp directory
+        con.execute("SET memory_limit = $m", {"m": memory_limit})
+    con.execute("SET temp_directory = $d", {"d": str(Path(directory).parent / "duckdb_tmp")})  # not ./.tmp
     install_views(con)
     seconds: dict[str, float] = {"open+views": time.perf_counter() - t0}
     rows: dict[str, int] = {}
@@ -352,15 +355,20 @@ def _child(args: argparse.Namespace) -> None:
     if args.child == "pandas":
         result = run_pandas(args.dir)
     else:
-        result = run_duckdb(args.dir, args.queries.split(","), args.stream_itl)
+        result = run_duckdb(args.dir, args.queries.split(","), args.stream_itl, args.memory_limit)
     result["peak_rss_mib"] = _peak_rss_mib()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    result["cpu_s"] = usage.ru_utime + usage.ru_stime  # whole process: imports and reads included
     print(json.dumps(result, default=str))
 
 
-def _measure(engine: str, directory: Path, queries: str = "", stream_itl: bool = False) -> dict[str, Any]:
+def _measure(engine: str, directory: Path, queries: str = "", stream_itl: bool = False,
+             memory_limit: str | None = None) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", engine, "--dir", str(directory), "--queries", queries]
     if stream_itl:
         cmd.append("--stream-itl")
+    if memory_limit:
+        cmd += ["--memory-limit", memory_limit]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=7200).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -396,6 +404,7 @@ def main() -> None:
     parser.add_argument("--itl-fetch", choices=["stream", "table"], default="stream",
                         help="DuckDB's itl result: streamed Arrow batches (counted) or one Arrow table")
     parser.add_argument("--keep", default=None, help="write dumps here (default: a temp dir, removed)")
+    parser.add_argument("--memory-limit", default=None, help="DuckDB memory_limit, e.g. 12GB (default: DuckDB's, 80%% of RAM)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--dir", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--queries", default="", help=argparse.SUPPRESS)
@@ -416,31 +425,39 @@ def main() -> None:
         print(f"\nN = {n:,} requests: {spans:,} spans, {n * 2 * (DECODE_STEPS + 1):,} events, "
               f"{size_mib:,.0f} MiB Parquet (generated/found in {time.perf_counter() - t0:.1f} s)", flush=True)
         stream = args.itl_fetch == "stream" or n > args.pandas_max
-        runs = [_measure("duckdb", directory, ",".join(FULL_SET), stream) for _ in range(args.repeat)]
-        full = min(runs, key=lambda r: r["seconds"]["total"])
+        with_pandas = n <= args.pandas_max
+        duck_runs: list[dict[str, Any]] = []
+        pandas_runs: list[dict[str, Any]] = []
+        for _ in range(args.repeat):  # interleaved, so a burst of load on the machine hits both
+            duck_runs.append(_measure("duckdb", directory, ",".join(FULL_SET), stream, args.memory_limit))
+            if with_pandas:
+                pandas_runs.append(_measure("pandas", directory))
+        full = min(duck_runs, key=lambda r: r["seconds"]["total"])
         per_query = "  ".join(f"{k} {v:.2f} s" for k, v in full["seconds"].items() if k != "total")
-        print(f"  duckdb full metric set: {full['seconds']['total']:.2f} s ({per_query}), "
+        print(f"  duckdb full metric set: {full['seconds']['total']:.2f} s ({per_query}), cpu {full['cpu_s']:.1f} s, "
               f"{full['seconds']['total'] / spans * 1e6:.3f} s per 1M spans, peak RSS {full['peak_rss_mib']:,.0f} MiB, "
-              f"rows {full['rows']}, itl {'streamed' if stream else 'Arrow table'}  [{_load()}]", flush=True)
+              f"rows {full['rows']}, itl {'streamed' if stream else 'Arrow table'}; "
+              f"all runs {[round(r['seconds']['total'], 2) for r in duck_runs]}  [{_load()}]", flush=True)
         entry: dict[str, Any] = {"requests": n, "spans": spans, "duckdb": full}
-        if not args.skip_others:
-            for q in OTHERS:
-                one = _measure("duckdb", directory, q)
-                entry[q] = one
-                print(f"  duckdb {q:<13} {one['seconds']['total']:.2f} s (open+views {one['seconds']['open+views']:.2f} s), "
-                      f"peak RSS {one['peak_rss_mib']:,.0f} MiB  [{_load()}]", flush=True)
-        if n <= args.pandas_max:
-            pd_runs = [_measure("pandas", directory) for _ in range(args.repeat)]
-            pd_res = min(pd_runs, key=lambda r: r["seconds"]["total"])
+        if with_pandas:
+            pd_res = min(pandas_runs, key=lambda r: r["seconds"]["total"])
             diffs = _same_summary(full["summary"], pd_res["summary"])
             counts = {k: (full["rows"][k], pd_res["rows"][k]) for k in ("requests", "itl")}
             agree = not diffs and all(a == b for a, b in counts.values())
             ratio = pd_res["seconds"]["total"] / full["seconds"]["total"]
-            print(f"  pandas full metric set: {pd_res['seconds']['total']:.2f} s, peak RSS {pd_res['peak_rss_mib']:,.0f} MiB, "
-                  f"rows {pd_res['rows']}  [{_load()}]", flush=True)
+            print(f"  pandas full metric set: {pd_res['seconds']['total']:.2f} s, cpu {pd_res['cpu_s']:.1f} s, "
+                  f"peak RSS {pd_res['peak_rss_mib']:,.0f} MiB, rows {pd_res['rows']}; "
+                  f"all runs {[round(r['seconds']['total'], 2) for r in pandas_runs]}  [{_load()}]", flush=True)
             print(f"  results {'agree' if agree else 'DIFFER: ' + '; '.join(diffs[:5]) + str(counts)}; "
-                  f"duckdb is {ratio:.1f}x faster than pandas", flush=True)
+                  f"duckdb is {ratio:.1f}x faster than pandas (fastest runs; cpu "
+                  f"{pd_res['cpu_s'] / full['cpu_s']:.1f}x less)", flush=True)
             entry.update(pandas=pd_res, ratio=ratio, agree=agree)
+        if not args.skip_others:
+            for q in OTHERS:
+                one = _measure("duckdb", directory, q, memory_limit=args.memory_limit)
+                entry[q] = one
+                print(f"  duckdb {q:<13} {one['seconds']['total']:.2f} s (open+views {one['seconds']['open+views']:.2f} s), "
+                      f"peak RSS {one['peak_rss_mib']:,.0f} MiB  [{_load()}]", flush=True)
         for engine in ("duckdb", "pandas"):
             if engine in entry:
                 entry[engine].pop("summary", None)
