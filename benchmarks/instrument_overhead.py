@@ -188,10 +188,21 @@ def main() -> None:
     parser.add_argument("--no-smollm2", action="store_true", help="skip the SmolLM2-135M comparison")
     parser.add_argument("--micro-only", action="store_true", help="only the microbenchmarks")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: least noise)")
+    parser.add_argument("--gc-freeze", action="store_true",
+                        help="gc.freeze() after loading each model (as `tokentrace serve` and vLLM do)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+
+    def freeze() -> None:
+        if args.gc_freeze:
+            gc.collect()
+            gc.freeze()
+
+    print(f"gc: {'frozen after each model load' if args.gc_freeze else 'default (no freeze)'}; "
+          f"{len(gc.get_objects())} objects tracked at start")
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, CPU")
     model, tok = load_tiny_model()
+    freeze()
     if args.micro_only:
         microbenchmarks(model, tok)
         return
@@ -203,6 +214,7 @@ def main() -> None:
         from instrument.smollm2 import load_smollm2
 
         smol, smol_tok = load_smollm2()
+        freeze()
         compare(smol, smol_tok, "SmolLM2-135M (fp32)", args.smollm2_tokens, args.smollm2_reps, "all")
 
 

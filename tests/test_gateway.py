@@ -286,3 +286,20 @@ def test_structured_log_line_per_request(served: Served, caplog: pytest.LogCaptu
     (line,) = [rec for rec in records if rec["id"] == r.json()["id"]]
     assert line["status"] in ("stop", "length") and line["http_status"] == 200
     assert line["output_tokens"] == r.json()["usage"]["completion_tokens"] and line["queue_wait_ms"] >= 0
+
+
+def test_gc_freeze_setting_moves_the_loaded_model_out_of_the_collectors_reach(handle: ModelHandle) -> None:
+    """``gc_freeze=True`` (what ``tokentrace serve`` sets) freezes what is alive when the app is
+    built; the default leaves the collector alone."""
+    import gc
+
+    provider, _ = _provider()
+    gc.unfreeze()
+    try:
+        create_app(handle, provider, GatewaySettings())
+        assert gc.get_freeze_count() == 0
+        create_app(handle, provider, GatewaySettings(gc_freeze=True))
+        assert gc.get_freeze_count() > 10_000  # the model and everything loaded with it
+    finally:
+        gc.unfreeze()
+        provider.shutdown()

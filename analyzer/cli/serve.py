@@ -81,6 +81,7 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
         api_keys=keys, max_body_bytes=max_body_bytes, max_tokens_limit=max_tokens_limit,
         rate_limit_rps=rate_limit_rps, rate_limit_burst=rate_limit_burst, decode_spans=decode_spans,
         budgets=AdmissionBudgets(max_queued_requests, max_queued_tokens, kv_budget_bytes),
+        gc_freeze=True,
     )
     log = logging.getLogger("tokentrace.gateway")
     if not log.handlers:

@@ -53,6 +53,12 @@ class GatewaySettings:
     # 5 ms switch interval each chunk write can wait up to 5 ms for it. Process-wide; None
     # leaves it alone.
     gil_switch_interval_s: float | None = 0.0005
+    # Move every object alive once the app is built (the model's ~10^5 Python objects) out of
+    # the garbage collector's reach, so that its full passes — which the per-request spans
+    # waiting in the export queue make more frequent — do not walk the model each time.
+    # Process-wide (``gc.freeze``), as vLLM does after start-up; ``tokentrace serve`` turns it
+    # on, the default leaves the collector alone (tests build many apps in one process).
+    gc_freeze: bool = False
 
 
 class _Rejected(Exception):
@@ -75,6 +81,11 @@ class Gateway:
             import sys
 
             sys.setswitchinterval(settings.gil_switch_interval_s)
+        if settings.gc_freeze:
+            import gc
+
+            gc.collect()
+            gc.freeze()
         self.tracer = get_tracer(tracer_provider)
         limit = span_event_limit_of(self.tracer)
         if limit is not None and limit < settings.max_tokens_limit + _EXTRA_CHUNKS:
