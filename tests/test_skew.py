@@ -134,3 +134,107 @@ def test_assume_offset_parsing() -> None:
     with pytest.raises(OffsetSyntaxError, match="given twice"):
         parse_assume_offsets(["a=1", "a=2"])
     assert parse_assume_offsets([]).params() == {"offset_domains": None, "offset_ms": None}
+
+
+def _planted_world():
+    """Spans written directly through the SDK: one trace with two decode parents whose steps
+    overlap each other in time (only parent B's own steps overlap), root decode steps without
+    a parent, an event after its span's end and chunks out of order on one of two spans; a
+    second trace with the same event fault, to check the $trace_id filter."""
+    from opentelemetry import trace as otel_trace
+    from trace_fixtures import TraceWorld, _ns
+
+    world = TraceWorld()
+    tracer = world.tracer(SERVER_RESOURCE, 1000)
+    planted: dict[str, object] = {}
+
+    def span(name, parent=None, start=0.0, end=1.0, attrs=None):
+        ctx = otel_trace.set_span_in_context(parent) if parent is not None else None
+        s = tracer.start_span(name, context=ctx, start_time=_ns(start), attributes=attrs or {})
+        return s
+
+    def steps(parent, starts_ends):
+        made = []
+        for step, (start, end) in enumerate(starts_ends, 1):
+            s = span("decode", parent, start, end, {"tokentrace.step": step})
+            s.end(end_time=_ns(end))
+            made.append(s)
+        return made
+
+    root = span("gateway", None, 0.0)
+    a = span("engine_a", root, 1.0)
+    b = span("engine_b", root, 1.0)
+    steps(a, [(10.0, 20.0), (20.0, 30.0), (30.0, 40.0)])  # in order
+    b_steps = steps(b, [(12.0, 22.0), (19.0, 28.0), (28.0, 35.0)])  # step 2 starts 3 ms early
+    planted["overlap_b"] = (b_steps[1], b_steps[0], 3.0)
+    for s in (a, b):
+        s.end(end_time=_ns(50.0))
+    late = span("emit", root, 5.0)
+    late.add_event("tokentrace.chunk", {"tokentrace.chunk.index": 0}, timestamp=_ns(6.0))
+    late.add_event("tokentrace.chunk", {"tokentrace.chunk.index": 2}, timestamp=_ns(7.0))
+    late.add_event("tokentrace.chunk", {"tokentrace.chunk.index": 1}, timestamp=_ns(9.5))  # chunk 2 is 2.5 ms early
+    late.add_event("done", {}, timestamp=_ns(60.0))  # 15 ms after the span's end at 45
+    late.end(end_time=_ns(45.0))
+    fine = span("emit_ok", root, 5.0)
+    for i, t in enumerate((6.0, 7.0, 8.0)):
+        fine.add_event("tokentrace.chunk", {"tokentrace.chunk.index": i}, timestamp=_ns(t))
+    fine.end(end_time=_ns(45.0))
+    root.end(end_time=_ns(100.0))
+    planted["trace"] = format(root.get_span_context().trace_id, "032x")
+    planted["late"] = late
+
+    orphan_root = span("decode", None, 0.0, 10.0, {"tokentrace.step": 1})  # decode roots, no parent
+    orphan_root.end(end_time=_ns(10.0))
+    other = span("decode", None, 200.0, 210.0, {"tokentrace.step": 1})  # its own trace
+    other.add_event("done", {}, timestamp=_ns(211.0))  # 1 ms after its end
+    other.end(end_time=_ns(210.0))
+    planted["other_trace"] = format(other.get_span_context().trace_id, "032x")
+    planted["other"] = other
+    return world, planted
+
+
+def _hex_span(s) -> str:
+    return format(s.get_span_context().span_id, "016x")
+
+
+def test_skew_rules_keep_decode_parents_apart_and_filter_by_trace() -> None:
+    world, planted = _planted_world()
+    con = world.load()
+    rows = run_query(con, "skew_rules", {}).dicts()
+    overlap = [r for r in rows if r["rule"] == "decode_steps_overlap"]
+    step, prev, magnitude = planted["overlap_b"]
+    # engine_a's steps overlap engine_b's in time, but only steps of one parent are compared
+    assert [(r["trace_id"], r["span_id"], r["related_span_id"], r["magnitude_ms"]) for r in overlap] == [
+        (planted["trace"], _hex_span(step), _hex_span(prev), magnitude)]
+    outside = sorted((r["trace_id"], r["span_id"], r["magnitude_ms"], r["detail"])
+                     for r in rows if r["rule"] == "event_outside_span")
+    assert outside == sorted([
+        (planted["trace"], _hex_span(planted["late"]), 15.0, "event done #3 after span end"),
+        (planted["other_trace"], _hex_span(planted["other"]), 1.0, "event done #0 after span end"),
+    ])
+    chunks = [r for r in rows if r["rule"] == "chunks_out_of_order"]
+    assert [(r["span_id"], r["span_name"], r["magnitude_ms"], r["detail"]) for r in chunks] == [
+        (_hex_span(planted["late"]), "emit", 2.5, "chunk 2 earlier than chunk 1")]
+    only = run_query(con, "skew_rules", {"trace_id": planted["other_trace"]}).dicts()
+    assert [(r["rule"], r["span_id"]) for r in only] == [("event_outside_span", _hex_span(planted["other"]))]
+    assert len(rows) == 4
+
+
+def test_decode_steps_without_a_parent_are_compared_within_their_trace() -> None:
+    from opentelemetry import trace as otel_trace
+    from trace_fixtures import TraceWorld, _ns
+
+    world = TraceWorld()
+    tracer = world.tracer(SERVER_RESOURCE, 1000)
+    root = tracer.start_span("decode", start_time=_ns(0.0), attributes={"tokentrace.step": 1})
+    root.end(end_time=_ns(10.0))
+    # a second root decode span in the same trace (a new root in the trace's context would be a
+    # child): both are parentless once the parent link is dropped below
+    second = tracer.start_span("decode", context=otel_trace.set_span_in_context(root), start_time=_ns(6.0),
+                               attributes={"tokentrace.step": 2})
+    second.end(end_time=_ns(12.0))
+    con = world.load()
+    con.execute("UPDATE spans SET parent_span_id = NULL")
+    rows = [r for r in run_query(con, "skew_rules", {}).dicts() if r["rule"] == "decode_steps_overlap"]
+    assert [(r["span_id"], r["related_span_id"], r["magnitude_ms"]) for r in rows] == [
+        (_hex_span(second), _hex_span(root), 4.0)]
