@@ -132,3 +132,19 @@ def test_world_is_deterministic() -> None:
     a = run_query(mixed_world().load(), "requests", {}).rows
     b = run_query(mixed_world().load(), "requests", {}).rows
     assert a == b
+
+
+def test_deprecated_genai_token_names_are_read_when_the_new_ones_are_absent() -> None:
+    """gen_ai.usage.prompt_tokens / completion_tokens (older semconv) give the same I and O."""
+    con = seed_db()
+    expected = {(r["perspective"], r["input_tokens"], r["output_tokens"]) for r in run_query(seed_db(), "requests", {}).dicts()}
+    con.execute("""
+        UPDATE spans SET attr_int = map_from_entries(list_transform(map_entries(attr_int), lambda e: {
+            'key': replace(replace(e.key, 'gen_ai.usage.input_tokens', 'gen_ai.usage.prompt_tokens'),
+                           'gen_ai.usage.output_tokens', 'gen_ai.usage.completion_tokens'),
+            'value': e.value}))""")
+    renamed = con.execute("SELECT count(*) FROM spans WHERE attr_int['gen_ai.usage.prompt_tokens'] IS NOT NULL").fetchone()[0]
+    assert renamed > 0 and con.execute(
+        "SELECT count(*) FROM spans WHERE attr_int['gen_ai.usage.input_tokens'] IS NOT NULL").fetchone()[0] == 0
+    got = {(r["perspective"], r["input_tokens"], r["output_tokens"]) for r in run_query(con, "requests", {}).dicts()}
+    assert got == expected and {(i, o) for _, i, o in got} == {(1025, 150)}
