@@ -236,3 +236,14 @@ def test_audit_queries_run_from_their_subfolder() -> None:
             load_query(bad)
     with pytest.raises(ValueError, match="known: audit/"):
         load_query("audit/nope")
+
+
+def test_nightly_tokens_per_request_spread_fails_and_zero_output_cannot(tmp_path) -> None:
+    rows = json.loads(NIGHTLY.read_text())
+    rows[0]["Output Tput (tok/s)"] = rows[0]["Output Tput (tok/s)"] * 1.2  # 20 % more tokens per request
+    f = by_check(audit_report(write(tmp_path, "n.json", rows)))["output_tokens_per_request"]
+    assert f.verdict == "fail" and f.numbers["relative_spread"] > 0.05
+    for row in rows:
+        row["Output Tput (tok/s)"] = 0
+    f = by_check(audit_report(write(tmp_path, "z.json", rows)))["output_tokens_per_request"]
+    assert f.verdict == "cannot_check"

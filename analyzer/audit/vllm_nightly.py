@@ -71,6 +71,9 @@ def _tokens_per_request(rows: list[tuple[str, dict[str, float | None]]], rel_tol
     if not per_row:
         return Finding("output_tokens_per_request", CANNOT, "needs Tput (req/s) and Output Tput (tok/s)", {})
     values = list(per_row.values())
+    if max(values) <= 0:
+        return Finding("output_tokens_per_request", CANNOT, "Output Tput (tok/s) is 0 in every row: no tokens "
+                       "per request to compare", {"output_tokens_per_request": per_row})
     spread = (max(values) - min(values)) / max(values)
     numbers = {"output_tokens_per_request": per_row, "relative_spread": spread}
     # The same dataset and prompt count at every rate: tokens per request should barely move.
