@@ -38,6 +38,8 @@ from pathlib import Path
 
 import duckdb
 
+from analyzer.collect.writer import fsync_dir
+
 __all__ = [
     "CHILD_FIRST_TABLES",
     "INCOMING",
@@ -85,17 +87,6 @@ def segment_file_name(segment: str) -> str:
 
 def fsync_file(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
     try:
         os.fsync(fd)
     finally:

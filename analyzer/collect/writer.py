@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["DEFAULT_ROTATE_BYTES", "FILE_PREFIX", "FILE_SUFFIX", "JsonlWriter"]
+__all__ = ["DEFAULT_ROTATE_BYTES", "FILE_PREFIX", "FILE_SUFFIX", "JsonlWriter", "fsync_dir"]
 
 DEFAULT_ROTATE_BYTES = 64 * 1024 * 1024
 FILE_PREFIX = "otlp-traces-"
@@ -57,7 +57,7 @@ class JsonlWriter:
             self._size = 0
             self.files.append(path)
             if self.fsync:
-                _fsync_dir(self.out_dir)
+                fsync_dir(self.out_dir)
             return
         raise RuntimeError(f"no free file name in {self.out_dir} after {MAX_NAME_ATTEMPTS} attempts")
 
@@ -97,7 +97,8 @@ class JsonlWriter:
             self._closed = True
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """fsync a folder, so a file created or renamed in it survives a crash (no-op where unsupported)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:  # pragma: no cover - platforms without directory fds
