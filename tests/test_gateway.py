@@ -230,6 +230,15 @@ def test_disconnect_mid_stream_stops_decoding(served: Served) -> None:
     (cancel,) = [e for e in gw.events if e.name == "tokentrace.cancel"]
     after_cancel = [d for d in decodes if d.start_time > cancel.timestamp]
     assert len(after_cancel) <= 1, "generation stops within one decode step of the disconnect"
+    # The chunk events written before the disconnect reach the cancelled span exactly once,
+    # in order, before the cancel event (they are held until the request ends).
+    names = [e.name for e in gw.events]
+    chunks = [e for e in gw.events if e.name == "tokentrace.chunk"]
+    assert len(chunks) >= 2, "the client read two chunks, so the server wrote at least two"
+    assert [e.attributes["tokentrace.chunk.index"] for e in chunks] == list(range(len(chunks)))
+    assert names.index("tokentrace.cancel") == len(chunks) and names[:len(chunks)] == ["tokentrace.chunk"] * len(chunks)
+    assert sum(e.attributes["tokentrace.chunk.tokens"] for e in chunks
+               if e.attributes["tokentrace.chunk.visible"]) == gw.attributes["gen_ai.usage.output_tokens"]
 
 
 def test_admission_budgets_fail_fast_and_release() -> None:

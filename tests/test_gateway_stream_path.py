@@ -258,6 +258,13 @@ def test_chunk_events_reach_the_span_in_order_before_the_cancel_event(handle: Mo
         assert [e.timestamp for e in events[:5]] == [base + k * 1000 for k in range(5)]
         assert [e.attributes["tokentrace.chunk.tokens"] for e in events[:5]] == [0, 1, 0, 1, 0]
         assert state.output_tokens == 2
+        # The job's end then finalizes the request: the events are not added a second time.
+        from instrument.gateway.worker import JobResult
+
+        state.on_job_done(JobResult(admitted_ns=base, finish_reason="cancelled"))
+        assert state.finished
+        (span,) = [sp for sp in exporter.get_finished_spans() if sp.name == "gateway"]
+        assert [e.name for e in span.events] == ["tokentrace.chunk"] * 5 + ["tokentrace.cancel"]
 
     asyncio.run(go())
 
