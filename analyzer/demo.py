@@ -97,7 +97,7 @@ def run_demo(options: DemoOptions, progress: ProgressFn | None = None) -> DemoRe
     out = Path(options.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     server_path, client_path, db_path = out / "server-spans.jsonl", out / "client-spans.jsonl", out / "traces.duckdb"
-    _fresh([server_path, client_path, db_path])
+    _fresh([server_path, client_path, db_path, out / "report.html"])  # no stale report when matplotlib is gone
     server_provider = local_tracer_provider("tokentrace-gateway", json_path=str(server_path))
     client_provider = local_tracer_provider("tokentrace-client", json_path=str(client_path))
 

@@ -58,7 +58,7 @@ def _progress(quiet: bool) -> Iterator[Any]:
 
 @cli.command("demo")
 @click.option("--out", "out_dir", default="tokentrace-demo", show_default=True, metavar="DIR",
-              help="Folder for the OTLP-JSON lines files and the DuckDB database.")
+              help="Folder for the OTLP-JSON lines files, the DuckDB database and report.html.")
 @click.option("--tiny", is_flag=True, help="Serve the random tiny model instead of SmolLM2-135M-Instruct (fast).")
 @click.option("--model", default=None, metavar="SPEC",
               help="smollm2 (default), tiny, or a local HuggingFace model folder.")
@@ -80,7 +80,8 @@ def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int
     $200/night with onsen access.") goes first, then --requests more at --concurrency.
     Client and server spans are written to DIR/client-spans.jsonl and DIR/server-spans.jsonl
     (OTLP-JSON lines; also sent over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set), loaded
-    into DIR/traces.duckdb, and summarized by the metric queries.
+    into DIR/traces.duckdb, summarized by the metric queries, and drawn in DIR/report.html
+    (with the report extra, matplotlib, installed).
 
     \b
     Example:
