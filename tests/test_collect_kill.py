@@ -6,11 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import queue
-import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -26,27 +22,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from analyzer.cli import cli
 
-TOKENTRACE = Path(sys.executable).with_name("tokentrace")
-START_TIMEOUT_S = 20.0
+from collect_fixtures import start_collect
+
 SEND_LIMIT = 3000  # requests at most while waiting for the kill
 ACKS_BEFORE_KILL = 40
-
-
-def _start(out_dir: Path) -> tuple[subprocess.Popen, int, int]:
-    proc = subprocess.Popen(
-        [str(TOKENTRACE), "collect", "--out", str(out_dir), "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: lines.put(proc.stdout.readline()), daemon=True).start()  # type: ignore[union-attr]
-    try:
-        first = lines.get(timeout=START_TIMEOUT_S)
-    except queue.Empty:
-        proc.kill()
-        raise AssertionError(f"collect did not report its ports within {START_TIMEOUT_S} s") from None
-    found = re.search(r"grpc=127\.0\.0\.1:(\d+) http=127\.0\.0\.1:(\d+)", first)
-    assert found, first + proc.stderr.read()  # type: ignore[union-attr]
-    return proc, int(found.group(1)), int(found.group(2))
 
 
 def _one_span_request(i: int) -> bytes:
@@ -72,7 +51,7 @@ def _span_ids_on_disk(out_dir: Path) -> tuple[set[str], int]:
 
 def test_sigkill_loses_no_acknowledged_batch_and_restart_appends_beside(tmp_path: Path) -> None:
     out = tmp_path / "traces"
-    proc, _grpc_port, http_port = _start(out)
+    proc, _grpc_port, http_port = start_collect(out)
     acked: list[str] = []
     stop_sending = threading.Event()
 
@@ -103,7 +82,7 @@ def test_sigkill_loses_no_acknowledged_batch_and_restart_appends_beside(tmp_path
     assert set(acked) <= on_disk
     first_files = set(out.iterdir())
 
-    proc, grpc_port, _http_port = _start(out)
+    proc, grpc_port, _http_port = start_collect(out)
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(GrpcSpanExporter(endpoint=f"127.0.0.1:{grpc_port}", insecure=True, timeout=5)))
     tracer = provider.get_tracer("tokentrace", "1")

@@ -7,11 +7,7 @@ ports, bounded waits."""
 from __future__ import annotations
 
 import os
-import queue
-import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -30,29 +26,11 @@ from analyzer.collect.parquet_layout import PART_NAME, WORKSPACE
 from analyzer.load import load_paths
 from analyzer.store import connect
 
-TOKENTRACE = Path(sys.executable).with_name("tokentrace")
-START_TIMEOUT_S = 20.0
+from collect_fixtures import start_collect
+
 SEND_LIMIT = 3000  # requests at most while waiting for the kill
 ACKS_BEFORE_KILL = 40
 ROTATE_MB = "0.02"  # about every second request closes a segment
-
-
-def _start(out_dir: Path) -> tuple[subprocess.Popen, int, int]:
-    proc = subprocess.Popen(
-        [str(TOKENTRACE), "collect", "--out", str(out_dir), "--format", "parquet", "--rotate-mb", ROTATE_MB,
-         "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: lines.put(proc.stdout.readline()), daemon=True).start()  # type: ignore[union-attr]
-    try:
-        first = lines.get(timeout=START_TIMEOUT_S)
-    except queue.Empty:
-        proc.kill()
-        raise AssertionError(f"collect did not report its ports within {START_TIMEOUT_S} s") from None
-    found = re.search(r"grpc=127\.0\.0\.1:(\d+) http=127\.0\.0\.1:(\d+)", first)
-    assert found, first + proc.stderr.read()  # type: ignore[union-attr]
-    return proc, int(found.group(1)), int(found.group(2))
 
 
 def _span_id(i: int) -> str:
@@ -82,7 +60,7 @@ def _loaded(out: Path) -> tuple[set[str], int, int]:
 
 def test_sigkill_among_compactions_loses_no_acknowledged_batch_and_restart_recovers(tmp_path: Path) -> None:
     out = tmp_path / "traces"
-    proc, _grpc_port, http_port = _start(out)
+    proc, _grpc_port, http_port = start_collect(out, "--format", "parquet", "--rotate-mb", ROTATE_MB)
     acked: list[str] = []
     sent: list[str] = []
     stop_sending = threading.Event()
@@ -115,7 +93,7 @@ def test_sigkill_among_compactions_loses_no_acknowledged_batch_and_restart_recov
     before, _duplicates, _events = _loaded(out)  # no restart needed to read what was acknowledged
     assert set(acked) <= before
 
-    proc, grpc_port, _http_port = _start(out)
+    proc, grpc_port, _http_port = start_collect(out, "--format", "parquet", "--rotate-mb", ROTATE_MB)
     provider = TracerProvider(resource=Resource.create({"service.name": "after-restart"}))
     memory_ids: list[str] = []
     provider.add_span_processor(SimpleSpanProcessor(GrpcSpanExporter(endpoint=f"127.0.0.1:{grpc_port}", insecure=True, timeout=5)))
