@@ -49,7 +49,15 @@ def test_serving_with_the_otlp_endpoint_down_keeps_its_speed_and_counts_the_loss
 
 
 def test_health_endpoint_reports_export_counts() -> None:
-    with reliability.gateway() as (server, _provider, _memory):
+    with reliability.gateway() as (server, _provider, memory):
+        r = httpx.post(server.url + "/v1/chat/completions", timeout=30,
+                       json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        assert r.status_code == 200, r.text
+        assert reliability.wait_idle(server) == 0
         health = httpx.get(server.url + "/health", timeout=10).json()
-    # memory_provider() counts its one (in-memory) exporter: instrument/export_health.py
-    assert "export" in health and health["export"][0]["submitted"] >= 0 and health["export"][0]["lost"] == 0
+        spans = len(memory.get_finished_spans())
+    # memory_provider() counts its one (in-memory, synchronous) exporter: instrument/export_health.py
+    (counts,) = health["export"]
+    assert {"submitted", "exported", "failed", "dropped", "pending", "lost", "last_error"} <= set(counts)
+    assert spans > 0 and counts["submitted"] == counts["exported"] == spans, (counts, spans)
+    assert counts["failed"] == counts["dropped"] == counts["pending"] == counts["lost"] == 0
