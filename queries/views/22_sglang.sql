@@ -66,7 +66,10 @@ WITH st AS (
            min(CASE WHEN name IN ('prefill_forward', 'chunked_prefill') THEN start_ns END) AS prefill_start_ns,
            max(CASE WHEN name = 'prefill_forward' THEN end_ns END) AS prefill_end_ns,
            sum(CASE WHEN name = 'decode_loop' THEN 1 ELSE 0 END) AS decode_steps,
-           sum(CASE WHEN name = 'decode_forward' THEN 1 ELSE 0 END) AS decode_forward_slices
+           sum(CASE WHEN name = 'decode_forward' THEN 1 ELSE 0 END) AS decode_forward_slices,
+           -- decode steps are traced (decode_loop slices), or there was no decode at all: e and O known
+           sum(CASE WHEN name = 'decode_loop' THEN 1 ELSE 0 END) > 0
+               OR sum(CASE WHEN name = 'decode_forward' THEN 1 ELSE 0 END) = 0 AS decode_traced
     FROM sglang_request_slices
     GROUP BY trace_id, request_span_id
 ),
@@ -88,11 +91,11 @@ SELECT
     CAST(NULL AS VARCHAR) AS client_clock_domain,
     r.start_ns AS s_ns,
     st.prefill_end_ns AS f_ns,
-    CASE WHEN st.decode_steps > 0 OR st.decode_forward_slices = 0 THEN ch.last_ns END AS e_ns,
+    CASE WHEN st.decode_traced THEN ch.last_ns END AS e_ns,
     r.end_ns,
     CAST(NULL AS BIGINT) AS input_tokens,
-    CASE WHEN st.decode_steps > 0 OR st.decode_forward_slices = 0 THEN ch.tokens END AS output_tokens,
-    CASE WHEN st.decode_steps > 0 OR st.decode_forward_slices = 0 THEN ch.tokens END AS generated_tokens,
+    CASE WHEN st.decode_traced THEN ch.tokens END AS output_tokens,
+    CASE WHEN st.decode_traced THEN ch.tokens END AS generated_tokens,
     coalesce(ch.tokens, CAST(0 AS BIGINT)) AS visible_chunks,
     ch.tokens AS visible_chunk_tokens,
     CAST(NULL AS VARCHAR) AS finish_reason,
