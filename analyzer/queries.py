@@ -217,7 +217,8 @@ def union_view_sql(union: str, views: Iterable[str], columns: Sequence[str]) -> 
 #: (the Spark engine checkpoints the same request-level views). A kept view ``v`` becomes
 #: ``SELECT * FROM tt_cached_v``; the views built on it read the table.
 MATERIALIZED_VIEWS: tuple[str, ...] = ("request_facts", "request_metrics", "request_keys", "request_gap_times")
-#: The per-chunk views among them (one row per gap: seven BIGINTs, 56 bytes a row in memory).
+#: The per-chunk views among them (one row per gap: seven BIGINTs and two DOUBLEs, 72 bytes a
+#: row in memory).
 CHUNK_VIEWS: tuple[str, ...] = ("request_gap_times",)
 #: Per-chunk views are kept only while ``span_events`` has at most this many rows (50M rows:
 #: about 2.8 GB); above it every query derives them from the spans again (streaming; DuckDB
