@@ -48,8 +48,15 @@ class DecodeSpanPolicy:
         raise ValueError(f"decode_spans: expected 'all', 'none' or 'every:N' with N >= 1, got {value!r}")
 
     def keeps(self, step: int) -> bool:
-        """Whether decode step ``step`` (1-based) gets a span."""
+        """Whether decode step ``step`` (1-based) gets a span (``step in self.steps(step + 1)``)."""
         return self.every_n_steps is not None and (step - 1) % self.every_n_steps == 0
+
+    def steps(self, generated_tokens: int) -> range:
+        """The decode steps of a sequence of ``generated_tokens`` tokens that get a span (the
+        same rule as :meth:`keeps`; steps 1 .. generated_tokens - 1, step 0 being prefill)."""
+        if self.every_n_steps is None:
+            return range(0)
+        return range(1, generated_tokens, self.every_n_steps)
 
 
 @dataclass
@@ -149,11 +156,7 @@ def emit_sequence_spans(
     per_token = kv.layout.kv_bytes_per_token if kv.layout is not None else None
     bytes_held = kv.bytes_held
     first_forward = first_decode_forward - 1  # forward index of step k is first_forward + k
-    steps = range(1, seq.generated_tokens)
-    if policy.every_n_steps is None:
-        steps = range(0)
-    elif policy.every_n_steps > 1:
-        steps = range(1, seq.generated_tokens, policy.every_n_steps)
+    steps = policy.steps(seq.generated_tokens)
     if per_token is None and device is None:
         children = (({"tokentrace.step": k, "tokentrace.context_tokens": input_tokens + k},
                      starts[first_forward + k], emits[k]) for k in steps)

@@ -121,6 +121,15 @@ def test_decode_span_policy_thins_steps_but_keeps_chunks(tiny, spans_out, policy
     assert len(_by_name(spans, "generate")[0].events) == 12
 
 
+@pytest.mark.parametrize("policy", ["all", "none", "every:1", "every:2", "every:3", "every:50"])
+def test_decode_span_policy_steps_and_keeps_agree(policy):
+    from instrument.generate_spans import DecodeSpanPolicy
+
+    p = DecodeSpanPolicy.parse(policy)
+    for generated in range(0, 40):
+        assert list(p.steps(generated)) == [k for k in range(1, generated) if p.keeps(k)], (policy, generated)
+
+
 def test_sampling_with_user_streamer_and_content_capture(tiny, spans_out):
     model, tok = tiny
     provider, exporter = spans_out
