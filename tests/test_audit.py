@@ -184,6 +184,15 @@ def test_aiperf_visible_only_throughput_planted(tmp_path) -> None:
     assert by_check(findings)["output_token_throughput"].numbers["diagnosis"] == "visible_tokens_only"
 
 
+def test_aiperf_visible_rate_comes_from_report_rates_and_survives_no_duration(tmp_path) -> None:
+    old = by_check(audit_report(AIPERF_OLD))["output_tokens_include_reasoning"]
+    assert old.numbers["visible_tokens_per_s"] == pytest.approx(1832 / 9.317788951)
+    data = json.loads(AIPERF_OLD.read_text())
+    del data["records"]["benchmark_duration"]
+    f = by_check(audit_report(write(tmp_path, "a.json", data)))["output_tokens_include_reasoning"]
+    assert f.verdict == "pass" and f.numbers["visible_tokens_per_s"] is None and "unknown" in f.detail
+
+
 def test_aiperf_percentile_order_planted(tmp_path) -> None:
     data = json.loads(AIPERF_NEW.read_text())
     data["time_to_first_token"]["p90"] = 250.0  # above p95 = 200.5

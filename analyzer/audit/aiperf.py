@@ -52,9 +52,10 @@ def audit_aiperf(path: Path, data: Any, con: duckdb.DuckDBPyConnection, rel_tol:
     layout = "records{} (older)" if isinstance(data.get("records"), dict) else f"flat (schema {data.get('schema_version')})"
     findings = [Finding("report_layout", PASS, f"AIPerf export, {layout} layout, {len(m)} metrics", {"layout": layout})]
     findings.append(_statistics_order(m))
-    findings += _rates(m, con, rel_tol)
+    rates = _report_rates(m, con)
+    findings += _rates(m, rates, rel_tol)
     findings.append(_errors(data, m))
-    findings.append(_reasoning(m))
+    findings.append(_reasoning(m, rates))
     findings.append(_rate_vs_itl(m, rel_tol))
     if individual is not None:
         findings += _records(Path(individual), m, con, rel_tol)
@@ -83,15 +84,21 @@ def _statistics_order(m: dict[str, dict[str, Any]]) -> Finding:
                    f"max, and sum = avg x count where given ({len(m)} metrics)", {})
 
 
-def _rates(m: dict[str, dict[str, Any]], con: duckdb.DuckDBPyConnection, rel_tol: float) -> list[Finding]:
+def _report_rates(m: dict[str, dict[str, Any]], con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+    """The row of queries/audit/report_rates.sql for the report's totals and duration."""
     osl = _avg(m, "total_osl")
     visible = _avg(m, "total_output_tokens")
-    r = audit_query(con, "report_rates", {
+    return audit_query(con, "report_rates", {
         "duration_s": _avg(m, "benchmark_duration"), "requests": _avg(m, "request_count"),
         "output_tokens": osl if osl is not None else visible, "visible_output_tokens": visible,
         "input_tokens": _avg(m, "total_isl"), "first_request_ns": _avg(m, "min_request_timestamp"),
         "last_response_ns": _avg(m, "max_response_timestamp"),
     })[0]
+
+
+def _rates(m: dict[str, dict[str, Any]], r: dict[str, Any], rel_tol: float) -> list[Finding]:
+    osl = _avg(m, "total_osl")
+    visible = _avg(m, "total_output_tokens")
     out = [
         compare_figure("request_throughput", _avg(m, "request_throughput"), r["request_throughput"], rel_tol,
                        what="request_throughput = request_count / benchmark_duration", unit="requests/s",
@@ -143,7 +150,7 @@ def _errors(data: dict[str, Any], m: dict[str, dict[str, Any]]) -> Finding:
                                                    if errors else ""), numbers)
 
 
-def _reasoning(m: dict[str, dict[str, Any]]) -> Finding:
+def _reasoning(m: dict[str, dict[str, Any]], rates: dict[str, Any]) -> Finding:
     osl, visible, reasoning = _avg(m, "total_osl"), _avg(m, "total_output_tokens"), _avg(m, "total_reasoning_tokens")
     numbers = {"total_osl": osl, "total_output_tokens": visible, "total_reasoning_tokens": reasoning}
     if not reasoning:
@@ -152,15 +159,16 @@ def _reasoning(m: dict[str, dict[str, Any]]) -> Finding:
     if osl is None or visible is None:
         return Finding("output_tokens_include_reasoning", CANNOT, "needs total_osl and total_output_tokens", numbers)
     share = reasoning / osl if osl else None
-    duration = _avg(m, "benchmark_duration")
-    numbers.update({"reasoning_share": share, "visible_tokens_per_s": visible / duration if duration else None})
+    visible_rate = rates["visible_output_token_throughput"]  # visible / duration (report_rates.sql)
+    numbers.update({"reasoning_share": share, "visible_tokens_per_s": visible_rate})
     if not agree(osl, visible + reasoning, 1e-9):
         return Finding("output_tokens_include_reasoning", FAIL, f"total_osl {osl:g} != total_output_tokens {visible:g} "
                        f"+ total_reasoning_tokens {reasoning:g}", numbers)
     return Finding("output_tokens_include_reasoning", PASS,
                    f"{reasoning:g} of {osl:g} output tokens ({share:.1%}) are reasoning tokens: output_token_throughput, "
                    "ITL and per-user rates count them, so they are not visible-token rates (visible: "
-                   f"{numbers['visible_tokens_per_s']:.4g} tokens/s); TTFT is to the first token of any kind", numbers)
+                   + (f"{visible_rate:.4g} tokens/s" if visible_rate is not None else "unknown: no benchmark_duration")
+                   + "); TTFT is to the first token of any kind", numbers)
 
 
 def _rate_vs_itl(m: dict[str, dict[str, Any]], rel_tol: float) -> Finding:
