@@ -18,4 +18,5 @@ def cli() -> None:
     Load:        load, export, collect, pull (traces into DuckDB / Parquet)
     Query:       requests, itl, phases, summary, window, skew, sql
     Check:       timeline, kv, audit
+    Report:      report (one self-contained HTML file)
     """
