@@ -104,6 +104,16 @@ def test_rate_p99_and_mean_rate_vs_inverse_itl(tmp_path) -> None:
     assert "statistic of a sum" in by_check(findings)["e2e_gaps"].detail
 
 
+def test_mean_rate_vs_inverse_itl_with_zero_itl_is_skipped_not_a_crash(tmp_path) -> None:
+    findings = audit_claims(tmp_path, {"measured": True, "stat": "mean", "itl_ms": 0,
+                                       "decode_output_tokens_per_second": 36.684})
+    assert "mean_rate_vs_inverse_mean_itl" not in by_check(findings)
+    findings = audit_claims(tmp_path, {"measured": True, "stat": "mean", "itl_ms": 25.0,
+                                       "decode_output_tokens_per_second": 41.0})
+    f = by_check(findings)["mean_rate_vs_inverse_mean_itl"]
+    assert f.verdict == "pass" and f.numbers["inverse_mean_per_second"] == pytest.approx(40.0)
+
+
 def test_synthetic_presented_as_measured(tmp_path) -> None:
     findings = audit_claims(tmp_path, {**SEED, "measured": True})
     assert failed(findings) == ["synthetic_presented_as_measured"]

@@ -56,7 +56,7 @@ def audit_aiperf(path: Path, data: Any, con: duckdb.DuckDBPyConnection, rel_tol:
     findings += _rates(m, rates, rel_tol)
     findings.append(_errors(data, m))
     findings.append(_reasoning(m, rates))
-    findings.append(_rate_vs_itl(m, rel_tol))
+    findings.append(_rate_vs_itl(m, con, rel_tol))
     if individual is not None:
         findings += _records(Path(individual), m, con, rel_tol)
     else:
@@ -171,12 +171,13 @@ def _reasoning(m: dict[str, dict[str, Any]], rates: dict[str, Any]) -> Finding:
                    + "); TTFT is to the first token of any kind", numbers)
 
 
-def _rate_vs_itl(m: dict[str, dict[str, Any]], rel_tol: float) -> Finding:
+def _rate_vs_itl(m: dict[str, dict[str, Any]], con: duckdb.DuckDBPyConnection, rel_tol: float) -> Finding:
     rate, itl = _avg(m, "output_token_throughput_per_user"), _avg(m, "inter_token_latency")
-    if rate is None or itl is None or not itl:
+    # 1000 / mean ITL: request_identities.sql's rate from a per-token gap (NULL unless ITL > 0)
+    inverse = audit_query(con, "request_identities", {"tpot_ms": itl})[0]["decode_output_tokens_per_second_from_tpot"]
+    if rate is None or inverse is None:
         return Finding("mean_rate_vs_inverse_mean_itl", CANNOT, "needs output_token_throughput_per_user and "
-                       "inter_token_latency", {})
-    inverse = 1000 / itl
+                       "inter_token_latency > 0", {})
     numbers = {"mean_rate": rate, "mean_itl_ms": itl, "inverse_mean_itl_per_second": inverse}
     if rate + max(rel_tol * inverse, 1e-9) < inverse:
         return Finding("mean_rate_vs_inverse_mean_itl", FAIL, f"mean per-user rate {rate:.6g} < 1000 / mean ITL "

@@ -35,7 +35,7 @@ def check_claims(claims: Claims, con: duckdb.DuckDBPyConnection, rel_tol: float)
     findings += _request_checks(claims, con, rel_tol)
     findings += _kv_checks(claims)
     findings += _window_checks(claims, con, rel_tol)
-    findings += _rate_statistic_checks(claims, rel_tol)
+    findings += _rate_statistic_checks(claims, con, rel_tol)
     findings.append(_labelling(claims, rel_tol))
     return findings
 
@@ -197,7 +197,7 @@ def _window_checks(claims: Claims, con: duckdb.DuckDBPyConnection, rel_tol: floa
     return out
 
 
-def _rate_statistic_checks(claims: Claims, rel_tol: float) -> list[Finding]:
+def _rate_statistic_checks(claims: Claims, con: duckdb.DuckDBPyConnection, rel_tol: float) -> list[Finding]:
     out: list[Finding] = []
     for name in RATE_FIGURES:
         claim = claims.figures.get(name)
@@ -213,8 +213,10 @@ def _rate_statistic_checks(claims: Claims, rel_tol: float) -> list[Finding]:
         if claims.figures.get(name) is not None and claims.figures[name].stat == "mean":
             itl = claims.figures[name]
             break
-    if rate is not None and rate.stat == "mean" and itl is not None:
-        inverse = 1000.0 / itl.value
+    # 1000 / mean gap: request_identities.sql's rate from a per-token gap (NULL unless the gap > 0)
+    inverse = (audit_query(con, "request_identities", {"tpot_ms": itl.value})[0]
+               ["decode_output_tokens_per_second_from_tpot"] if itl is not None else None)
+    if rate is not None and rate.stat == "mean" and inverse is not None:
         numbers = {"mean_rate": rate.value, f"mean_{itl.name}": itl.value, "inverse_mean_per_second": inverse}
         if agree(rate.value, inverse, rel_tol):
             out.append(Finding("mean_rate_vs_inverse_mean_itl", FAIL,
