@@ -14,7 +14,7 @@ from typing import Any
 
 import duckdb
 
-from analyzer.audit.compare import CANNOT, FAIL, PASS, Finding, compare_figure
+from analyzer.audit.compare import CANNOT, FAIL, PASS, Finding, audit_query, compare_figure, create_table
 from analyzer.audit.inputs import AuditInputError, optional_number, read_json
 
 __all__ = ["audit_vllm_nightly", "NIGHTLY_COLUMNS"]
@@ -38,7 +38,7 @@ def audit_vllm_nightly(path: Path, data: Any, con: duckdb.DuckDBPyConnection, re
         name = str(row.get("Test name", f"row {i}"))
         values = {col: optional_number(row, col, f"{path} [{name}]") for col in NIGHTLY_COLUMNS if col in row}
         rows.append((name, values))
-    findings = [_order(rows), _tokens_per_request(rows, rel_tol)]
+    findings = [_order(rows), _tokens_per_request(rows, con)]
     if individual is None:
         findings.append(Finding("recompute_stats", CANNOT, "a summary table has no per-request arrays: pass "
                                 "--individual with the vLLM benchmark JSON of a row to compare it", {}))
@@ -62,19 +62,18 @@ def _order(rows: list[tuple[str, dict[str, float | None]]]) -> Finding:
     return Finding("table_order", PASS, f"in all {len(rows)} rows median <= p99 and output <= total throughput", {})
 
 
-def _tokens_per_request(rows: list[tuple[str, dict[str, float | None]]], rel_tol: float) -> Finding:
-    per_row = {}
-    for name, v in rows:
-        rps, out = v.get("Tput (req/s)"), v.get("Output Tput (tok/s)")
-        if rps and out is not None:
-            per_row[name] = out / rps
+def _tokens_per_request(rows: list[tuple[str, dict[str, float | None]]], con: duckdb.DuckDBPyConnection) -> Finding:
+    create_table(con, "nightly_rows", {"row_index": "INTEGER", "row_name": "VARCHAR", "request_throughput": "DOUBLE",
+                                       "output_throughput": "DOUBLE"},
+                 [(i, name, v.get("Tput (req/s)"), v.get("Output Tput (tok/s)")) for i, (name, v) in enumerate(rows)])
+    result = audit_query(con, "nightly_tokens_per_request")
+    per_row = {r["row_name"]: r["output_tokens_per_request"] for r in result}
     if not per_row:
         return Finding("output_tokens_per_request", CANNOT, "needs Tput (req/s) and Output Tput (tok/s)", {})
-    values = list(per_row.values())
-    if max(values) <= 0:
+    spread = result[0]["relative_spread"]
+    if spread is None:
         return Finding("output_tokens_per_request", CANNOT, "Output Tput (tok/s) is 0 in every row: no tokens "
                        "per request to compare", {"output_tokens_per_request": per_row})
-    spread = (max(values) - min(values)) / max(values)
     numbers = {"output_tokens_per_request": per_row, "relative_spread": spread}
     # The same dataset and prompt count at every rate: tokens per request should barely move.
     verdict = PASS if spread < 0.05 else FAIL
