@@ -172,6 +172,14 @@ def test_contract_and_every_engine_in_one_db_give_one_row_per_request_perspectiv
     sources = con.execute("SELECT source, count(*) FROM request_sources GROUP BY ALL ORDER BY ALL").fetchall()
     assert sources == [("openllmetry", 1), ("sglang", 1), ("tgi", 1), ("tokentrace", 2), ("vllm", 1)]
     assert con.execute("SELECT count(*) FROM request_sources WHERE signature IS NULL").fetchone() == (0,)
+    # request_gap_times joins chunks to request_keys: no adapter's chunk may lack a request row
+    orphans = con.execute(
+        "SELECT count(*) FROM request_chunks c LEFT JOIN request_keys k ON k.trace_id = c.trace_id "
+        "AND k.request_span_id = c.request_span_id AND k.perspective = c.perspective AND k.source = c.source "
+        "WHERE k.request_key IS NULL").fetchone()
+    assert orphans == (0,)
+    chunks = con.execute("SELECT source, count(*) FROM request_chunks GROUP BY ALL ORDER BY ALL").fetchall()
+    assert {s for s, n in chunks if n > 0} >= {"tgi", "sglang", "openllmetry", "tokentrace"}
     for r in run_query(con, "requests").dicts():  # our gateway starts 5 ms after the client send
         server_side_of_ours = r["source"] == "tokentrace" and r["perspective"] == "server"
         assert r["ttft_ms"] == pytest.approx(182.0 if server_side_of_ours else 190.0), r["source"]
