@@ -19,7 +19,7 @@ from analyzer.store import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from ingest import generate  # noqa: E402
-from test_load_properties import SETTINGS, _db_spans, _expected, spans  # noqa: E402
+from test_load_properties import EDITS, SETTINGS, _db_spans, _expected, corrupt, spans  # noqa: E402
 
 SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
 SDK_LINE = (SAMPLES / "python_sdk_otlp_json_file_exporter.jsonl").read_text()
@@ -268,19 +268,9 @@ def test_random_valid_traces_load_on_the_bulk_path_exactly(tmp_path_factory, mon
 
 
 @SETTINGS
-@given(spans(), st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from(["delete", "flip", "insert"]), st.binary(min_size=1, max_size=3)),
-                         min_size=1, max_size=4))  # fmt: skip
+@given(spans(), EDITS)
 def test_corrupted_files_end_as_in_the_python_reader(tmp_path_factory, monkeypatch, generated, edits):
-    data = bytearray("".join(json.dumps(to_otlp_json([s])) + "\n" for s in generated).encode())
-    for pos, op, blob in edits:
-        i = pos % len(data)
-        if op == "delete":
-            del data[i]
-        elif op == "flip":
-            data[i] = blob[0]
-        else:
-            data[i:i] = blob
     p = tmp_path_factory.mktemp("bad") / "t.jsonl"
-    p.write_bytes(bytes(data))
+    p.write_bytes(corrupt("".join(json.dumps(to_otlp_json([s])) + "\n" for s in generated).encode(), edits))
     for lenient in (False, True):
         assert _outcome([p], True, monkeypatch, lenient)[0] == _outcome([p], False, monkeypatch, lenient)[0]

@@ -130,22 +130,32 @@ def test_round_trip_jaeger_json(tmp_path_factory, generated):
     assert _db_spans(con) == _expected(generated)
 
 
+#: Up to four byte edits (position, operation, bytes) for :func:`corrupt`.
+EDITS = st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from(["delete", "flip", "insert"]), st.binary(min_size=1, max_size=3)),
+                 min_size=1, max_size=4)  # fmt: skip
+
+
+def corrupt(data: bytes, edits: list[tuple[int, str, bytes]]) -> bytes:
+    """``data`` with each edit applied in turn (positions wrap around the current length)."""
+    out = bytearray(data)
+    for pos, op, blob in edits:
+        i = pos % len(out)
+        if op == "delete":
+            del out[i]
+        elif op == "flip":
+            out[i] = blob[0]
+        else:
+            out[i:i] = blob
+    return bytes(out)
+
+
 @SETTINGS
-@given(spans(), st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from(["delete", "flip", "insert"]), st.binary(min_size=1, max_size=3)),
-                         min_size=1, max_size=4))  # fmt: skip
+@given(spans(), EDITS)
 def test_corruption_is_an_error_or_a_counted_reject(tmp_path_factory, generated, edits):
     lines = [json.dumps(to_otlp_json([s])) for s in generated]
-    data = bytearray("\n".join(lines).encode() + b"\n")
-    for pos, op, blob in edits:
-        i = pos % len(data)
-        if op == "delete":
-            del data[i]
-        elif op == "flip":
-            data[i] = blob[0]
-        else:
-            data[i:i] = blob
     p = tmp_path_factory.mktemp("bad") / "t.jsonl"
-    p.write_bytes(bytes(data))
+    data = corrupt("\n".join(lines).encode() + b"\n", edits)
+    p.write_bytes(data)
     con = connect()
     try:
         report = load_paths(con, [str(p)], lenient=True)
