@@ -177,6 +177,8 @@ def test_parquet_repeated_span_in_one_request_stored_once_or_rejected(tmp_path: 
         different = _post(rx.http_port, _request(_span(3, "c"), _span(3, "changed")))
         assert different.partial_success.rejected_spans == 1
         assert "conflicting_duplicate" in different.partial_success.error_message
+    # spans_written counts accepted spans; the writer counts the identical copy it stored once
+    assert (rx.stats.spans_written, rx.stats.spans_rejected, rx.writer.spans_repeated_identical) == (4, 1, 1)
     con, report = _load(tmp_path)
     assert report.spans_loaded == 3 and report.duplicates_identical == 0
     assert sorted(r[0] for r in con.execute("SELECT name FROM spans").fetchall()) == ["a", "b", "c"]

@@ -105,9 +105,11 @@ def collect_command(grpc_addr: str, http_addr: str, out_dir: str, out_format: st
             signal.signal(signum, handler)
     s = receiver.stats
     compacted = getattr(receiver.writer, "segments_compacted", None)
+    repeats = getattr(receiver.writer, "spans_repeated_identical", 0)  # parquet: counted in spans written, stored once
     click.echo(
-        f"stopped: {s.requests_accepted} requests, {s.spans_written} spans written, {s.spans_rejected} rejected, "
-        f"{s.requests_malformed} malformed requests, {len(receiver.files)} file(s)"
+        f"stopped: {s.requests_accepted} requests, {s.spans_written} spans written"
+        + (f" ({repeats} of them identical repeats within a request, stored once)" if repeats else "")
+        + f", {s.spans_rejected} rejected, {s.requests_malformed} malformed requests, {len(receiver.files)} file(s)"
         + (f", {compacted} segment(s) compacted" if compacted is not None else ""),
         err=True,
     )

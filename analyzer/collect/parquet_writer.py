@@ -125,6 +125,7 @@ class ParquetWriter:
         self.fsync = fsync
         self.log = log
         self.requests_written = 0
+        self.spans_repeated_identical = 0  # identical copies of a span within one request, stored once (not in the output)
         self.segments_compacted = 0
         self.compaction_errors = 0
         self._written: dict[Path, None] = {}  # an ordered set; compacted parts leave it
@@ -242,6 +243,7 @@ class ParquetWriter:
             stage.append_stage(con, self._schemas, spans, events, links)
             if repeated_keys:
                 result = stage.commit_stage(con, 0)
+                self.spans_repeated_identical += result.duplicates_identical
                 rejected = [f"span (spanId {s}) of trace {t}: conflicting_duplicate: same ids as an earlier span "
                             "in this request, different content" for _line, _o, t, s, _raw in result.conflicting]
             else:
