@@ -220,10 +220,13 @@ MATERIALIZED_VIEWS: tuple[str, ...] = ("request_facts", "request_metrics", "requ
 #: The per-chunk views among them (one row per gap: seven BIGINTs and two DOUBLEs, 72 bytes a
 #: row in memory).
 CHUNK_VIEWS: tuple[str, ...] = ("request_gap_times",)
-#: Per-chunk views are kept only while ``span_events`` has at most this many rows (50M rows:
-#: about 2.8 GB); above it every query derives them from the spans again (streaming; DuckDB
-#: spills what does not fit in memory).
-MATERIALIZE_MAX_EVENTS = 50_000_000
+#: Per-chunk views are kept at every size (``None``): a temp table is buffer-managed like a
+#: sort, so beyond ``memory_limit`` DuckDB evicts its blocks to ``temp_directory`` and reads
+#: them back, and each query stays one pass over the kept rows (linear in spans). Deriving
+#: the gaps again in every query instead (the rule above 50M events until 2026-12) cost two
+#: rebuilds of the gap window per metric set at 1e6 requests. An int keeps them only while
+#: ``span_events`` has at most that many rows.
+MATERIALIZE_MAX_EVENTS: int | None = None
 CACHE_PREFIX = "tt_cached_"
 STATE_TABLE = "tt_view_state"
 _COUNTED_TABLES = ("spans", "span_events", "span_links", "loads")
@@ -362,8 +365,8 @@ def _referenced(sql: str, definitions: Mapping[str, str]) -> set[str]:
 
 def materialize_views(con: duckdb.DuckDBPyConnection, sql: str) -> list[str]:
     """Keep as temp tables the :data:`MATERIALIZED_VIEWS` that ``sql`` reads (directly or
-    through other views) and that are not kept yet; per-chunk views only while span_events
-    has at most :data:`MATERIALIZE_MAX_EVENTS` rows. Needs views from :func:`install_views`
+    through other views) and that are not kept yet; per-chunk views too, unless
+    :data:`MATERIALIZE_MAX_EVENTS` is set and span_events has more rows. Needs views from :func:`install_views`
     on this connection (else does nothing). Returns the views it materialized."""
     state = _state(con)
     if state is None:
@@ -381,7 +384,8 @@ def materialize_views(con: duckdb.DuckDBPyConnection, sql: str) -> list[str]:
     for view in [*adapter_chunks, *MATERIALIZED_VIEWS]:
         if view not in needed or view in cached or view not in definitions:
             continue
-        if (view in CHUNK_VIEWS or view in adapter_chunks) and state[1] > MATERIALIZE_MAX_EVENTS:
+        limit = MATERIALIZE_MAX_EVENTS
+        if (view in CHUNK_VIEWS or view in adapter_chunks) and limit is not None and state[1] > limit:
             continue
         _keep(con, view)
         made.append(view)

@@ -1,0 +1,50 @@
+"""Per-chunk views are kept at every size (analyzer.queries.MATERIALIZE_MAX_EVENTS = None):
+the same rows as the plain views, and a kept table larger than DuckDB's memory_limit is
+evicted to temp_directory instead of failing (the 1e6-request case of docs/metrics.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+from trace_fixtures import mixed_db
+
+import analyzer.queries as queries
+from analyzer.queries import run_query
+
+
+def _kept(con: duckdb.DuckDBPyConnection) -> set[str]:
+    return {
+        r[0][len(queries.CACHE_PREFIX):]
+        for r in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = 'temp' AND starts_with(table_name, $p)",
+            {"p": queries.CACHE_PREFIX},
+        ).fetchall()
+    }
+
+
+def test_per_chunk_views_are_kept_whatever_the_event_count() -> None:
+    assert queries.MATERIALIZE_MAX_EVENTS is None
+    con = mixed_db()
+    gaps = run_query(con, "itl").rows
+    assert {"request_keys", "request_gap_times", "tt_candidate_chunks"} <= _kept(con)
+    summary = run_query(con, "summary").rows  # reads the kept gaps
+    plain = mixed_db()
+    assert gaps == run_query(plain, "itl", keep=False).rows
+    assert [r[:5] for r in summary] == [r[:5] for r in run_query(plain, "summary", keep=False).rows]
+
+
+def test_a_kept_table_larger_than_the_memory_limit_spills(tmp_path: Path) -> None:
+    con = duckdb.connect(":memory:")
+    con.execute("SET threads = 1")
+    con.execute("SET memory_limit = '64MB'")
+    con.execute("SET temp_directory = $d", {"d": str(tmp_path)})
+    # 8M rows x 3 BIGINTs: 192 MB, three times the limit
+    con.execute("CREATE VIEW wide AS SELECT r AS a, r * 7 AS b, r % 150 AS c FROM range(8000000) t(r)")
+    assert queries._keep(con, "wide") == 8_000_000
+    spilled = con.execute(
+        "SELECT temporary_storage_bytes FROM duckdb_memory() WHERE tag = 'IN_MEMORY_TABLE'"
+    ).fetchall()[0][0]
+    assert spilled > 64_000_000
+    assert con.execute("SELECT sum(c), max(b) FROM wide").fetchall() == [(sum(range(150)) * 53333 + sum(range(50)),
+                                                                         7 * 7_999_999)]
