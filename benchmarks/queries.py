@@ -138,7 +138,9 @@ def run_duckdb(directory: str, queries: list[str], stream_itl: bool, memory_limi
     con = open_source(parquet=directory)
     if memory_limit:  # DuckDB's default is 80% of RAM; beyond the limit it spills to its temp directory
         con.execute("SET memory_limit = $m", {"m": memory_limit})
-    con.execute("SET temp_directory = $d", {"d": str(Path(directory).parent / "duckdb_tmp")})  # not ./.tmp
+    temp = Path(directory).parent / "duckdb_tmp"
+    con.execute("SET temp_directory = $d", {"d": str(temp)})  # not ./.tmp
+    spill = _SpillWatch(temp)
     install_views(con)
     seconds: dict[str, float] = {"open+views": time.perf_counter() - t0}
     rows: dict[str, int] = {}
@@ -158,7 +160,41 @@ def run_duckdb(directory: str, queries: list[str], stream_itl: bool, memory_limi
                 summary = table.to_pylist()
         seconds[name] = time.perf_counter() - start
     seconds["total"] = time.perf_counter() - t0
-    return {"seconds": seconds, "rows": rows, "summary": summary}
+    kept = con.execute(
+        "SELECT memory_usage_bytes, temporary_storage_bytes FROM duckdb_memory() WHERE tag = 'IN_MEMORY_TABLE'"
+    ).fetchall()
+    return {"seconds": seconds, "rows": rows, "summary": summary, "temp_peak_gib": spill.stop() / 2**30,
+            "kept_tables_gib": {"in_memory": kept[0][0] / 2**30, "spilled": kept[0][1] / 2**30} if kept else None}
+
+
+class _SpillWatch:
+    """Peak size of DuckDB's temp directory (spilled sorts, hash tables and evicted kept
+    tables), sampled every half second in a thread."""
+
+    def __init__(self, folder: Path) -> None:
+        import threading
+
+        self.folder, self.peak, self._done = folder, 0, threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _size(self) -> int:
+        total = 0
+        for f in self.folder.rglob("*") if self.folder.is_dir() else ():
+            try:
+                total += f.stat().st_blocks * 512  # allocated bytes (temp files can have holes)
+            except OSError:
+                pass
+        return total
+
+    def _watch(self) -> None:
+        while not self._done.wait(0.5):
+            self.peak = max(self.peak, self._size())
+
+    def stop(self) -> int:
+        self._done.set()
+        self._thread.join()
+        return max(self.peak, self._size())
 
 
 def _lookup(column: Any, key: str) -> Any:
@@ -436,6 +472,7 @@ def main() -> None:
         per_query = "  ".join(f"{k} {v:.2f} s" for k, v in full["seconds"].items() if k != "total")
         print(f"  duckdb full metric set: {full['seconds']['total']:.2f} s ({per_query}), cpu {full['cpu_s']:.1f} s, "
               f"{full['seconds']['total'] / spans * 1e6:.3f} s per 1M spans, peak RSS {full['peak_rss_mib']:,.0f} MiB, "
+              f"temp dir peak {full.get('temp_peak_gib', 0):.2f} GiB, kept tables {full.get('kept_tables_gib')}, "
               f"rows {full['rows']}, itl {'streamed' if stream else 'Arrow table'}; "
               f"all runs {[round(r['seconds']['total'], 2) for r in duck_runs]}  [{_load()}]", flush=True)
         entry: dict[str, Any] = {"requests": n, "spans": spans, "duckdb": full}
