@@ -124,19 +124,23 @@ def _per_call_ns(fn: Any, calls: int) -> float:
 
 def microbenchmarks(model: Any, tok: Any, calls: int = 20000) -> None:
     token = torch.tensor([7])
-    # 1. The recording path: the pre-hook body and the streamer's put, as generate calls them.
-    recorder = GenerationRecorder(torch.nn.Identity())
+    # 1. The recording path: the forward tap (model.forward replaced while recording) and the
+    #    streamer's put, as generate calls them, minus the bare forward they wrap.
+    identity = torch.nn.Identity()
+    x = torch.zeros(1)
+    bare_forward_ns = _per_call_ns(lambda: identity.forward(x), calls)
+    recorder = GenerationRecorder(identity)
     streamer = recorder.streamer()
     streamer.put(torch.tensor([[1, 2, 3]]))  # the prompt
     with recorder.hooks():
-        hook = next(iter(recorder.model._forward_pre_hooks.values()))
+        tapped = identity.forward
 
         def record_step() -> None:
-            hook(None, ())
+            tapped(x)
             streamer.put(token)
 
-        record_ns = _per_call_ns(record_step, calls)
-        recorder.forward_start_perf_ns.clear(), streamer.emit_perf_ns.clear(), streamer.emitted.clear()
+        record_ns = _per_call_ns(record_step, calls) - bare_forward_ns
+        recorder.forward_start_perf_ns.clear(), streamer.emit_perf_ns.clear(), streamer.chunk_tokens.clear()
     # 2. torch's dispatch cost of having a forward pre-hook on the top module.
     module = torch.nn.Linear(4, 4)
     x = torch.zeros(1, 4)
@@ -171,7 +175,7 @@ def microbenchmarks(model: Any, tok: Any, calls: int = 20000) -> None:
 
         build_ns[label] = _per_call_ns(build, 20) / steps
     provider.shutdown()
-    print(f"microbenchmark: recording path (pre-hook + streamer.put) {record_ns / 1e3:.3f} µs/step")
+    print(f"microbenchmark: recording path (forward tap + streamer.put) {record_ns / 1e3:.3f} µs/step")
     print(f"microbenchmark: torch forward pre-hook dispatch {(hooked_ns - bare_ns) / 1e3:+.3f} µs/forward "
           f"(Linear(4,4): {bare_ns / 1e3:.2f} -> {hooked_ns / 1e3:.2f} µs)")
     for label, ns in build_ns.items():

@@ -25,6 +25,7 @@ server's health endpoint.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -32,9 +33,11 @@ from typing import Any, Sequence
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-__all__ = ["CountingSpanExporter", "CountingSpanProcessor", "ExportCounts", "export_health", "LOGGER_NAME"]
+__all__ = [
+    "CountingSpanExporter", "CountingSpanProcessor", "ExportCounts", "export_health", "emit_sampled_spans", "LOGGER_NAME",
+]
 
 LOGGER_NAME = "tokentrace.export"
 _log = logging.getLogger(LOGGER_NAME)
@@ -141,17 +144,22 @@ class CountingSpanProcessor(SpanProcessor):
                 self.dropped_queue_full += 1
         self.inner.on_end(span)
 
-    def on_end_many(self, spans: list[ReadableSpan]) -> None:
-        """``on_end`` for a list of finished spans: one lock and one count for the list."""
+    def on_end_many(self, spans: list[ReadableSpan], *, sampled: bool = False) -> None:
+        """``on_end`` for a list of finished spans: one lock and one count for the list.
+        ``sampled``: the caller guarantees every span's trace flags say sampled (see
+        :func:`emit_sampled_spans`)."""
         queue = self._queue()
-        inner_on_end = self.inner.on_end
         room = None if queue is None or queue.maxlen is None else queue.maxlen - len(queue)
         with self._lock:
             self.submitted += len(spans)
             if room is not None and len(spans) > room:
                 self.dropped_queue_full += len(spans) - max(room, 0)
-        for span in spans:
-            inner_on_end(span)
+        if sampled:
+            emit_sampled_spans(self.inner, spans)
+        else:
+            inner_on_end = self.inner.on_end
+            for span in spans:
+                inner_on_end(span)
 
     def counts(self) -> ExportCounts:
         e = self.exporter
@@ -186,3 +194,38 @@ def export_health(provider: Any) -> list[ExportCounts]:
     multi = getattr(provider, "_active_span_processor", None)
     processors = getattr(multi, "_span_processors", ())
     return [p.counts() for p in processors if isinstance(p, CountingSpanProcessor)]
+
+
+def emit_sampled_spans(processor: SpanProcessor, spans: list[ReadableSpan]) -> None:
+    """Hand finished spans, all known to be sampled, to ``processor``.
+
+    For the SDK's :class:`BatchSpanProcessor` this is what its ``on_end`` does for each span
+    (check the sampled flag, then queue the span) done once for the list: one ``extendleft``
+    on its queue and at most one wake-up of its export thread, so a span's ``context`` is
+    not read on the caller's thread (decode spans build theirs lazily on the export thread).
+    Anything unusual (a subclass, shutdown, a fork, a queue without room) takes the SDK's own
+    per-span path, which drops, counts and logs as it always does. Other processors get
+    ``on_end`` per span.
+    """
+    batch = getattr(processor, "_batch_processor", None) if type(processor) is BatchSpanProcessor else None
+    queue = getattr(batch, "_queue", None)
+    try:
+        fast = (
+            isinstance(queue, deque)
+            and not batch._shutdown
+            and batch._pid == os.getpid()
+            and (queue.maxlen is None or queue.maxlen - len(queue) >= len(spans))
+        )
+    except AttributeError:  # an SDK whose batch processor is shaped differently
+        fast = False
+    if fast:
+        queue.extendleft(spans)  # newest at the left, as emit() appends them
+        if len(queue) >= batch._max_export_batch_size and not batch._worker_awaken.is_set():
+            batch._worker_awaken.set()
+        return
+    emit = getattr(batch, "emit", None) if batch is not None else None
+    for span in spans:
+        if emit is not None:
+            emit(span)
+        else:
+            processor.on_end(span)

@@ -9,17 +9,19 @@ token 1 emitted; ``decode`` step k spans forward-start k -> token k+1 emitted.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
+from opentelemetry.sdk.trace import Event
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from instrument.kv_runtime import RuntimeKV
 from instrument.recorder import RecordedTimeline
-from instrument.span_writer import ApiSpanWriter, DirectSpanWriter, resolve_context
+from instrument.span_writer import ApiSpanWriter, DirectSpanWriter, LazyEvents, resolve_context
 
 __all__ = ["DecodeSpanPolicy", "SequenceTrace", "emit_sequence_spans", "emit_failed_generate_span"]
 
@@ -125,11 +127,8 @@ def emit_sequence_spans(
         attributes = dict(root_attributes)
         attributes.update(seq.usage_attributes())
         attributes.update(_content_attributes(seq))
-        events = [
-            (CHUNK_EVENT, {"tokentrace.chunk.index": index, "tokentrace.chunk.tokens": tokens,
-                           "tokentrace.chunk.visible": visible}, emit_ns)
-            for index, (emit_ns, tokens, visible) in enumerate(zip(seq.chunk_emit_ns, seq.chunk_tokens, seq.chunk_visible))
-        ]
+        events = LazyEvents(functools.partial(chunk_events, seq.chunk_emit_ns, seq.chunk_tokens, seq.chunk_visible),
+                            len(seq.chunk_emit_ns))
         child_context = resolve_context(writer.write("generate", Context(), attributes, call_start_ns, call_end_ns, events))
     else:
         child_context = parent_context
@@ -154,24 +153,34 @@ def emit_sequence_spans(
     writer.write("prefill", child_context, prefill_attrs, starts[0], emits[0])
 
     per_token = kv.layout.kv_bytes_per_token if kv.layout is not None else None
-    bytes_held = kv.bytes_held
-    first_forward = first_decode_forward - 1  # forward index of step k is first_forward + k
-    steps = policy.steps(seq.generated_tokens)
-    if per_token is None and device is None:
-        children = (({"tokentrace.step": k, "tokentrace.context_tokens": input_tokens + k},
-                     starts[first_forward + k], emits[k]) for k in steps)
-    elif device is None:
-        children = (({"tokentrace.step": k, "tokentrace.context_tokens": input_tokens + k,
-                      "tokentrace.kv.bytes_per_token": per_token, "tokentrace.kv.bytes": bytes_held(input_tokens + k)},
-                     starts[first_forward + k], emits[k]) for k in steps)
-    else:
-        children = (({"tokentrace.step": k, "tokentrace.context_tokens": input_tokens + k,
-                      **({} if per_token is None else {"tokentrace.kv.bytes_per_token": per_token,
-                                                       "tokentrace.kv.bytes": bytes_held(input_tokens + k)}),
-                      "tokentrace.device_ns": device[first_forward + k]},
-                     starts[first_forward + k], emits[k]) for k in steps)
-    writer.write_children("decode", child_context, children)
+    writer.write_steps(
+        "decode", child_context, policy.steps(seq.generated_tokens),
+        functools.partial(_step_attributes, input_tokens, per_token, kv.bytes_held, device, first_decode_forward - 1),
+        starts, first_decode_forward - 1, emits,  # forward index of step k is first_decode_forward - 1 + k
+    )
     return result_context
+
+
+def chunk_events(emit_ns: list[int], tokens: list[int], visible: list[bool]) -> list[Event]:
+    """The ``tokentrace.chunk`` events of a root span: chunk j at ``emit_ns[j]`` (ns since epoch)."""
+    return [
+        Event(CHUNK_EVENT, {"tokentrace.chunk.index": index, "tokentrace.chunk.tokens": count,
+                            "tokentrace.chunk.visible": shown}, at)
+        for index, (at, count, shown) in enumerate(zip(emit_ns, tokens, visible))
+    ]
+
+
+def _step_attributes(
+    input_tokens: int, per_token: int | None, bytes_held: Any, device: list[int] | None, first_forward: int, step: int
+) -> dict[str, Any]:
+    """Attributes of decode step ``step`` (built when the exporter reads the span)."""
+    attributes: dict[str, Any] = {"tokentrace.step": step, "tokentrace.context_tokens": input_tokens + step}
+    if per_token is not None:
+        attributes["tokentrace.kv.bytes_per_token"] = per_token
+        attributes["tokentrace.kv.bytes"] = bytes_held(input_tokens + step)
+    if device is not None:
+        attributes["tokentrace.device_ns"] = device[first_forward + step]
+    return attributes
 
 
 def emit_failed_generate_span(

@@ -12,6 +12,7 @@ the SDK's Batch and Simple processors do nothing there.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterator
 from typing import Any, Iterable, Sequence
 
 from opentelemetry import trace
@@ -19,14 +20,52 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from instrument.export_health import emit_sampled_spans
 from instrument.tracing import CONTRACT_VERSION, SCOPE_NAME
 
-__all__ = ["ApiSpanWriter", "DirectSpanWriter", "span_writer_for", "resolve_context"]
+__all__ = ["ApiSpanWriter", "DirectSpanWriter", "LazyEvents", "span_writer_for", "resolve_context"]
 
 ChunkEvent = tuple[str, dict[str, Any], int]  # (name, attributes, timestamp ns)
 ChildSpan = tuple[dict[str, Any], int, int]  # (attributes, start ns, end ns)
+
+
+class LazyEvents(Sequence[Event]):
+    """A span's events, built by ``build()`` when first read (by the exporter, on its thread).
+
+    A root span's chunk events (one per token) cost ~1 µs each to build; the request thread
+    only stores this object. ``len`` is known up front (``count``). Built once and kept;
+    two threads reading it first at the same time build equal lists and one is kept.
+    """
+
+    __slots__ = ("_build", "_count", "_events")
+
+    def __init__(self, build: Callable[[], list[Event]], count: int) -> None:
+        self._build = build
+        self._count = count
+        self._events: list[Event] | None = None
+
+    def _built(self) -> list[Event]:
+        events = self._events
+        if events is None:
+            events = self._build()
+            if len(events) != self._count:
+                raise RuntimeError(f"LazyEvents: built {len(events)} events, {self._count} announced")
+            self._events = events
+        return events
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._built()[index]
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self._built())
+
+    def __repr__(self) -> str:
+        return f"LazyEvents({self._count} events{'' if self._events is not None else ', not built yet'})"
 
 
 class ApiSpanWriter:
@@ -41,8 +80,12 @@ class ApiSpanWriter:
     ) -> Context:
         """Write one INTERNAL span; returns a context holding it (to parent further spans)."""
         span = self.tracer.start_span(name, context=parent, kind=SpanKind.INTERNAL, attributes=attributes, start_time=start_ns)
-        for event_name, event_attributes, timestamp in events:
-            span.add_event(event_name, event_attributes, timestamp=timestamp)
+        if isinstance(events, LazyEvents):
+            for event in events:
+                span.add_event(event.name, event.attributes, timestamp=event.timestamp)
+        else:
+            for event_name, event_attributes, timestamp in events:
+                span.add_event(event_name, event_attributes, timestamp=timestamp)
         span.end(end_time=end_ns)
         return trace.set_span_in_context(span)
 
@@ -55,6 +98,16 @@ class ApiSpanWriter:
             ).end(end_time=end_ns)
             written += 1
         return written
+
+    def write_steps(
+        self, name: str, parent: Context, steps: Sequence[int], attributes_of: Callable[[int], dict[str, Any]],
+        starts: Sequence[int], start_offset: int, ends: Sequence[int],
+    ) -> int:
+        """Span ``k`` for each ``k`` in ``steps``: ``attributes_of(k)``, from
+        ``starts[start_offset + k]`` to ``ends[k]`` (ns). Same spans as :meth:`write_children`."""
+        return self.write_children(
+            name, parent, ((attributes_of(k), starts[start_offset + k], ends[k]) for k in steps)
+        )
 
 
 class DirectSpanWriter:
@@ -97,10 +150,16 @@ class DirectSpanWriter:
         if sampling.decision.is_recording():
             if sampling.attributes:
                 attributes = {**sampling.attributes, **attributes}
-            event_list: BoundedList | tuple[()] = ()
-            if events:
-                event_list = BoundedList(self.limits.max_events)
-                event_list.extend([Event(event_name, attrs, timestamp) for event_name, attrs, timestamp in events])
+            event_list: BoundedList | LazyEvents | tuple[()] = ()
+            max_events = self.limits.max_events
+            if isinstance(events, LazyEvents) and (max_events is None or len(events) <= max_events):
+                event_list = events  # within the limit: nothing to drop, built on first read
+            elif events:
+                event_list = BoundedList(max_events)
+                if isinstance(events, LazyEvents):
+                    event_list.extend(events)
+                else:
+                    event_list.extend([Event(event_name, attrs, timestamp) for event_name, attrs, timestamp in events])
             span = ReadableSpan(
                 name, context, parent_span_context, self.resource, attributes, event_list, (), SpanKind.INTERNAL,
                 start_time=start_ns, end_time=end_ns, instrumentation_scope=self.scope,
@@ -152,15 +211,134 @@ class DirectSpanWriter:
         _hand_off(self.processor, spans)
         return len(spans)
 
+    def write_steps(
+        self, name: str, parent: Context, steps: Sequence[int], attributes_of: Callable[[int], dict[str, Any]],
+        starts: Sequence[int], start_offset: int, ends: Sequence[int],
+    ) -> int:
+        """Span ``k`` for each ``k`` in ``steps``: ``attributes_of(k)``, from
+        ``starts[start_offset + k]`` to ``ends[k]`` (ns), INTERNAL, children of ``parent``.
 
-def _hand_off(processor: Any, spans: list[ReadableSpan]) -> None:
+        The decode-step path. Per span the caller's thread only creates a small
+        :class:`_StepSpan` (~0.3 µs) and queues it; its span id, ``SpanContext`` and
+        attributes are made when the exporter first reads them (on the batch processor's
+        thread). ``starts``, ``ends`` and ``attributes_of`` must not change afterwards.
+        Without a valid parent, or with a sampler that adds attributes of its own, every span
+        goes through :meth:`write_children` instead.
+        """
+        parent_span_context = trace.get_current_span(parent).get_span_context()
+        if not steps:
+            return 0
+        if parent_span_context is None or not parent_span_context.is_valid:
+            return self.write_children(
+                name, parent, ((attributes_of(k), starts[start_offset + k], ends[k]) for k in steps)
+            )
+        trace_id = parent_span_context.trace_id
+        key = (parent_span_context.span_id, name)
+        first = attributes_of(steps[0])
+        sampling = self._decisions.get(key)
+        if sampling is None:
+            sampling = self.sampler.should_sample(parent, trace_id, name, SpanKind.INTERNAL, first, ())
+            if len(self._decisions) > 64:
+                self._decisions.clear()
+            self._decisions[key] = sampling
+        if not sampling.decision.is_recording():
+            return len(steps)
+        # The SDK's samplers hand back the attributes they were given; one that adds its own
+        # keys gets them merged into every span, by the eager path.
+        if sampling.attributes and any(k not in first for k in sampling.attributes):
+            return self.write_children(
+                name, parent, ((attributes_of(k), starts[start_offset + k], ends[k]) for k in steps)
+            )
+        sampled = sampling.decision.is_sampled()
+        shared = _StepShared(
+            name, parent_span_context, self.resource, self.scope, trace_id,
+            trace.TraceFlags(trace.TraceFlags.SAMPLED if sampled else trace.TraceFlags.DEFAULT),
+            sampling.trace_state, self.id_generator, attributes_of, starts, start_offset, ends,
+        )
+        step_span = _StepSpan
+        spans = [step_span(shared, k) for k in steps]
+        _hand_off(self.processor, spans, sampled=sampled)
+        return len(spans)
+
+
+class _StepShared:
+    """What every decode-step span of one sequence shares (see :class:`_StepSpan`)."""
+
+    __slots__ = ("_name", "_parent", "_resource", "_instrumentation_scope", "trace_id", "flags", "trace_state",
+                 "id_generator", "attributes_of", "starts", "start_offset", "ends")
+
+    def __init__(self, name: str, parent: trace.SpanContext, resource: Any, scope: Any, trace_id: int, flags: Any,
+                 trace_state: Any, id_generator: Any, attributes_of: Callable[[int], dict[str, Any]],
+                 starts: Sequence[int], start_offset: int, ends: Sequence[int]) -> None:
+        self._name, self._parent, self._resource, self._instrumentation_scope = name, parent, resource, scope
+        self.trace_id, self.flags, self.trace_state, self.id_generator = trace_id, flags, trace_state, id_generator
+        self.attributes_of, self.starts, self.start_offset, self.ends = attributes_of, starts, start_offset, ends
+
+
+_STEP_STATIC = {
+    "_kind": SpanKind.INTERNAL,
+    "_instrumentation_info": None,
+    "_events": (),
+    "_links": (),
+}
+
+
+class _StepSpan(ReadableSpan):
+    """A finished decode-step span that builds its fields when first read.
+
+    ``ReadableSpan`` keeps its fields in private attributes (``_context``, ``_attributes``,
+    ...) that its properties and ``to_json`` read; here only ``_shared`` and ``_step`` are
+    set up front and the rest is looked up, or built once, by :meth:`__getattr__`. The span
+    id is drawn when ``_context`` is first built; ``dict.setdefault`` keeps the first one
+    when two threads race, so a span never shows two ids.
+    """
+
+    def __init__(self, shared: _StepShared, step: int) -> None:  # noqa: D107 - no ReadableSpan.__init__ on purpose
+        self._shared = shared
+        self._step = step
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_shared", "_step"):
+            raise AttributeError(name)
+        shared = self._shared
+        if name == "_context":
+            value: Any = trace.SpanContext(
+                shared.trace_id, shared.id_generator.generate_span_id(), False, shared.flags, shared.trace_state
+            )
+        elif name == "_attributes":
+            value = shared.attributes_of(self._step)
+        elif name == "_start_time":
+            value = shared.starts[shared.start_offset + self._step]
+        elif name == "_end_time":
+            value = shared.ends[self._step]
+        elif name == "_status":
+            value = _UNSET_STATUS
+        elif name in _STEP_STATIC:
+            return _STEP_STATIC[name]
+        elif name in _StepShared.__slots__ and name.startswith("_"):
+            return getattr(shared, name)
+        else:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return self.__dict__.setdefault(name, value)
+
+
+_UNSET_STATUS = Status(StatusCode.UNSET)  # ReadableSpan's default
+
+
+def _hand_off(processor: Any, spans: list[ReadableSpan], *, sampled: bool = False) -> None:
     """``processor.on_end`` for each span, through ``on_end_many`` where a processor has one
-    (the SDK's multi-processor is unrolled so that our counting processor sees the batch)."""
+    (the SDK's multi-processor is unrolled so that our counting processor sees the batch).
+    ``sampled``: every span is sampled (SDK batch processors then take the list at once)."""
     inner = getattr(processor, "_span_processors", None)
     for target in (inner if isinstance(inner, tuple) else (processor,)):
         many = getattr(target, "on_end_many", None)
         if many is not None:
-            many(spans)
+            if sampled:
+                many(spans, sampled=True)
+            else:
+                many(spans)
+        elif sampled:
+            emit_sampled_spans(target, spans)
         else:
             on_end = target.on_end
             for span in spans:

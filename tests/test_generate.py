@@ -302,3 +302,78 @@ def test_visible_token_cache_matches_a_fresh_decode(tiny):
     expected = {i for i in ids if tok.decode([i], skip_special_tokens=True) != ""} - {tok.eos_token_id}
     assert generate_module._VISIBLE[tok] and {i for i in ids if generate_module._VISIBLE[tok].get(i)} == expected
     assert first.sequences[0].output_tokens == again.sequences[0].output_tokens
+
+
+def test_concurrent_calls_on_one_model_record_only_their_own_forwards(tiny):
+    """Two threads generating on the same model at once: each call's timeline holds exactly its
+    own G forwards (the forward tap is per thread; a module hook would see both threads')."""
+    import threading
+
+    model, tok = tiny
+    provider = setup_tracing(exporter="none", span_exporters=[InMemorySpanExporter()], batch=False)
+    results: dict[int, list] = {7: [], 13: []}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def run(tokens: int) -> None:
+        try:
+            barrier.wait(timeout=30)
+            for _ in range(4):
+                results[tokens].append(traced_generate(
+                    model, tok, PROMPT, tracer_provider=provider, max_new_tokens=tokens, min_new_tokens=tokens))
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in results]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    finally:
+        provider.shutdown()
+    assert not errors, errors
+    for tokens, runs in results.items():
+        assert len(runs) == 4
+        for result in runs:
+            assert len(result.timeline.forward_start_ns) == tokens and result.timeline.prefill_forwards == 1
+            starts, emits = result.timeline.forward_start_ns, result.timeline.emit_ns
+            assert all(starts[k] < emits[k] <= starts[k + 1] for k in range(tokens - 1))
+    assert "forward" not in model.__dict__  # the tap is gone once no call records
+
+
+def test_forward_tap_wraps_and_restores_an_instance_forward(tiny, spans_out):
+    """A model whose forward is already replaced on the instance (as accelerate's hooks do)
+    keeps that forward: it runs under the tap and is put back afterwards."""
+    model, tok = tiny
+    provider, _ = spans_out
+    calls = []
+    real = model.forward
+
+    def own_forward(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    model.forward = own_forward
+    try:
+        result = traced_generate(model, tok, PROMPT, tracer_provider=provider, max_new_tokens=5, min_new_tokens=5)
+        assert model.__dict__["forward"] is own_forward
+    finally:
+        del model.forward
+    assert len(calls) == 5 and len(result.timeline.forward_start_ns) == 5
+
+
+def test_nested_recording_on_one_thread_is_a_clear_error(tiny, spans_out):
+    model, tok = tiny
+    provider, _ = spans_out
+
+    class Reentrant:
+        def put(self, value):
+            traced_generate(model, tok, PROMPT, tracer_provider=provider, max_new_tokens=2)
+
+        def end(self):
+            pass
+
+    with pytest.raises(RuntimeError, match="already recording this model"):
+        traced_generate(model, tok, PROMPT, tracer_provider=provider, max_new_tokens=3, streamer=Reentrant())
+    assert "forward" not in model.__dict__
