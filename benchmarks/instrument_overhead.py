@@ -8,8 +8,9 @@ encoding happens on the processor's thread, as in production.
 
 Reports, per model: median run time plain / traced, the median of paired differences divided
 by the decode steps (µs added per step), and the ratio. Then a microbenchmark of the per-step
-recording path (forward pre-hook + streamer put), of torch's hook dispatch, and of building
-one decode span after the fact.
+recording path (forward tap + streamer put), of torch's hook dispatch vs the tap, of building
+one decode span after the fact on the request thread, and of what the lazy spans move to the
+export thread (OTLP encoding with the span fields built on first read, vs pre-built).
 
 Run:  .venv/bin/python benchmarks/instrument_overhead.py [--tokens 128] [--reps 15] [--no-smollm2]
 """
@@ -141,7 +142,8 @@ def microbenchmarks(model: Any, tok: Any, calls: int = 20000) -> None:
 
         record_ns = _per_call_ns(record_step, calls) - bare_forward_ns
         recorder.forward_start_perf_ns.clear(), streamer.emit_perf_ns.clear(), streamer.chunk_tokens.clear()
-    # 2. torch's dispatch cost of having a forward pre-hook on the top module.
+    # 2. torch's dispatch cost of a forward pre-hook on the top module (the old recording
+    #    path) vs the forward tap that replaced it.
     module = torch.nn.Linear(4, 4)
     x = torch.zeros(1, 4)
     with torch.inference_mode():
@@ -149,6 +151,8 @@ def microbenchmarks(model: Any, tok: Any, calls: int = 20000) -> None:
         handle = module.register_forward_pre_hook(lambda m, a: None)
         hooked_ns = _per_call_ns(lambda: module(x), calls)
         handle.remove()
+        with GenerationRecorder(module).hooks():
+            tapped_ns = _per_call_ns(lambda: module(x), calls)
     # 3. Building decode spans after the fact (per span), through a BatchSpanProcessor.
     steps = 256
     exporter = DiscardingExporter()
@@ -175,11 +179,39 @@ def microbenchmarks(model: Any, tok: Any, calls: int = 20000) -> None:
 
         build_ns[label] = _per_call_ns(build, 20) / steps
     provider.shutdown()
+    # 4. What the lazy spans move to the export thread: OTLP protobuf encoding of one call's
+    #    spans (root + prefill + decode steps) as the direct writer leaves them (fields built
+    #    on first read) vs as the tracer API builds them (everything built already).
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    encode_ns: dict[str, float] = {}
+    for label, direct in (("direct writer (lazy fields)", True), ("tracer API", False)):
+        memory = InMemorySpanExporter()
+        capture = setup_tracing(exporter="none", span_exporters=[memory], batch=False, count_exports=False)
+        capture_tracer = get_tracer(capture)
+        writer = DirectSpanWriter(capture_tracer) if direct else ApiSpanWriter(capture_tracer)
+        batches = []
+        for _ in range(25):
+            memory.clear()
+            emit_sequence_spans(writer, seq, timeline, kv, policy, parent_context=None, root_attributes={},
+                                call_start_ns=now, call_end_ns=now + steps * 1000)
+            batches.append(memory.get_finished_spans())
+        capture.shutdown()
+        start = time.perf_counter_ns()
+        for batch in batches:
+            encode_spans(batch)
+        encode_ns[label] = (time.perf_counter_ns() - start) / len(batches) / steps
     print(f"microbenchmark: recording path (forward tap + streamer.put) {record_ns / 1e3:.3f} µs/step")
-    print(f"microbenchmark: torch forward pre-hook dispatch {(hooked_ns - bare_ns) / 1e3:+.3f} µs/forward "
-          f"(Linear(4,4): {bare_ns / 1e3:.2f} -> {hooked_ns / 1e3:.2f} µs)")
+    print(f"microbenchmark: torch forward pre-hook dispatch {(hooked_ns - bare_ns) / 1e3:+.3f} µs/forward, "
+          f"forward tap {(tapped_ns - bare_ns) / 1e3:+.3f} µs/forward "
+          f"(Linear(4,4): {bare_ns / 1e3:.2f} -> {hooked_ns / 1e3:.2f} / {tapped_ns / 1e3:.2f} µs)")
     for label, ns in build_ns.items():
-        print(f"microbenchmark: post-hoc span building, {label} (decode span + chunk event, batch processor) "
+        print(f"microbenchmark: post-hoc span building on the request thread, {label} "
+              f"(decode span + chunk event, batch processor) {ns / 1e3:.2f} µs/step")
+    for label, ns in encode_ns.items():
+        print(f"microbenchmark: export thread, OTLP protobuf encoding of spans from the {label} "
               f"{ns / 1e3:.2f} µs/step")
 
 

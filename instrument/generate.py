@@ -28,7 +28,7 @@ from opentelemetry.context import Context
 from instrument.clock import now_wall_ns
 from instrument.generate_spans import DecodeSpanPolicy, SequenceTrace, emit_failed_generate_span, emit_sequence_spans
 from instrument.kv_runtime import RuntimeKV, inspect_runtime_kv
-from instrument.recorder import GenerationRecorder, RecordedTimeline
+from instrument.recorder import GenerationRecorder, RecordedTimeline, model_device
 from instrument.span_writer import span_writer_for
 from instrument.tracing import get_tracer, span_event_limit_of
 
@@ -60,8 +60,8 @@ def _capture_content(value: bool | None) -> bool:
     return os.environ.get(CAPTURE_CONTENT_ENV, "").strip().lower() in ("true", "1", "yes")
 
 
-def _model_inputs(model: Any, tokenizer: Any, inputs: Any) -> tuple[dict[str, Any], str]:
-    """Tensors for ``generate`` and the operation name (``chat`` for messages)."""
+def _model_inputs(model: Any, tokenizer: Any, inputs: Any, device: Any) -> tuple[dict[str, Any], str]:
+    """Tensors for ``generate`` (on ``device``, the model's) and the operation name (``chat`` for messages)."""
     import torch
 
     operation = "text_completion"
@@ -86,8 +86,10 @@ def _model_inputs(model: Any, tokenizer: Any, inputs: Any) -> tuple[dict[str, An
             f"inputs: expected a prompt string, a list of strings, chat messages, a mapping with input_ids "
             f"or a tensor of token ids, got {type(inputs).__name__}"
         )
-    device = getattr(model, "device", None)
-    return {k: (v.to(device) if isinstance(v, torch.Tensor) and device is not None else v) for k, v in tensors.items()}, operation
+    return {
+        k: (v.to(device) if isinstance(v, torch.Tensor) and device is not None and v.device != device else v)
+        for k, v in tensors.items()
+    }, operation
 
 
 def _generation_settings(model: Any, kwargs: dict[str, Any], prompt_tokens: int) -> tuple[Any, int, set[int]]:
@@ -164,7 +166,8 @@ def traced_generate(
     """
     policy = DecodeSpanPolicy.parse(decode_spans)
     tracer = get_tracer(tracer_provider)
-    tensors, operation = _model_inputs(model, tokenizer, inputs)
+    device = model_device(model)
+    tensors, operation = _model_inputs(model, tokenizer, inputs, device)
     input_ids = tensors["input_ids"]
     batch_rows, padded_prompt_tokens = int(input_ids.shape[0]), int(input_ids.shape[1])
     config, max_new_tokens, eos_ids = _generation_settings(model, generate_kwargs, padded_prompt_tokens)
@@ -181,7 +184,9 @@ def traced_generate(
     cached_tokens = int(user_cache.get_seq_length()) if user_cache is not None else 0
     capture = _capture_content(capture_content)
     generate = getattr(model, "_tokentrace_original_generate", model.generate)
-    recorder = GenerationRecorder(model, device_time=device_time, expected_forwards=max_new_tokens + 1)
+    recorder = GenerationRecorder(
+        model, device_time=device_time, expected_forwards=max_new_tokens + 1, device=device
+    )
     user_wants_dict = generate_kwargs.pop("return_dict_in_generate", None)
     user_streamer = generate_kwargs.pop("streamer", None)
     root_attributes: dict[str, Any] = {

@@ -162,11 +162,15 @@ class GenerationRecorder:
         timeline = recorder.timeline()
     """
 
-    def __init__(self, model: Any, *, device_time: bool | None = None, expected_forwards: int = 0) -> None:
+    def __init__(
+        self, model: Any, *, device_time: bool | None = None, expected_forwards: int = 0, device: Any = None
+    ) -> None:
+        """``device``: the model's device when the caller already looked it up (else read here)."""
         self.model = model
         self.forward_start_perf_ns: list[int] = []
         self._streamer: RecordingStreamer | None = None
-        device = _model_device(model)
+        if device is None:
+            device = model_device(model)
         self.device_time = (device is not None and device.type == "cuda") if device_time is None else device_time
         if self.device_time and (device is None or device.type != "cuda"):
             raise ValueError(f"device_time=True needs a CUDA model; this model is on {device}")
@@ -227,7 +231,8 @@ class GenerationRecorder:
         )
 
 
-def _model_device(model: Any) -> Any:
+def model_device(model: Any) -> Any:
+    """The model's device (``model.device``, else its first parameter's), or None."""
     device = getattr(model, "device", None)
     if device is not None:
         return device

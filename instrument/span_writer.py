@@ -12,6 +12,7 @@ the SDK's Batch and Simple processors do nothing there.
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Iterable, Sequence
 
@@ -275,54 +276,70 @@ class _StepShared:
         self.attributes_of, self.starts, self.start_offset, self.ends = attributes_of, starts, start_offset, ends
 
 
-_STEP_STATIC = {
-    "_kind": SpanKind.INTERNAL,
-    "_instrumentation_info": None,
-    "_events": (),
-    "_links": (),
-}
-
-
 class _StepSpan(ReadableSpan):
-    """A finished decode-step span that builds its fields when first read.
+    """A finished decode-step span that builds its context and attributes when first read.
 
     ``ReadableSpan`` keeps its fields in private attributes (``_context``, ``_attributes``,
-    ...) that its properties and ``to_json`` read; here only ``_shared`` and ``_step`` are
-    set up front and the rest is looked up, or built once, by :meth:`__getattr__`. The span
-    id is drawn when ``_context`` is first built; ``dict.setdefault`` keeps the first one
-    when two threads race, so a span never shows two ids.
+    ...) that its properties and ``to_json`` read; here they are class attributes (the same
+    for every step span) or properties reading the sequence's :class:`_StepShared`, so a
+    step span is created with two fields and nothing else. The span id is drawn when
+    ``_context`` is first read; ``dict.setdefault`` keeps the first one when two threads
+    race, so a span never shows two ids.
     """
+
+    _kind = SpanKind.INTERNAL
+    _instrumentation_info = None
+    _events: tuple[()] = ()
+    _links: tuple[()] = ()
+    _status = Status(StatusCode.UNSET)  # ReadableSpan's default
 
     def __init__(self, shared: _StepShared, step: int) -> None:  # noqa: D107 - no ReadableSpan.__init__ on purpose
         self._shared = shared
         self._step = step
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_shared", "_step"):
-            raise AttributeError(name)
-        shared = self._shared
-        if name == "_context":
-            value: Any = trace.SpanContext(
+    @property  # type: ignore[override]
+    def _context(self) -> trace.SpanContext:
+        context = self.__dict__.get("_built_context")
+        if context is None:
+            shared = self._shared
+            context = self.__dict__.setdefault("_built_context", trace.SpanContext(
                 shared.trace_id, shared.id_generator.generate_span_id(), False, shared.flags, shared.trace_state
-            )
-        elif name == "_attributes":
-            value = shared.attributes_of(self._step)
-        elif name == "_start_time":
-            value = shared.starts[shared.start_offset + self._step]
-        elif name == "_end_time":
-            value = shared.ends[self._step]
-        elif name == "_status":
-            value = _UNSET_STATUS
-        elif name in _STEP_STATIC:
-            return _STEP_STATIC[name]
-        elif name in _StepShared.__slots__ and name.startswith("_"):
-            return getattr(shared, name)
-        else:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return self.__dict__.setdefault(name, value)
+            ))
+        return context
+
+    @property  # type: ignore[override]
+    def _attributes(self) -> dict[str, Any]:
+        attributes = self.__dict__.get("_built_attributes")
+        if attributes is None:
+            attributes = self.__dict__.setdefault("_built_attributes", self._shared.attributes_of(self._step))
+        return attributes
+
+    @property  # type: ignore[override]
+    def _start_time(self) -> int:
+        shared = self._shared
+        return shared.starts[shared.start_offset + self._step]
+
+    @property  # type: ignore[override]
+    def _end_time(self) -> int:
+        return self._shared.ends[self._step]
+
+    @property  # type: ignore[override]
+    def _name(self) -> str:
+        return self._shared._name
+
+    @property  # type: ignore[override]
+    def _parent(self) -> trace.SpanContext:
+        return self._shared._parent
+
+    @property  # type: ignore[override]
+    def _resource(self) -> Any:
+        return self._shared._resource
+
+    @property  # type: ignore[override]
+    def _instrumentation_scope(self) -> Any:
+        return self._shared._instrumentation_scope
 
 
-_UNSET_STATUS = Status(StatusCode.UNSET)  # ReadableSpan's default
 
 
 def _hand_off(processor: Any, spans: list[ReadableSpan], *, sampled: bool = False) -> None:
@@ -362,10 +379,29 @@ def resolve_context(context: Any) -> Context:
     return context.resolve() if isinstance(context, _LazyContext) else context
 
 
+_WRITERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # SDK tracer -> its DirectSpanWriter
+
+
 def span_writer_for(tracer: trace.Tracer, direct: bool = True) -> ApiSpanWriter | DirectSpanWriter:
-    """The direct writer for an enabled SDK tracer when ``direct``, else the API writer."""
-    sdk_parts = ("sampler", "id_generator", "span_processor", "resource", "_span_limits")
+    """The direct writer for an enabled SDK tracer when ``direct``, else the API writer.
+
+    A tracer's direct writer is made once and reused (it only reads the tracer's sampler, id
+    generator, processor, resource and limits, which an SDK tracer never replaces)."""
     enabled = getattr(getattr(tracer, "_tracer_config", None), "is_enabled", True)
-    if direct and enabled and all(hasattr(tracer, part) for part in sdk_parts):
-        return DirectSpanWriter(tracer)
-    return ApiSpanWriter(tracer)
+    if not (direct and enabled):
+        return ApiSpanWriter(tracer)
+    try:
+        writer = _WRITERS.get(tracer)
+    except TypeError:  # a tracer that cannot be weakly referenced
+        writer = None
+    if writer is not None:
+        return writer
+    sdk_parts = ("sampler", "id_generator", "span_processor", "resource", "_span_limits")
+    if not all(hasattr(tracer, part) for part in sdk_parts):
+        return ApiSpanWriter(tracer)
+    writer = DirectSpanWriter(tracer)
+    try:
+        _WRITERS[tracer] = writer
+    except TypeError:
+        pass
+    return writer
