@@ -261,7 +261,7 @@ def test_sampler_is_respected(tiny, direct_spans):
 
 
 def test_decode_spans_handed_off_as_a_batch_are_counted_and_exported(tiny):
-    """The bulk decode-span path (``write_children`` -> ``on_end_many``) keeps the export
+    """The bulk decode-span path (``write_steps`` -> ``on_end_many``) keeps the export
     accounting exact: every span submitted is counted, exported and parented."""
     from instrument.export_health import export_health
 
