@@ -23,8 +23,7 @@ def wall_ns_from_perf_ns(perf_ns: int) -> int:
 
 def wall_ns_from_perf_ns_list(perf_ns: list[int]) -> list[int]:
     """:func:`wall_ns_from_perf_ns` of each reading (one offset, no call per element)."""
-    offset = ANCHOR_WALL_NS - ANCHOR_PERF_NS
-    return [offset + t for t in perf_ns]
+    return list(map((ANCHOR_WALL_NS - ANCHOR_PERF_NS).__add__, perf_ns))
 
 
 def now_wall_ns() -> int:

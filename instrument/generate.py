@@ -220,7 +220,8 @@ def traced_generate(
     rows = int(sequences_tensor.shape[0])
     generated = sequences_tensor[:, padded_prompt_tokens:].tolist()
     steps_recorded = sum(timeline.chunk_tokens)
-    if any(n != 1 for n in timeline.chunk_tokens) or steps_recorded != len(generated[0]) or timeline.prefill_forwards < 1:
+    multi_token_chunks = len(timeline.chunk_tokens) - timeline.chunk_tokens.count(1)
+    if multi_token_chunks or steps_recorded != len(generated[0]) or timeline.prefill_forwards < 1:
         raise RuntimeError(
             f"traced_generate: recorded {len(timeline.forward_start_ns)} forwards and {len(timeline.emit_ns)} token "
             f"chunks for {len(generated[0])} generated tokens; this generation mode is not supported"
@@ -234,7 +235,7 @@ def traced_generate(
     writer = span_writer_for(tracer, direct=direct_spans)
     sequences: list[SequenceTrace] = []
     for row, ids in enumerate(generated):
-        stop_at = next((i for i, t in enumerate(ids) if t in eos_ids), None)
+        stop_at = min((ids.index(e) for e in eos_ids if e in ids), default=None)  # first stop token
         g = stop_at + 1 if stop_at is not None else len(ids)
         visible = [t in visible_ids for t in ids[:g]]
         finish = "length" if stop_at is None and g >= max_new_tokens else "stop"
