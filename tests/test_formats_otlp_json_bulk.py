@@ -113,6 +113,29 @@ def test_bulk_path_counts_blank_lines_and_empty_records_like_the_python_reader(t
     assert (f.records_read, f.spans_read, f.spans_loaded) == (3, 3, 3)  # records are non-blank lines
 
 
+def test_bulk_side_counts_are_exact_and_left_behind_by_none(tmp_path, monkeypatch):
+    """records (``tt_bulk_count`` channel 0) and links (channel 1) come from a Python UDF
+    called inside the inserting scan: many records, a few of them with links."""
+    lines, links = [], 0
+    for n in range(300):
+        doc = json.loads(SDK_LINE)
+        for k, sp in enumerate(doc["resourceSpans"][0]["scopeSpans"][0]["spans"]):
+            sp["spanId"] = "%016x" % (n * 16 + k + 1)
+            if n % 97:
+                sp.pop("links", None)
+            links += len(sp.get("links", []))
+        lines.append(json.dumps(doc))
+    p = tmp_path / "many.jsonl"
+    p.write_text("\n".join(lines) + "\n\n")
+    con, rep, used = _load([p], True, monkeypatch)
+    assert used == [True]
+    f = rep.files[0]
+    assert (f.records_read, f.spans_loaded) == (300, 900)
+    assert 0 < con.execute("SELECT count(*) FROM span_links").fetchone()[0] == links  # lines 0, 97, 194, 291 only
+    assert otlp_json_duckdb._COUNTS == {}
+    assert _rows(con) == _outcome([p], False, monkeypatch, lenient=False)[0]
+
+
 @pytest.mark.parametrize("tail,reason", [
     ('{"resourceSpans": [\n', "invalid_json"),
     ('{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"","spanId":"","name":"x"}]}]}]}\n', "empty_trace_id"),

@@ -158,13 +158,13 @@ _CLOCK = ("CASE WHEN resource_str['service.name'] IS NULL AND resource_str['serv
           " || coalesce(resource_str['service.instance.id'], '') || '|' || coalesce(resource_str['host.name'], '') END")  # fmt: skip
 
 
-def span_select(src: str, extra: dict[str, str] | None = None) -> str:
+def span_select(src: str, extra: dict[str, str] | None = None, token: int = 0) -> str:
     """SELECT of the ``spans`` columns (``canonical.SPAN_COLUMNS`` names), checked, from
     ``read_json`` with :data:`SPAN_SCHEMA` (or :data:`STAGE_SCHEMA`). ``extra`` adds
     columns (name -> expression over ``sp``, the raw span struct), e.g. ``{"events": "sp.events"}``.
 
-    Side channels (temp sequences the caller creates): ``nextval('_fj_rec')`` runs once per
-    record (non-blank line), ``nextval('_fj_links')`` once per span with links. A record or
+    Side channels (the ``tt_bulk_count`` UDF, counting under ``token``): channel 0 sees each
+    record (non-blank line) once, channel 1 each span with links. A record or
     resource/scope entry that is not the plain TracesData shape (null, no resourceSpans or
     scopeSpans — e.g. logs, api_v3, OTLP < 0.15) fails, as does a null span.
     """
@@ -180,7 +180,7 @@ def span_select(src: str, extra: dict[str, str] | None = None) -> str:
     # list this size copied all of it.
     return f"""
     WITH r AS NOT MATERIALIZED (
-           SELECT nextval('_fj_rec') AS rec, resourceSpans AS rsl, {_checked('resourceSpans IS NOT NULL', 'true', 'record shape')} AS rec_ok
+           SELECT tt_bulk_count({int(token)}, 0) AS rec, resourceSpans AS rsl, {_checked('resourceSpans IS NOT NULL', 'true', 'record shape')} AS rec_ok
            FROM {src}),
          rs AS NOT MATERIALIZED (SELECT rec, rec_ok, unnest(rsl) AS rs FROM r),
          rsm AS NOT MATERIALIZED (
@@ -210,7 +210,7 @@ def span_select(src: str, extra: dict[str, str] | None = None) -> str:
                   {_uint('sp.droppedAttributesCount')} AS dropped_attributes_count,
                   {_uint('sp.droppedEventsCount')} AS dropped_events_count,
                   {_uint('sp.droppedLinksCount')} AS dropped_links_count,
-                  CASE WHEN len(sp.links) > 0 THEN nextval('_fj_links') END AS links_seen,
+                  CASE WHEN len(sp.links) > 0 THEN tt_bulk_count({int(token)}, 1) END AS links_seen,
                   {_absent('il', 'sp.parent_span_id', 'sp.trace_state', 'sp.dropped_attributes_count',
                            'sp.dropped_events_count', 'sp.dropped_links_count')} AS snake_ok{extra_inner}
            FROM sp)
