@@ -180,11 +180,14 @@ class _SpillWatch:
 
     def _size(self) -> int:
         total = 0
-        for f in self.folder.rglob("*") if self.folder.is_dir() else ():
-            try:
-                total += f.stat().st_blocks * 512  # allocated bytes (temp files can have holes)
-            except OSError:
-                pass
+        try:
+            for f in self.folder.iterdir():
+                try:
+                    total += f.stat().st_blocks * 512  # allocated bytes (temp files can have holes)
+                except OSError:  # removed meanwhile
+                    pass
+        except OSError:  # no temp directory (yet)
+            pass
         return total
 
     def _watch(self) -> None:
