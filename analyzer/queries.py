@@ -13,9 +13,10 @@ any query runs.
 
 Per connection, the views are installed once and the request-level views a query needs
 (:data:`MATERIALIZED_VIEWS`) are kept as temp tables, so the next query reads them instead of
-deriving them from the spans again. Both are keyed on the data: the row counts of ``spans``,
-``span_events``, ``span_links`` and ``loads`` (every ``tokentrace load`` appends a ``loads``
-row) and the view files' text. A change that keeps every count (an UPDATE, a DELETE and an
+deriving them from the spans again; the per-chunk ones too, at every size (beyond DuckDB's
+``memory_limit`` their blocks are evicted to its ``temp_directory``). Both are keyed on the
+data: the row counts of ``spans``, ``span_events``, ``span_links`` and ``loads`` (every
+``tokentrace load`` appends a ``loads`` row) and the view files' text. A change that keeps every count (an UPDATE, a DELETE and an
 INSERT of as many rows) must call :func:`install_views` with ``refresh=True``.
 """
 
@@ -286,7 +287,7 @@ def kept_views(texts: Iterable[str], chunks: bool = False) -> list[str]:
     """The views named on the adapter files' header lines, in file order: ``-- keep: a, b``
     (each adapter's request spans, one row per request span: kept as temp tables when the
     views are installed on DuckDB) or, with ``chunks``, ``-- keep chunks: c`` (one row per
-    chunk: kept when a query first reads them, while span_events is small enough)."""
+    chunk: kept when a query first reads them, see :data:`MATERIALIZE_MAX_EVENTS`)."""
     return [
         name.strip()
         for text in texts
