@@ -14,6 +14,9 @@ subprocess so peak memory (VmHWM) is its own:
   streams its rows out: every gap and column is computed, ordered and converted to Arrow,
   nothing is held; ``table`` keeps it as one Arrow table in memory (298M gaps at 1e6
   requests do not fit: that size always streams). Timed from the open, views included.
+  Also reported: the peak size of DuckDB's temp directory (allocated bytes, sampled every
+  0.5 s: spilled sorts and the kept per-chunk tables evicted beyond --memory-limit) and the
+  kept tables' bytes in memory / evicted at the end.
   Then each other query alone in a fresh process (window, phases, skew_offsets, skew_rules).
 - ``pandas``: the same metric set, column for column, from the same files read with pyarrow
   (map values looked up with pyarrow.compute): requests (per perspective s/f/e, tokens,
