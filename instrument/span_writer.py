@@ -7,6 +7,14 @@ tracer's sampler, takes ids from its id generator, enforces the span limits, bui
 ``ReadableSpan`` and hands it to the tracer's span processor ``on_end`` - at ~5 µs per span
 and ~0.5 µs per event. Processors' ``on_start`` is not called (the span is already over);
 the SDK's Batch and Simple processors do nothing there.
+
+For the many decode-step spans of one sequence, ``DirectSpanWriter.write_steps`` creates
+:class:`_StepSpan` objects whose id, ``SpanContext`` and attributes are built when first
+read (by the exporter, on the batch processor's thread) and queues them on an SDK batch
+processor in one call: ~0.2 µs per step on the caller's thread. A root's chunk events can
+be passed as :class:`LazyEvents`, built the same way. Both read SDK internals
+(``ReadableSpan``'s private fields, the batch processor's queue), pinned by
+tests/test_span_writer.py against the installed SDK.
 """
 
 from __future__ import annotations
@@ -338,8 +346,6 @@ class _StepSpan(ReadableSpan):
     @property  # type: ignore[override]
     def _instrumentation_scope(self) -> Any:
         return self._shared._instrumentation_scope
-
-
 
 
 def _hand_off(processor: Any, spans: list[ReadableSpan], *, sampled: bool = False) -> None:
