@@ -183,7 +183,6 @@ def microbenchmarks(model: Any, tok: Any, calls: int = 20000) -> None:
     #    spans (root + prefill + decode steps) as the direct writer leaves them (fields built
     #    on first read) vs as the tracer API builds them (everything built already).
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     encode_ns: dict[str, float] = {}
