@@ -193,6 +193,23 @@ def test_aiperf_visible_rate_comes_from_report_rates_and_survives_no_duration(tm
     assert f.verdict == "pass" and f.numbers["visible_tokens_per_s"] is None and "unknown" in f.detail
 
 
+def test_aiperf_error_rate_and_reasoning_share_come_from_sql_and_zero_requests_is_null(tmp_path) -> None:
+    data = json.loads(AIPERF_NEW.read_text())
+    data["request_count"]["avg"] = 0.0
+    data["error_summary"] = []
+    data.pop("error_request_count", None)
+    data.get("input_config", {}).pop("phases", None)
+    f = by_check(audit_report(write(tmp_path, "zero.json", data)))["error_count"]
+    assert f.numbers["error_rate"] is None and "undefined" in f.detail
+    old = json.loads(AIPERF_OLD.read_text())
+    old["records"]["error_request_count"]["avg"] = 1
+    old["error_summary"] = [{"code": 499, "count": 1}]
+    old.get("input_config", {}).pop("phases", None)
+    old.get("input_config", {}).pop("loadgen", None)
+    f = by_check(audit_report(write(tmp_path, "one.json", old)))["error_count"]
+    assert f.verdict == "pass" and f.numbers["error_rate"] == pytest.approx(1 / 90)
+
+
 def test_aiperf_percentile_order_planted(tmp_path) -> None:
     data = json.loads(AIPERF_NEW.read_text())
     data["time_to_first_token"]["p90"] = 250.0  # above p95 = 200.5

@@ -54,7 +54,7 @@ def audit_aiperf(path: Path, data: Any, con: duckdb.DuckDBPyConnection, rel_tol:
     findings.append(_statistics_order(m))
     rates = _report_rates(m, con)
     findings += _rates(m, rates, rel_tol)
-    findings.append(_errors(data, m))
+    findings.append(_errors(data, m, con))
     findings.append(_reasoning(m, rates))
     findings.append(_rate_vs_itl(m, con, rel_tol))
     if individual is not None:
@@ -91,7 +91,8 @@ def _report_rates(m: dict[str, dict[str, Any]], con: duckdb.DuckDBPyConnection) 
     return audit_query(con, "report_rates", {
         "duration_s": _avg(m, "benchmark_duration"), "requests": _avg(m, "request_count"),
         "output_tokens": osl if osl is not None else visible, "visible_output_tokens": visible,
-        "input_tokens": _avg(m, "total_isl"), "first_request_ns": _avg(m, "min_request_timestamp"),
+        "input_tokens": _avg(m, "total_isl"), "reasoning_tokens": _avg(m, "total_reasoning_tokens"),
+        "first_request_ns": _avg(m, "min_request_timestamp"),
         "last_response_ns": _avg(m, "max_response_timestamp"),
     })[0]
 
@@ -122,7 +123,7 @@ def _rates(m: dict[str, dict[str, Any]], r: dict[str, Any], rel_tol: float) -> l
     return out
 
 
-def _errors(data: dict[str, Any], m: dict[str, dict[str, Any]]) -> Finding:
+def _errors(data: dict[str, Any], m: dict[str, dict[str, Any]], con: duckdb.DuckDBPyConnection) -> Finding:
     ok, errors = _avg(m, "request_count"), _avg(m, "error_request_count") or 0.0
     summary = data.get("error_summary") or []
     listed = sum(float(e.get("count", 0)) for e in summary if isinstance(e, dict))
@@ -140,14 +141,16 @@ def _errors(data: dict[str, Any], m: dict[str, dict[str, Any]]) -> Finding:
         problems.append(f"error_summary lists {listed:g} errors, error_request_count is {errors:g}")
     if isinstance(configured, (int, float)) and ok + errors != configured:
         problems.append(f"request_count {ok:g} + errors {errors:g} != {configured} configured requests")
-    rate = errors / (ok + errors) if ok + errors else None
+    # failed / attempted: window_identities.sql's error_rate (NULL when nothing was attempted)
+    rate = audit_query(con, "window_identities", {"attempted": ok + errors, "succeeded": ok,
+                                                   "failed": errors})[0]["error_rate"]
     numbers["error_rate"] = rate
     if problems:
         return Finding("error_count", FAIL, "; ".join(problems), numbers)
     return Finding("error_count", PASS, f"{ok:g} succeeded + {errors:g} failed"
                    + (f" = {configured} configured" if configured is not None else "")
-                   + f"; error rate {rate:.4g}" + (" (failed requests are excluded from every latency statistic)"
-                                                   if errors else ""), numbers)
+                   + (f"; error rate {rate:.4g}" if rate is not None else "; error rate undefined (no requests)")
+                   + (" (failed requests are excluded from every latency statistic)" if errors else ""), numbers)
 
 
 def _reasoning(m: dict[str, dict[str, Any]], rates: dict[str, Any]) -> Finding:
@@ -158,7 +161,7 @@ def _reasoning(m: dict[str, dict[str, Any]], rates: dict[str, Any]) -> Finding:
                        "count visible tokens", numbers)
     if osl is None or visible is None:
         return Finding("output_tokens_include_reasoning", CANNOT, "needs total_osl and total_output_tokens", numbers)
-    share = reasoning / osl if osl else None
+    share = rates["reasoning_share"]  # reasoning / total_osl (report_rates.sql)
     visible_rate = rates["visible_output_token_throughput"]  # visible / duration (report_rates.sql)
     numbers.update({"reasoning_share": share, "visible_tokens_per_s": visible_rate})
     if not agree(osl, visible + reasoning, 1e-9):
