@@ -161,6 +161,16 @@ def test_llmperf_without_individual_cannot_recompute(tmp_path) -> None:
     assert by_check(findings)["recompute_stats"].verdict == "cannot_check"
 
 
+def test_llmperf_error_rate_recomputed_and_percentage_diagnosed(tmp_path) -> None:
+    data = json.loads(LLMPERF.read_text())
+    data.update({"results_num_requests_started": 4, "results_number_errors": 1, "results_error_rate": 0.25})
+    f = by_check(audit_report(write(tmp_path, "s.json", data), individual=LLMPERF_IND))["error_rate"]
+    assert f.verdict == "pass" and f.numbers["recomputed"] == pytest.approx(0.25)
+    data["results_error_rate"] = 25.0
+    f = by_check(audit_report(write(tmp_path, "p.json", data), individual=LLMPERF_IND))["error_rate"]
+    assert f.verdict == "fail" and f.numbers["diagnosis"] == "error_rate_percent_as_fraction"
+
+
 # --- AIPerf ---------------------------------------------------------------------------
 
 def test_aiperf_both_layouts_pass() -> None:

@@ -63,7 +63,7 @@ def audit_llmperf(path: Path, data: Any, con: duckdb.DuckDBPyConnection, rel_tol
         raise AuditInputError(f"{path}: an LLMPerf summary is a JSON object")
     s = {k: optional_number(data, k, path) for k in data
          if k.startswith("results_") and k != "results_error_code_frequency"}
-    findings = [_counts(s, rel_tol), _window(s, rel_tol)]
+    findings = [_counts(s, con, rel_tol), _window(s, rel_tol)]
     ind = _individual_path(path, individual)
     if ind is None:
         findings.append(Finding("recompute_stats", CANNOT, "no individual responses: pass --individual "
@@ -84,7 +84,7 @@ def audit_llmperf(path: Path, data: Any, con: duckdb.DuckDBPyConnection, rel_tol
     return findings
 
 
-def _counts(s: dict[str, float | None], rel_tol: float) -> Finding:
+def _counts(s: dict[str, float | None], con: duckdb.DuckDBPyConnection, rel_tol: float) -> Finding:
     started, done, errors = (s.get(k) for k in ("results_num_requests_started", "results_num_completed_requests",
                                                  "results_number_errors"))
     rate = s.get("results_error_rate")
@@ -93,9 +93,11 @@ def _counts(s: dict[str, float | None], rel_tol: float) -> Finding:
         return Finding("error_rate", CANNOT, "needs results_num_requests_started, results_number_errors and "
                        "results_error_rate", numbers)
     assert started is not None and errors is not None and rate is not None
-    f = compare_figure("error_rate", rate, errors / started if started else None, rel_tol,
+    # failed / attempted and its percentage: window_identities.sql (NULL when nothing was started)
+    ident = audit_query(con, "window_identities", {"attempted": started, "failed": errors})[0]
+    f = compare_figure("error_rate", rate, ident["error_rate"], rel_tol,
                        what="results_error_rate vs number_errors / num_requests_started", unit="fraction",
-                       wrong={"error_rate_percent_as_fraction": 100 * errors / started if started else None},
+                       wrong={"error_rate_percent_as_fraction": ident["error_rate_as_percent"]},
                        explain={"error_rate_percent_as_fraction": "it is a percentage where a fraction belongs"})
     f.numbers.update(numbers)
     return f
