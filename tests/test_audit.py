@@ -279,6 +279,15 @@ def test_nightly_tokens_per_request_spread_fails_and_zero_output_cannot(tmp_path
     rows[0]["Output Tput (tok/s)"] = rows[0]["Output Tput (tok/s)"] * 1.2  # 20 % more tokens per request
     f = by_check(audit_report(write(tmp_path, "n.json", rows)))["output_tokens_per_request"]
     assert f.verdict == "fail" and f.numbers["relative_spread"] > 0.05
+    tpr = [r["Output Tput (tok/s)"] / r["Tput (req/s)"] for r in rows]
+    assert f.numbers["relative_spread"] == pytest.approx((max(tpr) - min(tpr)) / max(tpr))
+    assert f.numbers["rows_left_out"] == 0
+    dup = [dict(r) for r in json.loads(NIGHTLY.read_text())]
+    dup[1]["Test name"] = dup[0]["Test name"]
+    dup[2]["Tput (req/s)"] = 0
+    f = by_check(audit_report(write(tmp_path, "d.json", dup)))["output_tokens_per_request"]
+    assert len(f.numbers["output_tokens_per_request"]) == len(dup) - 1 and f.numbers["rows_left_out"] == 1
+    assert "1 row(s)" in f.detail
     for row in rows:
         row["Output Tput (tok/s)"] = 0
     f = by_check(audit_report(write(tmp_path, "z.json", rows)))["output_tokens_per_request"]

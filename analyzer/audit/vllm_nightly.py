@@ -67,20 +67,26 @@ def _tokens_per_request(rows: list[tuple[str, dict[str, float | None]]], con: du
                                        "output_throughput": "DOUBLE"},
                  [(i, name, v.get("Tput (req/s)"), v.get("Output Tput (tok/s)")) for i, (name, v) in enumerate(rows)])
     result = audit_query(con, "nightly_tokens_per_request")
-    per_row = {r["row_name"]: r["output_tokens_per_request"] for r in result}
+    names = [r["row_name"] for r in result]
+    # A repeated test name keeps every row (suffixed with its index) instead of overwriting one.
+    per_row = {(r["row_name"] if names.count(r["row_name"]) == 1 else f"{r['row_name']} [row {r['row_index']}]"):
+               r["output_tokens_per_request"] for r in result}
+    left_out = len(rows) - len(result)  # rows without Tput > 0 and an Output Tput: not compared, but counted
     if not per_row:
-        return Finding("output_tokens_per_request", CANNOT, "needs Tput (req/s) and Output Tput (tok/s)", {})
+        return Finding("output_tokens_per_request", CANNOT, "needs Tput (req/s) and Output Tput (tok/s)",
+                       {"rows_left_out": left_out})
     spread = result[0]["relative_spread"]
     if spread is None:
         return Finding("output_tokens_per_request", CANNOT, "Output Tput (tok/s) is 0 in every row: no tokens "
-                       "per request to compare", {"output_tokens_per_request": per_row})
-    numbers = {"output_tokens_per_request": per_row, "relative_spread": spread}
+                       "per request to compare", {"output_tokens_per_request": per_row, "rows_left_out": left_out})
+    numbers = {"output_tokens_per_request": per_row, "relative_spread": spread, "rows_left_out": left_out}
     # The same dataset and prompt count at every rate: tokens per request should barely move.
     verdict = PASS if spread < 0.05 else FAIL
     return Finding("output_tokens_per_request", verdict,
                    "output tokens per request (Output Tput / Tput) across rows: "
                    + ", ".join(f"{k} {x:.5g}" for k, x in per_row.items())
-                   + ("" if verdict == PASS else ": rows of the same prompts differ by more than 5 %"), numbers)
+                   + (f" ({left_out} row(s) without Tput > 0 and Output Tput left out)" if left_out else "")
+                   + ("" if verdict == PASS else ": rows of the same prompts differ by 5 % or more"), numbers)
 
 
 def _compare_source(source: Path, rows: list[tuple[str, dict[str, float | None]]], rel_tol: float) -> Finding:
