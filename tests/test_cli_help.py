@@ -1,8 +1,10 @@
-"""The top-level ``tokentrace --help`` names every verb that is installed."""
+"""The top-level ``tokentrace --help`` names every verb that is installed, and only those;
+docs/cli.md has a section for each."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from click.testing import CliRunner
 
@@ -17,3 +19,10 @@ def test_group_help_lists_every_verb() -> None:
         if match:
             listed |= set(re.findall(r"[a-z]+", match.group(2).split("(")[0]))
     assert set(cli.commands) <= listed, f"verbs missing from the group help: {sorted(set(cli.commands) - listed)}"
+    assert listed <= set(cli.commands), f"group help lists verbs that do not exist: {sorted(listed - set(cli.commands))}"
+
+
+def test_cli_doc_has_a_section_per_verb() -> None:
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    documented = set(re.findall(r"^## tokentrace (\S+)", doc, flags=re.M))
+    assert documented == set(cli.commands)
