@@ -148,3 +148,15 @@ def test_deprecated_genai_token_names_are_read_when_the_new_ones_are_absent() ->
         "SELECT count(*) FROM spans WHERE attr_int['gen_ai.usage.input_tokens'] IS NOT NULL").fetchone()[0] == 0
     got = {(r["perspective"], r["input_tokens"], r["output_tokens"]) for r in run_query(con, "requests", {}).dicts()}
     assert got == expected and {(i, o) for _, i, o in got} == {(1025, 150)}
+
+
+@pytest.mark.parametrize(("every", "stop_kv_mib"), [(4, 366.875), (3, None)])
+def test_stop_kv_needs_the_last_decode_step(every: int, stop_kv_mib: float | None) -> None:
+    """decode_spans = every:N keeps steps 1, 1+N, ...: every:4 keeps step 149 = G - 1 (the
+    seed's stop KV), every:3 ends at step 148, whose KV is one token short: NULL, not that."""
+    con = seed_db()
+    con.execute("DELETE FROM spans WHERE name = 'decode' AND (attr_int['tokentrace.step'] - 1) % $n <> 0",
+                {"n": every})
+    for row in run_query(con, "requests", {}).dicts():
+        assert row["stop_kv_mib"] == stop_kv_mib, row["perspective"]
+        assert row["prompt_kv_mib"] == 320.3125 and row["tpot_ms"] == pytest.approx(25, abs=1e-12)

@@ -133,11 +133,12 @@ phase AS (
     FROM phase_spans
     GROUP BY trace_id, parent_span_id
 ),
--- one span per decode step: how many, and the KV held after the last one (kv.bytes grows
--- with every step, so the largest is the last step's)
+-- the traced decode steps: how many, the last one, and the KV held after it (kv.bytes grows
+-- with every step, so the largest is the last traced step's; see stop_kv_bytes below).
 decode AS (
     SELECT trace_id, parent_span_id,
            count(*) AS decode_spans,
+           max(attr_int['tokentrace.step']) AS last_decode_step,
            max(attr_int['tokentrace.kv.bytes']) AS stop_kv_bytes
     FROM spans
     WHERE scope_name = 'tokentrace' AND name = 'decode'
@@ -188,7 +189,13 @@ SELECT
     ph.prefill_end_ns,
     ph.kv_bytes_per_token,
     ph.prompt_kv_bytes,
-    dc.stop_kv_bytes,
+    -- KV after the last decode step, only when that step was traced: it is step G - 1 (one
+    -- token per step), or every step 1..n has a span (a gateway's multi-token steps). With
+    -- decode_spans = every:N the last step can be missing: NULL, not an earlier step's KV.
+    CASE WHEN dc.last_decode_step = coalesce(sv.attr_int['tokentrace.generated_tokens'],
+                                             p.attr_int['tokentrace.generated_tokens']) - 1
+              OR (dc.decode_spans > 1 AND dc.decode_spans = dc.last_decode_step)
+         THEN dc.stop_kv_bytes END AS stop_kv_bytes,
     ph.kv_layout,
     coalesce(dc.decode_spans, 0) AS decode_spans,
     coalesce(p.attr_bool['tokentrace.synthetic'], false) AS synthetic,
