@@ -239,6 +239,24 @@ def test_odd_values_end_exactly_as_in_the_python_reader(tmp_path, monkeypatch, n
     assert bulk == python
 
 
+# Known difference (docs/loading.md): DuckDB reads a JSON number given as an id as its text,
+# and a span id of 16 decimal digits is valid hex, so the bulk path keeps a span the Python
+# reader rejects (invalid_span_id). Strict: this fails loudly once the bulk path refuses it.
+NUMERIC_ID_LINES = {
+    "span id as a 16-digit number": _line(spanId=1234567890123456),
+    "parent id as a 16-digit number": _line(parentSpanId=1234567890123456),
+    "link span id as a 16-digit number": _line(links=[{"traceId": "1" * 32, "spanId": 1234567890123456}]),
+}
+
+
+@pytest.mark.xfail(strict=True, reason="known difference: numeric 16-digit span ids pass the bulk path's hex check")
+@pytest.mark.parametrize("name", list(NUMERIC_ID_LINES))
+def test_numeric_span_ids_end_as_in_the_python_reader(tmp_path, monkeypatch, name):
+    p = tmp_path / "numeric_id.jsonl"
+    p.write_text(SDK_LINE + NUMERIC_ID_LINES[name])
+    assert _outcome([p], True, monkeypatch, lenient=True)[0] == _outcome([p], False, monkeypatch, lenient=True)[0]
+
+
 def test_clean_odd_lines_stay_on_the_bulk_path(tmp_path, monkeypatch):
     """Values the bulk path reads itself (no fallback), with the Python reader's rows."""
     for name in ("double as NaN string", "kind name", "uppercase ids", "parent all zeros", "link with attributes",

@@ -7,9 +7,11 @@ rolls back and returns None — the caller then re-reads the file with the Pytho
 :mod:`otlp_json`, which finds the line, field and reason — when the JSON does not parse,
 a value does not cast, a record is not a plain TracesData, any check in
 :mod:`otlp_json_sql` fails, two spans share a key with different content, or the file
-changed while it was read. So both paths produce the same rows, and every error message
-comes from one place. Arrays, kvlists and bytes values are converted by the same Python
-function the reader uses (a DuckDB UDF), so ``attr_json`` text is identical too.
+changed while it was read. So both paths produce the same rows (but for the known
+difference in docs/loading.md: non-string JSON where a string is expected, numeric span
+ids), and every error message comes from one place. Arrays, kvlists and bytes values are
+converted by the same Python function the reader uses (a DuckDB UDF), so ``attr_json``
+text is identical too.
 
 How (one transaction per attempt; each step is one scan of the file):
 
