@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Iterable, Sequence
 
 from opentelemetry import trace
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util import BoundedList
@@ -132,6 +133,16 @@ class DirectSpanWriter:
         self.scope = scope if scope is not None else InstrumentationScope(SCOPE_NAME, CONTRACT_VERSION)
         self._decisions: dict[Any, Any] = {}
 
+    def _bounded(self, attributes: dict[str, Any]) -> Any:
+        """``attributes`` as the SDK's spans hold them under the tracer's span limits: the dict
+        itself when no limit applies (the usual case), else ``BoundedAttributes`` (oldest keys
+        evicted past ``max_span_attributes``, strings cut at ``max_span_attribute_length``)."""
+        limits = self.limits
+        most = limits.max_span_attributes
+        if limits.max_span_attribute_length is None and (most is None or len(attributes) <= most):
+            return attributes
+        return BoundedAttributes(most, attributes, immutable=True, max_value_len=limits.max_span_attribute_length)
+
     def write(
         self, name: str, parent: Context, attributes: dict[str, Any], start_ns: int, end_ns: int,
         events: Sequence[ChunkEvent] = (),
@@ -170,7 +181,8 @@ class DirectSpanWriter:
                 else:
                     event_list.extend([Event(event_name, attrs, timestamp) for event_name, attrs, timestamp in events])
             span = ReadableSpan(
-                name, context, parent_span_context, self.resource, attributes, event_list, (), SpanKind.INTERNAL,
+                name, context, parent_span_context, self.resource, self._bounded(attributes), event_list, (),
+                SpanKind.INTERNAL,
                 start_time=start_ns, end_time=end_ns, instrumentation_scope=self.scope,
             )
             self.processor.on_end(span)
@@ -208,14 +220,14 @@ class DirectSpanWriter:
         flags = trace.TraceFlags(trace.TraceFlags.SAMPLED if sampling.decision.is_sampled() else trace.TraceFlags.DEFAULT)
         trace_state, extra = sampling.trace_state, sampling.attributes
         new_span_id, span_context, readable = self.id_generator.generate_span_id, trace.SpanContext, ReadableSpan
-        resource, scope, internal = self.resource, self.scope, SpanKind.INTERNAL
+        resource, scope, internal, bounded = self.resource, self.scope, SpanKind.INTERNAL, self._bounded
         spans = []
         for attributes, start_ns, end_ns in itertools.chain((first,), iterator):
             if extra:
                 attributes = {**extra, **attributes}
             spans.append(readable(
                 name, span_context(trace_id, new_span_id(), False, flags, trace_state), parent_span_context, resource,
-                attributes, (), (), internal, start_time=start_ns, end_time=end_ns, instrumentation_scope=scope,
+                bounded(attributes), (), (), internal, start_time=start_ns, end_time=end_ns, instrumentation_scope=scope,
             ))
         _hand_off(self.processor, spans)
         return len(spans)
@@ -254,7 +266,10 @@ class DirectSpanWriter:
             return len(steps)
         # The SDK's samplers hand back the attributes they were given; one that adds its own
         # keys gets them merged into every span, by the eager path.
-        if sampling.attributes and any(k not in first for k in sampling.attributes):
+        # The same for span attribute limits that a step's attributes would exceed (the lazy
+        # spans hold plain dicts; the eager path bounds them as the SDK's spans do).
+        adds_keys = sampling.attributes and any(k not in first for k in sampling.attributes)
+        if adds_keys or self._bounded(first) is not first:
             return self.write_children(
                 name, parent, ((attributes_of(k), starts[start_offset + k], ends[k]) for k in steps)
             )

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision, Sampler, SamplingResult
@@ -42,9 +42,10 @@ def _kv() -> RuntimeKV:
     return RuntimeKV(layout=layout, layout_name="gqa")
 
 
-def _write(writer_kind: str, sampler: Sampler = ALWAYS_ON, *, device: bool = False, policy: str = "all"):
+def _write(writer_kind: str, sampler: Sampler = ALWAYS_ON, *, device: bool = False, policy: str = "all",
+           limits: SpanLimits | None = None):
     exporter = InMemorySpanExporter()
-    provider = TracerProvider(sampler=sampler)
+    provider = TracerProvider(sampler=sampler, span_limits=limits)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = get_tracer(provider)
     writer = DirectSpanWriter(tracer) if writer_kind == "direct" else ApiSpanWriter(tracer)
@@ -141,6 +142,20 @@ def test_a_sampler_that_adds_attributes_gets_them_on_every_span() -> None:
     direct = _write("direct", _AddsAttribute())
     assert _comparable(direct) == _comparable(_write("api", _AddsAttribute()))
     assert {s.attributes["sampler.note"] for s in direct if s.name == "decode"} == {"decode"}
+
+
+def test_span_attribute_limits_apply_as_through_the_tracer_api() -> None:
+    """Span attribute limits (count, string length) bound the direct writer's spans as the SDK
+    bounds its own: the root's and prefill's attributes, and the decode steps' (which then take
+    the eager path)."""
+    limits = SpanLimits(max_span_attributes=3, max_span_attribute_length=4)
+    direct = _write("direct", device=True, limits=limits)
+    api = _write("api", device=True, limits=limits)
+    assert _comparable(direct) == _comparable(api)
+    decodes = [s for s in direct if s.name == "decode"]
+    assert decodes and all(len(s.attributes) == 3 and s.dropped_attributes == 2 for s in decodes)
+    (root,) = [s for s in direct if s.name == "generate"]
+    assert len(root.attributes) == 3 and root.dropped_attributes > 0
 
 
 def test_lazy_events_count_and_build_once() -> None:
