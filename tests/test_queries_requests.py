@@ -160,3 +160,15 @@ def test_stop_kv_needs_the_last_decode_step(every: int, stop_kv_mib: float | Non
     for row in run_query(con, "requests", {}).dicts():
         assert row["stop_kv_mib"] == stop_kv_mib, row["perspective"]
         assert row["prompt_kv_mib"] == 320.3125 and row["tpot_ms"] == pytest.approx(25, abs=1e-12)
+
+
+def test_a_rate_left_null_by_its_guard_says_why() -> None:
+    """whole-request rate = O / (e - s) is NULL when e <= s (here: the client span starts after
+    its last chunk), with a reason, never a silent NULL or a negative rate."""
+    con = seed_db()
+    last = con.execute("SELECT max(time_ns) FROM span_events").fetchone()[0]
+    con.execute("UPDATE spans SET start_ns = $t WHERE kind = 'CLIENT'", {"t": last + 1_000_000})
+    row = run_query(con, "requests", {"perspective": "client"}).dicts()[0]
+    assert row["whole_request_output_tokens_per_second"] is None and row["e2e_ms"] < 0
+    assert row["null_reason"] == "whole-request rate needs e > s"
+    assert f"{row['decode_output_tokens_per_second']:.2f}" == "40.00"
