@@ -245,6 +245,9 @@ def test_failed_generate_leaves_an_error_root(tiny, spans_out):
     (root,) = _by_name(exporter.get_finished_spans(), "generate")
     assert root.status.status_code.name == "ERROR"
     assert root.attributes["error.type"] == "RuntimeError"
+    assert "forward" not in model.__dict__  # the forward tap is removed when generate raises
+    again = traced_generate(model, tok, PROMPT, tracer_provider=provider, max_new_tokens=3, min_new_tokens=3)
+    assert len(again.timeline.forward_start_ns) == 3  # and the next call records normally
 
 
 @pytest.mark.parametrize("direct_spans", [True, False], ids=["direct-writer", "tracer-api"])
