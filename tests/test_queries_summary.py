@@ -57,3 +57,28 @@ def test_empty_metric_is_null_with_reason() -> None:
     assert tpot["count"] == 0 and tpot["null_count"] == 1
     assert tpot["mean"] is None and tpot["p50"] is None and tpot["null_reason"] == "no known value of tpot_ms"
     assert "itl_ms" not in rows  # one chunk: no gap at all
+
+
+def test_gap_metrics_are_each_their_own_distribution_over_request_gaps() -> None:
+    """summary reads both gap metrics from one scan (a CROSS JOIN of the two metric numbers):
+    count, null_count, mean, std, min, percentiles and max must still be per metric and per
+    perspective, over the gaps of succeeded requests, as numpy computes them from request_gaps."""
+    con = mixed_db()
+    summary = run_query(con, "summary", {}).dicts()
+    gaps = con.execute(
+        "SELECT g.perspective, g.itl_ms, g.itl_per_token_ms FROM request_gaps g JOIN request_metrics m"
+        " ON m.trace_id = g.trace_id AND m.request_span_id = g.request_span_id"
+        " AND m.perspective = g.perspective AND m.source = g.source WHERE m.outcome = 'succeeded'").fetchall()
+    for perspective in ("client", "server"):
+        rows = _by_metric(summary, perspective)
+        for col, metric in ((1, "itl_ms"), (2, "itl_per_token_ms")):
+            values = [g[col] for g in gaps if g[0] == perspective]
+            known = np.array([v for v in values if v is not None])
+            row = rows[metric]
+            assert (row["count"], row["null_count"]) == (len(known), len(values) - len(known)), metric
+            assert row["mean"] == pytest.approx(known.mean()) and row["std_pop"] == pytest.approx(known.std())
+            assert (row["min"], row["max"]) == (known.min(), known.max())
+            for q in (50, 90, 95, 99):
+                assert row[f"p{q}"] == pytest.approx(np.percentile(known, q)), (metric, q)
+    itl, per_token = _by_metric(summary, "client")["itl_ms"], _by_metric(summary, "client")["itl_per_token_ms"]
+    assert itl["null_count"] < per_token["null_count"] or itl["mean"] != per_token["mean"]  # not one copy twice
