@@ -211,7 +211,8 @@ class ParquetWriter:
             writing = self.incoming / f"{request_id}{WRITING_SUFFIX}"
             moved: list[Path] = []
             try:
-                rejected += self._export(spans, events, links, len(keys) < len(spans), writing)
+                not_stored, repeats = self._export(spans, events, links, len(keys) < len(spans), writing)
+                rejected += not_stored
                 ready = writing.with_name(f"{request_id}{READY_SUFFIX}")
                 os.rename(writing, ready)
                 if self.fsync:
@@ -227,23 +228,26 @@ class ParquetWriter:
                 self._written.update(dict.fromkeys(moved))
                 self._segment.parts.extend(moved)
             self.requests_written += 1
+            self.spans_repeated_identical += repeats  # only once the request is stored (like spans_written)
             self._segment.bytes += sum(p.stat().st_size for p in moved)
             self._segment.requests += 1
             if self._segment.bytes >= self.rotate_bytes:
                 self._rotate()
         return rejected
 
-    def _export(self, spans: list, events: list, links: list, repeated_keys: bool, target: Path) -> list[str]:
-        """Stage the rows, keep one copy per span, export; returns reasons for conflicting repeats."""
+    def _export(self, spans: list, events: list, links: list, repeated_keys: bool, target: Path) -> tuple[list[str], int]:
+        """Stage the rows, keep one copy per span, export; returns reasons for conflicting
+        repeats and the number of identical repeats stored once."""
         from analyzer.export import export_parquet
 
         con = self._con
         rejected: list[str] = []
+        repeats = 0
         try:
             stage.append_stage(con, self._schemas, spans, events, links)
             if repeated_keys:
                 result = stage.commit_stage(con, 0)
-                self.spans_repeated_identical += result.duplicates_identical
+                repeats = result.duplicates_identical
                 rejected = [f"span (spanId {s}) of trace {t}: conflicting_duplicate: same ids as an earlier span "
                             "in this request, different content" for _line, _o, t, s, _raw in result.conflicting]
             else:
@@ -260,7 +264,7 @@ class ParquetWriter:
         if self.fsync:
             for path in target.rglob("*.parquet"):
                 fsync_file(path)
-        return rejected
+        return rejected, repeats
 
     def _rotate(self) -> None:
         """Close the current segment (lock held): queue it for compaction, start a new one."""
