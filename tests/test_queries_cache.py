@@ -111,3 +111,19 @@ def test_itl_rows_come_in_trace_request_perspective_gap_order() -> None:
     keys = [(r["trace_id"], r["request_span_id"], r["perspective"], r["gap_index"]) for r in rows]
     assert len(keys) > 150 and keys == sorted(keys)
     assert {r["perspective"] for r in rows} == {"client", "server"}
+
+
+def test_a_change_that_keeps_every_row_count_needs_refresh() -> None:
+    """The fingerprint is row counts (module docstring): an UPDATE keeps them, so the kept
+    request_metrics still give the old TTFT until install_views(refresh=True)."""
+    world = TraceWorld()
+    world.add(RequestPlan())
+    con = world.load()
+    before = {r["perspective"]: r["ttft_ms"] for r in run_query(con, "requests").dicts()}
+    assert before == {"client": 190.0, "server": 182.0}
+    con.execute("UPDATE spans SET start_ns = start_ns - 10000000 WHERE kind = 'CLIENT'")  # client s 10 ms earlier
+    stale = {r["perspective"]: r["ttft_ms"] for r in run_query(con, "requests").dicts()}
+    assert stale == before  # documented: not seen without a refresh
+    install_views(con, refresh=True)
+    after = {r["perspective"]: r["ttft_ms"] for r in run_query(con, "requests").dicts()}
+    assert after == {"client": 200.0, "server": 182.0}
