@@ -171,6 +171,10 @@ def span_select(src: str, extra: dict[str, str] | None = None, token: int = 0) -
     extra = extra or {}
     extra_inner = "".join(f", {expr} AS {name}" for name, expr in extra.items())
     extra_outer = "".join(f", {name}" for name in extra)
+    # rec and links_seen must stay read by an output column (here: through span_ok into
+    # trace_id): DuckDB drops a side-effect UDF whose column nothing reads (measured, DuckDB
+    # 2.0: count(*) over this SELECT called tt_bulk_count 0 times), and a LIMIT above it
+    # still calls it for rows never returned. Only a full INSERT / CREATE AS counts exactly.
     span_ok = " AND ".join([
         "rec IS NOT NULL", "shape_ok", "NOT sp_null", "end_ns >= start_ns", "resource_ok", "snake_ok", _maps_ok("attr"),
         "(parent_raw IS NULL OR regexp_full_match(parent_raw, '[0-9a-f]{16}'))", "(links_seen IS NULL OR links_seen > 0)",
