@@ -137,11 +137,33 @@ class DirectSpanWriter:
         """``attributes`` as the SDK's spans hold them under the tracer's span limits: the dict
         itself when no limit applies (the usual case), else ``BoundedAttributes`` (oldest keys
         evicted past ``max_span_attributes``, strings cut at ``max_span_attribute_length``)."""
+        if self._within_limits(attributes):
+            return attributes
+        limits = self.limits
+        return BoundedAttributes(
+            limits.max_span_attributes, attributes, immutable=True, max_value_len=limits.max_span_attribute_length
+        )
+
+    def _within_limits(self, attributes: dict[str, Any], *, strings: bool = True) -> bool:
+        """Whether the span limits would leave ``attributes`` as they are: no more keys than
+        ``max_span_attributes`` and no string (alone or in a sequence) longer than
+        ``max_span_attribute_length``. With ``strings=False``, any string value at all
+        answers False (for attributes whose later values are not seen)."""
         limits = self.limits
         most = limits.max_span_attributes
-        if limits.max_span_attribute_length is None and (most is None or len(attributes) <= most):
-            return attributes
-        return BoundedAttributes(most, attributes, immutable=True, max_value_len=limits.max_span_attribute_length)
+        if most is not None and len(attributes) > most:
+            return False
+        length = limits.max_span_attribute_length
+        if length is None:
+            return True
+        for value in attributes.values():
+            if isinstance(value, str):
+                if not strings or len(value) > length:
+                    return False
+            elif isinstance(value, (list, tuple)):
+                if any(isinstance(item, str) and (not strings or len(item) > length) for item in value):
+                    return False
+        return True
 
     def write(
         self, name: str, parent: Context, attributes: dict[str, Any], start_ns: int, end_ns: int,
@@ -243,8 +265,9 @@ class DirectSpanWriter:
         :class:`_StepSpan` (~0.3 µs) and queues it; its span id, ``SpanContext`` and
         attributes are made when the exporter first reads them (on the batch processor's
         thread). ``starts``, ``ends`` and ``attributes_of`` must not change afterwards.
-        Without a valid parent, or with a sampler that adds attributes of its own, every span
-        goes through :meth:`write_children` instead.
+        Without a valid parent, with a sampler that adds attributes of its own, or with step
+        attributes the span limits would change (string values under a value length limit,
+        more keys than allowed), every span goes through :meth:`write_children` instead.
         """
         parent_span_context = trace.get_current_span(parent).get_span_context()
         if not steps:
@@ -269,7 +292,9 @@ class DirectSpanWriter:
         # The same for span attribute limits that a step's attributes would exceed (the lazy
         # spans hold plain dicts; the eager path bounds them as the SDK's spans do).
         adds_keys = sampling.attributes and any(k not in first for k in sampling.attributes)
-        if adds_keys or self._bounded(first) is not first:
+        # The default setup sets a value length limit; step attributes are numbers, which no
+        # limit touches, so only a step with string values (or too many keys) goes eager.
+        if adds_keys or not self._within_limits(first, strings=False):
             return self.write_children(
                 name, parent, ((attributes_of(k), starts[start_offset + k], ends[k]) for k in steps)
             )

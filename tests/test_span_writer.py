@@ -233,3 +233,27 @@ def test_traced_spans_reach_an_otlp_json_file_through_the_batch_processor(tmp_pa
     assert len(root["events"]) == STEPS and all(d["parentSpanId"] == root["spanId"] for d in decodes)
     assert [int(d["startTimeUnixNano"]) for d in decodes] == timeline.forward_start_ns[1:]
     assert len({d["spanId"] for d in decodes}) == STEPS - 1
+
+
+def test_default_setup_keeps_decode_steps_on_the_lazy_path() -> None:
+    """setup_tracing sets an attribute value length limit; decode-step attributes are numbers
+    that no limit touches, so the steps must still be lazy ``_StepSpan``s (the ~0.2 µs/step
+    path), while a root attribute past the length limit is still cut."""
+    from instrument.span_writer import _StepSpan
+    from instrument.tracing import DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT
+
+    memory = InMemorySpanExporter()
+    provider = setup_tracing(exporter="none", span_exporters=[memory], batch=False)
+    assert get_tracer(provider)._span_limits.max_span_attribute_length == DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT
+    timeline = _timeline(False)
+    seq = SequenceTrace(0, 10, 0, STEPS, STEPS, "length", timeline.emit_ns, [1] * STEPS, [True] * STEPS)
+    long_text = "x" * (DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT + 5)
+    emit_sequence_spans(DirectSpanWriter(get_tracer(provider)), seq, timeline, _kv(), DecodeSpanPolicy.parse("all"),
+                        parent_context=None, root_attributes={"note": long_text}, call_start_ns=T0 - 50,
+                        call_end_ns=T0 + 10**6)
+    provider.shutdown()
+    spans = memory.get_finished_spans()
+    decodes = [s for s in spans if s.name == "decode"]
+    assert len(decodes) == STEPS - 1 and all(type(s) is _StepSpan for s in decodes)
+    (root,) = [s for s in spans if s.name == "generate"]
+    assert root.attributes["note"] == long_text[:DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT]
