@@ -180,28 +180,38 @@ def microbenchmarks(model: Any, tok: Any, calls: int = 20000) -> None:
         build_ns[label] = _per_call_ns(build, 20) / steps
     provider.shutdown()
     # 4. What the lazy spans move to the export thread: OTLP protobuf encoding of one call's
-    #    spans (root + prefill + decode steps) as the direct writer leaves them (fields built
-    #    on first read) vs as the tracer API builds them (everything built already).
+    #    spans (root + prefill + decode steps) as the direct writer leaves them (ids, contexts,
+    #    attributes and events built on first read, i.e. inside the timed encoding) vs as the
+    #    tracer API builds them (everything built already). The spans are collected by a
+    #    processor that reads nothing, so no lazy field is built before the timer starts.
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, TracerProvider
+
+    class Collect(SpanProcessor):
+        def __init__(self) -> None:
+            self.spans: list[ReadableSpan] = []
+
+        def on_end(self, span: ReadableSpan) -> None:
+            self.spans.append(span)
 
     encode_ns: dict[str, float] = {}
     for label, direct in (("direct writer (lazy fields)", True), ("tracer API", False)):
-        memory = InMemorySpanExporter()
-        capture = setup_tracing(exporter="none", span_exporters=[memory], batch=False, count_exports=False)
+        collect = Collect()
+        capture = TracerProvider(span_limits=SpanLimits(max_events=steps + 1))
+        capture.add_span_processor(collect)
         capture_tracer = get_tracer(capture)
         writer = DirectSpanWriter(capture_tracer) if direct else ApiSpanWriter(capture_tracer)
         batches = []
         for _ in range(25):
-            memory.clear()
+            collect.spans = []
             emit_sequence_spans(writer, seq, timeline, kv, policy, parent_context=None, root_attributes={},
                                 call_start_ns=now, call_end_ns=now + steps * 1000)
-            batches.append(memory.get_finished_spans())
-        capture.shutdown()
+            batches.append(collect.spans)
         start = time.perf_counter_ns()
         for batch in batches:
             encode_spans(batch)
         encode_ns[label] = (time.perf_counter_ns() - start) / len(batches) / steps
+        capture.shutdown()
     print(f"microbenchmark: recording path (forward tap + streamer.put) {record_ns / 1e3:.3f} µs/step")
     print(f"microbenchmark: torch forward pre-hook dispatch {(hooked_ns - bare_ns) / 1e3:+.3f} µs/forward, "
           f"forward tap {(tapped_ns - bare_ns) / 1e3:+.3f} µs/forward "
