@@ -4,8 +4,10 @@
 --   of known values, count of NULL values, mean, population standard deviation, min,
 --   p50/p90/p95/p99 and max. Percentiles interpolate linearly between order statistics
 --   (DuckDB quantile_cont = numpy's default 'linear' method = Spark percentile); the
---   method is named in the interpolation column. A metric without any value has NULL
---   statistics and null_reason says so (never 0). Per-request values come from view
+--   method is named in the interpolation column. A per-request metric without any known
+--   value has NULL statistics and null_reason says so (never 0); the gap metrics (itl_*)
+--   have no row for a perspective without any gap (every counted request has at most one
+--   chunk), and NULL statistics with a reason when gaps exist but none has a value. Per-request values come from view
 --   request_metrics, gaps from view request_gap_times.
 -- param: $perspective VARCHAR default NULL -- client, server or engine; NULL = every perspective
 -- param: $include_unsuccessful BOOLEAN default false -- also count failed and cancelled requests (default: succeeded only, as vLLM's benchmark)
