@@ -14,9 +14,11 @@ Usage::
 
 Each method runs in its own subprocess; peak RSS is that process's ``ru_maxrss``, CPU its
 user + system time (all threads, start-up included). The clock starts after the method's
-imports (``import_s``, reported apart). Reported: seconds (best of --repeat), spans/s, MB/s (input
-bytes), peak RSS MiB, CPU seconds, and each as a ratio to the bare recipe in the same run; the
-load average is printed before and after (the machine is shared: compare ratios, not seconds).
+imports (``import_s``, reported apart). Reported per method: seconds, spans/s, MB/s (input
+bytes), CPU seconds and import seconds of its fastest run (--repeat), peak RSS MiB as the
+largest over its runs, and the seconds and CPU seconds as ratios to the bare recipe's in the
+same run; the load average is printed before and after (the machine is shared: compare
+ratios, not seconds).
 """
 
 from __future__ import annotations
