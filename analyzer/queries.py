@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import duckdb
 
@@ -37,14 +37,19 @@ __all__ = [
     "MATERIALIZED_VIEWS",
     "MATERIALIZE_MAX_EVENTS",
     "QueryFile",
+    "QueryPart",
+    "RANGE_EVENTS",
     "QueryResult",
     "install_views",
+    "kept_order",
     "kept_views",
     "list_queries",
     "load_query",
     "materialize_views",
     "queries_dir",
+    "request_key_ranges",
     "run_query",
+    "stream_query",
     "union_view_sql",
     "view_files",
 ]
@@ -219,8 +224,16 @@ def union_view_sql(union: str, views: Iterable[str], columns: Sequence[str]) -> 
 #: ``SELECT * FROM tt_cached_v``; the views built on it read the table.
 MATERIALIZED_VIEWS: tuple[str, ...] = ("request_facts", "request_metrics", "request_keys", "request_gap_times")
 #: The per-chunk views among them (one row per gap: seven BIGINTs and two DOUBLEs, 72 bytes a
-#: row in memory).
+#: row in memory). Each is kept in consecutive ranges of its ``request_key`` column
+#: (:func:`request_key_ranges`), one INSERT per range, so its window runs on one range at a
+#: time and the table comes out clustered by request_key: a query narrowed to a range of
+#: request keys (itl.sql's ``$request_key_from`` / ``$request_key_to``) reads only that
+#: range's row groups (DuckDB's min/max zone maps).
 CHUNK_VIEWS: tuple[str, ...] = ("request_gap_times",)
+#: About how many span events' worth of requests one request_key range holds (the rows of a
+#: range are sorted and windowed in memory). Ranges are cut by request count, assuming the
+#: events are spread evenly over requests: n_ranges = ceil(span_events / RANGE_EVENTS).
+RANGE_EVENTS: int = 32_000_000
 #: Per-chunk views are kept at every size (``None``): a temp table is buffer-managed like a
 #: sort, so beyond ``memory_limit`` DuckDB evicts its blocks to ``temp_directory`` and reads
 #: them back, and each query stays one pass over the kept rows (linear in spans). Deriving
@@ -280,7 +293,10 @@ def _cached(con: duckdb.DuckDBPyConnection) -> set[str]:
     }
 
 
-_KEEP_RE = re.compile(r"^--\s*keep(?P<chunks> chunks)?:\s*(?P<names>[A-Za-z0-9_, ]+)$", re.MULTILINE)
+_KEEP_RE = re.compile(
+    r"^--\s*keep(?P<chunks> chunks)?:\s*(?P<names>[A-Za-z0-9_, ]+?)(?:\s+ORDER BY\s+(?P<order>[A-Za-z0-9_, ]+?))?\s*$",
+    re.MULTILINE,
+)
 
 
 def kept_views(texts: Iterable[str], chunks: bool = False) -> list[str]:
@@ -298,12 +314,61 @@ def kept_views(texts: Iterable[str], chunks: bool = False) -> list[str]:
     ]
 
 
-def _keep(con: duckdb.DuckDBPyConnection, view: str) -> int:
+def kept_order(texts: Iterable[str]) -> dict[str, str]:
+    """The row order a ``-- keep chunks: <view> ORDER BY <columns>`` header line asks for, by
+    view: the kept table is written in that order, so a query that reads a range of the first
+    column skips the other row groups (``tt_candidate_chunks`` is ordered by candidate_key,
+    which follows trace_id, as request_key does)."""
+    found: dict[str, str] = {}
+    for text in texts:
+        for m in _KEEP_RE.finditer(text):
+            if m["order"]:
+                names = [n.strip() for n in m["names"].split(",") if n.strip()]
+                if len(names) != 1:
+                    raise ValueError(f"'-- keep chunks: ... ORDER BY' names one view, not {names}")
+                found[names[0]] = ", ".join(c.strip() for c in m["order"].split(",") if c.strip())
+    return found
+
+
+def _keep(
+    con: duckdb.DuckDBPyConnection,
+    view: str,
+    *,
+    order: str | None = None,
+    ranges: Sequence[tuple[int, int]] | None = None,
+) -> int:
     """Replace ``view`` by a temp table of its rows (views built on it read the table); returns
-    its row count."""
-    con.execute(f"CREATE TEMP TABLE {CACHE_PREFIX}{view} AS SELECT * FROM {view}")
-    con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM temp.{CACHE_PREFIX}{view}")
-    return int(con.execute(f"SELECT count(*) FROM temp.{CACHE_PREFIX}{view}").fetchall()[0][0])
+    its row count. ``order``: write the rows in that order (an ORDER BY list). ``ranges``:
+    write them one request_key range at a time (``WHERE request_key BETWEEN lo AND hi``, in
+    the given order), so the view's work is done per range and the table is clustered."""
+    table = f"temp.{CACHE_PREFIX}{view}"
+    if ranges is None:
+        ordered = f" ORDER BY {order}" if order else ""
+        con.execute(f"CREATE TEMP TABLE {CACHE_PREFIX}{view} AS SELECT * FROM {view}{ordered}")
+    else:
+        con.execute(f"CREATE TEMP TABLE {CACHE_PREFIX}{view} AS SELECT * FROM {view} WHERE false")
+        for low, high in ranges:
+            con.execute(
+                f"INSERT INTO {table} SELECT * FROM {view} WHERE request_key BETWEEN $low AND $high",
+                {"low": low, "high": high},
+            )
+    con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM {table}")
+    return int(con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0])
+
+
+def request_key_ranges(con: duckdb.DuckDBPyConnection) -> list[tuple[int, int]]:
+    """Consecutive, inclusive ``(low, high)`` ranges of request_key (view request_keys numbers
+    the request perspectives 1..n) that cover every request, each about :data:`RANGE_EVENTS`
+    span events' worth of requests; ``[]`` when there is no request. Needs the views of
+    :func:`install_views` on this connection."""
+    state = _state(con)
+    requests = int(con.execute("SELECT count(*) FROM request_keys").fetchall()[0][0])
+    if requests == 0:
+        return []
+    events = state[1] if state is not None else 0
+    parts = max(1, -(-events // RANGE_EVENTS))
+    per_range = -(-requests // parts)
+    return [(low, min(requests, low + per_range - 1)) for low in range(1, requests + 1, per_range)]
 
 
 def install_views(con: duckdb.DuckDBPyConnection, *, refresh: bool = False) -> None:
@@ -380,7 +445,9 @@ def materialize_views(con: duckdb.DuckDBPyConnection, sql: str) -> list[str]:
     )
     needed = _referenced(sql, definitions)
     cached = _cached(con)
-    adapter_chunks = kept_views(view_files()[0], chunks=True)
+    base = view_files()[0]
+    adapter_chunks = kept_views(base, chunks=True)
+    orders = kept_order(base)
     made: list[str] = []
     for view in [*adapter_chunks, *MATERIALIZED_VIEWS]:
         if view not in needed or view in cached or view not in definitions:
@@ -388,7 +455,10 @@ def materialize_views(con: duckdb.DuckDBPyConnection, sql: str) -> list[str]:
         limit = MATERIALIZE_MAX_EVENTS
         if (view in CHUNK_VIEWS or view in adapter_chunks) and limit is not None and state[1] > limit:
             continue
-        _keep(con, view)
+        if view in CHUNK_VIEWS:  # request_keys is kept by now: request_gap_times reads it
+            _keep(con, view, ranges=request_key_ranges(con))
+        else:
+            _keep(con, view, order=orders.get(view))
         made.append(view)
     return made
 
@@ -428,3 +498,53 @@ def run_query(
     cur = con.execute(query.sql, bound)
     columns = [d[0] for d in cur.description]
     return QueryResult(name, columns, cur.fetchall())
+
+
+_RANGE_PARAMS = ("request_key_from", "request_key_to")
+
+
+@dataclass(frozen=True)
+class QueryPart:
+    """One part of a query's result (:func:`stream_query`): its SQL and bound parameters, for
+    ``con.execute(part.sql, part.params)`` (then ``fetchmany``) or ``con.sql(part.sql,
+    params=part.params)`` (then ``to_arrow_reader``)."""
+
+    sql: str
+    params: dict[str, Any] | None
+
+
+def stream_query(
+    con: duckdb.DuckDBPyConnection,
+    name: str,
+    params: Mapping[str, Any] | None = None,
+    *,
+    keep: bool = True,
+) -> Iterator[QueryPart]:
+    """``queries/<name>.sql`` as consecutive parts whose rows, read in turn, are the query's
+    rows in its order, so a caller can write them out without holding them all (itl has
+    ~150 gaps per request).
+
+    A query with ``$request_key_from`` / ``$request_key_to`` parameters (itl.sql), when the
+    caller sets neither and does not narrow it to one trace, runs once per
+    :func:`request_key_ranges` range over the kept, request_key-clustered gap table: each
+    part sorts one range in memory instead of one sort of every gap. Otherwise there is one
+    part, the query itself. At least one part is yielded. Views are installed and kept as
+    in :func:`run_query`, when the first part is asked for."""
+    query = load_query(name)
+    bound = query.bind(params)
+    install_views(con)
+    narrowed = bound.get("trace_id") is not None or bound.get("request_span_id") is not None
+    if keep and not narrowed:
+        materialize_views(con, query.sql)
+    ranged = (
+        all(p in bound for p in _RANGE_PARAMS)
+        and all(bound[p] is None for p in _RANGE_PARAMS)
+        and not narrowed
+        and "request_gap_times" in _cached(con)  # clustered by request_key: each part reads its range
+    )
+    ranges = request_key_ranges(con) if ranged else []
+    if len(ranges) <= 1:
+        yield QueryPart(query.sql, bound or None)
+        return
+    for low, high in ranges:
+        yield QueryPart(query.sql, {**bound, "request_key_from": low, "request_key_to": high})

@@ -9,10 +9,11 @@ subprocess so peak memory (VmHWM) is its own:
 - ``duckdb``: the full metric set as the library runs it (analyzer.queries: install_views,
   then per query materialize_views and the query): queries/requests.sql, itl.sql and
   summary.sql through analyzer.engine.open_source(parquet=...). requests and summary are
-  fetched as Arrow tables. itl (--itl-fetch): ``stream`` (default) reads the ordered result as
-  Arrow record batches of 1M rows, counts and drops them, as ``tokentrace itl --format csv``
-  streams its rows out: every gap and column is computed, ordered and converted to Arrow,
-  nothing is held; ``table`` keeps it as one Arrow table in memory (298M gaps at 1e6
+  fetched as Arrow tables. itl (--itl-fetch): ``stream`` (default) reads the ordered result
+  as the library streams it (analyzer.queries.stream_query: one part per request_key range
+  of ~32M span events, as ``tokentrace itl --format csv|json`` writes its rows out), each
+  part as Arrow record batches of 1M rows, counted and dropped: every gap and column is
+  computed, ordered and converted to Arrow, nothing is held; ``table`` keeps it as one Arrow table in memory (298M gaps at 1e6
   requests do not fit: that size always streams). Timed from the open, views included.
   Also reported: the peak size of DuckDB's temp directory (allocated bytes, sampled every
   0.5 s: spilled sorts and the kept per-chunk tables evicted beyond --memory-limit) and the
@@ -135,7 +136,7 @@ def run_duckdb(directory: str, queries: list[str], stream_itl: bool, memory_limi
     """The queries as analyzer.queries runs them on one connection; seconds per query
     (including the views it was the first to need) and in all, from the open."""
     from analyzer.engine import open_source
-    from analyzer.queries import install_views, load_query, materialize_views
+    from analyzer.queries import install_views, load_query, materialize_views, stream_query
 
     t0 = time.perf_counter()
     con = open_source(parquet=directory)
@@ -151,12 +152,14 @@ def run_duckdb(directory: str, queries: list[str], stream_itl: bool, memory_limi
     for name in queries:
         start = time.perf_counter()
         query = load_query(name)
-        materialize_views(con, query.sql)
-        relation = con.sql(query.sql, params=query.bind({}) or None)
-        if name == "itl" and stream_itl:
-            reader = relation.to_arrow_reader(1_000_000)
-            rows[name] = sum(batch.num_rows for batch in reader)
+        if name == "itl" and stream_itl:  # as `tokentrace itl --format csv|json`: range by range
+            rows[name] = 0
+            for part in stream_query(con, name):
+                reader = con.sql(part.sql, params=part.params).to_arrow_reader(1_000_000)
+                rows[name] += sum(batch.num_rows for batch in reader)
         else:
+            materialize_views(con, query.sql)
+            relation = con.sql(query.sql, params=query.bind({}) or None)
             table = relation.to_arrow_table()
             rows[name] = table.num_rows
             if name == "summary":

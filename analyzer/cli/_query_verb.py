@@ -4,19 +4,20 @@ parameters. Not a verb (the leading underscore keeps it out of verb discovery)."
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Any, Callable, Mapping, Sequence
 
 import click
 import duckdb
 
-from analyzer.cli.options import UserError, emit_rows, parse_params
+from analyzer.cli.options import UserError, emit_row_batches, emit_rows, parse_params
 from analyzer.queries import QueryResult, install_views, load_query
 from analyzer.store import default_db_path
 
 __all__ = [
     "PERSPECTIVES", "TRACE_ID_RE", "check_trace_id", "installed", "merge_params", "open_from_flags", "query_rows",
-    "run_verb", "source_options",
+    "run_verb", "source_options", "stream_rows",
 ]
 
 TRACE_ID_RE = re.compile(r"^[0-9a-f]{32}$")
@@ -83,14 +84,47 @@ def merge_params(query: str, flags: Mapping[str, Any], raw_params: Sequence[str]
     return params
 
 
+_PARAM_ERRORS = (duckdb.ConversionException, duckdb.InvalidInputException, duckdb.BinderException)
+#: Rows fetched from DuckDB per batch when csv/json output is streamed.
+STREAM_BATCH_ROWS = 50_000
+
+
 def query_rows(con: duckdb.DuckDBPyConnection, query: str, params: Mapping[str, Any]) -> QueryResult:
     """Run ``queries/<query>.sql``; a DuckDB error caused by a bad parameter value becomes a UserError."""
     from analyzer.queries import run_query
 
     try:
         return run_query(con, query, params)
-    except (duckdb.ConversionException, duckdb.InvalidInputException, duckdb.BinderException) as exc:
+    except _PARAM_ERRORS as exc:
         raise UserError(f"{query}: {str(exc).splitlines()[0]}") from None
+
+
+def stream_rows(
+    con: duckdb.DuckDBPyConnection, query: str, params: Mapping[str, Any], output_format: str,
+    notes: Sequence[str] = (),
+) -> int:
+    """Run ``queries/<query>.sql`` and write its rows as csv or json batch by batch
+    (:func:`analyzer.queries.stream_query`: itl runs one request_key range at a time), so
+    output of any size never sits in memory whole. Returns the number of rows written."""
+    from analyzer.queries import stream_query
+
+    columns: list[str] = []
+
+    def batches():
+        try:
+            for part in stream_query(con, query, params):
+                cursor = con.execute(part.sql, part.params)
+                columns[:] = [d[0] for d in cursor.description]
+                while batch := cursor.fetchmany(STREAM_BATCH_ROWS):
+                    yield batch
+        except _PARAM_ERRORS as exc:
+            raise UserError(f"{query}: {str(exc).splitlines()[0]}") from None
+
+    rows = batches()
+    # Run the first part before writing anything, so a bad parameter is an error, not a
+    # half-written file; stream_query yields one part at least, so the columns are known.
+    first = next(rows, None)
+    return emit_row_batches(columns, itertools.chain([first] if first else [], rows), output_format, notes=notes)
 
 
 def run_verb(
@@ -105,8 +139,10 @@ def run_verb(
     start_ns: int | None = None,
     end_ns: int | None = None,
     validate: Callable[[dict[str, Any]], None] | None = None,
-) -> QueryResult:
-    """Open the source, run one query, print its rows (and notes); returns the result."""
+) -> None:
+    """Open the source, run one query, print its rows (and notes). On DuckDB, csv and json
+    are written batch by batch as the rows come (:func:`stream_rows`); a table is printed
+    once every row is in."""
     params = merge_params(query, flags, raw_params)
     if validate is not None:
         validate(params)
@@ -118,11 +154,13 @@ def run_verb(
     else:
         con = open_from_flags(db_path, parquet_dir, start_ns, end_ns)
         try:
+            if output_format in ("csv", "json"):
+                stream_rows(con, query, params, output_format, notes)
+                return
             result = query_rows(con, query, params)
         finally:
             con.close()
     emit_rows(result.columns, result.rows, output_format, notes=notes)
-    return result
 
 
 def installed(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:

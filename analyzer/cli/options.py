@@ -7,7 +7,7 @@ import io
 import json
 import math
 import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import click
 
@@ -16,6 +16,7 @@ from analyzer.store import default_db_path
 __all__ = [
     "UserError",
     "db_option",
+    "emit_row_batches",
     "emit_rows",
     "format_option",
     "param_option",
@@ -127,23 +128,51 @@ def emit_rows(
     for csv, and are not printed for json (callers put them into the JSON themselves).
     """
     stream = out or sys.stdout
-    if output_format == "json":
-        stream.write(json.dumps([{c: to_jsonable(v) for c, v in zip(columns, r)} for r in rows], indent=2))
-        stream.write("\n")
-        return
-    if output_format == "csv":
-        buf = io.StringIO()
-        writer = csv.writer(buf, lineterminator="\n")
-        writer.writerow(columns)
-        for r in rows:
-            writer.writerow(["" if v is None else v for v in r])
-        stream.write(buf.getvalue())
-        for note in notes:
-            click.echo(f"note: {note}", err=True)
+    if output_format in ("json", "csv"):
+        emit_row_batches(columns, [rows], output_format, notes=notes, out=stream)
         return
     _emit_table(columns, rows, stream)
     for note in notes:
         stream.write(f"note: {note}\n")
+
+
+def emit_row_batches(
+    columns: Sequence[str],
+    batches: Iterable[Sequence[Sequence[Any]]],
+    output_format: str,
+    notes: Sequence[str] = (),
+    out: Any = None,
+) -> int:
+    """Write rows as JSON (a list of objects) or CSV one batch at a time, never holding more
+    than one batch: the same bytes as :func:`emit_rows` over all the rows. Notes go to stderr
+    for csv and are not printed for json. Returns the number of rows written."""
+    stream = out or sys.stdout
+    written = 0
+    if output_format == "json":
+        for batch in batches:
+            for r in batch:
+                # one object as json.dumps(list, indent=2) lays out a list element
+                item = json.dumps([{c: to_jsonable(v) for c, v in zip(columns, r)}], indent=2)[2:-2]
+                stream.write(("[\n" if written == 0 else ",\n") + item)
+                written += 1
+        stream.write("[]\n" if written == 0 else "\n]\n")
+        return written
+    if output_format != "csv":
+        raise ValueError(f"emit_row_batches writes json or csv, not {output_format!r}")
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(columns)
+    for batch in batches:
+        for r in batch:
+            writer.writerow(["" if v is None else v for v in r])
+            written += 1
+        stream.write(buf.getvalue())
+        buf.seek(0)
+        buf.truncate()
+    stream.write(buf.getvalue())
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
+    return written
 
 
 def _emit_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], stream: Any) -> None:

@@ -4,7 +4,7 @@
 -- Each request gives one row per perspective: client (CLIENT span clock), server (gateway
 -- clock), engine (bare generate root).
 -- keep: tt_request_candidates, tt_request_spans
--- keep chunks: tt_candidate_chunks
+-- keep chunks: tt_candidate_chunks ORDER BY candidate_key, chunk_index, time_ns
 
 -- The spans that can carry a request perspective (gateway SERVER, CLIENT, root generate),
 -- with every column the facts read, numbered by candidate_key (dense_rank over trace_id,
