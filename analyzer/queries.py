@@ -429,7 +429,7 @@ def _referenced(sql: str, definitions: Mapping[str, str]) -> set[str]:
     return found
 
 
-def materialize_views(con: duckdb.DuckDBPyConnection, sql: str) -> list[str]:
+def materialize_views(con: duckdb.DuckDBPyConnection, sql: str, *, keep_chunks: bool = True) -> list[str]:
     """Keep as temp tables the :data:`MATERIALIZED_VIEWS` that ``sql`` reads (directly or
     through other views) and that are not kept yet; per-chunk views too, unless
     :data:`MATERIALIZE_MAX_EVENTS` is set and span_events has more rows. A chunk view whose
@@ -437,7 +437,10 @@ def materialize_views(con: duckdb.DuckDBPyConnection, sql: str) -> list[str]:
     it only once a gap table is needed (unordered for per-request queries) was measured
     slower for the metric set at 1e6 requests (211 s against 200 s: sorting the evicted
     table afterwards costs ~35 s against ~16 s while writing it) and no faster for one
-    per-request query (59 s against 60 s). Needs views from :func:`install_views` on this
+    per-request query (59 s against 60 s). ``keep_chunks=False`` (a connection that runs
+    one query, as each CLI command does): a per-chunk adapter view is kept only when the
+    query builds the gap table from it, since a table written to be read once only adds a
+    write and a read of every chunk. Needs views from :func:`install_views` on this
     connection (else does nothing). Returns the views it materialized."""
     state = _state(con)
     if state is None:
@@ -453,9 +456,12 @@ def materialize_views(con: duckdb.DuckDBPyConnection, sql: str) -> list[str]:
     base = view_files()[0]
     adapter_chunks = kept_views(base, chunks=True)
     orders = kept_order(base)
+    builds_gaps = any(v in needed and v not in cached for v in CHUNK_VIEWS)
     made: list[str] = []
     for view in [*adapter_chunks, *MATERIALIZED_VIEWS]:
         if view not in needed or view in cached or view not in definitions:
+            continue
+        if view in adapter_chunks and not keep_chunks and not builds_gaps:
             continue
         limit = MATERIALIZE_MAX_EVENTS
         if (view in CHUNK_VIEWS or view in adapter_chunks) and limit is not None and state[1] > limit:
@@ -487,19 +493,21 @@ def run_query(
     *,
     views: bool = True,
     keep: bool = True,
+    keep_chunks: bool = True,
 ) -> QueryResult:
     """Run ``queries/<name>.sql`` with its parameters bound by name.
 
     ``views``: install the views first (a no-op when they are current, see
     :func:`install_views`). ``keep``: unless the query is narrowed to one trace or request (a
     non-NULL ``$trace_id`` / ``$request_span_id``), the views it reads are kept for the next
-    query (:func:`materialize_views`); with ``keep=False`` it reads the views as they are."""
+    query (:func:`materialize_views`, with ``keep_chunks``); with ``keep=False`` it reads the
+    views as they are."""
     query = load_query(name)
     bound = query.bind(params)
     if views:
         install_views(con)
     if keep and bound.get("trace_id") is None and bound.get("request_span_id") is None:
-        materialize_views(con, query.sql)
+        materialize_views(con, query.sql, keep_chunks=keep_chunks)
     cur = con.execute(query.sql, bound)
     columns = [d[0] for d in cur.description]
     return QueryResult(name, columns, cur.fetchall())
@@ -524,6 +532,7 @@ def stream_query(
     params: Mapping[str, Any] | None = None,
     *,
     keep: bool = True,
+    keep_chunks: bool = True,
 ) -> Iterator[QueryPart]:
     """``queries/<name>.sql`` as consecutive parts whose rows, read in turn, are the query's
     rows in its order, so a caller can write them out without holding them all (itl has
@@ -540,7 +549,7 @@ def stream_query(
     install_views(con)
     narrowed = bound.get("trace_id") is not None or bound.get("request_span_id") is not None
     if keep and not narrowed:
-        materialize_views(con, query.sql)
+        materialize_views(con, query.sql, keep_chunks=keep_chunks)
     ranged = (
         all(p in bound for p in _RANGE_PARAMS)
         and all(bound[p] is None for p in _RANGE_PARAMS)

@@ -29,6 +29,13 @@ def _streamed(con: duckdb.DuckDBPyConnection, name: str, params: dict | None = N
     return parts, rows
 
 
+def _close(a: list[tuple], b: list[tuple]) -> bool:
+    """Equal rows; floats to 1e-12 relative (a sum's last digits depend on its order)."""
+    def same(x: object, y: object) -> bool:
+        return x == pytest.approx(y, rel=1e-12) if isinstance(x, float) and isinstance(y, float) else x == y
+    return len(a) == len(b) and all(len(r) == len(q) and all(map(same, r, q)) for r, q in zip(a, b))
+
+
 def test_request_key_ranges_cover_every_request_once(monkeypatch) -> None:
     con = mixed_db()
     run_query(con, "itl")
@@ -125,3 +132,21 @@ def test_cli_itl_streams_the_rows_of_one_query(tmp_path: Path, monkeypatch) -> N
     bad = CliRunner().invoke(cli, args + ["--format", "csv", "--param", "request_key_from=x"])
     # the first part runs before anything is written: one error line, no csv header
     assert bad.exit_code == 1 and bad.output.startswith("Error: itl: Conversion Error") and bad.output.count("\n") == 1
+
+
+def test_one_query_per_connection_keeps_chunks_only_to_build_gaps() -> None:
+    def kept(con: duckdb.DuckDBPyConnection) -> set[str]:
+        return {r[0] for r in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = 'temp'").fetchall()}
+
+    chunks = f"{queries.CACHE_PREFIX}tt_candidate_chunks"
+    for name in ("requests", "phases", "window", "skew_offsets"):  # per-request facts only
+        con = mixed_db()
+        rows = run_query(con, name, keep_chunks=False).rows
+        assert chunks not in kept(con) and f"{queries.CACHE_PREFIX}request_facts" in kept(con), name
+        assert _close(rows, run_query(mixed_db(), name).rows), name
+    for name in ("itl", "summary"):  # the gap table is built from the kept, sorted chunks
+        con = mixed_db()
+        rows = run_query(con, name, keep_chunks=False).rows
+        assert {chunks, f"{queries.CACHE_PREFIX}request_gap_times"} <= kept(con), name
+        assert _close(rows, run_query(mixed_db(), name).rows), name

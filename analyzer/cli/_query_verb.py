@@ -94,7 +94,7 @@ def query_rows(con: duckdb.DuckDBPyConnection, query: str, params: Mapping[str, 
     from analyzer.queries import run_query
 
     try:
-        return run_query(con, query, params)
+        return run_query(con, query, params, keep_chunks=False)  # one query per connection
     except _PARAM_ERRORS as exc:
         raise UserError(f"{query}: {str(exc).splitlines()[0]}") from None
 
@@ -112,7 +112,7 @@ def stream_rows(
 
     def batches():
         try:
-            for part in stream_query(con, query, params):
+            for part in stream_query(con, query, params, keep_chunks=False):  # one query per connection
                 cursor = con.execute(part.sql, part.params)
                 columns[:] = [d[0] for d in cursor.description]
                 while batch := cursor.fetchmany(STREAM_BATCH_ROWS):
