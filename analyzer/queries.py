@@ -222,14 +222,15 @@ def union_view_sql(union: str, views: Iterable[str], columns: Sequence[str]) -> 
 #: Views kept as temp tables once a query on the connection needed them, in dependency order
 #: (the Spark engine checkpoints the same request-level views). A kept view ``v`` becomes
 #: ``SELECT * FROM tt_cached_v``; the views built on it read the table.
-MATERIALIZED_VIEWS: tuple[str, ...] = ("request_facts", "request_metrics", "request_keys", "request_gap_times")
-#: The per-chunk views among them (one row per gap: seven BIGINTs and two DOUBLEs, 72 bytes a
-#: row in memory). Each is kept in consecutive ranges of its ``request_key`` column
+MATERIALIZED_VIEWS: tuple[str, ...] = ("request_facts", "request_metrics", "request_keys", "request_gap_rows")
+#: The per-chunk views among them (one row per gap: seven BIGINTs, 56 bytes a row in memory;
+#: the view request_gap_times computes the two DOUBLE figures from them as it reads them,
+#: rather than keeping 16 more bytes per gap). Each is kept in consecutive ranges of its ``request_key`` column
 #: (:func:`request_key_ranges`), one INSERT per range, so its window runs on one range at a
 #: time and the table comes out clustered by request_key: a query narrowed to a range of
 #: request keys (itl.sql's ``$request_key_from`` / ``$request_key_to``) reads only that
 #: range's row groups (DuckDB's min/max zone maps).
-CHUNK_VIEWS: tuple[str, ...] = ("request_gap_times",)
+CHUNK_VIEWS: tuple[str, ...] = ("request_gap_rows",)
 #: About how many span events' worth of requests one request_key range holds (the rows of a
 #: range are sorted and windowed in memory). Ranges are cut by request count, assuming the
 #: events are spread evenly over requests: n_ranges = ceil(span_events / RANGE_EVENTS).
@@ -466,7 +467,7 @@ def materialize_views(con: duckdb.DuckDBPyConnection, sql: str, *, keep_chunks: 
         limit = MATERIALIZE_MAX_EVENTS
         if (view in CHUNK_VIEWS or view in adapter_chunks) and limit is not None and state[1] > limit:
             continue
-        if view in CHUNK_VIEWS:  # request_keys is kept by now: request_gap_times reads it
+        if view in CHUNK_VIEWS:  # request_keys is kept by now: request_gap_rows reads it
             _keep(con, view, ranges=request_key_ranges(con))
         else:
             _keep(con, view, order=orders.get(view))
@@ -554,7 +555,7 @@ def stream_query(
         all(p in bound for p in _RANGE_PARAMS)
         and all(bound[p] is None for p in _RANGE_PARAMS)
         and not narrowed
-        and "request_gap_times" in _cached(con)  # clustered by request_key: each part reads its range
+        and all(v in _cached(con) for v in CHUNK_VIEWS)  # clustered by request_key: a part reads its range
     )
     ranges = request_key_ranges(con) if ranged else []
     if len(ranges) <= 1:

@@ -48,7 +48,7 @@ def test_every_query_gives_the_same_rows_with_and_without_kept_views() -> None:
     names = list_queries()
     for name in names:  # in a row on one connection: later queries read what earlier ones kept
         assert _same_rows(run_query(kept, name).rows, run_query(plain, name, keep=False).rows), name
-    assert {"request_facts", "request_metrics", "request_keys", "request_gap_times", "tt_candidate_chunks"} <= _kept(kept)
+    assert {"request_facts", "request_metrics", "request_keys", "request_gap_rows", "tt_candidate_chunks"} <= _kept(kept)
     assert _kept(plain) == set(kept_views(view_files()[0]))  # the request spans only
 
 
@@ -85,7 +85,7 @@ def test_a_query_for_one_trace_keeps_nothing_but_reads_what_is_kept() -> None:
     one = run_query(con, "itl", {"trace_id": seed})
     assert _kept(con) == set(kept_views(view_files()[0]))
     run_query(con, "itl")
-    assert "request_gap_times" in _kept(con)
+    assert "request_gap_rows" in _kept(con)
     assert _same_rows(run_query(con, "itl", {"trace_id": seed}).rows, one.rows)
 
 
@@ -93,7 +93,7 @@ def test_per_chunk_views_are_not_kept_above_the_event_limit(monkeypatch: pytest.
     monkeypatch.setattr(queries, "MATERIALIZE_MAX_EVENTS", 10)
     con = mixed_db()
     gaps = run_query(con, "itl").rows
-    assert {"request_keys"} <= _kept(con) and not {"request_gap_times", "tt_candidate_chunks"} & _kept(con)
+    assert {"request_keys"} <= _kept(con) and not {"request_gap_rows", "tt_candidate_chunks"} & _kept(con)
     assert _same_rows(gaps, run_query(mixed_db(), "itl", keep=False).rows)
 
 

@@ -28,7 +28,7 @@ def test_per_chunk_views_are_kept_whatever_the_event_count() -> None:
     assert queries.MATERIALIZE_MAX_EVENTS is None
     con = mixed_db()
     gaps = run_query(con, "itl").rows
-    assert {"request_keys", "request_gap_times", "tt_candidate_chunks"} <= _kept(con)
+    assert {"request_keys", "request_gap_rows", "tt_candidate_chunks"} <= _kept(con)
     summary = run_query(con, "summary").rows  # reads the kept gaps
     plain = mixed_db()
     assert gaps == run_query(plain, "itl", keep=False).rows

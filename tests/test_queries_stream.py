@@ -83,7 +83,7 @@ def test_gap_table_kept_in_ranges_is_clustered_and_gives_the_same_summary(monkey
     for a, b in zip(got, expected):
         assert a[:2] == b[:2]
         assert all(x == pytest.approx(y, rel=1e-12) if isinstance(x, float) else x == y for x, y in zip(a, b))
-    keys = [r[0] for r in con.execute(f"SELECT request_key FROM temp.{queries.CACHE_PREFIX}request_gap_times").fetchall()]
+    keys = [r[0] for r in con.execute(f"SELECT request_key FROM temp.{queries.CACHE_PREFIX}request_gap_rows").fetchall()]
     assert len(request_key_ranges(con)) > 3
     assert keys == sorted(keys)  # range by range, each range's rows before the next range's
 
@@ -148,5 +148,5 @@ def test_one_query_per_connection_keeps_chunks_only_to_build_gaps() -> None:
     for name in ("itl", "summary"):  # the gap table is built from the kept, sorted chunks
         con = mixed_db()
         rows = run_query(con, name, keep_chunks=False).rows
-        assert {chunks, f"{queries.CACHE_PREFIX}request_gap_times"} <= kept(con), name
+        assert {chunks, f"{queries.CACHE_PREFIX}request_gap_rows"} <= kept(con), name
         assert _close(rows, run_query(mixed_db(), name).rows), name

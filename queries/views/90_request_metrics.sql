@@ -74,9 +74,9 @@ FROM (SELECT DISTINCT source, perspective, trace_id, request_span_id FROM reques
 
 -- Every gap on integers only: each visible chunk after the first of a request perspective,
 -- ordered by chunk index (then time), with the previous chunk's time; gap_index counts from
--- 1. itl_ms = (time - previous time) / 1e6 per chunk; itl_per_token_ms = itl_ms / tokens
--- of the later chunk; both NULL when the span dropped events (chunks are missing).
-CREATE OR REPLACE VIEW request_gap_times AS
+-- 1. These are the rows DuckDB keeps per gap (seven BIGINTs, 56 bytes: docs/metrics.md,
+-- "Performance"); the figures are computed from them in request_gap_times.
+CREATE OR REPLACE VIEW request_gap_rows AS
 WITH ordered AS (
     SELECT
         k.request_key, c.chunk_index, c.time_ns, c.chunk_tokens, c.events_dropped,
@@ -88,6 +88,14 @@ WITH ordered AS (
      AND k.perspective = c.perspective AND k.source = c.source
     WINDOW w AS (PARTITION BY k.request_key ORDER BY c.chunk_index, c.time_ns)
 )
+SELECT request_key, gap_index, chunk_index, prev_time_ns, time_ns, chunk_tokens, events_dropped
+FROM ordered
+WHERE gap_index > 0;
+
+-- Every gap with its figures: itl_ms = (time - previous time) / 1e6 per chunk;
+-- itl_per_token_ms = itl_ms / tokens of the later chunk; both NULL when the span dropped
+-- events (chunks are missing).
+CREATE OR REPLACE VIEW request_gap_times AS
 SELECT
     request_key,
     gap_index,
@@ -99,8 +107,7 @@ SELECT
     CASE WHEN events_dropped = 0 THEN (time_ns - prev_time_ns) / 1e6 END AS itl_ms,
     CASE WHEN events_dropped = 0 AND chunk_tokens > 0
          THEN (time_ns - prev_time_ns) / 1e6 / chunk_tokens END AS itl_per_token_ms
-FROM ordered
-WHERE gap_index > 0;
+FROM request_gap_rows;
 
 -- One row per gap between consecutive visible chunks of a request perspective (ordered by
 -- chunk index): request_gap_times with the request's names and why a figure is NULL.
