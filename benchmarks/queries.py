@@ -18,7 +18,9 @@ subprocess so peak memory (VmHWM) is its own:
   Also reported: the peak size of DuckDB's temp directory (allocated bytes, sampled every
   0.5 s: spilled sorts and the kept per-chunk tables evicted beyond --memory-limit) and the
   kept tables' bytes in memory / evicted at the end.
-  Then each other query alone in a fresh process (window, phases, skew_offsets, skew_rules).
+  Then each other query alone in a fresh process (window, phases, skew_offsets, skew_rules),
+  as a CLI command runs it: one query per connection (keep_chunks=False: the chunk table is
+  kept only to build the gap table).
 - ``pandas``: the same metric set, column for column, from the same files read with pyarrow
   (map values looked up with pyarrow.compute): requests (per perspective s/f/e, tokens,
   finish reason, status, outcome, TTFT, E2E, TPOT, both rates, KV bytes per token / prompt /
@@ -158,7 +160,7 @@ def run_duckdb(directory: str, queries: list[str], stream_itl: bool, memory_limi
                 reader = con.sql(part.sql, params=part.params).to_arrow_reader(1_000_000)
                 rows[name] += sum(batch.num_rows for batch in reader)
         else:
-            materialize_views(con, query.sql)
+            materialize_views(con, query.sql, keep_chunks=len(queries) > 1)  # one query: as the CLI
             relation = con.sql(query.sql, params=query.bind({}) or None)
             table = relation.to_arrow_table()
             rows[name] = table.num_rows
