@@ -243,6 +243,7 @@ RANGE_EVENTS: int = 32_000_000
 #: ``span_events`` has at most that many rows.
 MATERIALIZE_MAX_EVENTS: int | None = None
 CACHE_PREFIX = "tt_cached_"
+BUILDING_PREFIX = "tt_building_"  # a kept table being written range by range (renamed when complete)
 STATE_TABLE = "tt_view_state"
 _COUNTED_TABLES = ("spans", "span_events", "span_links", "loads")
 
@@ -295,7 +296,8 @@ def _cached(con: duckdb.DuckDBPyConnection) -> set[str]:
 
 
 _KEEP_RE = re.compile(
-    r"^--\s*keep(?P<chunks> chunks)?:\s*(?P<names>[A-Za-z0-9_, ]+?)(?:\s+ORDER BY\s+(?P<order>[A-Za-z0-9_, ]+?))?\s*$",
+    r"^--\s*keep(?P<chunks> chunks)?:\s*(?P<names>[A-Za-z0-9_, ]+?)"
+    r"(?:\s+(?i:order\s+by)\s+(?P<order>[A-Za-z0-9_, ]+?))?\s*$",
     re.MULTILINE,
 )
 
@@ -323,6 +325,8 @@ def kept_order(texts: Iterable[str]) -> dict[str, str]:
     found: dict[str, str] = {}
     for text in texts:
         for m in _KEEP_RE.finditer(text):
+            if m["order"] and not m["chunks"]:
+                raise ValueError(f"{m[0]!r}: ORDER BY applies to '-- keep chunks:' lines only")
             if m["order"]:
                 names = [n.strip() for n in m["names"].split(",") if n.strip()]
                 if len(names) != 1:
@@ -347,12 +351,21 @@ def _keep(
         ordered = f" ORDER BY {order}" if order else ""
         con.execute(f"CREATE TEMP TABLE {CACHE_PREFIX}{view} AS SELECT * FROM {view}{ordered}")
     else:
-        con.execute(f"CREATE TEMP TABLE {CACHE_PREFIX}{view} AS SELECT * FROM {view} WHERE false")
-        for low, high in ranges:
-            con.execute(
-                f"INSERT INTO {table} SELECT * FROM {view} WHERE request_key BETWEEN $low AND $high",
-                {"low": low, "high": high},
-            )
+        # Filled under another name and renamed once complete: an error or an interrupt
+        # between two ranges leaves no partial table that would count as kept.
+        building = f"{BUILDING_PREFIX}{view}"
+        con.execute(f"DROP TABLE IF EXISTS temp.{building}")
+        con.execute(f"CREATE TEMP TABLE {building} AS SELECT * FROM {view} WHERE false")
+        try:
+            for low, high in ranges:
+                con.execute(
+                    f"INSERT INTO temp.{building} SELECT * FROM {view} WHERE request_key BETWEEN $low AND $high",
+                    {"low": low, "high": high},
+                )
+        except BaseException:
+            con.execute(f"DROP TABLE IF EXISTS temp.{building}")
+            raise
+        con.execute(f"ALTER TABLE temp.{building} RENAME TO {CACHE_PREFIX}{view}")
     con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM {table}")
     return int(con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0])
 

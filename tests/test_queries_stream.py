@@ -109,10 +109,19 @@ def test_batched_writer_writes_the_bytes_of_the_whole_writer(rows) -> None:
         emit_rows(columns, rows, fmt, out=whole)
         assert emit_row_batches(columns, [rows[:1], [], rows[1:]], fmt, out=batched) == len(rows)
         assert batched.getvalue() == whole.getvalue()
+    # what the writers wrote before they went batch by batch: one json.dumps of the whole
+    # list (NaN as null), and csv.writer over every row (None as "")
     legacy = json.dumps([{"n": r[0], "s": r[1], "x": None if r[2] != r[2] else r[2]} for r in rows], indent=2) + "\n"
     out = io.StringIO()
     emit_row_batches(columns, [rows], "json", out=out)
     assert out.getvalue() == legacy
+    legacy_csv = io.StringIO()
+    writer = csv.writer(legacy_csv, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows([["" if v is None else v for v in r] for r in rows])
+    out = io.StringIO()
+    emit_row_batches(columns, [rows[:2], rows[2:]], "csv", out=out)
+    assert out.getvalue() == legacy_csv.getvalue()
 
 
 def test_cli_itl_streams_the_rows_of_one_query(tmp_path: Path, monkeypatch) -> None:
@@ -130,8 +139,9 @@ def test_cli_itl_streams_the_rows_of_one_query(tmp_path: Path, monkeypatch) -> N
     assert parsed[0] == whole.columns and len(parsed) == len(whole.rows) + 1
     assert parsed[1:] == [["" if v is None else str(v) for v in r] for r in whole.rows]
     bad = CliRunner().invoke(cli, args + ["--format", "csv", "--param", "request_key_from=x"])
-    # the first part runs before anything is written: one error line, no csv header
-    assert bad.exit_code == 1 and bad.output.startswith("Error: itl: Conversion Error") and bad.output.count("\n") == 1
+    # checked before anything runs or is written: one error line, no csv header
+    assert bad.exit_code == 1 and bad.output.startswith("Error: itl: $request_key_from is BIGINT")
+    assert bad.output.count("\n") == 1
 
 
 def test_one_query_per_connection_keeps_chunks_only_to_build_gaps() -> None:
@@ -150,3 +160,48 @@ def test_one_query_per_connection_keeps_chunks_only_to_build_gaps() -> None:
         rows = run_query(con, name, keep_chunks=False).rows
         assert {chunks, f"{queries.CACHE_PREFIX}request_gap_rows"} <= kept(con), name
         assert _close(rows, run_query(mixed_db(), name).rows), name
+
+
+class _FailingInsert:
+    """A connection whose n-th INSERT raises, as an interrupt between two ranges would."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, fail_at: int) -> None:
+        self.con, self.fail_at, self.inserts = con, fail_at, 0
+
+    def execute(self, sql: str, params: object = None):
+        if sql.startswith("INSERT"):
+            self.inserts += 1
+            if self.inserts == self.fail_at:
+                raise KeyboardInterrupt
+        return self.con.execute(sql, params)
+
+
+def test_an_interrupted_range_by_range_keep_leaves_nothing_kept(monkeypatch) -> None:
+    monkeypatch.setattr(queries, "RANGE_EVENTS", 100)
+    con = mixed_db()
+    queries.install_views(con)
+    queries.materialize_views(con, "SELECT * FROM request_keys")
+    assert len(request_key_ranges(con)) > 3
+    with pytest.raises(KeyboardInterrupt):
+        queries._keep(_FailingInsert(con, 3), "request_gap_rows", ranges=request_key_ranges(con))
+    temp = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'temp'").fetchall()}
+    assert not {f"{queries.CACHE_PREFIX}request_gap_rows", f"{queries.BUILDING_PREFIX}request_gap_rows"} & temp
+    assert "request_gap_rows" in queries.materialize_views(con, queries.load_query("itl").sql)  # kept whole now
+    assert run_query(con, "itl").rows == run_query(mixed_db(), "itl").rows
+
+
+def test_keep_header_order_by_is_for_chunk_lines_and_any_case() -> None:
+    assert kept_order(["-- keep chunks: c order by k, i"]) == {"c": "k, i"}
+    assert queries.kept_views(["-- keep chunks: c Order By k"], chunks=True) == ["c"]
+    with pytest.raises(ValueError, match="keep chunks"):
+        kept_order(["-- keep: a ORDER BY k"])
+
+
+@pytest.mark.parametrize("param", ["request_key_from=x", "request_key_to=1.5", "request_key_from=true"])
+def test_a_mistyped_parameter_is_an_error_even_over_no_data(tmp_path: Path, param: str) -> None:
+    connect(tmp_path / "empty.duckdb").close()
+    for fmt in ("csv", "table"):
+        result = CliRunner().invoke(cli, ["itl", "--db", str(tmp_path / "empty.duckdb"), "--format", fmt,
+                                          "--param", param])
+        assert result.exit_code == 1, result.output
+        assert result.output.startswith("Error: itl: $request_key_") and "BIGINT: expected an integer" in result.output

@@ -78,10 +78,29 @@ def merge_params(query: str, flags: Mapping[str, Any], raw_params: Sequence[str]
         load_query(query).bind(params)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    _check_types(query, params)
     perspective = params.get("perspective")
     if perspective is not None and perspective not in PERSPECTIVES:
         raise UserError(f"perspective {perspective!r}: expected one of {', '.join(PERSPECTIVES)}")
     return params
+
+
+_SCALAR_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "BIGINT": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "DOUBLE": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+    "BOOLEAN": (lambda v: isinstance(v, bool), "true or false"),
+}
+
+
+def _check_types(query: str, params: Mapping[str, Any]) -> None:
+    """A number, integer or boolean parameter given as something else is a one-line error
+    here, whatever the data (DuckDB converts a bound value only when a row reaches it, so
+    over an empty table a bad value would pass silently)."""
+    declared = {p.name: p.sql_type for p in load_query(query).params}
+    for name, value in params.items():
+        check = _SCALAR_CHECKS.get(declared.get(name, ""))
+        if value is not None and check is not None and not check[0](value):
+            raise UserError(f"{query}: ${name} is {declared[name]}: expected {check[1]}, got {value!r}")
 
 
 _PARAM_ERRORS = (duckdb.ConversionException, duckdb.InvalidInputException, duckdb.BinderException)
