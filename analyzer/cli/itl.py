@@ -22,7 +22,9 @@ def itl_command(db_path, parquet_dir, perspective, trace_id, output_format, para
     itl_ms is the gap before a chunk; itl_per_token_ms divides it by that chunk's tokens
     (they differ under speculative decoding or per-word flushing). A request with O
     one-token chunks has O - 1 gaps. Gaps of a span that dropped events are empty with a
-    reason. Units: milliseconds; *_ns nanoseconds since the epoch.
+    reason. Units: milliseconds; *_ns nanoseconds since the epoch. With --format csv or
+    json the gaps are computed and written one range of requests at a time (~150 rows per
+    request never sit in memory whole); the table format holds every row.
 
     \b
     Example:
