@@ -500,6 +500,28 @@ class QueryResult:
         return [dict(zip(self.columns, r)) for r in self.rows]
 
 
+def _prepare(
+    con: duckdb.DuckDBPyConnection,
+    name: str,
+    params: Mapping[str, Any] | None,
+    *,
+    views: bool,
+    keep: bool,
+    keep_chunks: bool,
+) -> tuple[QueryFile, dict[str, Any], bool]:
+    """What run_query and stream_query do before running: bind, install the views, keep what
+    the query reads unless it is narrowed to one trace or request. Returns the query, its
+    bound parameters and whether it was narrowed."""
+    query = load_query(name)
+    bound = query.bind(params)
+    if views:
+        install_views(con)
+    narrowed = bound.get("trace_id") is not None or bound.get("request_span_id") is not None
+    if keep and not narrowed:
+        materialize_views(con, query.sql, keep_chunks=keep_chunks)
+    return query, bound, narrowed
+
+
 def run_query(
     con: duckdb.DuckDBPyConnection,
     name: str,
@@ -516,12 +538,7 @@ def run_query(
     non-NULL ``$trace_id`` / ``$request_span_id``), the views it reads are kept for the next
     query (:func:`materialize_views`, with ``keep_chunks``); with ``keep=False`` it reads the
     views as they are."""
-    query = load_query(name)
-    bound = query.bind(params)
-    if views:
-        install_views(con)
-    if keep and bound.get("trace_id") is None and bound.get("request_span_id") is None:
-        materialize_views(con, query.sql, keep_chunks=keep_chunks)
+    query, bound, _ = _prepare(con, name, params, views=views, keep=keep, keep_chunks=keep_chunks)
     cur = con.execute(query.sql, bound)
     columns = [d[0] for d in cur.description]
     return QueryResult(name, columns, cur.fetchall())
@@ -558,12 +575,7 @@ def stream_query(
     part sorts one range in memory instead of one sort of every gap. Otherwise there is one
     part, the query itself. At least one part is yielded. Views are installed and kept as
     in :func:`run_query`, when the first part is asked for."""
-    query = load_query(name)
-    bound = query.bind(params)
-    install_views(con)
-    narrowed = bound.get("trace_id") is not None or bound.get("request_span_id") is not None
-    if keep and not narrowed:
-        materialize_views(con, query.sql, keep_chunks=keep_chunks)
+    query, bound, narrowed = _prepare(con, name, params, views=True, keep=keep, keep_chunks=keep_chunks)
     ranged = (
         all(p in bound for p in _RANGE_PARAMS)
         and all(bound[p] is None for p in _RANGE_PARAMS)

@@ -60,9 +60,11 @@ def test_itl_in_ranges_gives_the_rows_of_one_query_in_order(monkeypatch) -> None
     assert rows == whole and len(rows) > 100
     # narrowed queries run as one part; so does a caller's own range
     assert _streamed(con, "itl", {"trace_id": mixed_trace_id("seed")})[0] == 1
-    assert _streamed(con, "itl", {"request_key_from": 2, "request_key_to": 3})[0] == 1
-    keys = con.execute("SELECT request_key FROM request_keys WHERE request_key BETWEEN 2 AND 3").fetchall()
-    assert len(keys) == 2
+    parts, narrowed = _streamed(con, "itl", {"request_key_from": 2, "request_key_to": 3})
+    two = set(con.execute("SELECT source, perspective, trace_id, request_span_id FROM request_keys"
+                          " WHERE request_key BETWEEN 2 AND 3").fetchall())
+    assert parts == 1 and len(two) == 2
+    assert narrowed == [r for r in whole if r[:4] in two] and narrowed  # exactly those two requests' gaps
     assert _streamed(con, "itl", {"perspective": "client"})[1] == [r for r in whole if r[1] == "client"]
 
 
