@@ -319,9 +319,12 @@ def run_pandas(directory: str) -> dict[str, Any]:
     out["outcome"] = np.select([out["finish_reason"].eq("cancelled"), failed], ["cancelled", "failed"], "succeeded")
     dropped = req["p_dropped_events_count"]
     out["null_reason"] = np.select(
-        [dropped > 0, req["first_ns"].isna(), O.isna(), O <= 1, (e <= f) & (e <= s), e <= f, e <= s],
+        [dropped > 0, req["first_ns"].isna(), O.isna(), (O <= 1) & (e <= s), O <= 1, (e <= f) & (e <= s), e <= f,
+         e <= s],
         ["f/e unknown: " + dropped.astype(str) + " events dropped by the span event limit", "no visible chunk events",
-         "output token count unknown", "tpot_ms and decode rate need more than one output token",
+         "output token count unknown",
+         "tpot_ms and decode rate need more than one output token; whole-request rate needs e > s",
+         "tpot_ms and decode rate need more than one output token",
          "decode rate needs e > f; whole-request rate needs e > s", "decode rate needs e > f",
          "whole-request rate needs e > s"], None)
     requests = out.sort_values(["s_ns", "trace_id", "request_span_id", "perspective"], ignore_index=True)

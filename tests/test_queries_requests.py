@@ -172,3 +172,19 @@ def test_a_rate_left_null_by_its_guard_says_why() -> None:
     assert row["whole_request_output_tokens_per_second"] is None and row["e2e_ms"] < 0
     assert row["null_reason"] == "whole-request rate needs e > s"
     assert f"{row['decode_output_tokens_per_second']:.2f}" == "40.00"
+
+
+def test_one_output_token_and_e_before_s_gives_both_reasons() -> None:
+    """O = 1 leaves tpot and the decode rate NULL; e <= s (the client span starts after its
+    only chunk) leaves the whole-request rate NULL too, and null_reason names both (the
+    first reason used to hide the second)."""
+    con = mixed_db()
+    trace = mixed_trace_id("one_token")
+    last = con.execute("SELECT max(time_ns) FROM span_events WHERE trace_id = $t", {"t": trace}).fetchone()[0]
+    con.execute("UPDATE spans SET start_ns = $s WHERE kind = 'CLIENT' AND trace_id = $t",
+                {"s": last + 1_000_000, "t": trace})
+    row = run_query(con, "requests", {"perspective": "client", "trace_id": trace}).dicts()[0]
+    assert row["output_tokens"] == 1 and row["tpot_ms"] is None and row["e2e_ms"] < 0
+    assert row["whole_request_output_tokens_per_second"] is None
+    assert row["null_reason"] == ("tpot_ms and decode rate need more than one output token;"
+                                  " whole-request rate needs e > s")

@@ -56,6 +56,7 @@ SELECT
         WHEN null_reason IS NOT NULL THEN null_reason
         WHEN output_tokens IS NULL THEN 'output token count unknown'
         WHEN output_tokens <= 1 THEN 'tpot_ms and decode rate need more than one output token'
+            || CASE WHEN e_ns <= s_ns THEN '; whole-request rate needs e > s' ELSE '' END
         WHEN e_ns <= f_ns THEN 'decode rate needs e > f'
             || CASE WHEN e_ns <= s_ns THEN '; whole-request rate needs e > s' ELSE '' END
         WHEN e_ns <= s_ns THEN 'whole-request rate needs e > s'
