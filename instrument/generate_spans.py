@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -127,16 +127,19 @@ def emit_sequence_spans(
         attributes = dict(root_attributes)
         attributes.update(seq.usage_attributes())
         attributes.update(_content_attributes(seq))
-        events = LazyEvents(functools.partial(chunk_events, seq.chunk_emit_ns, seq.chunk_tokens, seq.chunk_visible),
+        # Lazy spans read these when the exporter does, after the call returned the timeline
+        # and sequences to its caller: they read copies (tuples), not the caller's lists.
+        events = LazyEvents(functools.partial(chunk_events, tuple(seq.chunk_emit_ns), tuple(seq.chunk_tokens),
+                                              tuple(seq.chunk_visible)),
                             len(seq.chunk_emit_ns))
         child_context = resolve_context(writer.write("generate", Context(), attributes, call_start_ns, call_end_ns, events))
     else:
         child_context = parent_context
     result_context = trace.get_current_span(child_context).get_span_context()
 
-    starts = timeline.forward_start_ns
-    emits = timeline.emit_ns
-    device = timeline.forward_device_ns
+    starts = tuple(timeline.forward_start_ns)  # copies, as above: decode steps read them lazily
+    emits = tuple(timeline.emit_ns)
+    device = tuple(timeline.forward_device_ns) if timeline.forward_device_ns is not None else None
     first_decode_forward = timeline.prefill_forwards  # forward index of decode step 1
     input_tokens = seq.input_tokens
 
@@ -161,7 +164,7 @@ def emit_sequence_spans(
     return result_context
 
 
-def chunk_events(emit_ns: list[int], tokens: list[int], visible: list[bool]) -> list[Event]:
+def chunk_events(emit_ns: Sequence[int], tokens: Sequence[int], visible: Sequence[bool]) -> list[Event]:
     """The ``tokentrace.chunk`` events of a root span: chunk j at ``emit_ns[j]`` (ns since epoch)."""
     return [
         Event(CHUNK_EVENT, {"tokentrace.chunk.index": index, "tokentrace.chunk.tokens": count,
@@ -171,7 +174,7 @@ def chunk_events(emit_ns: list[int], tokens: list[int], visible: list[bool]) -> 
 
 
 def _step_attributes(
-    input_tokens: int, per_token: int | None, bytes_held: Any, device: list[int] | None, first_forward: int, step: int
+    input_tokens: int, per_token: int | None, bytes_held: Any, device: Sequence[int] | None, first_forward: int, step: int
 ) -> dict[str, Any]:
     """Attributes of decode step ``step`` (built when the exporter reads the span)."""
     attributes: dict[str, Any] = {"tokentrace.step": step, "tokentrace.context_tokens": input_tokens + step}

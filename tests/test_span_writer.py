@@ -257,3 +257,32 @@ def test_default_setup_keeps_decode_steps_on_the_lazy_path() -> None:
     assert len(decodes) == STEPS - 1 and all(type(s) is _StepSpan for s in decodes)
     (root,) = [s for s in spans if s.name == "generate"]
     assert root.attributes["note"] == long_text[:DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT]
+
+
+def test_lazy_spans_do_not_read_the_callers_lists_after_the_call() -> None:
+    """traced_generate returns its timeline to the caller; lazy step spans and chunk events
+    are built when the exporter reads them. A caller clearing or editing those lists in
+    between must change nothing (it used to move a step's start to 0, or raise IndexError
+    on the batch processor's thread and drop the batch)."""
+    exporter = InMemorySpanExporter()  # keeps the span objects; reads nothing
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    timeline = _timeline(device=True)
+    expected = [(timeline.forward_start_ns[k], timeline.emit_ns[k]) for k in range(1, STEPS)]
+    visible = [True] * STEPS
+    seq = SequenceTrace(0, 10, 0, STEPS, STEPS, "length", list(timeline.emit_ns), [1] * STEPS, visible)
+    emit_sequence_spans(DirectSpanWriter(get_tracer(provider)), seq, timeline, _kv(), DecodeSpanPolicy.parse("all"),
+                        parent_context=None, root_attributes={}, call_start_ns=T0 - 50,
+                        call_end_ns=timeline.emit_ns[-1] + 10)
+    provider.shutdown()
+    timeline.forward_start_ns[:] = [0] * STEPS
+    timeline.emit_ns.clear()
+    timeline.forward_device_ns.clear()
+    seq.chunk_emit_ns.clear()
+    seq.chunk_tokens.clear()
+    spans = exporter.get_finished_spans()
+    decodes = sorted((s for s in spans if s.name == "decode"), key=lambda s: s.attributes["tokentrace.step"])
+    assert [(s.start_time, s.end_time) for s in decodes] == expected
+    assert [s.attributes["tokentrace.device_ns"] for s in decodes] == [500 + k for k in range(1, STEPS)]
+    root = next(s for s in spans if s.name == "generate")
+    assert len(root.events) == STEPS and root.events[-1].timestamp == expected[-1][1]
