@@ -55,3 +55,23 @@ def test_a_kept_table_larger_than_the_memory_limit_spills(tmp_path: Path) -> Non
     assert spilled > 32_000_000 and in_memory <= 64 * 1024 * 1024, (in_memory, spilled)
     assert con.execute("SELECT sum(c), max(b) FROM wide").fetchall() == [(sum(range(150)) * 53333 + sum(range(50)),
                                                                          7 * 7_999_999)]
+
+
+def test_an_int_cap_keeps_no_per_chunk_view_above_it(monkeypatch) -> None:
+    """MATERIALIZE_MAX_EVENTS = N restores the old rule: above N span events the per-chunk
+    views are derived in each query, never kept; the request-level ones still are, and the
+    answers are the same."""
+    plain = mixed_db()
+    want_itl, want_summary = run_query(plain, "itl", keep=False).rows, run_query(plain, "summary", keep=False).rows
+    monkeypatch.setattr(queries, "MATERIALIZE_MAX_EVENTS", 0)
+    con = mixed_db()
+    assert run_query(con, "itl").rows == want_itl
+    summary = run_query(con, "summary").rows
+    assert [r[:5] for r in summary] == [r[:5] for r in want_summary]
+    assert {"request_facts", "request_keys"} <= _kept(con)
+    assert not {"request_gap_rows", "tt_candidate_chunks"} & _kept(con)
+    assert [p.params for p in queries.stream_query(con, "itl")] == [{"perspective": None, "trace_id": None,
+                                                                     "request_key_from": None, "request_key_to": None}]
+    monkeypatch.setattr(queries, "MATERIALIZE_MAX_EVENTS", 10**9)  # above the count: kept again
+    run_query(con, "itl")
+    assert {"request_gap_rows", "tt_candidate_chunks"} <= _kept(con)
