@@ -17,6 +17,7 @@ from pathlib import Path
 
 import duckdb
 
+from analyzer.dbfile import DatabaseFileError, check_database_path
 from analyzer.schema import TABLE_DDL
 
 __all__ = ["DUMP_TABLES", "SourceError", "open_source", "parquet_views", "utc_day_of_ns"]
@@ -55,6 +56,12 @@ def parquet_views(
     """
     root = Path(directory)
     if not root.is_dir():
+        if root.is_file():
+            from analyzer.dbfile import describe_file
+
+            what = describe_file(root)
+            hint = f" (a database is read with --db {root})" if what == "a DuckDB database" else ""
+            raise SourceError(f"{root}: {what}, not a Parquet dump folder{hint}")
         raise SourceError(f"{root}: no such directory (a tokentrace export dump with spans/, span_events/, span_links/)")
     files: dict[str, int] = {}
     for table in DUMP_TABLES:
@@ -115,8 +122,10 @@ def open_source(
             con.execute(TABLE_DDL[extra].replace("CREATE TABLE IF NOT EXISTS", "CREATE TEMP TABLE"))
         return con
     path = Path(db)  # type: ignore[arg-type]
-    if not path.is_file():
-        raise SourceError(f"{path}: no such database; {LOAD_HINT}")
+    try:  # a folder (a Parquet dump: use --parquet), a CSV, an empty file: one line, untouched
+        check_database_path(path, for_write=False)
+    except DatabaseFileError as exc:
+        raise SourceError(str(exc)) from None
     # The file is attached read-only to an in-memory database: the adapter and metric views
     # are created there, so querying never writes to (or locks for writing) the user's file.
     con = duckdb.connect(":memory:")

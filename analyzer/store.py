@@ -18,11 +18,13 @@ from typing import Any, Iterable, Mapping, Sequence
 import duckdb
 import pyarrow as pa
 
+from analyzer.dbfile import DatabaseFileError, check_database_path
 from analyzer.schema import arrow_schema, create_tables
 
 __all__ = [
     "DEFAULT_DB",
     "AttributeMaps",
+    "DatabaseFileError",
     "EventRow",
     "LinkRow",
     "SpanRow",
@@ -47,10 +49,18 @@ def default_db_path() -> str:
 def connect(path: str | Path | None = None, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     """Open (or create) a tokentrace database and make sure the canonical tables exist.
 
-    ``path`` None or ``":memory:"`` gives an in-memory database.
+    ``path`` None or ``":memory:"`` gives an in-memory database. A file path is checked first
+    (:func:`analyzer.dbfile.check_database_path`): a path that exists and is not a DuckDB
+    database, an empty file, a missing folder, or (``read_only``) a missing file raises
+    :class:`~analyzer.dbfile.DatabaseFileError` with one line, and the file is not touched.
     """
     target = ":memory:" if path is None else str(path)
-    con = duckdb.connect(target, read_only=read_only)
+    if target != ":memory:":
+        check_database_path(target, for_write=not read_only)
+    try:
+        con = duckdb.connect(target, read_only=read_only)
+    except duckdb.Error as exc:  # e.g. the file is locked by another process
+        raise DatabaseFileError(f"{target}: cannot open the database: {str(exc).splitlines()[0]}") from None
     if not read_only:
         create_tables(con)
     return con

@@ -37,3 +37,9 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:  # pragma: no cover - interactive
         click.echo("interrupted", err=True)
         sys.exit(130)
+    except BrokenPipeError:  # `tokentrace itl --format csv | head`: the reader left; not an error of ours
+        import os
+
+        # Python would report the pipe again when it flushes stdout at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)

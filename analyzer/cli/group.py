@@ -1,14 +1,70 @@
 """The ``tokentrace`` click group. Verbs live one module each beside this file and are
-discovered by ``analyzer.cli`` at start-up, so adding a verb never edits a shared file."""
+discovered by ``analyzer.cli`` at start-up, so adding a verb never edits a shared file.
+
+No traceback reaches a user: an error a verb did not turn into a one-line
+:class:`~analyzer.cli.options.UserError` itself is turned into one here (a database path
+that is not a database, a file the OS refuses, a DuckDB error, and, as a last resort, any
+other exception, reported as an internal error). ``TOKENTRACE_DEBUG=1`` lets the original
+exception through, traceback and all.
+"""
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import click
 
-__all__ = ["cli"]
+__all__ = ["INTERNAL_ERROR_EXIT", "TokentraceGroup", "cli"]
+
+#: Exit status of an unexpected exception (EX_SOFTWARE); a user error exits 1, a usage error 2.
+INTERNAL_ERROR_EXIT = 70
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class InternalError(click.ClickException):
+    """An exception no verb expected: one line naming it, exit 70."""
+
+    exit_code = INTERNAL_ERROR_EXIT
+
+
+def _one_line(text: str) -> str:
+    return " ".join(part.strip() for part in str(text).strip().splitlines() if part.strip())
+
+
+def user_facing_error(exc: Exception, verb: str | None) -> click.ClickException:
+    """The one-line click error for an exception a verb let through."""
+    from analyzer.cli.options import UserError
+
+    name = type(exc).__name__
+    module = type(exc).__module__ or ""
+    if name in ("DatabaseFileError", "SourceError", "LoadError", "TimelineError", "AuditInputError"):
+        return UserError(str(exc), hint=getattr(exc, "hint", None))
+    if isinstance(exc, OSError):
+        where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+        return UserError(f"{where}{exc.strerror or exc}")
+    if module.startswith(("duckdb", "_duckdb")):
+        return UserError(f"{verb or 'tokentrace'}: DuckDB {name}: {_one_line(str(exc)).split(' LINE ')[0]}")
+    return InternalError(
+        f"internal error in tokentrace {verb or ''}: {name}: {_one_line(str(exc))[:300]} "
+        "(TOKENTRACE_DEBUG=1 shows the traceback; please report it)"
+    )
+
+
+class TokentraceGroup(click.Group):
+    """A click group whose verbs' unexpected exceptions become one-line errors."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as exc:  # noqa: BLE001 - every other exception gets one line
+            if os.environ.get("TOKENTRACE_DEBUG"):
+                raise
+            raise user_facing_error(exc, ctx.invoked_subcommand) from None
+
+
+@click.group(cls=TokentraceGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="tokentrace")
 def cli() -> None:
     """tokentrace: trace LLM inference requests with OpenTelemetry and analyze the traces.

@@ -29,7 +29,8 @@ class UserError(click.ClickException):
     """An error the user caused (bad file, flag or input): one readable line, exit 1."""
 
     def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message if hint is None else f"{message}\nhint: {hint}")
+        text = " ".join(part.strip() for part in str(message).strip().splitlines() if part.strip())
+        super().__init__(text if hint is None else f"{text}; hint: {hint}")
 
 
 def db_option(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -40,12 +40,12 @@ def report_command(db_path, html_path, request_span_id, audit_json, mode, slo_tt
     Example:
       tokentrace report --db tokentrace-demo/traces.duckdb --html report.html --slo-ttft-ms 500
     """
-    import duckdb
-
+    from analyzer.cli._query_verb import open_from_flags
     from analyzer.report import ReportInputs, build_report, load_audit_findings
 
-    if not Path(db_path).is_file():
-        raise UserError(f"{db_path}: no such database", hint="load traces first: tokentrace load FILE --db DB")
+    out = Path(html_path)
+    if not out.parent.is_dir():
+        raise UserError(f"--html {html_path}: folder {out.parent} does not exist")
     findings = None
     if audit_json:
         try:
@@ -59,10 +59,9 @@ def report_command(db_path, html_path, request_span_id, audit_json, mode, slo_tt
         audit_findings=findings,
         title=title,
     )
-    try:
-        con = duckdb.connect(db_path)
-    except duckdb.Error as exc:
-        raise UserError(f"{db_path}: cannot open as a DuckDB database ({exc})") from None
+    # Attached read-only, as every query verb: the report's views live in memory, and the
+    # database file stays byte-identical.
+    con = open_from_flags(db_path, None)
     try:
         page = build_report(con, inputs)
     except ValueError as exc:
