@@ -35,6 +35,12 @@ def model_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
+def _naming(model_config: str, message: str) -> str:
+    """``message`` led by the config path once: instrument.kv's errors about the file already
+    name it (``config.json:1: not valid JSON``, ``dir/config.json: model config not found``)."""
+    return message if message.startswith(str(model_config)) else f"{model_config}: {message}"
+
+
 def kv_layout_from_flags(
     model_config: str | None,
     layers: int | None,
@@ -52,9 +58,11 @@ def kv_layout_from_flags(
         try:
             layout = kv_layout_from_config(model_config, kv_dtype=kv_dtype)
         except UnsupportedArchitecture as exc:
-            raise UserError(f"{model_config}: unsupported architecture: {exc}") from None
+            raise UserError(_naming(model_config, f"unsupported architecture: {exc}")) from None
+        except UnicodeDecodeError as exc:
+            raise UserError(f"{model_config}: not UTF-8 text ({exc.reason}), not a JSON model config") from None
         except ValueError as exc:
-            raise UserError(f"{model_config}: {exc}") from None
+            raise UserError(_naming(model_config, str(exc))) from None
         if query_heads is not None and query_heads != layout.q_heads:
             raise UserError(
                 f"--query-heads {query_heads} contradicts the config's num_attention_heads {layout.q_heads}"
