@@ -50,12 +50,39 @@ def user_facing_error(exc: Exception, verb: str | None) -> click.ClickException:
     )
 
 
+class OneLineUsageError(click.UsageError):
+    """A click usage error (bad flag value, missing option, unknown verb) shown as one line
+    that names the help to read, instead of click's usage block."""
+
+    def __init__(self, original: click.UsageError) -> None:
+        super().__init__(_one_line(original.format_message()), original.ctx)
+        self.exit_code = original.exit_code
+
+    def show(self, file: Any = None) -> None:
+        where = self.ctx.command_path if self.ctx is not None else "tokentrace"
+        click.echo(f"Error: {self.format_message()} (see '{where} --help')", err=True)
+
+
+def _one_line_usage(exc: click.UsageError) -> click.UsageError:
+    # a bare `tokentrace` prints the help (NoArgsIsHelpError): that one is kept as it is
+    return exc if type(exc).__name__ == "NoArgsIsHelpError" or isinstance(exc, OneLineUsageError) else OneLineUsageError(exc)
+
+
 class TokentraceGroup(click.Group):
-    """A click group whose verbs' unexpected exceptions become one-line errors."""
+    """A click group whose verbs' unexpected exceptions and usage errors become one-line errors."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as exc:
+            raise _one_line_usage(exc) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            raise _one_line_usage(exc) from None
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except Exception as exc:  # noqa: BLE001 - every other exception gets one line

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
@@ -21,6 +22,24 @@ def _progress_bar(quiet: bool):  # noqa: ANN202
     except ImportError:
         return None
     return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), transient=True)
+
+
+def _remove_if_empty(db_path: str) -> None:
+    """Remove a database this load created when the load failed before keeping any span (a
+    failed first load leaves no empty database behind)."""
+    import duckdb
+
+    try:
+        con = duckdb.connect(db_path, read_only=True)
+        try:
+            spans = con.execute("SELECT count(*) FROM spans").fetchall()[0][0]
+        finally:
+            con.close()
+    except duckdb.Error:
+        return
+    if spans == 0:
+        for path in (Path(db_path), Path(db_path + ".wal")):
+            path.unlink(missing_ok=True)
 
 
 @cli.command("load")
@@ -58,6 +77,13 @@ def load(paths: tuple[str, ...], db_path: str, lenient: bool, input_format: str,
             tasks[file] = bar.add_task(file, total=size)
         bar.advance(tasks[file], nbytes)
 
+    from analyzer.formats.inputs import expand_inputs
+
+    try:  # a missing input or an empty folder fails before the database is created
+        expand_inputs(list(paths))
+    except LoadError as e:
+        raise UserError(str(e), hint=e.hint) from None
+    created = not Path(db_path).exists()
     con = connect(db_path)
     try:
         if bar is not None:
@@ -66,6 +92,9 @@ def load(paths: tuple[str, ...], db_path: str, lenient: bool, input_format: str,
         else:
             report = load_paths(con, list(paths), lenient=lenient, input_format=input_format)
     except LoadError as e:
+        con.close()
+        if created:
+            _remove_if_empty(db_path)
         raise UserError(str(e), hint=e.hint) from None
     finally:
         con.close()

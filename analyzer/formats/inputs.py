@@ -55,6 +55,8 @@ def _expand_one(arg: str) -> list[InputFile]:
         if _is_export_dir(path):
             return [InputFile(str(path), path, dataset_dir=True)]
         files = sorted(p for p in path.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts))
+        if not files:  # nothing would be loaded: say so rather than exit 0 having done nothing
+            raise LoadError(arg, None, "not_found", "an empty folder (no file to load, hidden files skipped)")
         return [InputFile(str(p), p) for p in files]
     if path.is_file():
         return [InputFile(str(path), path)]

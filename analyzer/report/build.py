@@ -222,6 +222,10 @@ def load_audit_findings(path: str | Path) -> list[dict[str, Any]]:
         raise ValueError(f"{path}: no such file") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc.reason}), not the JSON of tokentrace audit") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path}: a folder, not the JSON file of tokentrace audit --format json") from None
     if isinstance(data, dict) and isinstance(data.get("findings"), list):
         data = data["findings"]
     if not isinstance(data, list) or not all(isinstance(r, dict) and "check" in r and "verdict" in r for r in data):
