@@ -1,6 +1,19 @@
-"""``tokentrace sql``: an ad-hoc query over the loaded tables and the metric views."""
+"""``tokentrace sql``: an ad-hoc query over the loaded tables and the metric views, read-only.
+
+Read-only twice over, with DuckDB's own facilities rather than by reading the SQL text:
+the statement is parsed by DuckDB (``extract_statements``) and must be one statement of
+type SELECT (``FROM``-first, ``WITH``, ``VALUES``, ``DESCRIBE``, ``SHOW``, ``SUMMARIZE``
+parse as SELECT) or EXPLAIN; and before it runs, the connection is locked down:
+``enable_external_access = false`` (no file or network access: no ``COPY ... TO``,
+``ATTACH``, ``INSTALL``/``LOAD``, ``read_csv('/etc/...')``, ``EXPORT DATABASE``), with
+``allowed_directories`` naming the ``--parquet`` dump so its views keep reading it, then
+``lock_configuration = true`` (no ``SET``/``RESET``). The database file itself is attached
+read-only, so nothing can be written to it either.
+"""
 
 from __future__ import annotations
+
+import os
 
 import click
 import duckdb
@@ -8,6 +21,34 @@ import duckdb
 from analyzer.cli._query_verb import installed, open_from_flags, source_options
 from analyzer.cli.group import cli
 from analyzer.cli.options import UserError, emit_rows, format_option, param_option, parse_params
+
+__all__ = ["READ_ONLY_STATEMENTS", "check_read_only_statement", "lock_down", "sql_command"]
+
+#: The statement types ``tokentrace sql`` runs (duckdb.StatementType names).
+READ_ONLY_STATEMENTS = ("SELECT", "EXPLAIN")
+
+
+def check_read_only_statement(con: duckdb.DuckDBPyConnection, query: str) -> None:
+    """UserError unless ``query`` is exactly one SELECT or EXPLAIN statement (parsed by DuckDB)."""
+    try:
+        statements = con.extract_statements(query)
+    except duckdb.Error as exc:
+        raise UserError(f"sql: {str(exc).splitlines()[0]}") from None
+    if len(statements) != 1:
+        raise UserError(f"sql: give one statement, not {len(statements)}")
+    kind = statements[0].type.name
+    if kind not in READ_ONLY_STATEMENTS:
+        raise UserError(f"sql: a {kind} statement is refused: tokentrace sql is read-only "
+                        "(one SELECT, WITH, FROM, VALUES, DESCRIBE, SHOW, SUMMARIZE or EXPLAIN)")
+
+
+def lock_down(con: duckdb.DuckDBPyConnection, parquet_dir: str | None) -> None:
+    """No file or network access beyond the ``--parquet`` dump, and no setting changed, for
+    the rest of this connection's life."""
+    if parquet_dir:
+        con.execute("SET allowed_directories = $d", {"d": [os.path.join(os.path.abspath(parquet_dir), "")]})
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
 
 
 @cli.command("sql")
@@ -19,7 +60,10 @@ def sql_command(query, db_path, parquet_dir, output_format, params) -> None:
     """Run one SQL statement over spans, span_events, span_links, loads, rejects and the views
     request_facts, request_chunks, request_metrics, request_gaps, request_clock_offsets and
     clock_pair_offsets. Values go in as $NAME parameters (--param NAME=VALUE), never
-    formatted into the SQL. The database is attached read-only: nothing is written.
+    formatted into the SQL. Read-only: one SELECT (or WITH, FROM, VALUES, DESCRIBE, SHOW,
+    SUMMARIZE, EXPLAIN); anything that would write the database or a file (COPY ... TO,
+    ATTACH, INSTALL/LOAD, CREATE, DROP, INSERT, UPDATE, DELETE, SET) is refused, and the
+    query runs with DuckDB's file access turned off (the --parquet dump excepted).
 
     \b
     Example:
@@ -29,7 +73,9 @@ def sql_command(query, db_path, parquet_dir, output_format, params) -> None:
     bound = parse_params(params)
     con = open_from_flags(db_path, parquet_dir)
     try:
+        check_read_only_statement(con, query)
         installed(con)
+        lock_down(con, parquet_dir)
         try:
             cur = con.execute(query, bound or None)
         except duckdb.Error as exc:
