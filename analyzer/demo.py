@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["DEMO_PROMPTS", "DemoOptions", "DemoResult", "run_demo", "summary_queries", "REQUEST_COLUMNS"]
+__all__ = ["DEMO_PROMPTS", "DemoOptions", "DemoResult", "REQUEST_COLUMNS", "REQUEST_ID_CHARS", "run_demo",
+           "summary_queries", "with_short_request_id"]
 
 DEMO_PROMPTS = (
     "Which Kyoto temples have step-free access?",
@@ -28,8 +29,12 @@ DEMO_PROMPTS = (
     "Is the Arashiyama bamboo grove accessible by wheelchair?",
 )
 
-# The per-request columns the demo and bench print (queries/requests.sql has more).
-REQUEST_COLUMNS = ("perspective", "finish_reason", "input_tokens", "output_tokens", "ttft_ms", "tpot_ms", "e2e_ms",
+# The per-request columns the demo and bench print (queries/requests.sql has more). `request`
+# is a short request id (the last REQUEST_ID_CHARS hex digits of request_span_id: the end of an
+# id is what differs when an id generator counts up): a request's client and server rows share
+# it, so they pair up by eye.
+REQUEST_ID_CHARS = 8
+REQUEST_COLUMNS = ("request", "perspective", "finish_reason", "input_tokens", "output_tokens", "ttft_ms", "tpot_ms", "e2e_ms",
                    "decode_output_tokens_per_second", "stop_kv_bytes", "null_reason")
 
 
@@ -64,13 +69,26 @@ class DemoResult:
 ProgressFn = Callable[[str, int, int], None]  # (stage description, done, total)
 
 
+def with_short_request_id(result: Any) -> Any:
+    """requests.sql's result with a first column ``request``: the last :data:`REQUEST_ID_CHARS`
+    hex digits of request_span_id (the same for a request's client and server rows)."""
+    from analyzer.queries import QueryResult
+
+    at = result.columns.index("request_span_id")
+    rows = [(None if r[at] is None else r[at][-REQUEST_ID_CHARS:], *r) for r in result.rows]
+    return QueryResult(result.name, ["request", *result.columns], rows)
+
+
 def summary_queries(con: Any, *, perspective: str | None = None, skew: bool = True) -> dict[str, Any]:
-    """Run requests.sql, window.sql and (when present and asked) skew_offsets.sql on ``con``."""
+    """Run requests.sql (with the short ``request`` id in front), window.sql (with UTC bounds
+    beside the ns ones) and (when present and asked) skew_offsets.sql on ``con``."""
     from analyzer.queries import list_queries, run_query
 
+    from analyzer.cli.window import with_utc_bounds
+
     results = {
-        "requests": run_query(con, "requests", {"perspective": perspective}),
-        "window": run_query(con, "window", {"perspective": perspective}, views=False),
+        "requests": with_short_request_id(run_query(con, "requests", {"perspective": perspective})),
+        "window": with_utc_bounds(run_query(con, "window", {"perspective": perspective}, views=False)),
     }
     if skew and "skew_offsets" in list_queries():
         results["skew_offsets"] = run_query(con, "skew_offsets", {}, views=False)

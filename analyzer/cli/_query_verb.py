@@ -158,10 +158,12 @@ def run_verb(
     start_ns: int | None = None,
     end_ns: int | None = None,
     validate: Callable[[dict[str, Any]], None] | None = None,
+    decorate: Callable[[QueryResult], QueryResult] | None = None,
 ) -> None:
     """Open the source, run one query, print its rows (and notes). On DuckDB, csv and json
     are written batch by batch as the rows come (:func:`stream_rows`); a table is printed
-    once every row is in."""
+    once every row is in. ``decorate`` (a verb of few rows, e.g. window) rewrites the result
+    before it is printed, in every format; its rows are then never streamed."""
     params = merge_params(query, flags, raw_params)
     if validate is not None:
         validate(params)
@@ -173,12 +175,14 @@ def run_verb(
     else:
         con = open_from_flags(db_path, parquet_dir, start_ns, end_ns)
         try:
-            if output_format in ("csv", "json"):
+            if output_format in ("csv", "json") and decorate is None:
                 stream_rows(con, query, params, output_format, notes)
                 return
             result = query_rows(con, query, params)
         finally:
             con.close()
+    if decorate is not None:
+        result = decorate(result)
     emit_rows(result.columns, result.rows, output_format, notes=notes)
 
 

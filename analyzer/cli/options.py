@@ -176,19 +176,46 @@ def emit_row_batches(
     return written
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _plain_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], stream: Any) -> None:
+    """Aligned plain text: a header, a rule, one line per row; every cell on one line at its
+    full width (a number is never wrapped or cut), numbers right-aligned."""
+    numeric = [bool(rows) and all(v is None or _is_number(v) for v in (r[i] for r in rows)) for i in range(len(columns))]
+    cells = [[_cell(v).replace("\n", "\\n") for v in r] for r in rows]
+    widths = [max([len(columns[i]), *(len(row[i]) for row in cells)]) for i in range(len(columns))]
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)).rstrip()
+
+    stream.write(line(list(columns)) + "\n")
+    stream.write("  ".join("-" * w for w in widths) + "\n")
+    for row in cells:
+        stream.write(line(row) + "\n")
+
+
 def _emit_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], stream: Any) -> None:
+    """A rich table on a terminal; plain aligned text otherwise (a pipe, a file, a captured
+    stream): there a cell is never wrapped, so no number is split across lines, and rich is
+    not imported at all."""
+    isatty = getattr(stream, "isatty", None)
+    if not (callable(isatty) and isatty()):
+        _plain_table(columns, rows, stream)
+        return
     try:
         from rich.console import Console
         from rich.table import Table
-    except ImportError:  # rich is optional: plain aligned text
-        cells = [list(columns)] + [[_cell(v) for v in r] for r in rows]
-        widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-        for row in cells:
-            stream.write("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n")
+    except ImportError:  # rich is optional
+        _plain_table(columns, rows, stream)
         return
     table = Table(show_header=True, header_style="bold")
-    for c in columns:
-        table.add_column(c, overflow="fold")
+    for i, c in enumerate(columns):
+        numeric = bool(rows) and all(r[i] is None or _is_number(r[i]) for r in rows)
+        # numbers keep their digits together: the text columns give way when the terminal is narrow
+        table.add_column(c, overflow="fold", no_wrap=numeric, justify="right" if numeric else "left",
+                         min_width=max((len(_cell(r[i])) for r in rows), default=1) if numeric else None)
     for r in rows:
         table.add_row(*[_cell(v) for v in r])
-    Console(file=stream, width=max(100, min(250, 14 * len(columns)))).print(table)
+    Console(file=stream).print(table)

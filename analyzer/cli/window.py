@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import click
@@ -24,6 +25,32 @@ def _validate(params: dict[str, Any]) -> None:
         value = params.get(name)
         if value is not None and not (isinstance(value, (int, float)) and value > 0):
             raise UserError(f"--{name.replace('_', '-')} {value!r}: expected a positive number of milliseconds")
+
+
+def utc_text(ns: int | None) -> str | None:
+    """A nanosecond epoch timestamp as ISO 8601 UTC with all nine digits of the second,
+    e.g. ``2026-01-01T00:00:00.000000000Z`` (integer arithmetic: no float rounding)."""
+    if ns is None:
+        return None
+    seconds, fraction = divmod(int(ns), 1_000_000_000)
+    day = dt.datetime.fromtimestamp(seconds, tz=dt.timezone.utc)
+    return f"{day:%Y-%m-%dT%H:%M:%S}.{fraction:09d}Z"
+
+
+def with_utc_bounds(result: Any) -> Any:
+    """window.sql's result with ``window_start_utc`` / ``window_end_utc`` beside the ns bounds."""
+    from analyzer.queries import QueryResult
+
+    columns = list(result.columns)
+    rows = [list(r) for r in result.rows]
+    for name in ("window_start_ns", "window_end_ns"):
+        if name not in columns:
+            continue
+        at = columns.index(name)
+        columns.insert(at + 1, name.replace("_ns", "_utc"))
+        for r in rows:
+            r.insert(at + 1, utc_text(r[at]))
+    return QueryResult(result.name, columns, [tuple(r) for r in rows])
 
 
 @cli.command("window")
@@ -50,7 +77,8 @@ def window_command(db_path, parquet_dir, mode, start_ns, end_ns, perspective, sl
     Two counting modes, never interchangeable: closed_cohort counts requests whose send time
     falls in the window (and reports how many did not finish inside it); steady_state counts
     completions and the chunk tokens whose event time falls in the window (and reports how
-    many requests cross a boundary). Units: window_s seconds, *_rps requests/s,
+    many requests cross a boundary). The bounds are printed in ns since the epoch and, beside
+    them, as UTC (window_start_utc, window_end_utc). Units: window_s seconds, *_rps requests/s,
     output_tokens_per_s tokens/s, error_rate a fraction.
 
     \b
@@ -63,4 +91,5 @@ def window_command(db_path, parquet_dir, mode, start_ns, end_ns, perspective, sl
              flags={"mode": mode, "window_start_ns": start_ns, "window_end_ns": end_ns, "perspective": perspective,
                     "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms, "slo_e2e_ms": slo_e2e_ms,
                     "count_failed_tokens": count_failed_tokens, "cancelled_as_failed": cancelled_as_failed},
-             raw_params=params, output_format=output_format, start_ns=start_ns, end_ns=end_ns, validate=_validate)
+             raw_params=params, output_format=output_format, start_ns=start_ns, end_ns=end_ns, validate=_validate,
+             decorate=with_utc_bounds)

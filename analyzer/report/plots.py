@@ -76,7 +76,8 @@ def waterfall_svg(spans: Sequence[dict[str, Any]], chunks: Sequence[dict[str, An
         labels.append(f"{lane}\n[{dom.split('|')[0]} clock]" if dom else lane)
     ax.set_yticklabels(labels, fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("time since the request's s (ms), each span on its own host's clock")
+    ax.set_xlabel("ms after the request was sent (the client span's start; without one, the server's arrival),"
+                  " each span on its own host's clock")
     ax.set_title("Request waterfall")
     return _svg(fig)
 

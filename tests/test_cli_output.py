@@ -1,0 +1,115 @@
+"""What a new user reads (issue 21, item 8): the config path named once, window bounds in UTC
+beside the nanoseconds, tables that never wrap a number off a terminal, a short request id in
+the demo's per-request table, and a report axis that says what its origin is."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from trace_fixtures import mixed_world
+
+from analyzer.cli import cli
+from analyzer.cli.options import emit_rows
+from analyzer.cli.window import utc_text
+from analyzer.store import connect
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("out") / "traces.duckdb"
+    mixed_world().load(connect(path)).close()
+    return path
+
+
+def test_a_truncated_model_config_is_named_once(tmp_path) -> None:
+    config = tmp_path / "truncated.json"
+    config.write_text('{"num_hidden_layers": 2, "num_key')
+    result = CliRunner().invoke(cli, ["kv", "--model-config", str(config)])
+    assert result.exit_code == 1
+    assert result.stderr.count(str(config)) == 1, result.stderr
+    assert result.stderr.startswith(f"Error: {config}:1: not valid JSON")
+
+
+def test_utc_text_keeps_every_nanosecond() -> None:
+    assert utc_text(1_767_225_600_000_000_000) == "2026-01-01T00:00:00.000000000Z"
+    assert utc_text(1_767_225_600_123_456_789) == "2026-01-01T00:00:00.123456789Z"
+    assert utc_text(1_767_225_599_999_999_999) == "2025-12-31T23:59:59.999999999Z"  # no float rounding up
+    assert utc_text(None) is None
+
+
+def test_window_prints_utc_bounds_beside_the_nanoseconds(db) -> None:
+    result = CliRunner().invoke(cli, ["window", "--db", str(db), "--format", "json"])
+    row = json.loads(result.stdout)[0]
+    keys = list(row)
+    assert keys.index("window_start_utc") == keys.index("window_start_ns") + 1
+    assert keys.index("window_end_utc") == keys.index("window_end_ns") + 1
+    assert row["window_start_utc"] == utc_text(row["window_start_ns"])
+    assert row["window_end_utc"] == utc_text(row["window_end_ns"])
+    start = 1_767_225_600_000_000_000 + 1_500_000_000
+    result = CliRunner().invoke(cli, ["window", "--db", str(db), "--format", "csv", "--start-ns", str(start),
+                                      "--end-ns", str(start + 10**9)])
+    header, line = result.stdout.splitlines()[:2]
+    values = dict(zip(header.split(","), line.split(",")))
+    assert values["window_start_utc"] == "2026-01-01T00:00:01.500000000Z"
+    assert values["window_end_utc"] == "2026-01-01T00:00:02.500000000Z"
+
+
+def test_a_table_off_a_terminal_never_wraps_a_number() -> None:
+    columns = [f"a_rather_long_column_name_{i}" for i in range(14)]
+    row = [1796154684592477775 + i if i % 2 else 0.01220703125 * (i + 1) for i in range(14)]
+    buf = io.StringIO()  # not a terminal
+    emit_rows(columns, [row, row], "table", out=buf)
+    lines = buf.getvalue().splitlines()
+    assert len(lines) == 4  # header, rule, two rows: nothing folded onto extra lines
+    cells = lines[2].split()
+    assert cells == [str(v) if isinstance(v, int) else f"{v:.10g}" for v in row]
+    assert lines[0].split() == columns
+
+
+def test_cli_tables_in_a_pipe_are_one_line_per_row(db) -> None:
+    result = CliRunner().invoke(cli, ["requests", "--db", str(db)])
+    json_rows = json.loads(CliRunner().invoke(cli, ["requests", "--db", str(db), "--format", "json"]).stdout)
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2 + len(json_rows)
+    assert str(json_rows[0]["s_ns"]) in lines[2].split()
+
+
+def test_demo_table_carries_a_short_request_id(db, capsys) -> None:
+    from analyzer.cli.demo import print_query_results
+    from analyzer.demo import REQUEST_COLUMNS, REQUEST_ID_CHARS, summary_queries
+    from analyzer.engine import open_source
+
+    con = open_source(db=db)
+    try:
+        results = summary_queries(con)
+    finally:
+        con.close()
+    requests = results["requests"].dicts()
+    assert REQUEST_COLUMNS[0] == "request" and REQUEST_ID_CHARS == 8
+    for r in requests:
+        assert r["request"] == r["request_span_id"][-8:]
+    by_id: dict[str, set[str]] = {}
+    for r in requests:
+        by_id.setdefault(r["request"], set()).add(r["perspective"])
+    assert any({"client", "server"} <= p for p in by_id.values())  # a request's two rows pair up
+    assert len(by_id) == len({(r["trace_id"], r["request_span_id"]) for r in requests})  # 8 digits still unique
+    print_query_results(results, REQUEST_COLUMNS)
+    out = capsys.readouterr().out
+    table = out.split("Per-request metrics (queries/requests.sql)\n")[1].splitlines()
+    assert table[0].split()[:2] == ["request", "perspective"]
+    assert table[2].split()[0] == requests[0]["request"]
+    assert "window_start_utc" in out
+
+
+def test_report_waterfall_axis_names_its_origin(db, tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "r.html"
+    assert CliRunner().invoke(cli, ["report", "--db", str(db), "--html", str(out)]).exit_code == 0
+    page = out.read_text()
+    assert "ms after the request was sent (the client span&#39;s start; without one, the server&#39;s arrival)" in page \
+        or "ms after the request was sent (the client span's start; without one, the server's arrival)" in page
+    assert "request's s (ms)" not in page and "request&#39;s s (ms)" not in page
