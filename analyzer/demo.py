@@ -13,12 +13,14 @@ torch/FastAPI are imported inside :func:`run_demo` only.
 
 from __future__ import annotations
 
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["DEMO_PROMPTS", "DemoOptions", "DemoResult", "REQUEST_COLUMNS", "REQUEST_ID_CHARS", "run_demo",
-           "summary_queries", "with_short_request_id"]
+__all__ = ["DEMO_PROMPTS", "DemoOptions", "DemoResult", "REQUEST_COLUMNS", "REQUEST_ID_CHARS", "StepLog", "model_step",
+           "run_demo", "summary_queries", "with_short_request_id"]
 
 DEMO_PROMPTS = (
     "Which Kyoto temples have step-free access?",
@@ -49,6 +51,7 @@ class DemoOptions:
     max_tokens: int = 48
     clock_offset_ms: float = 0.0
     seed: int = 0
+    say_steps: bool = True  # one line per step on stderr, with the time since the demo started
 
 
 @dataclass
@@ -67,6 +70,38 @@ class DemoResult:
 
 
 ProgressFn = Callable[[str, int, int], None]  # (stage description, done, total)
+
+
+class StepLog:
+    """``[demo m:ss] what is happening`` lines on stderr, timed from the demo's start, so a
+    first run (minutes: imports, converting the model once) is never silent."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.started = time.monotonic()
+
+    def __call__(self, message: str) -> None:
+        if not self.enabled:
+            return
+        elapsed = int(time.monotonic() - self.started)
+        sys.stderr.write(f"[demo {elapsed // 60}:{elapsed % 60:02d}] {message}\n")
+        sys.stderr.flush()
+
+
+def model_step(spec: str) -> str:
+    """What loading ``spec`` will do, in words: SmolLM2 is converted from its GGUF file the
+    first time (minutes on 2 cores) and loaded from the converted copy afterwards."""
+    if spec == "smollm2":
+        from instrument.smollm2 import smollm2_cache_dir
+
+        directory = smollm2_cache_dir()
+        if (directory / "config.json").is_file() and (directory / "tokenizer.json").is_file():
+            return f"loading SmolLM2-135M-Instruct (converted copy in {directory})"
+        return (f"converting SmolLM2-135M-Instruct from its GGUF file, once, into {directory} "
+                "(a few minutes on 2 cores; later runs load the copy in seconds)")
+    if spec == "tiny":
+        return "loading the tiny random model (built once into the cache)"
+    return f"loading the model folder {spec}"
 
 
 def with_short_request_id(result: Any) -> Any:
@@ -103,7 +138,10 @@ def _fresh(paths: list[Path]) -> None:
 
 
 def run_demo(options: DemoOptions, progress: ProgressFn | None = None) -> DemoResult:
-    """Serve, send, export, load, query. ``progress`` is told each stage (and request counts)."""
+    """Serve, send, export, load, query. ``progress`` is told each stage (and request counts);
+    with ``options.say_steps`` each step is also one timed line on stderr."""
+    say = StepLog(options.say_steps)
+    say(f"starting: model {options.model}, {1 + options.load_requests} requests, output in {options.out_dir}")
     from analyzer.load import load_paths
     from analyzer.store import connect
     from instrument.client import SEED_PROMPT, chat_body, local_tracer_provider, run_load_sync
@@ -119,6 +157,7 @@ def run_demo(options: DemoOptions, progress: ProgressFn | None = None) -> DemoRe
     server_provider = local_tracer_provider("tokentrace-gateway", json_path=str(server_path))
     client_provider = local_tracer_provider("tokentrace-client", json_path=str(client_path))
 
+    say("importing torch and transformers; " + model_step(options.model))
     report(f"loading model {options.model}", 0, 1)
     handle = load_model_handle(options.model)
     report(f"loading model {options.model}", 1, 1)
@@ -133,6 +172,9 @@ def run_demo(options: DemoOptions, progress: ProgressFn | None = None) -> DemoRe
 
     app = create_app(handle, server_provider, settings)
     with ServerThread(app) as server:
+        say(f"serving {handle.model_id} at {server.url} (the traced gateway, in this process)")
+        say(f"sending the seed request, then {options.load_requests} more at concurrency "
+            f"{max(1, options.concurrency)} (max_tokens {options.max_tokens})")
         report("requests", 0, total)
         seed_results = run_load_sync(
             server.url, lambda _i: chat_body(handle.model_id, SEED_PROMPT, max_tokens=options.max_tokens),
@@ -147,18 +189,23 @@ def run_demo(options: DemoOptions, progress: ProgressFn | None = None) -> DemoRe
         url = server.url
     server_provider.shutdown()  # flushes the OTLP-JSON lines files
     client_provider.shutdown()
+    completed = sum(1 for r in seed_results + load_results if getattr(r, "completed", False))
+    say(f"sent {total} requests, {completed} completed; spans written to {client_path.name} and {server_path.name}")
 
+    say(f"loading the spans into {db_path}")
     report("loading spans into DuckDB", 0, 1)
     con = connect(db_path)
     try:
         loaded = load_paths(con, [str(client_path), str(server_path)])
         queries = summary_queries(con)
         report("loading spans into DuckDB", 1, 1)
+        say(f"loaded {loaded.total('spans_loaded')} spans; writing {out / 'report.html'}")
         report("writing the HTML report", 0, 1)
         report_path = _write_report(con, out / "report.html")
         report("writing the HTML report", 1, 1)
     finally:
         con.close()
+    say("done" if report_path is not None else "done (no report.html: the report extra, matplotlib, is not installed)")
     return DemoResult(server_path, client_path, db_path, url, handle.model_id, seed_results + load_results,
                       loaded.total("spans_loaded"), queries=queries, report_path=report_path)
 

@@ -49,3 +49,33 @@ def test_demo_tiny_end_to_end(runner, tmp_path: Path) -> None:
 def test_demo_rejects_contradicting_model_flags(runner, tmp_path: Path) -> None:
     result = runner.invoke(cli, ["demo", "--tiny", "--model", "smollm2", "--out", str(tmp_path)])
     assert result.exit_code == 1 and "contradict" in result.output
+
+
+def test_demo_says_each_step_with_its_elapsed_time(runner, tmp_path: Path) -> None:
+    import re
+
+    out = tmp_path / "steps"
+    result = runner.invoke(cli, ["demo", "--tiny", "--out", str(out), "--requests", "1", "--max-tokens", "4"],
+                           catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    steps = [line for line in result.stderr.splitlines() if line.startswith("[demo ")]
+    assert all(re.match(r"^\[demo \d+:\d\d\] \S", line) for line in steps), steps
+    said = "\n".join(steps)
+    for words in ("starting: model tiny, 2 requests", "importing torch and transformers; loading the tiny random model",
+                  "serving tokentrace/", "sending the seed request, then 1 more", "sent 2 requests, 2 completed",
+                  f"loading the spans into {out / 'traces.duckdb'}", "writing", "done"):
+        assert words in said, (words, said)
+    minutes = [int(line[6:].split(":")[0]) * 60 + int(line.split(":")[1][:2]) for line in steps]
+    assert minutes == sorted(minutes)  # elapsed time never goes back
+
+
+def test_model_step_says_when_smollm2_is_converted_once(tmp_path: Path, monkeypatch) -> None:
+    from analyzer.demo import model_step
+
+    monkeypatch.setenv("TOKENTRACE_CACHE_DIR", str(tmp_path))
+    assert model_step("smollm2").startswith("converting SmolLM2-135M-Instruct from its GGUF file, once, into ")
+    copy = tmp_path / "smollm2-135m-instruct"
+    copy.mkdir()
+    (copy / "config.json").write_text("{}")
+    (copy / "tokenizer.json").write_text("{}")
+    assert model_step("smollm2") == f"loading SmolLM2-135M-Instruct (converted copy in {copy})"

@@ -103,7 +103,7 @@ def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int
         except ImportError:
             pass
     options = DemoOptions(out_dir=Path(out_dir), model=spec, load_requests=load_requests, concurrency=concurrency,
-                          max_tokens=max_tokens, clock_offset_ms=clock_offset_ms)
+                          max_tokens=max_tokens, clock_offset_ms=clock_offset_ms, say_steps=not quiet)
     try:
         with _progress(quiet) as progress:
             result = run_demo(options, progress)
