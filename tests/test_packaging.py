@@ -67,3 +67,57 @@ def test_analyzer_imports_without_torch_and_instrument_without_duckdb() -> None:
     code = "import sys, instrument, instrument.kv; assert 'duckdb' not in sys.modules; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def _extra_requirements(extra: str, seen: set[str] | None = None) -> set[str]:
+    """Distribution names (normalized) that `pip install -e ".[extra]"` installs directly:
+    the base dependencies, the extra's, and those of every tokentrace[...] it names."""
+    import re
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    seen = seen if seen is not None else set()
+    names: set[str] = set()
+
+    def name(req: str) -> str:
+        return re.split(r"[\s<>=!~;\[]", req, maxsplit=1)[0].lower().replace("_", "-")
+
+    for req in project["dependencies"]:
+        names.add(name(req))
+    for req in project["optional-dependencies"][extra]:
+        nested = re.fullmatch(r"tokentrace\[([a-z,]+)\]", req.replace(" ", ""))
+        if nested:
+            for inner in nested[1].split(","):
+                if inner not in seen:
+                    seen.add(inner)
+                    names |= _extra_requirements(inner, seen)
+        else:
+            names.add(name(req))
+    return names
+
+
+def test_the_bench_extra_provides_every_module_the_benchmarks_import() -> None:
+    import ast
+    from importlib.metadata import packages_distributions
+
+    provided = _extra_requirements("bench")
+    by_module = packages_distributions()
+    local = {"analyzer", "instrument", "benchmarks", "tests"}
+    missing = []
+    for script in sorted((REPO / "benchmarks").glob("*.py")):
+        for node in ast.walk(ast.parse(script.read_text())):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
+            for module in modules:
+                top = module.split(".")[0]
+                if top in sys.stdlib_module_names or top in local:
+                    continue
+                dists = {d.lower().replace("_", "-") for d in by_module.get(top, [top])}
+                # a module installed as a dependency of a listed package (torch's numpy, ...) is
+                # not enough: the extra must name what the benchmark imports
+                if not dists & provided:
+                    missing.append(f"{script.name}: {module} ({', '.join(sorted(dists))})")
+    assert not missing, missing
