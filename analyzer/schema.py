@@ -18,8 +18,12 @@ Conventions
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import duckdb
-import pyarrow as pa
+
+if TYPE_CHECKING:  # pyarrow is imported where a schema is built, not by every verb
+    import pyarrow as pa
 
 __all__ = [
     "ATTRIBUTE_MAP_COLUMNS",
@@ -131,7 +135,7 @@ def create_tables(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(ddl)
 
 
-def arrow_schema(con: duckdb.DuckDBPyConnection, table: str) -> pa.Schema:
+def arrow_schema(con: duckdb.DuckDBPyConnection, table: str) -> "pa.Schema":
     """The Arrow schema of one canonical table, as DuckDB exports it (for readers that
     build Arrow batches before inserting)."""
     create_tables(con)

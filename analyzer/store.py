@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import duckdb
-import pyarrow as pa
 
 from analyzer.dbfile import DatabaseFileError, check_database_path
 from analyzer.schema import arrow_schema, create_tables
@@ -242,6 +241,8 @@ class LinkRow:
 def _insert(con: duckdb.DuckDBPyConnection, table: str, records: list[dict[str, Any]]) -> None:
     if not records:
         return
+    import pyarrow as pa  # here, not at import: the query verbs never need it (start-up cost)
+
     schema = arrow_schema(con, table)
     batch = pa.Table.from_pylist(records, schema=schema)  # noqa: F841 (referenced by name below)
     con.register("_tokentrace_rows", batch)

@@ -1,8 +1,11 @@
 """Command-line interface: ``tokentrace <verb>``.
 
-Each verb is a small function in its own module here (``analyzer/cli/<verb>.py``); logic
-lives in the packages. Modules are discovered at start-up. Verbs that need torch or the
-server stack import them inside the function, so ``tokentrace --help`` stays fast.
+Each verb is a small function in its own module here (``analyzer/cli/<verb>.py``, the module
+named as the verb); logic lives in the packages. Verb modules are imported when they are
+needed: ``tokentrace requests`` imports ``analyzer.cli.requests`` only (and what it
+imports), ``--help`` and anything that lists the verbs import them all. Verbs that need torch
+or the server stack import them inside the function. This keeps a command's start-up cost
+near a bare ``import duckdb`` (benchmarks/verbs.py measures it).
 """
 
 from __future__ import annotations
@@ -10,24 +13,79 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import sys
+from functools import lru_cache
+from typing import Any, Iterator
 
 import click
 
 from analyzer.cli.group import cli
 
-__all__ = ["cli", "main"]
+__all__ = ["cli", "main", "verb_modules"]
 
 _SKIP = {"group", "options", "kv_options"}
 
 
-def _discover() -> None:
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name.startswith("_") or info.name in _SKIP:
-            continue
-        importlib.import_module(f"{__name__}.{info.name}")
+@lru_cache(maxsize=1)
+def verb_modules() -> list[str]:
+    """The verb module names beside this file (without importing them)."""
+    return sorted(info.name for info in pkgutil.iter_modules(__path__)
+                  if not info.name.startswith("_") and info.name not in _SKIP)
 
 
-_discover()
+class _LazyVerbs(dict):
+    """``cli.commands``: a verb's module is imported the first time the verb is looked up
+    (``get``, ``in``); iterating or sizing the mapping imports every verb module first, so
+    listings (``--help``, tests over ``cli.commands``) always see every verb."""
+
+    _complete = False
+
+    def _load(self, name: str) -> None:
+        if not dict.__contains__(self, name) and name in verb_modules():
+            importlib.import_module(f"{__name__}.{name}")
+
+    def _load_all(self) -> None:
+        if not self._complete:
+            self._complete = True
+            for name in verb_modules():
+                importlib.import_module(f"{__name__}.{name}")
+
+    def get(self, name: Any, default: Any = None) -> Any:
+        self._load(name)
+        if not dict.__contains__(self, name):
+            self._load_all()  # a module that registers a verb under another name
+        return dict.get(self, name, default)
+
+    def __contains__(self, name: object) -> bool:
+        return self.get(name) is not None
+
+    def __getitem__(self, name: Any) -> Any:
+        found = self.get(name)
+        if found is None:
+            raise KeyError(name)
+        return found
+
+    def __iter__(self) -> Iterator[Any]:
+        self._load_all()
+        return dict.__iter__(self)
+
+    def __len__(self) -> int:
+        self._load_all()
+        return dict.__len__(self)
+
+    def keys(self):  # noqa: ANN201
+        self._load_all()
+        return dict.keys(self)
+
+    def items(self):  # noqa: ANN201
+        self._load_all()
+        return dict.items(self)
+
+    def values(self):  # noqa: ANN201
+        self._load_all()
+        return dict.values(self)
+
+
+cli.commands = _LazyVerbs(cli.commands)
 
 
 def main(argv: list[str] | None = None) -> None:
