@@ -39,6 +39,9 @@ def user_facing_error(exc: Exception, verb: str | None) -> click.ClickException:
     module = type(exc).__module__ or ""
     if name in ("DatabaseFileError", "SourceError", "LoadError", "TimelineError", "AuditInputError"):
         return UserError(str(exc), hint=getattr(exc, "hint", None))
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        return UserError(f"tokentrace {verb or ''} needs the Python package {exc.name!r}, which is not installed "
+                         "(an optional extra of tokentrace: see pyproject.toml, e.g. pip install 'tokentrace[all]')")
     if isinstance(exc, OSError):
         where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
         return UserError(f"{where}{exc.strerror or exc}")
