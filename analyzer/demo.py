@@ -140,8 +140,15 @@ def _fresh(paths: list[Path]) -> None:
 def run_demo(options: DemoOptions, progress: ProgressFn | None = None) -> DemoResult:
     """Serve, send, export, load, query. ``progress`` is told each stage (and request counts);
     with ``options.say_steps`` each step is also one timed line on stderr."""
+    if options.model not in ("tiny", "smollm2") and not Path(options.model).is_dir():
+        raise ValueError(f"--model {options.model!r}: not 'tiny', 'smollm2' or a local model folder")
+    out = Path(options.out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: exists and is not a folder")
+    out.mkdir(parents=True, exist_ok=True)
     say = StepLog(options.say_steps)
     say(f"starting: model {options.model}, {1 + options.load_requests} requests, output in {options.out_dir}")
+    from analyzer.derived import build_derived
     from analyzer.load import load_paths
     from analyzer.store import connect
     from instrument.client import SEED_PROMPT, chat_body, local_tracer_provider, run_load_sync
@@ -150,8 +157,6 @@ def run_demo(options: DemoOptions, progress: ProgressFn | None = None) -> DemoRe
     from instrument.gateway.worker import load_model_handle
 
     report = progress or (lambda _stage, _done, _total: None)
-    out = Path(options.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     server_path, client_path, db_path = out / "server-spans.jsonl", out / "client-spans.jsonl", out / "traces.duckdb"
     _fresh([server_path, client_path, db_path, out / "report.html"])  # no stale report when matplotlib is gone
     server_provider = local_tracer_provider("tokentrace-gateway", json_path=str(server_path))
@@ -197,6 +202,7 @@ def run_demo(options: DemoOptions, progress: ProgressFn | None = None) -> DemoRe
     con = connect(db_path)
     try:
         loaded = load_paths(con, [str(client_path), str(server_path)])
+        build_derived(con)  # as tokentrace load: the query verbs read them afterwards
         queries = summary_queries(con)
         report("loading spans into DuckDB", 1, 1)
         say(f"loaded {loaded.total('spans_loaded')} spans; writing {out / 'report.html'}")

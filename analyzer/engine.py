@@ -142,7 +142,7 @@ def open_source(
         raise SourceError(f"{path}: not a tokentrace database (no table {', '.join(missing)}); {LOAD_HINT}")
     for table in TABLE_DDL:
         if table in present:
-            con.execute(f"CREATE VIEW {table} AS SELECT * FROM tokentrace_db.{table}")
+            con.execute(f"CREATE VIEW {table} AS SELECT * FROM tokentrace_db.main.{table}")
         else:
             con.execute(TABLE_DDL[table].replace("CREATE TABLE IF NOT EXISTS", "CREATE TEMP TABLE"))
     return con

@@ -34,6 +34,7 @@ import duckdb
 
 __all__ = [
     "CHUNK_VIEWS",
+    "DERIVED_SCHEMA",
     "MATERIALIZED_VIEWS",
     "MATERIALIZE_MAX_EVENTS",
     "QueryFile",
@@ -41,6 +42,9 @@ __all__ = [
     "RANGE_EVENTS",
     "QueryResult",
     "install_views",
+    "derived_location",
+    "derived_status",
+    "forget_connection_views",
     "kept_order",
     "kept_views",
     "list_queries",
@@ -52,6 +56,7 @@ __all__ = [
     "stream_query",
     "union_view_sql",
     "view_files",
+    "view_names",
 ]
 
 _PARAM_RE = re.compile(
@@ -245,6 +250,10 @@ MATERIALIZE_MAX_EVENTS: int | None = None
 CACHE_PREFIX = "tt_cached_"
 BUILDING_PREFIX = "tt_building_"  # a kept table being written range by range (renamed when complete)
 STATE_TABLE = "tt_view_state"
+#: The schema ``tokentrace load`` writes the views and their kept tables into, once per load
+#: (analyzer/derived.py): read connections whose data has the fingerprint recorded there read
+#: them instead of deriving anything (docs/tables.md, "Derived tables").
+DERIVED_SCHEMA = "tokentrace_derived"
 _COUNTED_TABLES = ("spans", "span_events", "span_links", "loads")
 
 
@@ -274,25 +283,141 @@ def _fingerprint(con: duckdb.DuckDBPyConnection, base: Sequence[str], derived: S
     return f"{list(values or ())}|{digest}", int(counts.get("span_events") or 0)
 
 
-def _state(con: duckdb.DuckDBPyConnection) -> tuple[str, int] | None:
-    """(fingerprint, span_events rows) of the views installed on this connection, else None."""
+def _state_row(con: duckdb.DuckDBPyConnection) -> tuple[str, int, str | None, str] | None:
+    """(fingerprint, span_events rows, derived location or None, derived status) of the views
+    installed on this connection, else None."""
     found = con.execute(
         "SELECT count(*) FROM duckdb_tables() WHERE database_name = 'temp' AND table_name = $t", {"t": STATE_TABLE}
     ).fetchall()
     if not found[0][0]:
         return None
-    rows = con.execute(f"SELECT fingerprint, span_events FROM temp.{STATE_TABLE}").fetchall()
-    return (rows[0][0], int(rows[0][1])) if rows else None
+    rows = con.execute(f"SELECT fingerprint, span_events, derived, derived_status FROM temp.{STATE_TABLE}").fetchall()
+    return (rows[0][0], int(rows[0][1]), rows[0][2], rows[0][3]) if rows else None
+
+
+def _state(con: duckdb.DuckDBPyConnection) -> tuple[str, int] | None:
+    """(fingerprint, span_events rows) of the views installed on this connection, else None."""
+    row = _state_row(con)
+    return (row[0], row[1]) if row is not None else None
 
 
 def _cached(con: duckdb.DuckDBPyConnection) -> set[str]:
+    """The views kept as tables for this connection: its temp tables, or, reading a database's
+    derived tables, the tables kept there."""
+    row = _state_row(con)
+    if row is not None and row[2] is not None:
+        catalog = row[2].split(".")[0].strip('"')
+        where, params = "database_name = $c AND schema_name = $s", {"c": catalog, "s": DERIVED_SCHEMA}
+    else:
+        where, params = "database_name = 'temp'", {}
     return {
         r[0][len(CACHE_PREFIX):]
         for r in con.execute(
-            "SELECT table_name FROM duckdb_tables() WHERE database_name = 'temp' AND starts_with(table_name, $p)",
-            {"p": CACHE_PREFIX},
+            f"SELECT table_name FROM duckdb_tables() WHERE {where} AND starts_with(table_name, $p)",
+            {**params, "p": CACHE_PREFIX},
         ).fetchall()
     }
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def derived_location(con: duckdb.DuckDBPyConnection, fingerprint: str) -> str | None:
+    """``"catalog".tokentrace_derived`` when a database on this connection holds derived tables
+    built (by ``tokentrace load``) over data with this ``fingerprint``, else None."""
+    for (catalog,) in con.execute(
+        "SELECT database_name FROM duckdb_tables() WHERE schema_name = $s AND table_name = $t ORDER BY 1",
+        {"s": DERIVED_SCHEMA, "t": STATE_TABLE},
+    ).fetchall():
+        location = f"{_quoted(catalog)}.{DERIVED_SCHEMA}"
+        rows = con.execute(f"SELECT fingerprint FROM {location}.{STATE_TABLE}").fetchall()
+        if rows and rows[0][0] == fingerprint:
+            return location
+    return None
+
+
+def _has_derived(con: duckdb.DuckDBPyConnection) -> bool:
+    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE schema_name = $s AND table_name = $t",
+                            {"s": DERIVED_SCHEMA, "t": STATE_TABLE}).fetchall()[0][0])
+
+
+def derived_status(con: duckdb.DuckDBPyConnection) -> str | None:
+    """How this connection's views were installed: ``"read"`` (a database's derived tables,
+    nothing derived), ``"stale"`` (the database has derived tables, but of other data or of
+    another tokentrace's views: derived on this connection instead), ``"none"`` (no derived
+    tables: derived on this connection), or None before :func:`install_views`."""
+    row = _state_row(con)
+    return None if row is None else row[3]
+
+
+def _write_state(con: duckdb.DuckDBPyConnection, fingerprint: str, events: int, derived: str | None,
+                 status: str) -> None:
+    con.execute(f"DROP TABLE IF EXISTS temp.{STATE_TABLE}")
+    con.execute(f"CREATE TEMP TABLE {STATE_TABLE} (fingerprint VARCHAR, span_events BIGINT, derived VARCHAR,"
+                " derived_status VARCHAR, search_path_before VARCHAR)")
+    before = con.execute("SELECT current_setting('search_path')").fetchall()[0][0]
+    con.execute(f"INSERT INTO temp.{STATE_TABLE} VALUES ($f, $e, $d, $s, $p)",
+                {"f": fingerprint, "e": events, "d": derived, "s": status, "p": before})
+
+
+_VIEW_NAME_RE = re.compile(r"CREATE\s+OR\s+REPLACE\s+VIEW\s+([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
+
+
+def view_names() -> set[str]:
+    """Every view the files of ``queries/views/`` create, and the unions."""
+    base, derived = view_files()
+    return {m for text in [*base, *derived] for m in _VIEW_NAME_RE.findall(text)} | set(UNIONED_VIEWS)
+
+
+def _drop_left_views(con: duckdb.DuckDBPyConnection) -> None:
+    """On a writable connection, drop the views an earlier per-connection install left in the
+    database's own schema (they read temp tables of a closed connection, and would shadow the
+    derived ones). Only names the view files define; nothing on a read-only database."""
+    readonly = con.execute("SELECT readonly FROM duckdb_databases() WHERE database_name = current_database()"
+                           ).fetchall()
+    if not readonly or readonly[0][0]:
+        return
+    names = sorted(view_names())
+    for (name,) in con.execute(
+        "SELECT view_name FROM duckdb_views() WHERE NOT internal AND database_name = current_database()"
+        " AND schema_name = current_schema() AND list_contains($names, view_name)", {"names": names},
+    ).fetchall():
+        con.execute(f"DROP VIEW IF EXISTS {_quoted(name)}")
+
+
+def _use_derived(con: duckdb.DuckDBPyConnection, location: str, fingerprint: str, events: int) -> None:
+    """Read the derived tables at ``location``: they go last on the search path, so the
+    current schema (where a writable connection creates and inserts) stays what it was and
+    the canonical tables resolve first."""
+    _leave_derived(con)
+    _drop_left_views(con)
+    _write_state(con, fingerprint, events, location, "read")
+    before = con.execute("SELECT current_setting('search_path')").fetchall()[0][0]
+    current = before or f"{_quoted(con.execute('SELECT current_database()').fetchall()[0][0])}.main"
+    con.execute("SET search_path = $p", {"p": f"{current},{location}"})
+
+
+def forget_connection_views(con: duckdb.DuckDBPyConnection) -> None:
+    """Drop what :func:`install_views` kept on this connection (its temp tables and state), so
+    the next query installs afresh (and reads derived tables just built, when they fit)."""
+    _leave_derived(con)
+    for view in _cached(con):
+        con.execute(f"DROP TABLE IF EXISTS temp.{CACHE_PREFIX}{view}")
+    con.execute(f"DROP TABLE IF EXISTS temp.{STATE_TABLE}")
+
+
+def _leave_derived(con: duckdb.DuckDBPyConnection) -> None:
+    """Undo :func:`_use_derived` (the data changed on this connection): the search path as it was."""
+    row = _state_row(con)
+    if row is None or row[2] is None:
+        return
+    before = con.execute(f"SELECT search_path_before FROM temp.{STATE_TABLE}").fetchall()[0][0]
+    if before:
+        con.execute("SET search_path = $p", {"p": before})
+    else:
+        con.execute("RESET search_path")
+    con.execute(f"DROP TABLE IF EXISTS temp.{STATE_TABLE}")
 
 
 _KEEP_RE = re.compile(
@@ -341,51 +466,58 @@ def _keep(
     *,
     order: str | None = None,
     ranges: Sequence[tuple[int, int]] | None = None,
+    persist: bool = False,
 ) -> int:
     """Replace ``view`` by a temp table of its rows (views built on it read the table); returns
     its row count. ``order``: write the rows in that order (an ORDER BY list). ``ranges``:
     write them one request_key range at a time (``WHERE request_key BETWEEN lo AND hi``, in
-    the given order), so the view's work is done per range and the table is clustered."""
-    table = f"temp.{CACHE_PREFIX}{view}"
+    the given order), so the view's work is done per range and the table is clustered.
+    ``persist``: a table of the current schema instead (analyzer.derived, writing the
+    database's derived tables), read by the view through an unqualified name (a view binds
+    names in its own schema first)."""
+    temp, kind = ("", "TABLE") if persist else ("temp.", "TEMP TABLE")
+    table = f"{temp}{CACHE_PREFIX}{view}"
     if ranges is None:
         ordered = f" ORDER BY {order}" if order else ""
-        con.execute(f"CREATE TEMP TABLE {CACHE_PREFIX}{view} AS SELECT * FROM {view}{ordered}")
+        con.execute(f"CREATE {kind} {CACHE_PREFIX}{view} AS SELECT * FROM {view}{ordered}")
     else:
         # Filled under another name and renamed once complete: an error or an interrupt
         # between two ranges leaves no partial table that would count as kept.
         building = f"{BUILDING_PREFIX}{view}"
-        con.execute(f"DROP TABLE IF EXISTS temp.{building}")
-        con.execute(f"CREATE TEMP TABLE {building} AS SELECT * FROM {view} WHERE false")
+        con.execute(f"DROP TABLE IF EXISTS {temp}{building}")
+        con.execute(f"CREATE {kind} {building} AS SELECT * FROM {view} WHERE false")
         try:
             for low, high in ranges:
                 con.execute(
-                    f"INSERT INTO temp.{building} SELECT * FROM {view} WHERE request_key BETWEEN $low AND $high",
+                    f"INSERT INTO {temp}{building} SELECT * FROM {view} WHERE request_key BETWEEN $low AND $high",
                     {"low": low, "high": high},
                 )
         except BaseException:
-            con.execute(f"DROP TABLE IF EXISTS temp.{building}")
+            con.execute(f"DROP TABLE IF EXISTS {temp}{building}")
             raise
-        con.execute(f"ALTER TABLE temp.{building} RENAME TO {CACHE_PREFIX}{view}")
+        con.execute(f"ALTER TABLE {temp}{building} RENAME TO {CACHE_PREFIX}{view}")
     con.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM {table}")
     return int(con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0])
 
 
-def request_key_ranges(con: duckdb.DuckDBPyConnection) -> list[tuple[int, int]]:
+def request_key_ranges(con: duckdb.DuckDBPyConnection, events: int | None = None) -> list[tuple[int, int]]:
     """Consecutive, inclusive ``(low, high)`` ranges of request_key (view request_keys numbers
     the request perspectives 1..n) that cover every request, each about :data:`RANGE_EVENTS`
     span events' worth of requests; ``[]`` when there is no request. Needs the views of
-    :func:`install_views` on this connection."""
+    :func:`install_views` on this connection. ``events``: span_events' row count (default:
+    the one this connection's views were installed over)."""
     state = _state(con)
     requests = int(con.execute("SELECT count(*) FROM request_keys").fetchall()[0][0])
     if requests == 0:
         return []
-    events = state[1] if state is not None else 0
+    if events is None:
+        events = state[1] if state is not None else 0
     parts = max(1, -(-events // RANGE_EVENTS))
     per_range = -(-requests // parts)
     return [(low, min(requests, low + per_range - 1)) for low in range(1, requests + 1, per_range)]
 
 
-def install_views(con: duckdb.DuckDBPyConnection, *, refresh: bool = False) -> None:
+def install_views(con: duckdb.DuckDBPyConnection, *, refresh: bool = False, persist: bool = False) -> None:
     """Create or replace the adapter views, then ``request_facts`` and ``request_chunks``, then
     the derived views (files whose header has the line ``-- install: after request_facts``:
     per-request metrics, gaps and clock offsets, computed once over the unions).
@@ -393,22 +525,45 @@ def install_views(con: duckdb.DuckDBPyConnection, *, refresh: bool = False) -> N
     The adapters' ``-- keep:`` views (their request spans) are kept as temp tables, and an
     adapter whose ``<prefix>_request_spans`` has no row is left out of the unions (it would
     add no row). Does nothing when this connection's views were installed over the same data
-    (see the module docstring); otherwise, or with ``refresh``, drops every kept table first."""
+    (see the module docstring); otherwise, or with ``refresh``, drops every kept table first.
+
+    When a database on the connection holds derived tables (``tokentrace load``,
+    :data:`DERIVED_SCHEMA`) built over data with the same fingerprint, nothing is created or
+    derived: the derived schema goes last on the search path and every view and kept table is
+    read from there (``refresh`` skips them). ``persist`` (analyzer.derived.build_derived
+    only): create the views and keep their tables in the current schema, not in ``temp``, and
+    write no per-connection state."""
     base, derived = view_files()
     fingerprint, events = _fingerprint(con, base, derived)
-    state = _state(con)
+    if persist:
+        _install(con, base, derived, persist=True)
+        return
+    state = _state_row(con)
     if not refresh and state is not None and state[0] == fingerprint:
         return
+    if not refresh:
+        location = derived_location(con, fingerprint)
+        if location is not None:
+            _use_derived(con, location, fingerprint, events)
+            return
+    _leave_derived(con)
     for view in _cached(con):
         con.execute(f"DROP TABLE IF EXISTS temp.{CACHE_PREFIX}{view}")
     con.execute(f"DROP TABLE IF EXISTS temp.{STATE_TABLE}")
+    status = "stale" if _has_derived(con) else "none"
+    _install(con, base, derived, persist=False)
+    _write_state(con, fingerprint, events, None, status)
+
+
+def _install(con: duckdb.DuckDBPyConnection, base: Sequence[str], derived: Sequence[str], *, persist: bool) -> None:
     for text in base:
         con.execute(text)
-    rows = {view: _keep(con, view) for view in kept_views(base)}
+    rows = {view: _keep(con, view, persist=persist) for view in kept_views(base)}
     views = {
         row[0]
         for row in con.execute(
             "SELECT view_name FROM duckdb_views() WHERE NOT internal AND schema_name = current_schema()"
+            " AND database_name = current_database()"
         ).fetchall()
     }
     for union in UNIONED_VIEWS:
@@ -417,7 +572,7 @@ def install_views(con: duckdb.DuckDBPyConnection, *, refresh: bool = False) -> N
             row[0]
             for row in con.execute(
                 "SELECT column_name FROM duckdb_columns() WHERE table_name = $t AND schema_name = current_schema()"
-                " ORDER BY column_index",
+                " AND database_name = current_database() ORDER BY column_index",
                 {"t": reference},
             ).fetchall()
         ]
@@ -426,8 +581,6 @@ def install_views(con: duckdb.DuckDBPyConnection, *, refresh: bool = False) -> N
         con.execute(union_view_sql(union, with_rows or [reference], columns))
     for text in derived:
         con.execute(text)
-    con.execute(f"CREATE TEMP TABLE {STATE_TABLE} (fingerprint VARCHAR, span_events BIGINT)")
-    con.execute(f"INSERT INTO temp.{STATE_TABLE} VALUES ($f, $e)", {"f": fingerprint, "e": events})
 
 
 def _referenced(sql: str, definitions: Mapping[str, str]) -> set[str]:
@@ -443,7 +596,9 @@ def _referenced(sql: str, definitions: Mapping[str, str]) -> set[str]:
     return found
 
 
-def materialize_views(con: duckdb.DuckDBPyConnection, sql: str, *, keep_chunks: bool = True) -> list[str]:
+def materialize_views(
+    con: duckdb.DuckDBPyConnection, sql: str, *, keep_chunks: bool = True, persist_events: int | None = None
+) -> list[str]:
     """Keep as temp tables the :data:`MATERIALIZED_VIEWS` that ``sql`` reads (directly or
     through other views) and that are not kept yet; per-chunk views too, unless
     :data:`MATERIALIZE_MAX_EVENTS` is set and span_events has more rows. A chunk view whose
@@ -455,10 +610,15 @@ def materialize_views(con: duckdb.DuckDBPyConnection, sql: str, *, keep_chunks: 
     one query, as each CLI command does): a per-chunk adapter view is kept only when the
     query builds the gap table from it, since a table written to be read once only adds a
     write and a read of every chunk. Needs views from :func:`install_views` on this
-    connection (else does nothing). Returns the views it materialized."""
-    state = _state(con)
-    if state is None:
+    connection (else does nothing; nothing either when they read a database's derived
+    tables: everything is kept there). ``persist_events`` (analyzer.derived only, with the
+    span_events row count): keep them as tables of the current schema, at every size.
+    Returns the views it materialized."""
+    persist = persist_events is not None
+    row = None if persist else _state_row(con)
+    if not persist and (row is None or row[2] is not None):
         return []
+    events = persist_events if persist else row[1]  # type: ignore[index]
     definitions = dict(
         con.execute(
             "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal AND schema_name = current_schema()"
@@ -466,7 +626,7 @@ def materialize_views(con: duckdb.DuckDBPyConnection, sql: str, *, keep_chunks: 
         ).fetchall()
     )
     needed = _referenced(sql, definitions)
-    cached = _cached(con)
+    cached = set() if persist else _cached(con)
     base = view_files()[0]
     adapter_chunks = kept_views(base, chunks=True)
     orders = kept_order(base)
@@ -478,12 +638,12 @@ def materialize_views(con: duckdb.DuckDBPyConnection, sql: str, *, keep_chunks: 
         if view in adapter_chunks and not keep_chunks and not builds_gaps:
             continue
         limit = MATERIALIZE_MAX_EVENTS
-        if (view in CHUNK_VIEWS or view in adapter_chunks) and limit is not None and state[1] > limit:
+        if not persist and (view in CHUNK_VIEWS or view in adapter_chunks) and limit is not None and events > limit:
             continue
         if view in CHUNK_VIEWS:  # request_keys is kept by now: request_gap_rows reads it
-            _keep(con, view, ranges=request_key_ranges(con))
+            _keep(con, view, ranges=request_key_ranges(con, events), persist=persist)
         else:
-            _keep(con, view, order=orders.get(view))
+            _keep(con, view, order=orders.get(view), persist=persist)
         made.append(view)
     return made
 

@@ -16,7 +16,8 @@ from analyzer.queries import QueryResult, install_views, load_query
 from analyzer.store import default_db_path
 
 __all__ = [
-    "PERSPECTIVES", "TRACE_ID_RE", "check_trace_id", "installed", "merge_params", "open_from_flags", "query_rows",
+    "PERSPECTIVES", "TRACE_ID_RE", "check_trace_id", "installed", "merge_params", "note_if_stale", "open_from_flags",
+    "query_rows",
     "run_verb", "source_options", "stream_rows",
 ]
 
@@ -58,6 +59,17 @@ def open_from_flags(
         return open_source(db=db_path or default_db_path())
     except SourceError as exc:
         raise UserError(str(exc)) from None
+
+
+def note_if_stale(con: duckdb.DuckDBPyConnection, db_path: str | None) -> None:
+    """One note on stderr when the database's derived tables (tokentrace load) describe other
+    data than it holds, so this command derived them again on its own connection."""
+    from analyzer.queries import derived_status
+
+    if db_path is not None and derived_status(con) == "stale":
+        click.echo(f"note: {db_path}: its derived tables were built over other data (rows written since "
+                   "tokentrace load, or another tokentrace version); this command derived them again "
+                   f"(`tokentrace load --db {db_path}` rebuilds them)", err=True)
 
 
 def check_trace_id(trace_id: str | None) -> str | None:
@@ -177,8 +189,10 @@ def run_verb(
         try:
             if output_format in ("csv", "json") and decorate is None:
                 stream_rows(con, query, params, output_format, notes)
+                note_if_stale(con, None if parquet_dir else db_path or default_db_path())
                 return
             result = query_rows(con, query, params)
+            note_if_stale(con, None if parquet_dir else db_path or default_db_path())
         finally:
             con.close()
     if decorate is not None:

@@ -43,7 +43,7 @@ def _remove_if_empty(db_path: str) -> None:
 
 
 @cli.command("load")
-@click.argument("paths", nargs=-1, required=True, metavar="PATH...")
+@click.argument("paths", nargs=-1, required=False, metavar="[PATH]...")
 @db_option
 @click.option("--lenient", is_flag=True, help="Load the good records; keep each rejected one, raw, in the rejects table.")
 @click.option(
@@ -53,22 +53,41 @@ def _remove_if_empty(db_path: str) -> None:
     show_default=True,
     help="Input format; auto sniffs each file.",
 )
+@click.option("--no-derive", is_flag=True,
+              help="Do not (re)build the derived request and gap tables after loading (read verbs then derive "
+                   "them per command until `tokentrace load --db DB` builds them).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no per-file summary.")
-def load(paths: tuple[str, ...], db_path: str, lenient: bool, input_format: str, quiet: bool) -> None:
-    """Load OTLP JSON/protobuf, Jaeger JSON or Parquet traces into the database.
+def load(paths: tuple[str, ...], db_path: str, lenient: bool, input_format: str, no_derive: bool,
+         quiet: bool) -> None:
+    """Load OTLP JSON/protobuf, Jaeger JSON or Parquet traces into the database, then build
+    its derived request and gap tables once (schema tokentrace_derived), so every read verb
+    answers from them instead of deriving them from the spans again.
 
     PATH is a file, a directory, a glob or - (stdin); .gz and .zst are decompressed.
     Spans are deduplicated on (trace_id, span_id). Strict by default: the first bad record
-    stops the load and nothing is written.
+    stops the load and nothing of that file is written. Without PATH, only (re)builds the
+    derived tables (after a --no-derive load, or a database written by another tool).
 
     \b
     Example:
       tokentrace load otel-traces.jsonl --db traces.duckdb
       tokentrace load 'dumps/**/*.json.zst' --db traces.duckdb --lenient
+      tokentrace load day1/ --db traces.duckdb --no-derive && tokentrace load day2/ --db traces.duckdb
     """
     from analyzer.load import LoadError, load_paths, reasons_summary
     from analyzer.store import connect
 
+    if not paths:
+        if no_derive:
+            raise UserError("nothing to do: no PATH to load and --no-derive")
+        if not Path(db_path).exists():
+            raise UserError(f"{db_path}: no such database; give a PATH to load")
+        con = connect(db_path)
+        try:
+            _derive(con, db_path, quiet)
+        finally:
+            con.close()
+        return
     bar = _progress_bar(quiet)
     tasks: dict[str, int] = {}
 
@@ -86,20 +105,26 @@ def load(paths: tuple[str, ...], db_path: str, lenient: bool, input_format: str,
     created = not Path(db_path).exists()
     con = connect(db_path)
     try:
-        if bar is not None:
-            with bar:
-                report = load_paths(con, list(paths), lenient=lenient, input_format=input_format, progress=progress)
-        else:
-            report = load_paths(con, list(paths), lenient=lenient, input_format=input_format)
-    except LoadError as e:
-        con.close()
-        if created:
-            _remove_if_empty(db_path)
-        raise UserError(str(e), hint=e.hint) from None
+        try:
+            if bar is not None:
+                with bar:
+                    report = load_paths(con, list(paths), lenient=lenient, input_format=input_format, progress=progress)
+            else:
+                report = load_paths(con, list(paths), lenient=lenient, input_format=input_format)
+        except LoadError as e:
+            con.close()
+            if created:
+                _remove_if_empty(db_path)
+            raise UserError(str(e), hint=e.hint) from None
+        if not quiet:
+            _print_report(report, reasons_summary)
+        if not no_derive:
+            _derive(con, db_path, quiet)
     finally:
         con.close()
-    if quiet:
-        return
+
+
+def _print_report(report, reasons_summary) -> None:  # noqa: ANN001
     for f in report.files:
         line = (
             f"{f.file} [{f.format}]: {f.records_read} records, {f.spans_read} spans read, "
@@ -113,3 +138,23 @@ def load(paths: tuple[str, ...], db_path: str, lenient: bool, input_format: str,
             f"total: {report.total('spans_read')} spans read, {report.total('spans_loaded')} loaded, "
             f"{report.total('duplicates_identical')} duplicates, {report.total('rejected')} rejected (load {report.load_id})"
         )
+
+
+def _derive(con, db_path: str, quiet: bool) -> None:  # noqa: ANN001
+    """Build the derived tables and say what it cost (one line; nothing with --quiet)."""
+    from analyzer.derived import build_derived
+
+    def announce() -> None:
+        if not quiet:
+            click.echo("deriving the request and gap tables ...", err=True)
+
+    report = build_derived(con, on_start=announce)
+    if quiet:
+        return
+    if report.skipped:
+        click.echo(f"derived tables: already current ({report.seconds:.2f} s)")
+        return
+    requests = report.rows.get("request_metrics", 0)
+    gaps = report.rows.get("request_gap_rows", 0)
+    click.echo(f"derived tables: {requests} request rows, {gaps} gaps in {report.seconds:.2f} s "
+               f"(schema tokentrace_derived of {db_path})")

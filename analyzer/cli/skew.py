@@ -7,10 +7,13 @@ import json
 
 import click
 
-from analyzer.cli._query_verb import check_trace_id, merge_params, open_from_flags, query_rows, source_options
+from analyzer.cli._query_verb import (
+    check_trace_id, merge_params, note_if_stale, open_from_flags, query_rows, source_options,
+)
 from analyzer.cli.group import cli
 from analyzer.cli.options import UserError, emit_rows, format_option, to_jsonable
 from analyzer.skew import OffsetSyntaxError, parse_assume_offsets
+from analyzer.store import default_db_path
 
 
 @cli.command("skew")
@@ -49,6 +52,7 @@ def skew_command(db_path, parquet_dir, trace_id, tolerance_ms, offset_tolerance_
     try:
         rules = query_rows(con, "skew_rules", rule_params)
         bounds = query_rows(con, "skew_offsets", offset_params)
+        note_if_stale(con, None if parquet_dir else db_path or default_db_path())
     finally:
         con.close()
     if output_format == "json":

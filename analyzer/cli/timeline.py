@@ -66,6 +66,11 @@ def timeline_command(csv_path, model_config, layers, kv_heads, head_dim, query_h
         con = connect(db_path) if db_path else None
         artifact = compute_artifact(times, input_tokens=input_tokens, output_tokens=output_tokens, kv=kv,
                                     window=window, con=con)
+        if con is not None:  # the synthetic trace is kept: derive its tables as tokentrace load does
+            from analyzer.derived import build_derived
+
+            build_derived(con)
+            con.close()
     except TimelineError as exc:
         raise UserError(str(exc)) from None
     findings = []
