@@ -78,13 +78,16 @@ counted AS (
     WHERE CASE $mode WHEN 'closed_cohort' THEN starts_in_window
                      WHEN 'steady_state' THEN completes_in_window END
 ),
+-- every chunk event of the window's requests: read only in steady_state ($mode is bound before
+-- DuckDB optimizes, so in closed_cohort the filter is constant false and the join over every
+-- chunk is never run: a closed-cohort window reads no chunk at all)
 steady_tokens AS (
     SELECT coalesce(sum(c.chunk_tokens), 0) AS tokens
     FROM request_chunks c
     JOIN scored s ON s.trace_id = c.trace_id AND s.request_span_id = c.request_span_id
                  AND s.perspective = c.perspective
     CROSS JOIN bounds b
-    WHERE s.tokens_count AND c.time_ns >= b.start_ns AND c.time_ns <= b.end_ns
+    WHERE $mode = 'steady_state' AND s.tokens_count AND c.time_ns >= b.start_ns AND c.time_ns <= b.end_ns
 ),
 totals AS (
     SELECT

@@ -88,3 +88,24 @@ def test_slos(con) -> None:
 
 def test_unknown_mode_returns_no_row(con) -> None:
     assert run_query(con, "window", {**WINDOW, "mode": "bogus"}).rows == []
+
+
+def test_closed_cohort_reads_no_chunk(con) -> None:
+    """steady_state's chunk-token sum is never run in closed_cohort ($mode is bound before
+    DuckDB optimizes: the filter is constant false), so a closed cohort reads no chunk event."""
+    import duckdb
+
+    from analyzer.queries import install_views
+
+    install_views(con)
+    columns = [r[0] for r in con.execute("DESCRIBE request_chunks").fetchall()]
+    poisoned = ", ".join(f"CASE WHEN error('request_chunks was read') IS NULL THEN {c} END AS {c}" for c in columns)
+    original = con.execute("SELECT sql FROM duckdb_views() WHERE view_name = 'request_chunks'").fetchall()[0][0]
+    con.execute(f"CREATE OR REPLACE VIEW request_chunks AS SELECT {poisoned} FROM ({original.split(' AS ', 1)[1].rstrip().rstrip(';')})")
+    try:
+        row = run_query(con, "window", {"mode": "closed_cohort"}, views=False, keep=False).dicts()[0]
+        assert row["attempted"] > 0
+        with pytest.raises(duckdb.Error, match="request_chunks was read"):
+            run_query(con, "window", {"mode": "steady_state"}, views=False, keep=False)
+    finally:
+        con.execute(original.replace("CREATE VIEW", "CREATE OR REPLACE VIEW", 1))
