@@ -30,13 +30,25 @@ class SourceError(ValueError):
     """The database file or Parquet dump the user named cannot be read."""
 
 
-def _canonical_columns(table: str) -> list[tuple[str, str]]:
-    con = duckdb.connect(":memory:")
-    try:
-        con.execute(TABLE_DDL[table])
-        return [(r[0], r[1]) for r in con.execute(f"DESCRIBE {table}").fetchall()]
-    finally:
-        con.close()
+_COLUMNS: dict[str, list[tuple[str, str]]] = {}
+
+
+def _canonical_columns(table: str, con: duckdb.DuckDBPyConnection | None = None) -> list[tuple[str, str]]:
+    """(name, type) of a canonical table's columns, from its DDL (described once per process,
+    on ``con`` when given: a new DuckDB instance costs tens of ms)."""
+    if table not in _COLUMNS:
+        own = con is None
+        target = duckdb.connect(":memory:") if own else con
+        scratch = f"tt_columns_of_{table}"
+        try:
+            target.execute(TABLE_DDL[table].replace(f"CREATE TABLE IF NOT EXISTS {table} (",
+                                                    f"CREATE TEMP TABLE {scratch} (", 1))
+            _COLUMNS[table] = [(r[0], r[1]) for r in target.execute(f"DESCRIBE temp.{scratch}").fetchall()]
+        finally:
+            target.execute(f"DROP TABLE IF EXISTS temp.{scratch}")
+            if own:
+                target.close()
+    return list(_COLUMNS[table])
 
 
 def utc_day_of_ns(ns: int) -> str:
@@ -65,7 +77,7 @@ def parquet_views(
         raise SourceError(f"{root}: no such directory (a tokentrace export dump with spans/, span_events/, span_links/)")
     files: dict[str, int] = {}
     for table in DUMP_TABLES:
-        columns = _canonical_columns(table)
+        columns = _canonical_columns(table, con)
         found = sorted((root / table).glob("**/*.parquet")) if (root / table).is_dir() else []
         files[table] = len(found)
         if not found:
