@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 from trace_fixtures import RequestPlan, TraceWorld, mixed_trace_id, mixed_world
 
+from analyzer import views
 from analyzer import queries
 from analyzer.cli import cli
 from analyzer.derived import build_derived, drop_derived
@@ -140,7 +141,7 @@ def test_itl_streams_range_by_range_from_the_derived_gap_table(dbs, monkeypatch)
     con = open_source(db=derived)
     try:
         whole = run_query(con, "itl").rows
-        monkeypatch.setattr(queries, "RANGE_EVENTS", 5)  # many ranges
+        monkeypatch.setattr(views, "RANGE_EVENTS", 5)  # many ranges
         parts = list(stream_query(con, "itl"))
         rows = [r for p in parts for r in con.execute(p.sql, p.params).fetchall()]
     finally:
@@ -166,13 +167,13 @@ def test_rows_written_after_the_load_make_them_stale_and_are_seen(dbs, tmp_path)
 
 def test_other_views_than_the_ones_they_were_built_with_make_them_stale(dbs, monkeypatch) -> None:
     derived, plain = dbs
-    original = queries.view_files
+    original = views.view_files
 
     def edited():
         base, views = original()
         return [*base[:-1], base[-1] + "\n-- an edit of the views\n"], views
 
-    monkeypatch.setattr(queries, "view_files", edited)
+    monkeypatch.setattr(views, "view_files", edited)
     con = open_source(db=derived)
     try:
         rows = run_query(con, "requests").rows
