@@ -98,7 +98,7 @@ def model_step(spec: str) -> str:
         if (directory / "config.json").is_file() and (directory / "tokenizer.json").is_file():
             return f"loading SmolLM2-135M-Instruct (converted copy in {directory})"
         return (f"converting SmolLM2-135M-Instruct from its GGUF file, once, into {directory} "
-                "(a few minutes on 2 cores; later runs load the copy in seconds)")
+                "(about a minute on 2 cores; later runs load the copy in seconds)")
     if spec == "tiny":
         return "loading the tiny random model (built once into the cache)"
     return f"loading the model folder {spec}"

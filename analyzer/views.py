@@ -271,10 +271,12 @@ def _use_derived(con: duckdb.DuckDBPyConnection, location: str, fingerprint: str
     current schema (where a writable connection creates and inserts) stays what it was and
     the canonical tables resolve first."""
     _leave_derived(con)
-    _drop_left_views(con)
+    database = con.execute("SELECT current_database()").fetchall()[0][0]
+    if location.startswith(f"{_quoted(database)}."):  # a connection to that very file (not an attached copy)
+        _drop_left_views(con)
     _write_state(con, fingerprint, events, location, "read")
     before = con.execute("SELECT current_setting('search_path')").fetchall()[0][0]
-    current = before or f"{_quoted(con.execute('SELECT current_database()').fetchall()[0][0])}.main"
+    current = before or f"{_quoted(database)}.main"
     con.execute("SET search_path = $p", {"p": f"{current},{location}"})
 
 

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import itertools
 import re
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import click
 import duckdb
 
-from analyzer.cli.options import UserError, emit_row_batches, emit_rows, parse_params
-from analyzer.queries import QueryResult, install_views, load_query
-from analyzer.store import default_db_path
+from analyzer.cli.options import UserError, default_db_path, emit_row_batches, emit_rows, parse_params
+
+if TYPE_CHECKING:  # analyzer.queries is imported where a query runs (start-up cost of --help and usage errors)
+    from analyzer.queries import QueryResult
 
 __all__ = [
     "PERSPECTIVES", "TRACE_ID_RE", "check_trace_id", "installed", "merge_params", "note_if_stale", "open_from_flags",
@@ -84,6 +85,8 @@ def check_trace_id(trace_id: str | None) -> str | None:
 
 def merge_params(query: str, flags: Mapping[str, Any], raw_params: Sequence[str]) -> dict[str, Any]:
     """Friendly flags (None = not given) overlaid by ``--param NAME=VALUE``; unknown names are errors."""
+    from analyzer.queries import load_query
+
     params = {k: v for k, v in flags.items() if v is not None}
     params.update(parse_params(raw_params))
     try:
@@ -108,6 +111,8 @@ def _check_types(query: str, params: Mapping[str, Any]) -> None:
     """A number, integer or boolean parameter given as something else is a one-line error
     here, whatever the data (DuckDB converts a bound value only when a row reaches it, so
     over an empty table a bad value would pass silently)."""
+    from analyzer.queries import load_query
+
     declared = {p.name: p.sql_type for p in load_query(query).params}
     for name, value in params.items():
         check = _SCALAR_CHECKS.get(declared.get(name, ""))
@@ -202,5 +207,7 @@ def run_verb(
 
 def installed(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
     """``con`` with the adapter and metric views installed (for ad-hoc SQL)."""
+    from analyzer.queries import install_views
+
     install_views(con)
     return con

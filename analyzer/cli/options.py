@@ -11,7 +11,13 @@ from typing import Any, Callable, Iterable, Sequence
 
 import click
 
-from analyzer.store import default_db_path
+
+def default_db_path() -> str:
+    """``$TOKENTRACE_DB`` when set, else ``tokentrace.duckdb`` (analyzer.store.default_db_path,
+    imported only when needed: start-up cost)."""
+    from analyzer.store import default_db_path as default
+
+    return default()
 
 __all__ = [
     "UserError",
