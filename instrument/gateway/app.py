@@ -68,6 +68,8 @@ class GatewaySettings:
     # kv_block_tokens, max_batch_tokens for "continuous"); the KV budget is budgets.kv_budget_bytes.
     engine: str = "sequential"
     engine_options: dict[str, Any] = field(default_factory=dict)
+    # At shutdown, how long the engine lets running sequences finish before cancelling them, s.
+    shutdown_grace_s: float = 5.0
 
 
 class _Rejected(Exception):
@@ -356,7 +358,7 @@ def create_app(handle: ModelHandle, tracer_provider: Any, settings: GatewaySetti
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
-        gateway.engine.close()
+        gateway.engine.close(gateway.settings.shutdown_grace_s)
 
     app = FastAPI(title="tokentrace gateway", lifespan=lifespan)
     app.state.gateway = gateway
