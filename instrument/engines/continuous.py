@@ -51,6 +51,8 @@ class ContinuousEngine:
     - ``decode_spans``: ``all`` | ``every:N`` | ``none``.
     - ``warmup``: run a few untraced sequences before reporting ready (first forwards pay
       one-time kernel set-up).
+    - ``device_time``: CUDA event time of each step's forward (``tokentrace.device_ns`` on
+      ``engine_step`` spans); default on when the model is on CUDA.
 
     ``tracing`` (attribute, default True): False keeps token delivery, cancellation and the
     queue time but records no steps and writes no prefill/decode/engine spans — the
@@ -62,7 +64,8 @@ class ContinuousEngine:
 
     def __init__(self, handle: ModelHandle, tracer_provider: Any, *, decode_spans: str = "all",
                  kv_budget_bytes: int | None = None, kv_block_tokens: int = 16, max_batch_tokens: int = 512,
-                 max_batch_size: int = 64, steps_per_engine_trace: int = 1000, warmup: bool = True) -> None:
+                 max_batch_size: int = 64, steps_per_engine_trace: int = 1000, warmup: bool = True,
+                 device_time: bool | None = None) -> None:
         cb_hooks.check_version()
         model = handle.model
         self.handle = handle
@@ -106,7 +109,8 @@ class ContinuousEngine:
         if self.geometry.bytes_per_block != bytes_per_block:
             raise ValueError(f"continuous engine: the paged cache holds {self.geometry.bytes_per_block} bytes per "
                              f"block, the KV formula gives {bytes_per_block}: refusing to report wrong KV figures")
-        self.tap = cb_hooks.StepTap(self.manager, self)
+        on_cuda = getattr(model.device, "type", "cpu") == "cuda"
+        self.tap = cb_hooks.StepTap(self.manager, self, device_time=on_cuda if device_time is None else device_time)
         self.manager.start()
         self.build_s = time.perf_counter() - started
         self.warmup_s = self._warm_up() if warmup else 0.0
@@ -219,6 +223,7 @@ class ContinuousEngine:
         rec = self._current
         if rec is not None:
             rec.end_ns = end_ns
+            rec.device_ns = self.tap.device_ns
         self._current = None
         live = self._live
         for seq, token, finished in emitted:

@@ -67,7 +67,7 @@ class GatewaySettings:
     gc_freeze: bool = False
     # Which engine runs the model (instrument/engines) and its own options (e.g.
     # kv_block_tokens, max_batch_tokens for "continuous"); the KV budget is budgets.kv_budget_bytes.
-    engine: str = "sequential"
+    engine: str = "continuous"
     engine_options: dict[str, Any] = field(default_factory=dict)
     # At shutdown, how long the engine lets running sequences finish before cancelling them, s.
     shutdown_grace_s: float = 5.0
