@@ -15,6 +15,11 @@ tracing   The continuous engine in this process with its tracing on and off
           sequences at once and waits for all, then flushes the span processor (OTLP-JSON file
           exporter), so the export thread's encoding is inside the round. Time per engine step
           = round wall time / steps. Goal: tracing adds <= 2 % to engine step time.
+startup   Where a manager's start-up time goes: transformers' defaults (the cache sized to a share
+          of the machine's free memory) against tokentrace's sizing (the KV budget): the
+          manager's build, its batch processor (cache tensor, static tensors, the attention
+          mask), the first round of --batch sequences, a later round; with the bytes of the
+          cache and of the attention mask.
 gateway   The continuous engine behind the gateway (a ``tokentrace serve`` subprocess,
           traced, client-side TTFT/E2E over HTTP) vs transformers' manager called directly in
           this process (same sizing, ``add_request(streaming=True)``, TTFT/E2E from add_request
@@ -235,6 +240,64 @@ def section_tracing(args: argparse.Namespace, handle: Any) -> dict[str, Any]:
             "goal_tracing_2pct": statistics.median(paired) <= 1.02}
 
 
+# --- start-up -------------------------------------------------------------------------------
+def _manager_round(manager: Any, prompts: list[list[int]], tokens: int) -> float:
+    started = time.perf_counter()
+    ids = [manager.add_request(p, max_new_tokens=tokens, eos_token_id=-1) for p in prompts]
+    pending = set(ids)
+    deadline = time.monotonic() + 900
+    while pending and time.monotonic() < deadline:
+        out = manager.get_result(timeout=1)
+        if out is not None and out.is_finished():
+            pending.discard(out.request_id)
+    return time.perf_counter() - started
+
+
+def section_startup(args: argparse.Namespace, handle: Any) -> dict[str, Any]:
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    from instrument.engines.continuous import DEFAULT_KV_BUDGET_BYTES, DEFAULT_KV_CACHE_TOKENS
+
+    prompts = [handle.tokenize([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}], None)
+               for i in range(args.batch)]
+    per_token = handle.kv_bytes_per_token
+    sized = min(DEFAULT_KV_BUDGET_BYTES // (16 * per_token), DEFAULT_KV_CACHE_TOKENS // 16)
+    configs = {
+        "transformers_defaults": ContinuousBatchingConfig(use_async_batching=False),
+        "tokentrace_sizing": ContinuousBatchingConfig(page_size=16, num_blocks=sized, max_batch_tokens=512,
+                                                      max_requests_per_batch=64, max_blocks_per_request=0,
+                                                      use_async_batching=False, allow_block_sharing=False,
+                                                      auto_switch_to_flash=False, max_memory_percent=0.9),
+    }
+    out: dict[str, Any] = {}
+    for name, cb in configs.items():
+        config = GenerationConfig(do_sample=False, eos_token_id=-1, max_new_tokens=args.max_tokens,
+                                  pad_token_id=handle.model.generation_config.pad_token_id)
+        t0 = time.perf_counter()
+        manager = handle.model.init_continuous_batching(generation_config=config, continuous_batching_config=cb)
+        t1 = time.perf_counter()
+        manager.warmup()  # builds the batch processor: cache tensor, static tensors, attention mask
+        t2 = time.perf_counter()
+        processor = manager.batch_processor
+        cache = processor.cache
+        masks = processor.inputs_and_outputs.attention_mask or {}
+        manager.start()
+        first = _manager_round(manager, prompts, args.max_tokens)
+        later = _manager_round(manager, prompts, args.max_tokens)
+        manager.stop(block=True, timeout=60)
+        out[name] = {"init_s": t1 - t0, "batch_processor_s": t2 - t1, "first_round_s": first, "later_round_s": later,
+                     "cache_blocks": cache.num_blocks, "block_tokens": cb.page_size,
+                     "max_batch_tokens": cache.max_batch_tokens, "cache_bytes": int(cache.cache_tensor.numel()),
+                     "attention_mask_bytes": int(sum(m.numel() * m.element_size() for m in masks.values()))}
+        print(json.dumps({name: out[name]}), file=sys.stderr, flush=True)
+        del manager, processor, cache, masks
+        import gc
+
+        gc.collect()
+    return out
+
+
 # --- gateway vs the manager -----------------------------------------------------------------
 def direct_manager(handle: Any, max_tokens: int) -> Any:
     from transformers import GenerationConfig
@@ -336,7 +399,7 @@ def main() -> None:
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     out: dict[str, Any] = {"model": args.model, "load_average_start": _load()}
     handle = None
-    if any(s in sections for s in ("tracing", "gateway")):
+    if any(s in sections for s in ("tracing", "gateway", "startup")):
         import torch
 
         from instrument.model_handle import load_model_handle
@@ -352,6 +415,8 @@ def main() -> None:
             out["tracing"] = section_tracing(args, handle)
         elif section == "gateway":
             out["gateway"] = section_gateway(args, handle)
+        elif section == "startup":
+            out["startup"] = section_startup(args, handle)
         else:
             raise SystemExit(f"--sections: unknown section {section!r}")
         out[section]["seconds"] = round(time.monotonic() - started, 1)

@@ -102,3 +102,34 @@ def test_stop_text_never_shows_a_partial_stop(stops: tuple[str, ...], deltas: li
     assert st.matched is matched
     if not matched:
         assert st.flush() == ""
+
+
+def test_batched_draws_equal_single_row_draws_and_follow_the_distribution() -> None:
+    from instrument.sampling import draw_tokens
+
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(5, VOCAB, generator=g)
+    params = [SamplingParams(max_tokens=1, temperature=t, top_k=k, top_p=p)
+              for t, k, p in [(1.0, 0, 1.0), (0.5, 3, 1.0), (1.5, 0, 0.7), (1.0, 2, 0.5), (0.8, 0, 1.0)]]
+    uniforms = [0.03, 0.51, 0.97, 0.42, 0.0]
+    together = draw_tokens(scores, params, uniforms)
+    alone = [draw_tokens(scores[i:i + 1], [params[i]], [uniforms[i]])[0] for i in range(5)]
+    assert together == alone
+    # the inverse CDF over the softmax: draw frequencies follow the probabilities
+    row = torch.tensor([2.0, 1.0, 0.0, -1.0, 0.5, 0.0, -3.0, 1.5])
+    probs = torch.softmax(row, -1)
+    n = 4000
+    picks = draw_tokens(row.repeat(n, 1), [SamplingParams(max_tokens=1)] * n, torch.rand(n, generator=g).tolist())
+    freq = torch.bincount(torch.tensor(picks), minlength=VOCAB).float() / n
+    assert torch.allclose(freq, probs, atol=0.03)
+    # top_p keeps the smallest set of best tokens whose probability reaches it
+    nucleus = draw_tokens(row.repeat(n, 1), [SamplingParams(max_tokens=1, top_p=0.6)] * n,
+                          torch.rand(n, generator=g).tolist())
+    kept = sorted(range(VOCAB), key=lambda j: -float(probs[j]))
+    mass, need = 0.0, set()
+    for j in kept:
+        need.add(j)
+        mass += float(probs[j])
+        if mass >= 0.6:
+            break
+    assert set(nucleus) == need

@@ -35,7 +35,7 @@ from transformers.generation.continuous_batching.continuous_api import OutputRou
 from transformers.generation.continuous_batching.requests import RequestStatus
 
 from instrument.clock import now_wall_ns
-from instrument.sampling import SequenceSampler, TokenLogprobs, one_hot_scores
+from instrument.sampling import SequenceSampler, TokenLogprobs, draw_tokens, one_hot_scores
 
 __all__ = ["TESTED_TRANSFORMERS", "EngineOutputRouter", "RowSampler", "ScheduledSequence", "StepListener",
            "StepTap", "build_manager", "cache_geometry", "check_version", "wake"]
@@ -250,18 +250,27 @@ class RowSampler(ContinuousBatchingLogitsProcessor):
         sampler_of = self.listener.sampler_of
         samplers = [sampler_of(rid) for rid in rows]
         tokens: list[int] = [0] * len(rows)
-        plain_greedy = [i for i, s in enumerate(samplers) if s is None or (s.params.greedy and s.params.plain)]
-        if plain_greedy:
-            picks = torch.argmax(scores[plain_greedy], dim=-1).tolist()
-            for i, token in zip(plain_greedy, picks):
-                tokens[i] = int(token)
-                if samplers[i] is not None:
-                    samplers[i].record(int(token))
-        for i, sampler in enumerate(samplers):
-            if sampler is not None and not (sampler.params.greedy and sampler.params.plain):
-                tokens[i], logprobs = sampler.choose(scores[i])
+        greedy, sampled = [], []  # rows whose pick needs nothing but the pick: done for all at once
+        for i, s in enumerate(samplers):
+            if s is None or (s.params.plain and s.params.greedy):
+                greedy.append(i)
+            elif s.params.plain:
+                sampled.append(i)
+            else:
+                tokens[i], logprobs = s.choose(scores[i])
                 if logprobs is not None:
                     self.listener.keep_logprobs(rows[i], logprobs)
+        if greedy:
+            for i, token in zip(greedy, torch.argmax(scores[greedy], dim=-1).tolist()):
+                tokens[i] = int(token)
+        if sampled:
+            picks = draw_tokens(scores[sampled], [samplers[i].params for i in sampled],
+                                [samplers[i].uniform() for i in sampled])
+            for i, token in zip(sampled, picks):
+                tokens[i] = int(token)
+        for i in greedy + sampled:
+            if samplers[i] is not None:
+                samplers[i].record(tokens[i])
         return one_hot_scores(scores, tokens)
 
 
