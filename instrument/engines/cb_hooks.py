@@ -38,7 +38,7 @@ from instrument.clock import now_wall_ns
 from instrument.sampling import SequenceSampler, TokenLogprobs, draw_tokens, one_hot_scores
 
 __all__ = ["TESTED_TRANSFORMERS", "EngineOutputRouter", "RowSampler", "ScheduledSequence", "StepListener",
-           "StepTap", "build_manager", "cache_geometry", "check_version", "wake"]
+           "StepTap", "build_manager", "cache_geometry", "check_version", "start_manager", "wake"]
 
 TESTED_TRANSFORMERS = "5.24.0"
 FULL_ATTENTION = "full_attention"
@@ -288,6 +288,22 @@ class EngineOutputRouter(OutputRouter):
     def deliver_batch(self, outputs: list[Any]) -> None:
         for output in outputs:
             self.deliver(output)
+
+
+def start_manager(manager: Any) -> None:
+    """``manager.start()``, but the generation thread is a daemon: a process that never stops
+    its engine (an app built and not served, a test) can still exit. Mirrors ``start()`` of
+    transformers 5.24 (clear the thread status, run the loop in the caller's inference mode)."""
+    import threading
+
+    if manager.is_running():
+        return
+    manager.background_thread_status.clear()
+    manager._generation_thread = threading.Thread(
+        target=manager._run_generation_loop, kwargs={"use_inference_mode": torch.is_inference_mode_enabled()},
+        name="tokentrace-continuous-batching", daemon=True,
+    )
+    manager._generation_thread.start()
 
 
 def wake(manager: Any) -> None:
