@@ -247,10 +247,10 @@ def test_a_process_that_never_closes_its_engine_still_exits() -> None:
     import subprocess
     import sys
 
-    code = ("from instrument.model_handle import load_model_handle\\n"
-            "from instrument.engines.continuous import ContinuousEngine\\n"
-            "from opentelemetry.sdk.trace import TracerProvider\\n"
-            "engine = ContinuousEngine(load_model_handle('tiny'), TracerProvider())\\n"
-            "assert engine.manager.is_running()\\n")
+    code = ("from instrument.model_handle import load_model_handle\n"
+            "from instrument.engines.continuous import ContinuousEngine\n"
+            "from opentelemetry.sdk.trace import TracerProvider\n"
+            "engine = ContinuousEngine(load_model_handle('tiny'), TracerProvider())\n"
+            "assert engine.manager.is_running()\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
