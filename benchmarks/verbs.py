@@ -162,9 +162,12 @@ def _open(source: str, path: str) -> Any:
     return open_source(parquet=path) if source == "parquet" else open_source(db=path)
 
 
-def run_child(kind: str, verb: str, source: str, path: str, fetch: str) -> dict[str, Any]:
+def run_child(kind: str, verb: str, source: str, path: str, fetch: str, memory_limit: str | None) -> dict[str, Any]:
     t0 = time.perf_counter()
     con = _open(source, path)
+    if memory_limit:  # the same limit for the verb and its floor; spills go to ./duckdb_tmp (the run folder)
+        con.execute("SET memory_limit = $m", {"m": memory_limit})
+        con.execute("SET temp_directory = $d", {"d": str(Path(path).parent / "duckdb_tmp")})
     rows = 0
     tables = []
     if kind == "verb":
@@ -191,7 +194,7 @@ def run_child(kind: str, verb: str, source: str, path: str, fetch: str) -> dict[
                 rows += sum(b.num_rows for b in reader)
     seconds = time.perf_counter() - t0
     con.close()
-    result: dict[str, Any] = {"seconds": seconds, "rows": rows}
+    result: dict[str, Any] = {"seconds": seconds, "rows": rows, "peak_rss_mib": _peak_rss_mib()}
     if fetch == "table":
         import pyarrow as pa
 
@@ -199,9 +202,19 @@ def run_child(kind: str, verb: str, source: str, path: str, fetch: str) -> dict[
     return result
 
 
+def _peak_rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+MEMORY_LIMIT: str | None = None  # --memory-limit, passed to every child
+
+
 def _child_cmd(kind: str, verb: str, source: str, path: Path, fetch: str = "count") -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", kind, "--verb", verb, "--source", source, "--path", str(path),
-           "--fetch", fetch]
+           "--fetch", fetch] + (["--memory-limit", MEMORY_LIMIT] if MEMORY_LIMIT else [])
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=7200).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -275,9 +288,10 @@ def floor(root: Path, n: int, runs: int) -> dict[str, Any]:
             f = min(r["seconds"] for r in floor_runs)
             rows = (verb_runs[0]["rows"], floor_runs[0]["rows"])
             same = "" if rows[0] == rows[1] else f"  ROWS DIFFER {rows}"
+            rss = (max(r["peak_rss_mib"] for r in verb_runs), max(r["peak_rss_mib"] for r in floor_runs))
             print(f"  {verb:<9} verb {v:7.2f} s  floor {f:7.2f} s  ratio {v / f:4.2f}  rows {rows[0]:,}{same}  "
-                  f"[{_load()}]", flush=True)
-            results[f"{source}:{verb}"] = {"verb_s": v, "floor_s": f, "ratio": v / f, "rows": rows}
+                  f"peak RSS {rss[0]:,.0f} / {rss[1]:,.0f} MiB  [{_load()}]", flush=True)
+            results[f"{source}:{verb}"] = {"verb_s": v, "floor_s": f, "ratio": v / f, "rows": rows, "peak_rss_mib": rss}
     return results
 
 
@@ -290,6 +304,8 @@ def main() -> None:
     parser.add_argument("--floor-runs", type=int, default=2, help="runs per verb and floor (the fastest is reported)")
     parser.add_argument("--skip-check", action="store_true", help="do not check the floors against the verbs first")
     parser.add_argument("--keep", default=None, help="keep dumps and databases here (default: a temp dir, removed)")
+    parser.add_argument("--memory-limit", default=None,
+                        help="DuckDB memory_limit of every verb and floor run, e.g. 12GB (default: DuckDB's, 80%% of RAM)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--verb", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--source", default=None, help=argparse.SUPPRESS)
@@ -297,8 +313,11 @@ def main() -> None:
     parser.add_argument("--fetch", default="count", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_child(args.child, args.verb, args.source, args.path, args.fetch), default=str))
+        print(json.dumps(run_child(args.child, args.verb, args.source, args.path, args.fetch, args.memory_limit),
+                         default=str))
         return
+    global MEMORY_LIMIT
+    MEMORY_LIMIT = args.memory_limit
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="tt-verbs-"))
     root.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {}
