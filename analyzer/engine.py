@@ -51,6 +51,17 @@ def _canonical_columns(table: str, con: duckdb.DuckDBPyConnection | None = None)
     return list(_COLUMNS[table])
 
 
+def _settings(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """$TOKENTRACE_MEMORY_LIMIT and the like (analyzer.store.apply_settings), as a SourceError."""
+    from analyzer.store import apply_settings
+
+    try:
+        return apply_settings(con)
+    except ValueError as exc:
+        con.close()
+        raise SourceError(str(exc)) from None
+
+
 def utc_day_of_ns(ns: int) -> str:
     """The UTC day (YYYY-MM-DD) of a nanosecond timestamp, as export's ``date`` partitions
     name it. Integer seconds: a float division would round within ~256 ns of midnight."""
@@ -118,7 +129,7 @@ def open_source(
     if (db is None) == (parquet is None):
         raise SourceError("give either a database (--db) or a Parquet dump (--parquet), not both or neither")
     if parquet is not None:
-        con = duckdb.connect(":memory:")
+        con = _settings(duckdb.connect(":memory:"))
         # Parquet footers are read once per file, not at every bind: the adapter and metric
         # views reference `spans` dozens of times, each a read_parquet over the dump.
         con.execute("SET parquet_metadata_cache = true")
@@ -140,7 +151,7 @@ def open_source(
         raise SourceError(str(exc)) from None
     # The file is attached read-only to an in-memory database: the adapter and metric views
     # are created there, so querying never writes to (or locks for writing) the user's file.
-    con = duckdb.connect(":memory:")
+    con = _settings(duckdb.connect(":memory:"))
     try:
         con.execute("ATTACH $path AS tokentrace_db (READ_ONLY)", {"path": str(path)})
     except duckdb.Error as exc:

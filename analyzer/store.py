@@ -26,7 +26,9 @@ __all__ = [
     "DatabaseFileError",
     "EventRow",
     "LinkRow",
+    "SettingError",
     "SpanRow",
+    "apply_settings",
     "clock_domain_of",
     "connect",
     "default_db_path",
@@ -45,6 +47,27 @@ def default_db_path() -> str:
     return os.environ.get("TOKENTRACE_DB") or DEFAULT_DB
 
 
+MEMORY_LIMIT_ENV = "TOKENTRACE_MEMORY_LIMIT"
+
+
+class SettingError(ValueError):
+    """A DuckDB setting from the environment that DuckDB refuses: one line naming the variable."""
+
+
+def apply_settings(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """DuckDB settings every tokentrace connection takes from the environment:
+    ``$TOKENTRACE_MEMORY_LIMIT`` (e.g. ``8GB``) as ``memory_limit`` (DuckDB's default is 80 %
+    of RAM; beyond the limit it spills to its temp directory). A value DuckDB refuses is a
+    :class:`SettingError` naming the variable."""
+    limit = os.environ.get(MEMORY_LIMIT_ENV)
+    if limit:
+        try:
+            con.execute("SET memory_limit = $m", {"m": limit})
+        except duckdb.Error as exc:
+            raise SettingError(f"${MEMORY_LIMIT_ENV}={limit!r}: {str(exc).splitlines()[0]}") from None
+    return con
+
+
 def connect(path: str | Path | None = None, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     """Open (or create) a tokentrace database and make sure the canonical tables exist.
 
@@ -56,10 +79,19 @@ def connect(path: str | Path | None = None, read_only: bool = False) -> duckdb.D
     target = ":memory:" if path is None else str(path)
     if target != ":memory:":
         check_database_path(target, for_write=not read_only)
+    existed = target == ":memory:" or Path(target).exists()
     try:
         con = duckdb.connect(target, read_only=read_only)
     except duckdb.Error as exc:  # e.g. the file is locked by another process
         raise DatabaseFileError(f"{target}: cannot open the database: {str(exc).splitlines()[0]}") from None
+    try:
+        apply_settings(con)
+    except SettingError:
+        con.close()
+        if not existed:  # the file DuckDB just created holds nothing
+            for leftover in (Path(target), Path(target + ".wal")):
+                leftover.unlink(missing_ok=True)
+        raise
     if not read_only:
         create_tables(con)
     return con

@@ -49,6 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 BENCH = Path(__file__).resolve().parent
 VERBS = ("requests", "itl", "summary", "window", "phases", "skew")
+MEMORY_LIMIT: str | None = None  # --memory-limit: every run's DuckDB memory_limit
 
 
 def _bench_module(name: str) -> Any:
@@ -81,14 +82,19 @@ def load_db(directory: Path, target: Path, derive: bool = True) -> float:
         p.unlink(missing_ok=True)
     args = [*_tokentrace(), "load", str(directory), "--db", str(target), "-q"] + ([] if derive else ["--no-derive"])
     t0 = time.perf_counter()
-    subprocess.run(args, check=True, timeout=7200)
+    subprocess.run(args, check=True, timeout=7200, env=_env())
     return time.perf_counter() - t0
+
+
+def _env() -> dict[str, str]:
+    """The environment of every tokentrace command run here: --memory-limit as $TOKENTRACE_MEMORY_LIMIT."""
+    return {**os.environ, **({"TOKENTRACE_MEMORY_LIMIT": MEMORY_LIMIT} if MEMORY_LIMIT else {})}
 
 
 def _wall(cmd: list[str]) -> float:
     t0 = time.perf_counter()
     with open(os.devnull, "wb") as sink:
-        subprocess.run(cmd, check=True, stdout=sink, stderr=sink, timeout=7200)
+        subprocess.run(cmd, check=True, stdout=sink, stderr=sink, timeout=7200, env=_env())
     return time.perf_counter() - t0
 
 
@@ -165,7 +171,7 @@ def _open(source: str, path: str) -> Any:
 def run_child(kind: str, verb: str, source: str, path: str, fetch: str, memory_limit: str | None) -> dict[str, Any]:
     t0 = time.perf_counter()
     con = _open(source, path)
-    if memory_limit:  # the same limit for the verb and its floor; spills go to ./duckdb_tmp (the run folder)
+    if memory_limit:  # the same limit for the verb and its floor; spills go to duckdb_tmp beside the data
         con.execute("SET memory_limit = $m", {"m": memory_limit})
         con.execute("SET temp_directory = $d", {"d": str(Path(path).parent / "duckdb_tmp")})
     rows = 0
@@ -207,9 +213,6 @@ def _peak_rss_mib() -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-MEMORY_LIMIT: str | None = None  # --memory-limit, passed to every child
 
 
 def _child_cmd(kind: str, verb: str, source: str, path: Path, fetch: str = "count") -> dict[str, Any]:

@@ -100,3 +100,20 @@ def test_library_connect_checks_the_path(tmp_path) -> None:
     check_database_path(tmp_path / "new.duckdb", for_write=True)
     check_database_path(tmp_path / "new.duckdb", for_write=False)
     assert describe_file(tmp_path / "new.duckdb") == "a DuckDB database"
+
+
+def test_tokentrace_memory_limit_applies_to_every_connection(tmp_path, monkeypatch) -> None:
+    db = tmp_path / "t.duckdb"
+    assert CliRunner().invoke(cli, ["load", str(TRACES), "--db", str(db), "-q"]).exit_code == 0
+    monkeypatch.setenv("TOKENTRACE_MEMORY_LIMIT", "300MB")
+    r = CliRunner().invoke(cli, ["sql", "SELECT current_setting('memory_limit') AS m", "--db", str(db), "--format", "csv"])
+    assert r.exit_code == 0 and r.stdout.splitlines()[1] in ("286.1 MiB", "300.0 MB"), r.stdout
+    con = connect(tmp_path / "w.duckdb")
+    assert con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0] == r.stdout.splitlines()[1]
+    con.close()
+    monkeypatch.setenv("TOKENTRACE_MEMORY_LIMIT", "lots")
+    for args in (["requests", "--db", str(db)], ["load", str(TRACES), "--db", str(tmp_path / "new.duckdb")]):
+        r = CliRunner().invoke(cli, args)
+        assert r.exit_code == 1 and r.stderr.startswith("Error: $TOKENTRACE_MEMORY_LIMIT='lots': "), r.stderr
+        assert len(r.stderr.splitlines()) == 1
+    assert not (tmp_path / "new.duckdb").exists()

@@ -37,7 +37,8 @@ def user_facing_error(exc: Exception, verb: str | None) -> click.ClickException:
 
     name = type(exc).__name__
     module = type(exc).__module__ or ""
-    if name in ("DatabaseFileError", "SourceError", "LoadError", "TimelineError", "AuditInputError"):
+    if name in ("DatabaseFileError", "SourceError", "LoadError", "TimelineError", "AuditInputError",
+                "SettingError"):
         return UserError(str(exc), hint=getattr(exc, "hint", None))
     if isinstance(exc, ModuleNotFoundError) and exc.name:
         return UserError(f"tokentrace {verb or ''} needs the Python package {exc.name!r}, which is not installed "
