@@ -52,15 +52,19 @@ SELECT
     coalesce(stop_kv_bytes, CASE WHEN decode_spans = 0 AND generated_tokens = 1 THEN prompt_kv_bytes END)
         / 1048576.0 AS stop_kv_mib,
     synthetic,
-    CASE
-        WHEN null_reason IS NOT NULL THEN null_reason
-        WHEN output_tokens IS NULL THEN 'output token count unknown'
-        WHEN output_tokens <= 1 THEN 'tpot_ms and decode rate need more than one output token'
-            || CASE WHEN e_ns <= s_ns THEN '; whole-request rate needs e > s' ELSE '' END
-        WHEN e_ns <= f_ns THEN 'decode rate needs e > f'
-            || CASE WHEN e_ns <= s_ns THEN '; whole-request rate needs e > s' ELSE '' END
-        WHEN e_ns <= s_ns THEN 'whole-request rate needs e > s'
-    END AS null_reason
+    response_id,
+    client_request_id,
+    request_id_note,
+    output_tokens_basis,
+    -- every reason that applies, joined by '; ' (the adapter's first): a row's NULL metrics
+    -- each have theirs here, none hidden behind another; NULL when there is none.
+    nullif(concat_ws('; ',
+        null_reason,
+        CASE WHEN output_tokens IS NULL THEN 'output token count unknown' END,
+        CASE WHEN output_tokens <= 1 THEN 'tpot_ms and decode rate need more than one output token' END,
+        CASE WHEN output_tokens > 1 AND e_ns <= f_ns THEN 'decode rate needs e > f' END,
+        CASE WHEN e_ns <= s_ns THEN 'whole-request rate needs e > s' END
+    ), '') AS null_reason
 FROM request_facts;
 
 -- One integer key per request perspective: request_key numbers the (trace_id,
