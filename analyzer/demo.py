@@ -91,7 +91,7 @@ def run_demo(options: DemoOptions, progress: ProgressFn | None = None) -> DemoRe
     from instrument.client import SEED_PROMPT, chat_body, local_tracer_provider, run_load_sync
     from instrument.gateway.app import GatewaySettings, create_app
     from instrument.gateway.server import ServerThread
-    from instrument.gateway.worker import load_model_handle
+    from instrument.model_handle import load_model_handle
 
     report = progress or (lambda _stage, _done, _total: None)
     out = Path(options.out_dir)

@@ -145,7 +145,7 @@ sys.path.insert(0, sys.argv[1])
 import uvicorn
 from instrument.client import local_tracer_provider
 from instrument.gateway.app import GatewaySettings, create_app
-from instrument.gateway.worker import load_model_handle
+from instrument.model_handle import load_model_handle
 model, port, spans, max_tokens, loop, http = sys.argv[2:8]
 provider = local_tracer_provider("tokentrace-gateway-baseline", json_path=spans)
 app = create_app(load_model_handle(model), provider, GatewaySettings(max_tokens_limit=int(max_tokens)))
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import httpx
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from instrument.gateway.worker import load_model_handle
+    from instrument.model_handle import load_model_handle
     from instrument.tracing import setup_tracing
 
     load_start = os.getloadavg()[0]

@@ -294,7 +294,7 @@ _HANDLE: Any = None
 def tiny_handle() -> Any:
     global _HANDLE
     if _HANDLE is None:
-        from instrument.gateway.worker import load_model_handle
+        from instrument.model_handle import load_model_handle
 
         _HANDLE = load_model_handle("tiny")
     return _HANDLE

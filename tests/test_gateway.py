@@ -7,6 +7,7 @@ Every network call has a timeout and every loop is bounded.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from typing import Any, Iterator
@@ -25,7 +26,7 @@ from instrument.client import chat_body, stream_chat  # noqa: E402
 from instrument.gateway.admission import AdmissionBudgets  # noqa: E402
 from instrument.gateway.app import GatewaySettings, create_app  # noqa: E402
 from instrument.gateway.server import ServerThread  # noqa: E402
-from instrument.gateway.worker import ModelHandle, load_model_handle  # noqa: E402
+from instrument.model_handle import ModelHandle, load_model_handle  # noqa: E402
 from instrument.tracing import get_tracer  # noqa: E402
 
 TIMEOUT_S = 30.0
@@ -34,6 +35,12 @@ TIMEOUT_S = 30.0
 @pytest.fixture(scope="module")
 def handle() -> ModelHandle:
     return load_model_handle("tiny")
+
+
+@pytest.fixture(scope="module", params=["sequential", "continuous"])
+def engine(request: pytest.FixtureRequest) -> str:
+    """Every gateway test runs on both engines (instrument/engines)."""
+    return request.param
 
 
 def _provider() -> tuple[TracerProvider, InMemorySpanExporter]:
@@ -46,9 +53,9 @@ def _provider() -> tuple[TracerProvider, InMemorySpanExporter]:
 class Served:
     """A running gateway with its span exporter."""
 
-    def __init__(self, handle: ModelHandle, settings: GatewaySettings) -> None:
+    def __init__(self, handle: ModelHandle, settings: GatewaySettings, engine: str) -> None:
         self.provider, self.exporter = _provider()
-        self.app = create_app(handle, self.provider, settings)
+        self.app = create_app(handle, self.provider, dataclasses.replace(settings, engine=engine))
         self.server = ServerThread(self.app).start()
         self.url = self.server.url
 
@@ -71,8 +78,8 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(handle: ModelHandle) -> Iterator[Served]:
-    s = Served(handle, GatewaySettings(max_tokens_limit=512, max_body_bytes=4096))
+def served(handle: ModelHandle, engine: str) -> Iterator[Served]:
+    s = Served(handle, GatewaySettings(max_tokens_limit=512, max_body_bytes=4096), engine)
     yield s
     s.stop()
 
@@ -162,8 +169,8 @@ def test_413_body_too_large_and_400_bad_json(served: Served) -> None:
     assert rejected and rejected[-1].status.status_code.name == "ERROR"
 
 
-def test_401_api_keys_and_429_rate_limit(handle: ModelHandle) -> None:
-    s = Served(handle, GatewaySettings(api_keys=frozenset({"k1"}), rate_limit_rps=0.5, rate_limit_burst=1))
+def test_401_api_keys_and_429_rate_limit(handle: ModelHandle, engine: str) -> None:
+    s = Served(handle, GatewaySettings(api_keys=frozenset({"k1"}), rate_limit_rps=0.5, rate_limit_burst=1), engine)
     try:
         body = chat_body("tiny", max_tokens=2, stream=False)
         assert _post(s.url, body).status_code == 401
@@ -180,8 +187,8 @@ def test_401_api_keys_and_429_rate_limit(handle: ModelHandle) -> None:
         s.stop()
 
 
-def test_overload_burst_every_request_completes_or_gets_429(handle: ModelHandle) -> None:
-    s = Served(handle, GatewaySettings(budgets=AdmissionBudgets(max_queued_requests=2)))
+def test_overload_burst_every_request_completes_or_gets_429(handle: ModelHandle, engine: str) -> None:
+    s = Served(handle, GatewaySettings(budgets=AdmissionBudgets(max_queued_requests=2)), engine)
     client_provider, _ = _provider()
     burst = 10
 
@@ -260,10 +267,12 @@ def test_admission_budgets_fail_fast_and_release() -> None:
     assert adm.admit(20, 20).kv_bytes == 40 * 256
 
 
-def test_kv_budget_over_http(handle: ModelHandle) -> None:
+def test_kv_budget_over_http(handle: ModelHandle, engine: str) -> None:
     per_token = handle.kv_bytes_per_token
     assert per_token == 256  # tiny model: 2 x 2 layers x 2 kv heads x 8 head_dim x 4 bytes
-    s = Served(handle, GatewaySettings(budgets=AdmissionBudgets(kv_budget_bytes=per_token * 40)))
+    # 40 tokens of KV: the sequential engine admits by the logical figure (40 tokens); the
+    # continuous engine sizes its paged cache to whole 16-token blocks (2 blocks, 32 tokens).
+    s = Served(handle, GatewaySettings(budgets=AdmissionBudgets(kv_budget_bytes=per_token * 40)), engine)
     try:
         r = _post(s.url, chat_body("tiny", max_tokens=64, stream=False))
         assert r.status_code == 400 and r.json()["error"]["code"] == "context_budget_exceeded"

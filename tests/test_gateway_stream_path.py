@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from instrument.gateway import sse  # noqa: E402
 from instrument.gateway.request_state import Detokenizer  # noqa: E402
-from instrument.gateway.worker import ModelHandle, load_model_handle  # noqa: E402
+from instrument.model_handle import ModelHandle, load_model_handle  # noqa: E402
 
 TIMEOUT_S = 30.0
 
@@ -116,9 +116,10 @@ def test_stream_detokenizer_needs_a_fast_tokenizer() -> None:
 
 # --- the worker -> event loop hand-off --------------------------------------------------
 
-def _state(handle: ModelHandle, loop: asyncio.AbstractEventLoop) -> tuple[Any, InMemorySpanExporter]:
+def _state(handle: ModelHandle, loop: asyncio.AbstractEventLoop, *, waker: bool = False
+           ) -> tuple[Any, InMemorySpanExporter]:
     from instrument.gateway.admission import AdmissionBudgets, AdmissionController
-    from instrument.gateway.request_state import RequestState
+    from instrument.gateway.request_state import LoopWaker, RequestState
     from instrument.gateway.validation import validate_request
     from instrument.tracing import get_tracer
 
@@ -131,7 +132,7 @@ def _state(handle: ModelHandle, loop: asyncio.AbstractEventLoop) -> tuple[Any, I
                            operation="chat", served_models=handle.served_models, max_tokens_limit=64,
                            default_max_tokens=16)
     state = RequestState("chatcmpl-test", tracer.start_span("gateway"), tracer, admission, admission.admit(3, 8),
-                         gen, 3, loop)
+                         gen, 3, loop, waker=LoopWaker(loop) if waker else None)
     return state, exporter
 
 
@@ -151,8 +152,8 @@ def test_hand_off_delivers_every_token_in_order_and_times_out(handle: ModelHandl
         got: list[int] = []
         for _ in range(len(sent)):  # bounded: at least one token per batch
             items = await state.next_items(TIMEOUT_S)
-            assert items and all(kind == "token" for kind, _ in items)
-            got.extend(v for _, v in items)
+            assert items and all(kind == "token" for kind, _, _ in items)
+            got.extend(v for _, v, _ in items)
             if len(got) == len(sent):
                 break
         thread.join(TIMEOUT_S)
@@ -165,7 +166,7 @@ def test_hand_off_delivers_every_token_in_order_and_times_out(handle: ModelHandl
         assert 0.04 <= time.perf_counter() - t0 < 5.0 and state._waiter is None
         # a stale wake-up (its token already taken) is no item: the wait goes on to the timeout
         state.on_token_threadsafe(5)  # schedules a wake-up that runs only after the token is taken
-        assert await state.next_items(TIMEOUT_S) == [("token", 5)]
+        assert await state.next_items(TIMEOUT_S) == [("token", 5, None)]
         with pytest.raises(asyncio.TimeoutError):
             await state.next_items(0.05)
         # a cancelled wait (client gone) leaves no waiter behind; later tokens still arrive
@@ -176,16 +177,17 @@ def test_hand_off_delivers_every_token_in_order_and_times_out(handle: ModelHandl
             await task
         assert state._waiter is None
         state.on_token_threadsafe(7)
-        assert await state.next_items(TIMEOUT_S) == [("token", 7)]
+        assert await state.next_items(TIMEOUT_S) == [("token", 7, None)]
 
     asyncio.run(go())
 
 
-def test_hand_off_never_loses_a_wake_up_under_races(handle: ModelHandle) -> None:
+@pytest.mark.parametrize("waker", [False, True], ids=["own wake-ups", "shared LoopWaker"])
+def test_hand_off_never_loses_a_wake_up_under_races(handle: ModelHandle, waker: bool) -> None:
     """A fast worker against a consumer that sometimes lags (as when a write takes long):
     every token arrives, in order, and no wait runs into its timeout (a lost wake-up would)."""
     async def go() -> None:
-        state, _ = _state(handle, asyncio.get_running_loop())
+        state, _ = _state(handle, asyncio.get_running_loop(), waker=waker)
         sent = list(range(3000))
         rng = random.Random(1)
         pauses = [rng.random() < 0.01 for _ in sent]
@@ -203,7 +205,7 @@ def test_hand_off_never_loses_a_wake_up_under_races(handle: ModelHandle) -> None
         while len(got) < len(sent) and waits < len(sent):  # bounded: every call returns >= 1 token
             waits += 1
             items = await state.next_items(5.0)
-            got.extend(v for _, v in items)
+            got.extend(v for _, v, _ in items)
             if rng.random() < 0.3:
                 await asyncio.sleep(0.0002)  # the consumer lags: tokens pile up without wake-ups
         thread.join(TIMEOUT_S)
@@ -212,12 +214,13 @@ def test_hand_off_never_loses_a_wake_up_under_races(handle: ModelHandle) -> None
     asyncio.run(go())
 
 
-def test_hand_off_ping_pong_wakes_for_every_last_token(handle: ModelHandle) -> None:
+@pytest.mark.parametrize("waker", [False, True], ids=["own wake-ups", "shared LoopWaker"])
+def test_hand_off_ping_pong_wakes_for_every_last_token(handle: ModelHandle, waker: bool) -> None:
     """The worker sends one token and waits until it is received: each token is the last one
     for a while, so a wake-up lost in the consumer's check-then-wait window would stall the
     stream (TimeoutError here) instead of being rescued by the next token."""
     async def go() -> None:
-        state, _ = _state(handle, asyncio.get_running_loop())
+        state, _ = _state(handle, asyncio.get_running_loop(), waker=waker)
         received = threading.Event()
         rounds = 400
 
@@ -234,7 +237,7 @@ def test_hand_off_ping_pong_wakes_for_every_last_token(handle: ModelHandle) -> N
         try:
             for _ in range(rounds):
                 items = await state.next_items(2.0)
-                got.extend(v for _, v in items)
+                got.extend(v for _, v, _ in items)
                 received.set()
         finally:
             received.set()
@@ -259,9 +262,9 @@ def test_chunk_events_reach_the_span_in_order_before_the_cancel_event(handle: Mo
         assert [e.attributes["tokentrace.chunk.tokens"] for e in events[:5]] == [0, 1, 0, 1, 0]
         assert state.output_tokens == 2
         # The job's end then finalizes the request: the events are not added a second time.
-        from instrument.gateway.worker import JobResult
+        from instrument.engines.base import EngineResult
 
-        state.on_job_done(JobResult(admitted_ns=base, finish_reason="cancelled"))
+        state.on_job_done(EngineResult(admitted_ns=base, finish_reason="cancelled"))
         assert state.finished
         (span,) = [sp for sp in exporter.get_finished_spans() if sp.name == "gateway"]
         assert [e.name for e in span.events] == ["tokentrace.chunk"] * 5 + ["tokentrace.cancel"]

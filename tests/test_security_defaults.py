@@ -82,7 +82,7 @@ def test_gateway_spans_carry_no_prompt_text(tiny) -> None:
     from instrument.client import chat_body
     from instrument.gateway.app import create_app
     from instrument.gateway.server import ServerThread
-    from instrument.gateway.worker import load_model_handle
+    from instrument.model_handle import load_model_handle
 
     memory = InMemorySpanExporter()
     provider = setup_tracing("gw", exporter="none", span_exporters=[memory], batch=False)
@@ -110,7 +110,7 @@ def test_span_event_limit_is_above_max_tokens_and_enforced(tiny) -> None:
         traced_generate(model, tok, PROMPT, tracer_provider=low, max_new_tokens=16)
     pytest.importorskip("fastapi")
     from instrument.gateway.app import GatewaySettings, create_app
-    from instrument.gateway.worker import load_model_handle
+    from instrument.model_handle import load_model_handle
 
     with pytest.raises(ValueError, match="span event limit"):
         create_app(load_model_handle("tiny"), low, GatewaySettings(max_tokens_limit=64))

@@ -70,7 +70,7 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
         import uvicorn
 
         from instrument.gateway.app import GatewaySettings, create_app
-        from instrument.gateway.worker import load_model_handle
+        from instrument.model_handle import load_model_handle
     except ImportError as exc:
         raise UserError(f"serve needs the server extras: pip install 'tokentrace[hf,server]' ({exc})") from None
     try:

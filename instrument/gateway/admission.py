@@ -3,9 +3,11 @@
 Both fail fast: an over-budget request is refused at once (the app answers 429 with
 ``Retry-After``) rather than waiting without bound. Thread-safe; pure Python.
 
-KV bytes per request are sized for the worst case it was admitted with:
-``kv_bytes_per_token x (input_tokens + max_tokens)`` (instrument/kv.py's formula), and
-released when the request ends (completed, failed or cancelled).
+KV bytes per request are sized for the worst case it was admitted with, by the engine's
+rule (``Engine.kv_reservation_bytes``): the sequential engine reserves the logical figure
+``kv_bytes_per_token x (input_tokens + max_tokens)`` (instrument/kv.py's formula), the
+continuous engine the paged cache's whole blocks for those tokens. Released when the request
+ends (completed, failed or cancelled).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 __all__ = ["AdmissionBudgets", "AdmissionController", "AdmissionRefused", "Ticket", "RateLimiter"]
 
@@ -55,18 +58,26 @@ class Ticket:
 
 
 class AdmissionController:
-    """Counts requests, tokens and KV bytes in flight against :class:`AdmissionBudgets`."""
+    """Counts requests, tokens and KV bytes in flight against :class:`AdmissionBudgets`.
 
-    def __init__(self, budgets: AdmissionBudgets, kv_bytes_per_token: int | None) -> None:
+    ``kv_bytes_for(input_tokens, max_tokens)`` (bytes) is the engine's reservation rule;
+    without it, the logical formula with ``kv_bytes_per_token``.
+    """
+
+    def __init__(self, budgets: AdmissionBudgets, kv_bytes_per_token: int | None = None, *,
+                 kv_bytes_for: Callable[[int, int], int] | None = None) -> None:
         self.budgets = budgets
         self.kv_bytes_per_token = kv_bytes_per_token
+        self._kv_bytes_for = kv_bytes_for
         self._lock = threading.Lock()
         self.requests_in_flight = 0
         self.tokens_in_flight = 0
         self.kv_bytes_in_flight = 0
 
     def kv_bytes_for(self, input_tokens: int, max_tokens: int) -> int:
-        """Worst-case logical KV bytes of one request (0 when the layout is unknown)."""
+        """Worst-case KV bytes one request reserves (0 when the layout is unknown)."""
+        if self._kv_bytes_for is not None:
+            return self._kv_bytes_for(input_tokens, max_tokens)
         return (self.kv_bytes_per_token or 0) * (input_tokens + max_tokens)
 
     def admit(self, input_tokens: int, max_tokens: int) -> Ticket:

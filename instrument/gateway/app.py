@@ -5,11 +5,15 @@ auth (401) → body size (413) → JSON (400) → per-key rate limit (429) → v
 ``tokenize`` span → admission (429 + Retry-After) → ``queue`` span → prefill/decode spans from
 ``traced_generate`` → one ``tokentrace.chunk`` event per chunk written → usage and finish
 reason on the span and in the final chunk → one JSON log line.
+
+The model runs behind an engine (instrument/engines: ``sequential`` or ``continuous``); the
+gateway only submits sequences, reads their tokens and cancels them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -25,9 +29,10 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from instrument.clock import now_wall_ns
 from instrument.gateway import sse
 from instrument.gateway.admission import AdmissionBudgets, AdmissionController, AdmissionRefused, RateLimiter
-from instrument.gateway.request_state import Detokenizer, RequestState, log_request
+from instrument.engines.base import EngineRequest, EngineResult
+from instrument.gateway.request_state import Detokenizer, LoopWaker, RequestState, log_request
 from instrument.gateway.validation import ValidationError, validate_request
-from instrument.gateway.worker import Job, JobResult, ModelHandle, ModelWorker
+from instrument.model_handle import ModelHandle
 from instrument.tracing import get_tracer, span_event_limit_of
 
 __all__ = ["GatewaySettings", "create_app"]
@@ -59,6 +64,10 @@ class GatewaySettings:
     # Process-wide (``gc.freeze``), as vLLM does after start-up; ``tokentrace serve`` turns it
     # on, the default leaves the collector alone (tests build many apps in one process).
     gc_freeze: bool = False
+    # Which engine runs the model (instrument/engines) and its own options (e.g.
+    # kv_block_tokens, max_batch_tokens for "continuous"); the KV budget is budgets.kv_budget_bytes.
+    engine: str = "sequential"
+    engine_options: dict[str, Any] = field(default_factory=dict)
 
 
 class _Rejected(Exception):
@@ -72,9 +81,10 @@ class _Rejected(Exception):
 
 
 class Gateway:
-    """State shared by the routes: model, worker thread, tracer, admission and rate limits."""
+    """State shared by the routes: model, engine, tracer, admission and rate limits."""
 
-    def __init__(self, handle: ModelHandle, tracer_provider: Any, settings: GatewaySettings) -> None:
+    def __init__(self, handle: ModelHandle, tracer_provider: Any, settings: GatewaySettings,
+                 engine: Any = None) -> None:
         self.handle = handle
         self.settings = settings
         if settings.gil_switch_interval_s is not None:
@@ -93,11 +103,17 @@ class Gateway:
                 f"max_tokens limit {settings.max_tokens_limit} needs a span event limit of at least "
                 f"{settings.max_tokens_limit + _EXTRA_CHUNKS}; the tracer provider allows {limit}"
             )
-        self.admission = AdmissionController(settings.budgets, handle.kv_bytes_per_token)
+        if engine is None:
+            from instrument.engines import create_engine
+
+            engine = create_engine(settings.engine, handle, tracer_provider, decode_spans=settings.decode_spans,
+                                   kv_budget_bytes=settings.budgets.kv_budget_bytes, **settings.engine_options)
+        self.engine = engine
+        budgets = dataclasses.replace(settings.budgets, kv_budget_bytes=engine.kv_capacity_bytes)
+        self.admission = AdmissionController(budgets, handle.kv_bytes_per_token, kv_bytes_for=engine.kv_reservation_bytes)
         self.rate_limiter = RateLimiter(settings.rate_limit_rps, settings.rate_limit_burst)
-        self.worker = ModelWorker(handle, tracer_provider, decode_spans=settings.decode_spans)
-        eos = getattr(handle.model.generation_config, "eos_token_id", None)
-        self.eos_ids = {int(i) for i in (eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])}
+        self.eos_ids = set(handle.eos_ids)
+        self._wakers: dict[Any, LoopWaker] = {}
 
     # --- checks before admission -------------------------------------------------------
     def authenticate(self, request: Request) -> str:
@@ -131,12 +147,15 @@ class Gateway:
         prefix = "chatcmpl-" if operation == "chat" else "cmpl-"
         request_id = prefix + uuid.uuid4().hex[:24]
         parent = _PROPAGATOR.extract(dict(request.headers))
-        span = self.tracer.start_span(
-            "gateway", context=parent, kind=SpanKind.SERVER, start_time=arrival_ns,
-            attributes={"gen_ai.operation.name": operation, "gen_ai.response.id": request_id,
-                        "gen_ai.system": "tokentrace", "http.request.method": "POST", "url.path": request.url.path},
-        )
-        headers = {"x-request-id": request_id}
+        attributes = {"gen_ai.operation.name": operation, "gen_ai.response.id": request_id,
+                      "gen_ai.system": "tokentrace", "http.request.method": "POST", "url.path": request.url.path}
+        client_request_id = request.headers.get("x-request-id")
+        if client_request_id:
+            # The caller's own id (AIPerf, load generators): what joins its records to this trace.
+            attributes["tokentrace.client_request_id"] = client_request_id[:256]
+        span = self.tracer.start_span("gateway", context=parent, kind=SpanKind.SERVER, start_time=arrival_ns,
+                                      attributes=attributes)
+        headers = {"x-request-id": client_request_id[:256] if client_request_id else request_id}
         try:
             key = self.authenticate(request)
             raw = await self.read_body(request)
@@ -178,15 +197,24 @@ class Gateway:
             self._reject(span, request_id, _Rejected(500, f"internal error: {type(exc).__name__}", "server_error",
                                                      code="internal_error"), headers)
             raise
-        state = RequestState(request_id, span, self.tracer, self.admission, ticket, gen, len(input_ids),
-                             asyncio.get_running_loop())
-        state.job = Job(request_id, input_ids, gen.max_tokens, gen.temperature, gen.top_p,
-                        trace.set_span_in_context(span), state.on_token_threadsafe, state.on_done_threadsafe)
-        self.worker.submit(state.job)
+        loop = asyncio.get_running_loop()
+        state = RequestState(request_id, span, self.tracer, self.admission, ticket, gen, len(input_ids), loop,
+                             waker=self._waker(loop))
+        engine = self.engine
+        state.job = EngineRequest(request_id, input_ids, gen.sampling, trace.set_span_in_context(span),
+                                  state.on_token_threadsafe, state.on_done_threadsafe)
+        state.cancel_engine = lambda: engine.cancel(request_id)
+        engine.submit(state.job)
         if gen.stream:
             return StreamingResponse(self._stream(state), media_type="text/event-stream",
                                      headers={**headers, "Cache-Control": "no-cache"})
         return await self._whole(request, state, headers)
+
+    def _waker(self, loop: asyncio.AbstractEventLoop) -> LoopWaker:
+        waker = self._wakers.get(loop)
+        if waker is None:
+            waker = self._wakers[loop] = LoopWaker(loop)
+        return waker
 
     def _tokenize(self, span: trace.Span, gen: Any) -> list[int]:
         start_ns = now_wall_ns()
@@ -228,7 +256,7 @@ class Gateway:
                 sent_ns = now_wall_ns()
                 yield sse.sse_line(sse.content_chunk("chat", rid, created, model, "", role=True))
                 state.chunk_written(0, False, sent_ns)
-            result: JobResult | None = None
+            result: EngineResult | None = None
             while result is None:
                 try:
                     items = await state.next_items(self.settings.request_timeout_s)
@@ -238,7 +266,7 @@ class Gateway:
                     yield sse.DONE
                     return
                 out, chunk_tokens = bytearray(), []
-                for kind, value in items:
+                for kind, value, _logprobs in items:
                     if kind == "done":
                         result = value
                         break
@@ -251,7 +279,7 @@ class Gateway:
                     yield bytes(out)
                     for tokens in chunk_tokens:
                         state.chunk_written(tokens, True, sent_ns)
-            generated = result.sequence.generated_tokens if result.sequence is not None else detok.generated_tokens
+            generated = result.generated_tokens
             sent_ns = now_wall_ns()
             if result.finish_reason == "error":
                 yield sse.sse_line(sse.error_body(f"generation failed: {result.error}", error_type="server_error"))
@@ -286,7 +314,7 @@ class Gateway:
         detok = Detokenizer(self.handle.tokenizer, self.eos_ids)
         deadline = time.monotonic() + self.settings.request_timeout_s
         tokens = 0
-        result: JobResult | None = None
+        result: EngineResult | None = None
         while result is None:
             if time.monotonic() > deadline:
                 state.abandon("error", "timeout")
@@ -298,12 +326,12 @@ class Gateway:
                     state.abandon("cancelled")
                     return Response(status_code=499, headers=headers)
                 continue
-            for kind, value in items:
+            for kind, value, _logprobs in items:
                 if kind == "done":
                     result = value
                     break
                 tokens += detok.push(value)[1]
-        generated = result.sequence.generated_tokens if result.sequence is not None else detok.generated_tokens
+        generated = result.generated_tokens
         if result.finish_reason == "error":
             state.finalize(result, finish_reason="error", generated_tokens=generated, http_status=500)
             return JSONResponse(sse.error_body(f"generation failed: {result.error}", error_type="server_error"),
@@ -316,17 +344,19 @@ class Gateway:
         return JSONResponse(body, headers=headers)
 
 
-def create_app(handle: ModelHandle, tracer_provider: Any, settings: GatewaySettings | None = None) -> FastAPI:
+def create_app(handle: ModelHandle, tracer_provider: Any, settings: GatewaySettings | None = None,
+               engine: Any = None) -> FastAPI:
     """The gateway app for one loaded model; spans go to ``tracer_provider`` (never the global one
-    unless it is passed). The model worker thread stops when the app shuts down."""
+    unless it is passed). ``engine``: an engine already built (instrument/engines), else the one
+    ``settings.engine`` names. The engine stops when the app shuts down."""
     from contextlib import asynccontextmanager
 
-    gateway = Gateway(handle, tracer_provider, settings or GatewaySettings())
+    gateway = Gateway(handle, tracer_provider, settings or GatewaySettings(), engine=engine)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
-        gateway.worker.close()
+        gateway.engine.close()
 
     app = FastAPI(title="tokentrace gateway", lifespan=lifespan)
     app.state.gateway = gateway
@@ -358,6 +388,7 @@ def create_app(handle: ModelHandle, tracer_provider: Any, settings: GatewaySetti
         # a collector that is down shows here while serving goes on.
         return {"status": "ok", "model": handle.model_id, "requests_in_flight": adm.requests_in_flight,
                 "tokens_in_flight": adm.tokens_in_flight, "kv_bytes_in_flight": adm.kv_bytes_in_flight,
+                "engine": gateway.engine.health(),
                 "export": [c.as_dict() for c in export_health(tracer_provider)]}
 
     return app

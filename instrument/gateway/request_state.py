@@ -3,7 +3,7 @@ incremental detokenization, and exactly one ending (completed, failed or cancell
 
 Every accepted request reaches :meth:`RequestState.finalize` exactly once: from the response
 path when the result arrives, or, when the client went away or the server gave up waiting,
-from the worker's done callback (:meth:`RequestState.on_job_done`). Finalize releases the
+from the engine's done callback (:meth:`RequestState.on_job_done`). Finalize releases the
 admission ticket (the request's KV budget), emits the queue span, ends the gateway span and
 writes the structured log line.
 """
@@ -21,11 +21,12 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from instrument.clock import now_wall_ns
+from instrument.engines.base import EngineRequest, EngineResult
 from instrument.gateway.admission import AdmissionController, Ticket
 from instrument.gateway.validation import GenerationRequest
-from instrument.gateway.worker import Job, JobResult
+from instrument.sampling import TokenLogprobs
 
-__all__ = ["CHUNK_EVENT", "Detokenizer", "RequestState", "log_request"]
+__all__ = ["CHUNK_EVENT", "Detokenizer", "LoopWaker", "RequestState", "log_request"]
 
 CHUNK_EVENT = "tokentrace.chunk"
 ORPHAN_GRACE_S = 2.0  # after the job ends, how long a response that never started may take to start
@@ -95,6 +96,38 @@ class Detokenizer:
         return delta, tokens
 
 
+class LoopWaker:
+    """Wakes the response paths of many requests with one ``call_soon_threadsafe`` per engine step.
+
+    An engine's thread hands each generated token to its request's inbox; a request whose
+    response path is (about to be) blocked on an empty inbox needs a wake-up on the event
+    loop. Each wake-up is an eventfd write (~20 µs on this machine) paid by the engine's
+    thread: a batched step of 16 sequences would pay 16. Here the requests to wake are
+    queued and one loop callback wakes all of them; a second one is scheduled only when the
+    first has started running.
+    """
+
+    __slots__ = ("loop", "_pending", "_scheduled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._pending: deque = deque()
+        self._scheduled = False
+
+    def wake(self, state: RequestState) -> None:
+        """From any thread: wake ``state``'s response path soon."""
+        self._pending.append(state)
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon_threadsafe(self._run)
+
+    def _run(self) -> None:
+        self._scheduled = False  # cleared before draining: a later append schedules another run
+        pending = self._pending
+        while pending:
+            pending.popleft()._wake()
+
+
 @dataclass
 class RequestState:
     """Per-request bookkeeping shared by the response path and the worker callback."""
@@ -107,11 +140,15 @@ class RequestState:
     gen: GenerationRequest
     input_tokens: int
     loop: asyncio.AbstractEventLoop
-    inbox: deque = field(default_factory=deque)  # ("token", id) | ("done", JobResult), worker -> loop
+    waker: LoopWaker | None = None  # None: one call_soon_threadsafe per wake-up
+    cancel_engine: Any = None  # () -> None: asks the engine to stop this sequence
+    # ("token", id, TokenLogprobs | None) | ("done", EngineResult, None), engine thread -> loop
+    inbox: deque = field(default_factory=deque)
     _waiter: asyncio.Future | None = None  # the response path's wait for the inbox (loop thread only)
     _loop_awake: bool = False  # the loop looks at the inbox before it blocks again: no wake-up needed
     _pending_chunks: list = field(default_factory=list)  # (index, tokens, visible, at_ns) not yet on the span
-    job: Job | None = None
+    job: EngineRequest | None = None
+    stop_matched: bool = False  # generation was stopped because the text hit a stop sequence
     chunk_index: int = 0
     output_tokens: int = 0
     abandoned_reason: str | None = None  # "cancelled" (client gone) or "error" (server gave up)
@@ -119,18 +156,21 @@ class RequestState:
     finished: bool = False
     response_started: bool = False  # the response path is running (its finally guarantees an ending)
 
-    # --- worker thread -> loop -------------------------------------------------------
-    def on_token_threadsafe(self, token_id: int) -> None:
-        """Called on the worker thread for each generated token.
+    # --- engine thread -> loop -------------------------------------------------------
+    def on_token_threadsafe(self, token_id: int, logprobs: TokenLogprobs | None = None) -> None:
+        """Called on the engine's thread for each generated token.
 
         Wakes the loop only when the response path is (about to be) blocked on an empty
         inbox; while it is still writing earlier chunks, the token waits in the inbox for its
         next look (no wake-up, no delay). The first token always wakes it.
         """
-        self.inbox.append(("token", token_id))
+        self.inbox.append(("token", token_id, logprobs))
         if not self._loop_awake:
             self._loop_awake = True
-            self.loop.call_soon_threadsafe(self._wake)
+            if self.waker is not None:
+                self.waker.wake(self)
+            else:
+                self.loop.call_soon_threadsafe(self._wake)
 
     def _wake(self) -> None:
         """On the loop: wake the response path if it waits (a bare future; no task, no Event)."""
@@ -138,8 +178,8 @@ class RequestState:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def next_items(self, timeout_s: float) -> list[tuple[str, Any]]:
-        """Every item the worker has handed over, waiting up to ``timeout_s`` s for the first
+    async def next_items(self, timeout_s: float) -> list[tuple[str, Any, Any]]:
+        """Every item the engine has handed over, waiting up to ``timeout_s`` s for the first
         (TimeoutError after that)."""
         if not self.inbox:
             # The flag is cleared before the inbox is looked at again, and the worker reads it
@@ -169,22 +209,21 @@ class RequestState:
         if waiter is not None and not waiter.done():
             waiter.set_exception(asyncio.TimeoutError())
 
-    def on_done_threadsafe(self, result: JobResult) -> None:
-        """Called on the worker thread when the job ends (always exactly once)."""
+    def on_done_threadsafe(self, result: EngineResult) -> None:
+        """Called on the engine's thread when the sequence ends (always exactly once)."""
         self.loop.call_soon_threadsafe(self.on_job_done, result)
 
-    def on_job_done(self, result: JobResult) -> None:
+    def on_job_done(self, result: EngineResult) -> None:
         """On the loop: hand the result to the response path, or finish an abandoned request."""
         if self.abandoned_reason is not None:
-            generated = result.sequence.generated_tokens if result.sequence is not None else 0
-            self.finalize(result, finish_reason=self.abandoned_reason, generated_tokens=generated)
+            self.finalize(result, finish_reason=self.abandoned_reason, generated_tokens=result.generated_tokens)
         else:
-            self.inbox.append(("done", result))
+            self.inbox.append(("done", result, None))
             self._wake()
             if not self.response_started:
                 self.loop.call_later(ORPHAN_GRACE_S, self._finish_orphan, result)
 
-    def _finish_orphan(self, result: JobResult) -> None:
+    def _finish_orphan(self, result: EngineResult) -> None:
         """The response body never started (the client left before it did): end as cancelled."""
         if not self.finished and not self.response_started:
             self.abandon("cancelled")
@@ -201,14 +240,20 @@ class RequestState:
         self.flush_chunk_events()
         self.span.add_event("tokentrace.cancel", {"tokentrace.cancel.reason": error_type or reason},
                             timestamp=now_wall_ns())
-        if self.job is not None:
-            self.job.cancel.set()
+        if self.cancel_engine is not None:
+            self.cancel_engine()
         while self.inbox:
-            kind, value = self.inbox.popleft()
+            kind, value, _ = self.inbox.popleft()
             if kind == "done":
-                generated = value.sequence.generated_tokens if value.sequence is not None else 0
-                self.finalize(value, finish_reason=reason, generated_tokens=generated)
+                self.finalize(value, finish_reason=reason, generated_tokens=value.generated_tokens)
                 return
+
+    def stop_generation(self) -> None:
+        """The text reached a stop sequence: ask the engine to stop (the request ends ``stop``)."""
+        if not self.stop_matched:
+            self.stop_matched = True
+            if self.cancel_engine is not None:
+                self.cancel_engine()
 
     # --- chunk events --------------------------------------------------------------
     def chunk_written(self, tokens: int, visible: bool, at_ns: int | None = None) -> None:
@@ -235,7 +280,7 @@ class RequestState:
 
     # --- the one ending --------------------------------------------------------------
     def finalize(
-        self, result: JobResult, *, finish_reason: str, generated_tokens: int, http_status: int = 200,
+        self, result: EngineResult, *, finish_reason: str, generated_tokens: int, http_status: int = 200,
         end_ns: int | None = None,
     ) -> None:
         """End the request: queue span, usage, status, gateway span end, KV release, log line."""
@@ -262,6 +307,8 @@ class RequestState:
             "gen_ai.response.finish_reasons": (finish_reason,),
             "http.response.status_code": http_status,
         })
+        if result.kv_physical_bytes is not None:
+            span.set_attribute("tokentrace.kv.physical_bytes", result.kv_physical_bytes)
         error_type = None
         if finish_reason == "cancelled":
             error_type = "cancelled"

@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from instrument.sampling import SamplingParams
+
 __all__ = ["CHAT_ROLES", "GenerationRequest", "ValidationError", "validate_request"]
 
 CHAT_ROLES = ("system", "user", "assistant", "developer", "tool")
@@ -49,6 +51,11 @@ class GenerationRequest:
     def do_sample(self) -> bool:
         """Temperature 0 means greedy decoding."""
         return self.temperature > 0.0
+
+    @property
+    def sampling(self) -> SamplingParams:
+        """What the engine is asked to do for this request's sequence."""
+        return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p)
 
 
 def _number(body: Mapping[str, Any], name: str, default: float, errors: list[tuple[str, str]]) -> float:

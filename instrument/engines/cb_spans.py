@@ -1,0 +1,205 @@
+"""Spans of the continuous engine: each sequence's prefill chunks and decode steps, and one
+``engine_step`` span per batched step in traces of the engine's own (docs/spans.md, "Under
+continuous batching").
+
+The engine records per step one :class:`StepRecord` (O(batch): what ran, KV blocks) and per
+sequence a :class:`SequenceRecord` (O(1) per token: references to the step records it ran
+in). Spans are written from these after the fact, with explicit times; decode spans are the
+lazy step spans of :mod:`instrument.span_writer` (id and attributes built by the exporter).
+
+A request's spans name their step (``tokentrace.engine.step``), and an ``engine_step`` span
+carries the same number: a reader joins the two on (``service.instance.id``,
+``tokentrace.engine.step``), which is unique per engine process.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import SpanKind
+
+from instrument.engines.base import EngineRequest
+from instrument.generate_spans import DecodeSpanPolicy
+from instrument.kv import KVLayout
+from instrument.sampling import SequenceSampler, TokenLogprobs
+
+__all__ = ["EngineTraceWriter", "SequenceRecord", "StepRecord", "write_sequence_spans"]
+
+STEP_SPAN = "engine_step"
+ENGINE_SPAN = "engine"
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One batched engine step. Times in ns since the epoch (instrument/clock.py), counts in
+    sequences, tokens and KV blocks."""
+
+    step: int
+    start_ns: int  # the scheduler started
+    forward_start_ns: int  # scheduling done, the forward starts
+    batch_size: int
+    scheduled_tokens: int
+    prefill_tokens: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    kv_block_tokens: int
+    waiting: int  # sequences the scheduler left waiting
+    end_ns: int = 0  # tokens handed over
+
+    def span_attributes(self) -> dict[str, Any]:
+        """The ``engine_step`` span's attributes."""
+        return {
+            "tokentrace.engine.step": self.step,
+            "tokentrace.batch.size": self.batch_size,
+            "tokentrace.batch.tokens": self.scheduled_tokens,
+            "tokentrace.batch.prefill_tokens": self.prefill_tokens,
+            "tokentrace.batch.waiting": self.waiting,
+            "tokentrace.kv.blocks_used": self.kv_blocks_used,
+            "tokentrace.kv.blocks_total": self.kv_blocks_total,
+            "tokentrace.kv.block_tokens": self.kv_block_tokens,
+            "tokentrace.engine.schedule_ns": self.forward_start_ns - self.start_ns,
+        }
+
+
+def _step_attributes(rec: StepRecord) -> dict[str, Any]:
+    """What a request's prefill / decode span says about the step it ran in."""
+    return {
+        "tokentrace.engine.step": rec.step,
+        "tokentrace.batch.size": rec.batch_size,
+        "tokentrace.batch.tokens": rec.scheduled_tokens,
+        "tokentrace.batch.prefill_tokens": rec.prefill_tokens,
+    }
+
+
+@dataclass(slots=True)
+class SequenceRecord:
+    """What one sequence did, step by step (filled on the engine's thread)."""
+
+    request: EngineRequest
+    sampler: SequenceSampler
+    admitted_ns: int | None = None
+    cached_tokens: int = 0
+    # (step, tokens computed, blocks held, context tokens after the step), one per prefill chunk
+    prefill: list[tuple[StepRecord, int, int, int]] = field(default_factory=list)
+    decode: list[StepRecord] = field(default_factory=list)  # decode step k = decode[k - 1]
+    decode_blocks: list[int] = field(default_factory=list)
+    decode_context: list[int] = field(default_factory=list)
+    emitted: int = 0  # tokens handed to the request
+    pending_logprobs: TokenLogprobs | None = None
+    cancel_requested: bool = False
+
+    @property
+    def last_blocks(self) -> int | None:
+        """Blocks held in the last step the sequence ran in."""
+        if self.decode_blocks:
+            return self.decode_blocks[-1]
+        return self.prefill[-1][2] if self.prefill else None
+
+
+def write_sequence_spans(writer: Any, record: SequenceRecord, layout: KVLayout | None, layout_name: str,
+                         bytes_per_block: int, policy: DecodeSpanPolicy) -> None:
+    """The sequence's ``prefill`` span per prefill chunk and ``decode`` span per decode step
+    (those ``policy`` keeps), children of the request's parent context."""
+    parent = record.request.parent_context
+    per_token = layout.kv_bytes_per_token if layout is not None else None
+    kv_inputs: dict[str, Any] = {"tokentrace.kv.layout": layout_name}
+    if layout is not None:
+        kv_inputs.update({
+            "tokentrace.kv.layers": layout.total_layers, "tokentrace.kv.heads": layout.kv_heads,
+            "tokentrace.kv.head_dim": layout.head_dim, "tokentrace.kv.dtype": layout.dtype,
+            "tokentrace.kv.bytes_per_token": layout.kv_bytes_per_token,
+        })
+    for index, (rec, tokens, blocks, context) in enumerate(record.prefill):
+        attributes = dict(kv_inputs)
+        attributes.update(_step_attributes(rec))
+        attributes.update({
+            "tokentrace.prefill.tokens": tokens,
+            "tokentrace.input_tokens": tokens,
+            "tokentrace.cached_tokens": record.cached_tokens if index == 0 else 0,
+            "tokentrace.prefill.chunk": index,
+            "tokentrace.kv.physical_bytes": blocks * bytes_per_block,
+        })
+        if layout is not None:
+            attributes["tokentrace.kv.bytes"] = layout.kv_bytes(context)
+        writer.write("prefill", parent, attributes, rec.start_ns, rec.end_ns)
+    if not record.decode:
+        return
+    steps = tuple(record.decode)
+    starts = (0, *(rec.start_ns for rec in steps))  # index k = decode step k
+    ends = (0, *(rec.end_ns for rec in steps))
+    writer.write_steps(
+        "decode", parent, policy.steps(len(steps) + 1),
+        functools.partial(_decode_attributes, steps, tuple(record.decode_blocks), tuple(record.decode_context),
+                          per_token, layout, bytes_per_block),
+        starts, 0, ends,
+    )
+
+
+def _decode_attributes(steps: tuple[StepRecord, ...], blocks: tuple[int, ...], context: tuple[int, ...],
+                       per_token: int | None, layout: KVLayout | None, bytes_per_block: int, k: int) -> dict[str, Any]:
+    """Attributes of decode step ``k`` (built when the exporter reads the span)."""
+    rec = steps[k - 1]
+    attributes: dict[str, Any] = {
+        "tokentrace.step": k,
+        "tokentrace.context_tokens": context[k - 1],
+        "tokentrace.engine.step": rec.step,
+        "tokentrace.batch.size": rec.batch_size,
+        "tokentrace.batch.tokens": rec.scheduled_tokens,
+        "tokentrace.batch.prefill_tokens": rec.prefill_tokens,
+        "tokentrace.kv.physical_bytes": blocks[k - 1] * bytes_per_block,
+    }
+    if layout is not None:
+        attributes["tokentrace.kv.bytes_per_token"] = per_token
+        attributes["tokentrace.kv.bytes"] = layout.kv_bytes(context[k - 1])
+    return attributes
+
+
+class EngineTraceWriter:
+    """``engine_step`` spans, ``steps_per_trace`` at most under one root ``engine`` span.
+
+    A trace of the engine's own covers one busy period (from the first step after the engine
+    was idle until it is idle again) or ``steps_per_trace`` steps, whichever is shorter, so
+    that Jaeger can open it (its UI slows down past a few thousand spans) and so that the
+    root ends, and is exported, while the engine keeps running.
+    """
+
+    def __init__(self, tracer: trace.Tracer, writer: Any, steps_per_trace: int = 1000) -> None:
+        if steps_per_trace < 1:
+            raise ValueError(f"steps_per_trace must be at least 1, got {steps_per_trace}")
+        self.tracer = tracer
+        self.writer = writer
+        self.steps_per_trace = steps_per_trace
+        self._root: trace.Span | None = None
+        self._context: Context | None = None
+        self._first: StepRecord | None = None
+        self._last: StepRecord | None = None
+        self._count = 0
+
+    def step(self, rec: StepRecord) -> None:
+        """Write one finished step's span (opening a new engine trace when none is open)."""
+        if self._root is None:
+            self._root = self.tracer.start_span(
+                ENGINE_SPAN, context=Context(), kind=SpanKind.INTERNAL, start_time=rec.start_ns,
+                attributes={"tokentrace.engine.first_step": rec.step},
+            )
+            self._context = trace.set_span_in_context(self._root)
+            self._first, self._count = rec, 0
+        self.writer.write(STEP_SPAN, self._context, rec.span_attributes(), rec.start_ns, rec.end_ns)
+        self._last = rec
+        self._count += 1
+        if self._count >= self.steps_per_trace:
+            self.close()
+
+    def close(self) -> None:
+        """End the open engine trace (the engine went idle, the trace is full, or shutdown)."""
+        root, last = self._root, self._last
+        if root is None or last is None:
+            return
+        root.set_attributes({"tokentrace.engine.last_step": last.step, "tokentrace.engine.steps": self._count})
+        root.end(end_time=last.end_ns)
+        self._root = self._context = self._first = self._last = None
+        self._count = 0
