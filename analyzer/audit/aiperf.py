@@ -9,13 +9,12 @@ included); per-user rate = 1000 / that ITL; throughputs = totals / benchmark dur
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import duckdb
 
-from analyzer.audit.compare import CANNOT, DEFINITION_REL_TOL, FAIL, PASS, Finding, agree, audit_query, compare_figure, create_table
+from analyzer.audit.compare import CANNOT, DEFINITION_REL_TOL, FAIL, PASS, Finding, agree, audit_query, compare_figure
 from analyzer.audit.aiperf_records import check_aiperf_records, read_aiperf_records, records_against_traces
 from analyzer.audit.inputs import AuditInputError
 

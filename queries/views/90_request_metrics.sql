@@ -144,13 +144,17 @@ JOIN request_keys k ON k.request_key = g.request_key;
 -- theta = server clock - client clock. A message cannot arrive before it was sent:
 --   theta <= server_arrival - client_send          (gateway start - client span start)
 --   theta >= server_last_send - client_last_receive (gateway end   - client span end)
+-- The lower bound holds only when the client read to the end: a cancelled request (the client
+-- went away; the server ended after it, 112 ms after on the real openai-v2 capture) gives
+-- only the upper bound (offset_lower_ms NULL).
 CREATE OR REPLACE VIEW request_clock_offsets AS
 SELECT
     trace_id,
     request_span_id,
     client_clock_domain AS client_domain,
     server_clock_domain AS server_domain,
-    (server_end_ns - client_end_ns) / 1e6 AS offset_lower_ms,
+    CASE WHEN coalesce(finish_reason, '') <> 'cancelled' THEN (server_end_ns - client_end_ns) / 1e6 END
+        AS offset_lower_ms,
     (server_start_ns - client_start_ns) / 1e6 AS offset_upper_ms
 FROM request_facts
 WHERE perspective = 'client' AND server_span_id IS NOT NULL AND client_span_id IS NOT NULL;
