@@ -103,8 +103,10 @@ totals AS (
         count(*) FILTER (WHERE NOT ends_in_window) AS not_finished_in_window,
         coalesce(sum(output_tokens) FILTER (WHERE tokens_count), 0) AS cohort_output_tokens,
         -- the attributes (or rules) the counted requests' output_tokens were read from
-        string_agg(DISTINCT output_tokens_basis, ', ' ORDER BY output_tokens_basis)
-            FILTER (WHERE tokens_count) AS output_tokens_bases,
+        -- (a sorted distinct list, not string_agg(DISTINCT ... ORDER BY): Spark's LISTAGG
+        -- with DISTINCT, an order and a FILTER fails to plan)
+        nullif(array_to_string(list_sort(list_distinct(list(output_tokens_basis) FILTER (WHERE tokens_count))), ', '), '')
+            AS output_tokens_bases,
         count(*) FILTER (WHERE tokens_count AND visible_chunks = 0 AND output_tokens > 0) AS requests_without_chunks,
         count(*) FILTER (WHERE source = 'vllm') AS vllm_requests
     FROM counted
