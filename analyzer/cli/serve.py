@@ -30,25 +30,43 @@ __all__ = ["serve_command"]
 @click.option("--max-queued-tokens", type=click.IntRange(min=1), default=None,
               help="Token budget: sum of input + max_tokens over requests in flight (429 above).")
 @click.option("--kv-budget-bytes", type=click.IntRange(min=1), default=None,
-              help="KV budget: worst-case logical KV bytes (kv_bytes_per_token x (input + max_tokens)) in flight.")
+              help="KV budget, bytes. continuous: the paged cache's size (default: min(512 MiB, 32768 tokens)), "
+                   "requests reserve whole blocks for input + max_tokens; sequential: worst-case logical KV bytes "
+                   "(kv_bytes_per_token x (input + max_tokens)) in flight (default: none).")
+@click.option("--engine", "engine_name", type=click.Choice(["continuous", "sequential"]), default="continuous",
+              show_default=True,
+              help="continuous: transformers' continuous batching (paged KV cache, batched steps); "
+                   "sequential: one request at a time through generate.")
+@click.option("--kv-block-tokens", type=click.IntRange(min=1), default=16, show_default=True,
+              help="continuous: tokens per paged KV block.")
+@click.option("--max-batch-tokens", type=click.IntRange(min=1), default=512, show_default=True,
+              help="continuous: tokens one engine step may compute (longer prompts are prefilled in chunks).")
+@click.option("--max-batch-size", type=click.IntRange(min=1), default=64, show_default=True,
+              help="continuous: sequences one engine step may hold.")
+@click.option("--shutdown-grace-s", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              help="On SIGTERM/SIGINT: seconds in-flight requests may take to finish before they are cancelled.")
 @click.option("--decode-spans", default="all", show_default=True, metavar="all|every:N|none",
               help="Which decode steps get a span (chunk events are always kept).")
 @click.option("--otlp-json", "otlp_json", default=None, metavar="PATH",
               help="Append the server's spans to this OTLP-JSON lines file.")
 @click.option("--service-name", default="tokentrace-gateway", show_default=True, help="service.name of the spans.")
 def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_limit, rate_limit_rps,
-                  rate_limit_burst, max_queued_requests, max_queued_tokens, kv_budget_bytes, decode_spans,
+                  rate_limit_burst, max_queued_requests, max_queued_tokens, kv_budget_bytes, engine_name,
+                  kv_block_tokens, max_batch_tokens, max_batch_size, shutdown_grace_s, decode_spans,
                   otlp_json, service_name) -> None:
     """Serve /v1/chat/completions and /v1/completions (streaming or not), /v1/models and /health,
     with a traced `gateway` SERVER span per request.
 
     Spans go to --otlp-json and, when OTEL_EXPORTER_OTLP_ENDPOINT is set, over OTLP. One JSON
     log line per request on stderr (id, tokens, queue wait, status). Errors: 400 with the
-    bad field, 401, 413, 429 with Retry-After (rate limit or over a budget).
+    bad field, 401, 413, 429 with Retry-After (rate limit or over a budget). SIGTERM and
+    SIGINT stop it gracefully: no new requests, in-flight ones finish within
+    --shutdown-grace-s (then are cancelled), spans are flushed and their counts printed.
 
     \b
     Example:
       tokentrace serve --model smollm2 --otlp-json server-spans.jsonl
+      tokentrace serve --model tiny --engine sequential --port 0
       tokentrace serve --model ./my-model --host 0.0.0.0 --api-key "$KEY" --kv-budget-bytes 2000000000
     """
     import logging
@@ -77,11 +95,13 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
         handle = load_model_handle(model_spec)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    engine_options = ({"kv_block_tokens": kv_block_tokens, "max_batch_tokens": max_batch_tokens,
+                       "max_batch_size": max_batch_size} if engine_name == "continuous" else {})
     settings = GatewaySettings(
         api_keys=keys, max_body_bytes=max_body_bytes, max_tokens_limit=max_tokens_limit,
         rate_limit_rps=rate_limit_rps, rate_limit_burst=rate_limit_burst, decode_spans=decode_spans,
         budgets=AdmissionBudgets(max_queued_requests, max_queued_tokens, kv_budget_bytes),
-        gc_freeze=True,
+        gc_freeze=True, engine=engine_name, engine_options=engine_options, shutdown_grace_s=shutdown_grace_s,
     )
     log = logging.getLogger("tokentrace.gateway")
     if not log.handlers:
@@ -89,13 +109,26 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
         handler.setFormatter(logging.Formatter("%(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
+    from instrument.gateway.server import GracefulServer
+    from instrument.shutdown import export_summary, shutdown_tracing
+
     try:
         app = create_app(handle, provider, settings)
     except ValueError as exc:
-        raise UserError(str(exc)) from None
-    click.echo(f"tokentrace serve: {handle.model_id} on http://{host}:{port} "
-               f"(auth {'on' if keys else 'off'}, KV {handle.kv_bytes_per_token} bytes/token)", err=True)
-    try:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
-    finally:
         provider.shutdown()
+        raise UserError(str(exc)) from None
+    engine = app.state.gateway.engine
+    health = engine.health()
+    detail = (f"{health['kv_blocks_total']} KV blocks of {health['kv_block_tokens']} tokens, "
+              f"ready in {health['build_s'] + health['warmup_s']:.1f} s" if engine_name == "continuous" else "")
+    server = GracefulServer(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                           timeout_graceful_shutdown=max(1, round(shutdown_grace_s))))
+    server.on_listening = lambda url: click.echo(
+        f"tokentrace serve: {handle.model_id} on {url} (engine {engine_name}{': ' + detail if detail else ''}; "
+        f"auth {'on' if keys else 'off'}; KV {handle.kv_bytes_per_token} bytes/token)", err=True)
+    try:
+        server.run()
+    finally:
+        counts = shutdown_tracing(provider, timeout_s=10.0)
+        why = f"on {server.stop_signal}" if server.stop_signal else "server exited"
+        click.echo(f"tokentrace serve: stopped {why}; {export_summary(counts)}", err=True)

@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["ServerThread", "is_loopback"]
+__all__ = ["GracefulServer", "ServerThread", "is_loopback"]
 
 
 def is_loopback(host: str) -> bool:
@@ -22,6 +22,49 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _graceful_server_class() -> Any:
+    import contextlib
+
+    import uvicorn
+
+    from instrument.shutdown import StopSignals
+
+    class _GracefulServer(uvicorn.Server):
+        """uvicorn's server, but SIGINT and SIGTERM both stop it gracefully and neither is
+        re-raised afterwards (uvicorn re-raises a caught SIGTERM with the default handler,
+        which kills the process before its spans are flushed: instrument/shutdown.py).
+        ``stop_signal`` names the signal that stopped it; ``on_listening(url)`` is called
+        once the sockets listen."""
+
+        stop_signal: str | None = None
+        on_listening: Any = None
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Any:
+            def stop(name: str) -> None:
+                self.stop_signal = name
+                self.should_exit = True
+
+            def force(name: str) -> None:
+                self.force_exit = True
+
+            with StopSignals(stop, force):
+                yield
+
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started and self.on_listening is not None and self.servers:
+                host, port = self.servers[0].sockets[0].getsockname()[:2]
+                self.on_listening(f"http://{host}:{port}")
+
+    return _GracefulServer
+
+
+def GracefulServer(config: Any) -> Any:  # noqa: N802 - a class made on first use (uvicorn imported lazily)
+    """A uvicorn ``Server`` that stops gracefully on SIGINT and SIGTERM (see ``_GracefulServer``)."""
+    return _graceful_server_class()(config)
 
 
 class ServerThread:
