@@ -68,7 +68,7 @@ SELECT
     st.prefill_tokens_mean,
     CASE WHEN st.distinct_scheduled_tokens > 1 THEN st.slope END AS ms_per_scheduled_token,
     CASE WHEN st.distinct_scheduled_tokens > 1 THEN st.intercept END AS fixed_ms,
-    CASE WHEN st.distinct_scheduled_tokens > 1 THEN st.r2 END AS fit_r2,
+    CASE WHEN st.distinct_scheduled_tokens > 1 THEN least(st.r2, 1.0) END AS fit_r2,
     CASE
         WHEN t.steps_total = 0 THEN
             'no engine_step spans: no step data (traces from --engine sequential, or engine traces not loaded)'

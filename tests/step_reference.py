@@ -198,7 +198,7 @@ def _fit(rows: Sequence[dict[str, Any]]) -> tuple[float | None, float | None, fl
     syy = sum((y - my) ** 2 for y in ys)
     sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
     slope = sxy / sxx
-    return slope, my - slope * mx, 1.0 if syy == 0 else sxy * sxy / (sxx * syy)
+    return slope, my - slope * mx, 1.0 if syy == 0 else min(1.0, sxy * sxy / (sxx * syy))
 
 
 def step_summary(step_rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
