@@ -5,7 +5,8 @@
 --   decoding and how many prefilling, their prefill tokens, the largest co-scheduled
 --   prefill chunk and its request, and every co-scheduled prefilling request.
 --   untraced_sequences = batch_size - 1 - shared_sequences: sequences of the step whose
---   spans are not in the data (sampled out, or not loaded). A gap without step data
+--   spans are not in the data (sampled out, not loaded, or a decode span skipped by
+--   --decode-spans every:N / none). A gap without step data
 --   (--engine sequential) keeps its itl_ms; its step and shared_* columns are NULL with
 --   null_reason (never 0). Gaps whose itl_ms is unknown are not ranked.
 -- param: $per_request BIGINT default 3 -- how many gaps per request (the slowest first)
