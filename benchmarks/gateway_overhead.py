@@ -1,5 +1,9 @@
 """Gateway overhead: the traced gateway vs a direct ``traced_generate`` on the same model and prompts.
 
+The gateway runs the sequential engine here (it calls ``traced_generate`` per request, so the
+two sides differ by the gateway alone); the continuous engine's gateway overhead against
+transformers' manager is benchmarks/engine_throughput.py's ``gateway`` section.
+
 Interleaved in one run (direct, gateway, gateway, direct, ... alternating per round) so drift
 and neighbours' load hit both sides alike. Greedy decoding with the same max_tokens, so both
 sides generate the same tokens.
@@ -132,8 +136,8 @@ def _span_durations_ms(spans_path: Path, name: str) -> list[float]:
 
 def _start_subprocess_server(model: str, max_tokens: int, spans_path: Path) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    cmd = [sys.executable, "-c", "from analyzer.cli import main; main()", "serve", "--model", model, "--port",
-           str(port), "--otlp-json", str(spans_path), "--max-tokens-limit", str(max(max_tokens, 64))]
+    cmd = [sys.executable, "-c", "from analyzer.cli import main; main()", "serve", "--model", model, "--engine", "sequential",
+           "--port", str(port), "--otlp-json", str(spans_path), "--max-tokens-limit", str(max(max_tokens, 64))]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": ""})
     return proc, f"http://127.0.0.1:{port}"
@@ -148,7 +152,7 @@ from instrument.gateway.app import GatewaySettings, create_app
 from instrument.model_handle import load_model_handle
 model, port, spans, max_tokens, loop, http = sys.argv[2:8]
 provider = local_tracer_provider("tokentrace-gateway-baseline", json_path=spans)
-app = create_app(load_model_handle(model), provider, GatewaySettings(max_tokens_limit=int(max_tokens)))
+app = create_app(load_model_handle(model), provider, GatewaySettings(max_tokens_limit=int(max_tokens), engine="sequential"))
 try:
     uvicorn.run(app, host="127.0.0.1", port=int(port), log_level="warning", loop=loop, http=http)
 finally:
@@ -248,7 +252,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             from instrument.gateway.server import ServerThread
 
             server_provider = setup_tracing("bench-gateway", exporter="otlp_json", json_path=tmp / "server.jsonl")
-            server = ServerThread(create_app(handle, server_provider, GatewaySettings())).start()
+            server = ServerThread(create_app(handle, server_provider, GatewaySettings(engine="sequential"))).start()
             urls["gateway"] = server.url
         else:
             proc, urls["gateway"] = _start_subprocess_server(args.model, args.max_tokens, tmp / "server.jsonl")

@@ -11,6 +11,11 @@ forced to exactly ``--tokens`` new tokens. Then checks what the spans say:
 - overhead: median paired difference per decode step (µs) and the ratio, with and without
   CUDA-event device time.
 
+Then the continuous engine on the same model (benchmarks/gpu_continuous_check.py): CUDA
+event time per engine step, the batching contract, and its tracing cost on GPU
+(``--no-continuous`` skips it). The whole script is sized to finish in under 8 minutes on one
+H100/H200 (defaults; about 3 minutes of it is the model build and warm-up).
+
 Run on a CUDA machine:  python benchmarks/gpu_instrument_check.py [--tokens 128] [--reps 9]
 Exit status 0 when every check passes, 1 otherwise, 2 without CUDA.
 """
@@ -25,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
@@ -141,6 +147,10 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--continuous", action=argparse.BooleanOptionalAction, default=True,
+                        help="also check the continuous engine (default on)")
+    parser.add_argument("--cb-sequences", type=int, default=16, help="continuous: sequences per round")
+    parser.add_argument("--cb-rounds", type=int, default=6, help="continuous: rounds per tracing mode")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("gpu_instrument_check: CUDA is not available; run this on a GPU machine", file=sys.stderr)
@@ -157,6 +167,11 @@ def main() -> int:
             r = overhead(model, input_ids, args.tokens, args.reps, device_time)
             print(f"device_time={device_time}: plain {r['plain_ms']:.1f} ms, traced {r['traced_ms']:.1f} ms, "
                   f"added {r['added_us_per_step']:+.2f} µs/decode step, ratio {r['ratio']:.4f}")
+    if args.continuous:
+        from gpu_continuous_check import check_continuous
+
+        failures += check_continuous(model, tokens=args.tokens, sequences=args.cb_sequences,
+                                     prompt_tokens=args.prompt_tokens, rounds=args.cb_rounds)
     for failure in failures:
         print("FAIL:", failure)
     print("all checks passed" if not failures else f"{len(failures)} checks failed")

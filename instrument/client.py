@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -57,10 +58,13 @@ class ClientResult:
 
 
 def chat_body(model: str, prompt: str = SEED_PROMPT, *, max_tokens: int = 16, temperature: float = 0.0,
-              stream: bool = True) -> dict[str, Any]:
-    """A chat-completions request body with one user message (usage requested when streaming)."""
+              stream: bool = True, ignore_eos: bool = False) -> dict[str, Any]:
+    """A chat-completions request body with one user message (usage requested when streaming;
+    ``ignore_eos``: the vLLM extension that makes the answer run to ``max_tokens``)."""
     body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": prompt}],
                             "max_tokens": max_tokens, "temperature": temperature, "stream": stream}
+    if ignore_eos:
+        body["ignore_eos"] = True
     if stream:
         body["stream_options"] = {"include_usage": True}
     return body
@@ -163,6 +167,11 @@ async def stream_chat(
     except Exception as exc:  # network errors, timeouts: the request failed, the load goes on
         result.error = f"{type(exc).__name__}: {exc}"
         span.set_attribute("error.type", type(exc).__qualname__)
+    except asyncio.CancelledError:  # the load generator is stopping: the span still ends
+        result.finish_reason = "cancelled"
+        result.error = "cancelled by the client (stopping)"
+        _finish_span(span, result, clock_offset_ns)
+        raise
     _finish_span(span, result, clock_offset_ns)
     return result
 
@@ -198,9 +207,15 @@ async def run_load(
     concurrency: int | None = None, rate_per_s: float | None = None, seed: int = 0, api_key: str | None = None,
     clock_offset_ns: int = 0, timeout_s: float = 120.0,
     on_result: Callable[[ClientResult], None] | None = None,
+    stop: threading.Event | None = None, grace_s: float = 5.0,
 ) -> list[ClientResult]:
     """Send ``requests`` streaming requests, closed-loop (``concurrency``) or open-loop
-    (``rate_per_s`` Poisson arrivals); returns the results in request order."""
+    (``rate_per_s`` Poisson arrivals); returns the results in request order.
+
+    ``stop`` (set from a signal handler, say): send nothing more, let the requests in
+    flight finish for ``grace_s`` seconds, then cancel them (their spans end ``cancelled``).
+    Requests never sent have no result.
+    """
     import httpx
 
     if (concurrency is None) == (rate_per_s is None):
@@ -218,24 +233,46 @@ async def run_load(
             if on_result is not None:
                 on_result(res)
 
+        def stopping() -> bool:
+            return stop is not None and stop.is_set()
+
         if concurrency is not None:
             next_index = iter(range(requests))
 
             async def worker() -> None:
                 for i in next_index:
+                    if stopping():
+                        return
                     await one(i)
 
-            await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, requests)))))
+            tasks = [asyncio.ensure_future(worker()) for _ in range(max(1, min(concurrency, requests)))]
         else:
             loop = asyncio.get_running_loop()
             start = loop.time()
 
             async def scheduled(i: int, at_s: float) -> None:
-                await asyncio.sleep(max(0.0, start + at_s - loop.time()))
-                await one(i)
+                deadline = start + at_s
+                while loop.time() < deadline:  # wake at least every 50 ms to notice a stop
+                    if stopping():
+                        return
+                    await asyncio.sleep(min(0.05, deadline - loop.time()))
+                if not stopping():
+                    await one(i)
 
             offsets = poisson_arrival_offsets_s(requests, float(rate_per_s), seed)  # type: ignore[arg-type]
-            await asyncio.gather(*(scheduled(i, t) for i, t in enumerate(offsets)))
+            tasks = [asyncio.ensure_future(scheduled(i, t)) for i, t in enumerate(offsets)]
+
+        async def watch() -> None:
+            while not stopping():
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(grace_s)
+            for task in tasks:
+                task.cancel()
+
+        watcher = asyncio.ensure_future(watch()) if stop is not None else None
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if watcher is not None:
+            watcher.cancel()
     return [r for r in results if r is not None]
 
 

@@ -32,7 +32,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-__all__ = ["SamplingParams", "SequenceSampler", "SamplerLogitsProcessor", "TokenLogprobs", "one_hot_scores"]
+__all__ = ["SamplingParams", "SequenceSampler", "SamplerLogitsProcessor", "TokenLogprobs", "draw_tokens",
+           "one_hot_scores"]
 
 _SEEDS = random.SystemRandom()
 
@@ -98,24 +99,33 @@ class SequenceSampler:
         if params.presence_penalty != 0.0 or params.frequency_penalty != 0.0:
             self._counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)
 
+    def penalized(self, logits: Any) -> Any:
+        """Steps 1-3 of the module docstring on a 1-D logits row (a new tensor; the row is kept)."""
+        torch = self._torch
+        p = self.params
+        x = logits.float().clone()
+        if self._seen is not None:
+            seen = x[self._seen]
+            x[self._seen] = torch.where(seen > 0, seen / p.repetition_penalty, seen * p.repetition_penalty)
+        if self._counts is not None:
+            x -= p.frequency_penalty * self._counts + p.presence_penalty * (self._counts > 0).float()
+        if self._eos is not None and (p.ignore_eos or self.generated < p.min_tokens):
+            x[self._eos] = float("-inf")
+        return x
+
+    def uniform(self) -> float:
+        """The next draw in [0, 1) of this sequence's own generator (one per sampled token)."""
+        return float(self._torch.rand((), generator=self._generator))
+
     def choose(self, logits: Any) -> tuple[int, TokenLogprobs | None]:
         """The next token for a 1-D float logits row (not modified), and its logprobs when asked."""
         torch = self._torch
         p = self.params
-        x = logits
-        if not p.plain:
-            x = logits.float().clone()
-            if self._seen is not None:
-                seen = x[self._seen]
-                x[self._seen] = torch.where(seen > 0, seen / p.repetition_penalty, seen * p.repetition_penalty)
-            if self._counts is not None:
-                x -= p.frequency_penalty * self._counts + p.presence_penalty * (self._counts > 0).float()
-            if self._eos is not None and (p.ignore_eos or self.generated < p.min_tokens):
-                x[self._eos] = float("-inf")
+        x = logits if p.plain else self.penalized(logits)
         if p.greedy:
             token = int(torch.argmax(x))
         else:
-            token = self._draw(x)
+            token = draw_tokens(x.unsqueeze(0), [p], [self.uniform()])[0]
         logprobs = None
         if p.logprobs:
             lp = torch.log_softmax(x.float(), dim=-1)
@@ -127,23 +137,6 @@ class SequenceSampler:
         self.record(token)
         return token, logprobs
 
-    def _draw(self, x: Any) -> int:
-        torch = self._torch
-        p = self.params
-        scores = x.float() / p.temperature
-        if p.top_k > 0 and p.top_k < scores.shape[-1]:
-            kth = torch.topk(scores, p.top_k).values[-1]
-            scores = scores.masked_fill(scores < kth, float("-inf"))
-        if p.top_p < 1.0:
-            sorted_scores, order = torch.sort(scores, descending=True)
-            sorted_probs = torch.softmax(sorted_scores, dim=-1)
-            before = sorted_probs.cumsum(dim=-1) - sorted_probs  # probability of the better tokens
-            drop = before >= p.top_p  # keeps the token that crosses top_p, and always the best one
-            sorted_scores = sorted_scores.masked_fill(drop, float("-inf"))
-            scores = torch.full_like(scores, float("-inf")).scatter(0, order, sorted_scores)
-        probs = torch.softmax(scores, dim=-1)
-        return int(torch.multinomial(probs, 1, generator=self._generator))
-
     def record(self, token: int) -> None:
         """Count ``token`` as generated (penalties and min_tokens read the counts)."""
         self.generated += 1
@@ -151,6 +144,31 @@ class SequenceSampler:
             self._seen[token] = True
         if self._counts is not None:
             self._counts[token] += 1.0
+
+
+def draw_tokens(scores: Any, params: list[SamplingParams], uniforms: list[float]) -> list[int]:
+    """Step 5 for several rows at once: ``scores`` [rows, vocab] (processed logits), each row
+    with its own temperature, top_k, top_p and uniform draw ``uniforms[row]`` from its own
+    generator; the token is the first whose cumulative probability exceeds the draw (inverse
+    CDF over the tokens sorted by score). Vectorized over rows; the same function serves one
+    row, so a seed gives the same token on either engine for the same logits."""
+    torch = __import__("torch")
+    rows = scores.shape[0]
+    device = scores.device
+    temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device).unsqueeze(-1)
+    sorted_scores, order = torch.sort(scores.float() / temperature, dim=-1, descending=True)
+    vocab = sorted_scores.shape[-1]
+    top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=device)
+    positions = torch.arange(vocab, device=device).unsqueeze(0)
+    sorted_scores = sorted_scores.masked_fill(positions >= top_k.unsqueeze(-1), float("-inf"))
+    probs = torch.softmax(sorted_scores, dim=-1)
+    top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device).unsqueeze(-1)
+    before = probs.cumsum(dim=-1) - probs  # probability of the better tokens
+    probs = probs.masked_fill(before >= top_p, 0.0)  # keeps the token that crosses top_p, and the best
+    cdf = probs.cumsum(dim=-1)
+    u = torch.tensor(uniforms, dtype=torch.float32, device=device).unsqueeze(-1) * cdf[:, -1:]
+    picked = torch.searchsorted(cdf, u, right=True).clamp(max=vocab - 1)
+    return order.gather(-1, picked).squeeze(-1).tolist()[:rows]
 
 
 def one_hot_scores(scores: Any, tokens: list[int]) -> Any:

@@ -131,6 +131,16 @@ def test_model_binds_all_interfaces_only_with_api_keys(compose: dict) -> None:
     assert _env_ref(bench["environment"]["TOKENTRACE_API_KEY"]) == key_var
 
 
+@pytest.mark.parametrize("service", ["model", "bench"])
+def test_stop_grace_covers_the_shutdown_grace_and_the_span_flush(compose: dict, service: str) -> None:
+    """docker stop sends SIGTERM, then SIGKILL after stop_grace_period (10 s by default): the
+    process needs its --shutdown-grace-s for in-flight requests plus up to 10 s of span flush."""
+    spec = compose["services"][service]
+    grace = float(_flag(spec["command"], "--shutdown-grace-s")) if "--shutdown-grace-s" in spec["command"] else 5.0
+    period = spec["stop_grace_period"]
+    assert period.endswith("s") and float(period[:-1]) >= grace + 10 + 5
+
+
 def test_bench_targets_the_model_service(compose: dict) -> None:
     model, bench = compose["services"]["model"], compose["services"]["bench"]
     url = urlsplit(_flag(bench["command"], "--url"))

@@ -239,3 +239,18 @@ def test_the_hooks_refuse_an_unchecked_transformers() -> None:
             cb_hooks.check_version()
     finally:
         transformers.__version__ = real
+
+
+def test_a_process_that_never_closes_its_engine_still_exits() -> None:
+    """The manager's loop thread is a daemon (cb_hooks.start_manager): apps built and never
+    served, or scripts that forget close(), do not hang at exit."""
+    import subprocess
+    import sys
+
+    code = ("from instrument.model_handle import load_model_handle\n"
+            "from instrument.engines.continuous import ContinuousEngine\n"
+            "from opentelemetry.sdk.trace import TracerProvider\n"
+            "engine = ContinuousEngine(load_model_handle('tiny'), TracerProvider())\n"
+            "assert engine.manager.is_running()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

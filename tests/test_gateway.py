@@ -143,7 +143,6 @@ def test_non_streaming_and_completions_and_models(served: Served) -> None:
 @pytest.mark.parametrize(
     "patch, param",
     [
-        ({"model": "gpt-9"}, "model"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_tokens": 100_000}, "max_tokens"),
         ({"temperature": 2.5}, "temperature"),
@@ -158,6 +157,13 @@ def test_validation_400_names_the_field(served: Served, patch: dict[str, Any], p
     assert r.status_code == 400
     assert r.json()["error"]["param"] == param
     assert param.split("[")[0] in r.json()["error"]["message"]
+
+
+def test_unknown_model_is_404_model_not_found(served: Served) -> None:
+    r = _post(served.url, {**chat_body("tiny", max_tokens=4, stream=False), "model": "gpt-9"})
+    assert r.status_code == 404
+    error = r.json()["error"]
+    assert error["code"] == "model_not_found" and error["param"] == "model" and "gpt-9" in error["message"]
 
 
 def test_413_body_too_large_and_400_bad_json(served: Served) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import threading
+
 import click
 
 from analyzer.cli.group import cli
@@ -33,18 +36,31 @@ __all__ = ["bench_command"]
 @click.option("--db", "db_path", default=None, metavar="PATH",
               help="Keep the client spans in this DuckDB database (default: in memory only).")
 @click.option("--service-name", default="tokentrace-bench", show_default=True, help="service.name of the client spans.")
+@click.option("--ignore-eos", is_flag=True, help="Ask the server to run every answer to --max-tokens (the vLLM "
+              "extension benchmarks use to fix output lengths; tokentrace serve implements it).")
+@click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True,
+              help="table: the per-request and window tables; json: one object (counts, throughput, "
+                   "ttft_ms/tpot_ms/e2e_ms as {mean, p50, p90, p99}) on stdout, for scripts.")
+@click.option("--shutdown-grace-s", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              help="On SIGTERM/SIGINT: send nothing more; requests in flight get this long, then are cancelled.")
 def bench_command(url, n_requests, concurrency, rate_per_s, api_key, model, prompt, max_tokens, temperature,
-                  clock_offset_ms, seed, timeout_s, otlp_json, db_path, service_name) -> None:
+                  clock_offset_ms, seed, timeout_s, otlp_json, db_path, service_name, ignore_eos, output_format,
+                  shutdown_grace_s) -> None:
     """Send streaming chat requests under traced CLIENT spans and summarize them with SQL.
 
     Each request is a `chat {model}` CLIENT span with a tokentrace.chunk event per received
     chunk; traceparent is propagated, so a traced server's spans join the same traces. The
     summary comes from queries/requests.sql and queries/window.sql (client perspective).
 
+    SIGTERM and SIGINT stop it gracefully: nothing more is sent, requests in flight get
+    --shutdown-grace-s, the spans are flushed and one line gives their export counts; the
+    summary covers what was sent.
+
     \b
     Example:
       tokentrace bench --url http://127.0.0.1:8000 --requests 20 --concurrency 4
       tokentrace bench --url http://127.0.0.1:8000 --requests 50 --rate 5 --otlp-json bench.jsonl
+      tokentrace bench --url http://127.0.0.1:8000 --requests 32 --concurrency 8 --ignore-eos --format json
     """
     import httpx
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -54,6 +70,7 @@ def bench_command(url, n_requests, concurrency, rate_per_s, api_key, model, prom
     from analyzer.formats.sdk_spans import rows_from_sdk_spans
     from analyzer.store import connect, insert_rows
     from instrument.client import SEED_PROMPT, chat_body, local_tracer_provider, run_load_sync
+    from instrument.shutdown import StopSignals, export_summary, shutdown_tracing
 
     if (concurrency is None) == (rate_per_s is None):
         raise UserError("give exactly one of --concurrency (closed loop) or --rate (open loop)")
@@ -71,27 +88,44 @@ def bench_command(url, n_requests, concurrency, rate_per_s, api_key, model, prom
     memory = InMemorySpanExporter()
     provider = local_tracer_provider(service_name, json_path=otlp_json, span_exporters=[memory])
     text = prompt or SEED_PROMPT
-    results = run_load_sync(url, lambda _i: chat_body(model, text, max_tokens=max_tokens, temperature=temperature),
-                            requests=n_requests, concurrency=concurrency, rate_per_s=rate_per_s, seed=seed,
-                            api_key=api_key, clock_offset_ns=round(clock_offset_ms * 1e6), timeout_s=timeout_s,
-                            tracer_provider=provider)
-    provider.shutdown()
+    stop = threading.Event()
+    as_json = output_format == "json"
+    with StopSignals(lambda _name: stop.set()) as signals:
+        results = run_load_sync(
+            url, lambda _i: chat_body(model, text, max_tokens=max_tokens, temperature=temperature,
+                                      ignore_eos=ignore_eos),
+            requests=n_requests, concurrency=concurrency, rate_per_s=rate_per_s, seed=seed, api_key=api_key,
+            clock_offset_ns=round(clock_offset_ms * 1e6), timeout_s=timeout_s, tracer_provider=provider,
+            stop=stop, grace_s=shutdown_grace_s)
+    counts = shutdown_tracing(provider, timeout_s=10.0)
     by_status: dict[str, int] = {}
     for r in results:
         key = str(r.status_code) if r.status_code is not None else "no response"
         by_status[key] = by_status.get(key, 0) + 1
     mode = f"concurrency {concurrency}" if concurrency else f"Poisson rate {rate_per_s:g}/s (seed {seed})"
-    click.echo(f"bench: {len(results)} requests to {url} ({model}), {mode}; HTTP status: "
-               + ", ".join(f"{k}={v}" for k, v in sorted(by_status.items())))
+    say = (lambda line: click.echo(line, err=True)) if as_json else click.echo
+    if signals.received:
+        say(f"bench: stopped on {signals.received} after sending {len(results)} of {n_requests} requests; "
+            f"{export_summary(counts)}")
+    say(f"bench: {len(results)} requests to {url} ({model}), {mode}; HTTP status: "
+        + ", ".join(f"{k}={v}" for k, v in sorted(by_status.items())))
     errors = [r for r in results if r.error]
     for r in errors[:3]:
-        click.echo(f"  request {r.index}: {r.error}")
+        say(f"  request {r.index}: {r.error}")
     con = connect(db_path)
     try:
         spans, events, links = rows_from_sdk_spans(memory.get_finished_spans())
         insert_rows(con, spans, events, links)
-        print_query_results(summary_queries(con, perspective="client", skew=False), REQUEST_COLUMNS)
+        if as_json:
+            from analyzer.cli.bench_json import bench_summary
+
+            summary = bench_summary(con, by_status)
+            summary.update({"url": url, "model": model, "mode": mode, "requests_sent": len(results),
+                            "requests_asked": n_requests, "stopped_by": signals.received})
+            click.echo(json.dumps(summary, indent=2))
+        else:
+            print_query_results(summary_queries(con, perspective="client", skew=False), REQUEST_COLUMNS)
     finally:
         con.close()
     if otlp_json:
-        click.echo(f"\nclient spans: {otlp_json}")
+        say(f"\nclient spans: {otlp_json}")

@@ -35,10 +35,10 @@ from transformers.generation.continuous_batching.continuous_api import OutputRou
 from transformers.generation.continuous_batching.requests import RequestStatus
 
 from instrument.clock import now_wall_ns
-from instrument.sampling import SequenceSampler, TokenLogprobs, one_hot_scores
+from instrument.sampling import SequenceSampler, TokenLogprobs, draw_tokens, one_hot_scores
 
 __all__ = ["TESTED_TRANSFORMERS", "EngineOutputRouter", "RowSampler", "ScheduledSequence", "StepListener",
-           "StepTap", "build_manager", "cache_geometry", "check_version", "wake"]
+           "StepTap", "build_manager", "cache_geometry", "check_version", "start_manager", "wake"]
 
 TESTED_TRANSFORMERS = "5.24.0"
 FULL_ATTENTION = "full_attention"
@@ -147,10 +147,17 @@ class StepListener(Protocol):
 
 
 class StepTap:
-    """Wraps one batch processor's ``prepare_next_batch`` / ``update_batch`` (module docstring)."""
+    """Wraps one batch processor's ``prepare_next_batch`` / ``update_batch`` (module docstring).
 
-    def __init__(self, manager: Any, listener: StepListener) -> None:
+    On CUDA (``device_time``), a pre-allocated ``torch.cuda.Event`` pair brackets each step's
+    forward and sampling on the compute stream (recorded after scheduling, and before the
+    update, which waits for the stream anyway); ``device_ns`` then holds the last step's
+    device time in ns (None on CPU).
+    """
+
+    def __init__(self, manager: Any, listener: StepListener, *, device_time: bool = False) -> None:
         self.listener = listener
+        self.device_ns: int | None = None
         processor = manager.batch_processor
         self._processor = processor
         self._allocator = processor.cache.cache_allocators[FULL_ATTENTION]
@@ -158,6 +165,10 @@ class StepTap:
         self._scheduler = processor.scheduler
         self._scheduled: list[ScheduledSequence] = []
         prepare, update = processor.prepare_next_batch, processor.update_batch
+        events = None
+        if device_time and torch.cuda.is_available() and manager.model.device.type == "cuda":
+            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        stream = processor.inputs_and_outputs.compute_stream
 
         def prepare_next_batch() -> bool:
             listener.before_schedule()
@@ -168,12 +179,19 @@ class StepTap:
             self._scheduled = scheduled = self._read_batch()
             listener.on_scheduled(start_ns, now_wall_ns(), scheduled, self.blocks_free(),
                                   len(self._scheduler.waiting_requests))
+            if events is not None:
+                events[0].record(stream)
             return True
 
         def update_batch() -> None:
             scheduled = self._scheduled
             before = [len(s.state.generated_tokens) for s in scheduled]
+            if events is not None:
+                events[1].record(stream)
             update()
+            if events is not None:
+                events[1].synchronize()
+                self.device_ns = int(events[0].elapsed_time(events[1]) * 1e6)
             end_ns = now_wall_ns()
             emitted = []
             for seq, length in zip(scheduled, before):
@@ -232,18 +250,27 @@ class RowSampler(ContinuousBatchingLogitsProcessor):
         sampler_of = self.listener.sampler_of
         samplers = [sampler_of(rid) for rid in rows]
         tokens: list[int] = [0] * len(rows)
-        plain_greedy = [i for i, s in enumerate(samplers) if s is None or (s.params.greedy and s.params.plain)]
-        if plain_greedy:
-            picks = torch.argmax(scores[plain_greedy], dim=-1).tolist()
-            for i, token in zip(plain_greedy, picks):
-                tokens[i] = int(token)
-                if samplers[i] is not None:
-                    samplers[i].record(int(token))
-        for i, sampler in enumerate(samplers):
-            if sampler is not None and not (sampler.params.greedy and sampler.params.plain):
-                tokens[i], logprobs = sampler.choose(scores[i])
+        greedy, sampled = [], []  # rows whose pick needs nothing but the pick: done for all at once
+        for i, s in enumerate(samplers):
+            if s is None or (s.params.plain and s.params.greedy):
+                greedy.append(i)
+            elif s.params.plain:
+                sampled.append(i)
+            else:
+                tokens[i], logprobs = s.choose(scores[i])
                 if logprobs is not None:
                     self.listener.keep_logprobs(rows[i], logprobs)
+        if greedy:
+            for i, token in zip(greedy, torch.argmax(scores[greedy], dim=-1).tolist()):
+                tokens[i] = int(token)
+        if sampled:
+            picks = draw_tokens(scores[sampled], [samplers[i].params for i in sampled],
+                                [samplers[i].uniform() for i in sampled])
+            for i, token in zip(sampled, picks):
+                tokens[i] = int(token)
+        for i in greedy + sampled:
+            if samplers[i] is not None:
+                samplers[i].record(tokens[i])
         return one_hot_scores(scores, tokens)
 
 
@@ -261,6 +288,22 @@ class EngineOutputRouter(OutputRouter):
     def deliver_batch(self, outputs: list[Any]) -> None:
         for output in outputs:
             self.deliver(output)
+
+
+def start_manager(manager: Any) -> None:
+    """``manager.start()``, but the generation thread is a daemon: a process that never stops
+    its engine (an app built and not served, a test) can still exit. Mirrors ``start()`` of
+    transformers 5.24 (clear the thread status, run the loop in the caller's inference mode)."""
+    import threading
+
+    if manager.is_running():
+        return
+    manager.background_thread_status.clear()
+    manager._generation_thread = threading.Thread(
+        target=manager._run_generation_loop, kwargs={"use_inference_mode": torch.is_inference_mode_enabled()},
+        name="tokentrace-continuous-batching", daemon=True,
+    )
+    manager._generation_thread.start()
 
 
 def wake(manager: Any) -> None:

@@ -49,6 +49,7 @@ class StepRecord:
     kv_block_tokens: int
     waiting: int  # sequences the scheduler left waiting
     end_ns: int = 0  # tokens handed over
+    device_ns: int | None = None  # CUDA time of the step's forward and sampling, ns (CUDA only)
 
     def span_attributes(self) -> dict[str, Any]:
         """The ``engine_step`` span's attributes."""
@@ -62,6 +63,7 @@ class StepRecord:
             "tokentrace.kv.blocks_total": self.kv_blocks_total,
             "tokentrace.kv.block_tokens": self.kv_block_tokens,
             "tokentrace.engine.schedule_ns": self.forward_start_ns - self.start_ns,
+            **({"tokentrace.device_ns": self.device_ns} if self.device_ns is not None else {}),
         }
 
 

@@ -51,13 +51,21 @@ class ContinuousEngine:
     - ``decode_spans``: ``all`` | ``every:N`` | ``none``.
     - ``warmup``: run a few untraced sequences before reporting ready (first forwards pay
       one-time kernel set-up).
+    - ``device_time``: CUDA event time of each step's forward (``tokentrace.device_ns`` on
+      ``engine_step`` spans); default on when the model is on CUDA.
+
+    ``tracing`` (attribute, default True): False keeps token delivery, cancellation and the
+    queue time but records no steps and writes no prefill/decode/engine spans — the
+    baseline benchmarks/engine_throughput.py measures the tracing cost per step against.
+    Switch it only while the engine is idle.
     """
 
     name = "continuous"
 
     def __init__(self, handle: ModelHandle, tracer_provider: Any, *, decode_spans: str = "all",
                  kv_budget_bytes: int | None = None, kv_block_tokens: int = 16, max_batch_tokens: int = 512,
-                 max_batch_size: int = 64, steps_per_engine_trace: int = 1000, warmup: bool = True) -> None:
+                 max_batch_size: int = 64, steps_per_engine_trace: int = 1000, warmup: bool = True,
+                 device_time: bool | None = None) -> None:
         cb_hooks.check_version()
         model = handle.model
         self.handle = handle
@@ -85,6 +93,7 @@ class ContinuousEngine:
         self._step = 0
         self._current: StepRecord | None = None
         self._current_traced = False
+        self.tracing = True
         self._accepting = True
         self._warm_ids: set[str] = set()
         self._warm_done = threading.Event()
@@ -100,8 +109,9 @@ class ContinuousEngine:
         if self.geometry.bytes_per_block != bytes_per_block:
             raise ValueError(f"continuous engine: the paged cache holds {self.geometry.bytes_per_block} bytes per "
                              f"block, the KV formula gives {bytes_per_block}: refusing to report wrong KV figures")
-        self.tap = cb_hooks.StepTap(self.manager, self)
-        self.manager.start()
+        on_cuda = getattr(model.device, "type", "cpu") == "cuda"
+        self.tap = cb_hooks.StepTap(self.manager, self, device_time=on_cuda if device_time is None else device_time)
+        cb_hooks.start_manager(self.manager)
         self.build_s = time.perf_counter() - started
         self.warmup_s = self._warm_up() if warmup else 0.0
         self.ready = True
@@ -175,6 +185,14 @@ class ContinuousEngine:
                      waiting: int) -> None:
         self._finish_cancelled(start_ns)
         self._step += 1
+        if not self.tracing:
+            self._current = None
+            live = self._live
+            for s in sequences:
+                record = live.get(s.request_id)
+                if record is not None and record.admitted_ns is None:
+                    record.admitted_ns = start_ns
+            return
         g = self.geometry
         prefill_tokens = sum(s.tokens for s in sequences if s.prefill)
         rec = StepRecord(self._step, start_ns, forward_start_ns, len(sequences), sum(s.tokens for s in sequences),
@@ -203,9 +221,9 @@ class ContinuousEngine:
 
     def on_step_done(self, end_ns: int, emitted: list[tuple[Any, int, bool]]) -> None:
         rec = self._current
-        if rec is None:
-            return
-        rec.end_ns = end_ns
+        if rec is not None:
+            rec.end_ns = end_ns
+            rec.device_ns = self.tap.device_ns
         self._current = None
         live = self._live
         for seq, token, finished in emitted:
@@ -222,7 +240,7 @@ class ContinuousEngine:
             if finished:
                 stop = token in self._eos_ids and not record.request.params.ignore_eos
                 self._finish(seq.request_id, "stop" if stop else "length", end_ns)
-        if self._current_traced:  # a step with only untraced (warm-up) sequences gets no span
+        if rec is not None and self._current_traced:  # a step with only warm-up sequences gets no span
             self.engine_traces.step(rec)
 
     def on_output(self, request_id: str, error: str | None) -> None:
@@ -249,11 +267,12 @@ class ContinuousEngine:
         record = self._live.pop(request_id, None)
         if record is None:
             return
-        try:
-            write_sequence_spans(self.writer, record, self.layout, self.layout_name, self.geometry.bytes_per_block,
-                                 self.policy)
-        except Exception:  # pragma: no cover - a span bug must not leave the request hanging
-            LOGGER.exception("writing the spans of %s failed", request_id)
+        if record.prefill or record.decode:
+            try:
+                write_sequence_spans(self.writer, record, self.layout, self.layout_name,
+                                     self.geometry.bytes_per_block, self.policy)
+            except Exception:  # pragma: no cover - a span bug must not leave the request hanging
+                LOGGER.exception("writing the spans of %s failed", request_id)
         blocks = record.last_blocks
         result = EngineResult(record.admitted_ns if record.admitted_ns is not None else at_ns, reason, record.emitted,
                               error=error, kv_physical_bytes=blocks * self.geometry.bytes_per_block

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
@@ -29,8 +28,9 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from instrument.clock import now_wall_ns
 from instrument.gateway import sse
 from instrument.gateway.admission import AdmissionBudgets, AdmissionController, AdmissionRefused, RateLimiter
-from instrument.engines.base import EngineRequest, EngineResult
-from instrument.gateway.request_state import Detokenizer, LoopWaker, RequestState, log_request
+from instrument.engines.base import EngineRequest
+from instrument.gateway import responses
+from instrument.gateway.request_state import LoopWaker, RequestState, log_request
 from instrument.gateway.validation import ValidationError, validate_request
 from instrument.model_handle import ModelHandle
 from instrument.tracing import get_tracer, span_event_limit_of
@@ -66,7 +66,7 @@ class GatewaySettings:
     gc_freeze: bool = False
     # Which engine runs the model (instrument/engines) and its own options (e.g.
     # kv_block_tokens, max_batch_tokens for "continuous"); the KV budget is budgets.kv_budget_bytes.
-    engine: str = "sequential"
+    engine: str = "continuous"
     engine_options: dict[str, Any] = field(default_factory=dict)
     # At shutdown, how long the engine lets running sequences finish before cancelling them, s.
     shutdown_grace_s: float = 5.0
@@ -175,10 +175,9 @@ class Gateway:
                                        max_tokens_limit=self.settings.max_tokens_limit,
                                        default_max_tokens=self.settings.default_max_tokens)
             except ValidationError as exc:
-                raise _Rejected(400, str(exc), "invalid_request_error", param=exc.param) from None
-            span.set_attributes({"gen_ai.request.model": gen.model, "gen_ai.request.max_tokens": gen.max_tokens,
-                                 "gen_ai.request.temperature": gen.temperature, "gen_ai.request.top_p": gen.top_p,
-                                 "gen_ai.response.model": self.handle.model_id})
+                raise _Rejected(exc.status, str(exc), "invalid_request_error", param=exc.param, code=exc.code) from None
+            span.set_attributes(gen.span_attributes())
+            span.set_attribute("gen_ai.response.model", self.handle.model_id)
             input_ids = self._tokenize(span, gen)
             context = self.handle.max_context_tokens
             if context is not None and len(input_ids) + gen.max_tokens > context:
@@ -243,107 +242,11 @@ class Gateway:
                             status_code=rej.status, headers={**headers, **rej.headers})
 
     async def _stream(self, state: RequestState) -> AsyncIterator[bytes]:
-        """SSE body. A disconnect (cancellation of this generator) cancels generation.
-
-        Tokens that arrived together (the loop lagged behind the model) are written in one
-        send, each still its own SSE chunk with its own ``tokentrace.chunk`` event.
-        """
-        gen, model, rid, created = state.gen, self.handle.model_id, state.request_id, int(time.time())
-        detok = Detokenizer(self.handle.tokenizer, self.eos_ids)
-        render = sse.ContentChunks(gen.operation, rid, created, model).render
-        push = detok.push
-        state.response_started = True
-        try:
-            if gen.operation == "chat":
-                sent_ns = now_wall_ns()
-                yield sse.sse_line(sse.content_chunk("chat", rid, created, model, "", role=True))
-                state.chunk_written(0, False, sent_ns)
-            result: EngineResult | None = None
-            while result is None:
-                try:
-                    items = await state.next_items(self.settings.request_timeout_s)
-                except asyncio.TimeoutError:
-                    state.abandon("error", "timeout")
-                    yield sse.sse_line(sse.error_body("generation timed out", error_type="server_error"))
-                    yield sse.DONE
-                    return
-                out, chunk_tokens = bytearray(), []
-                for kind, value, _logprobs in items:
-                    if kind == "done":
-                        result = value
-                        break
-                    delta, tokens = push(value)
-                    if delta:
-                        out += render(delta)
-                        chunk_tokens.append(tokens)
-                if out:
-                    sent_ns = now_wall_ns()
-                    yield bytes(out)
-                    for tokens in chunk_tokens:
-                        state.chunk_written(tokens, True, sent_ns)
-            generated = result.generated_tokens
-            sent_ns = now_wall_ns()
-            if result.finish_reason == "error":
-                yield sse.sse_line(sse.error_body(f"generation failed: {result.error}", error_type="server_error"))
-                state.chunk_written(0, False, sent_ns)
-            else:
-                yield sse.sse_line(sse.finish_chunk(gen.operation, rid, created, model, result.finish_reason))
-                state.chunk_written(0, False, sent_ns)
-                if gen.include_usage:
-                    sent_ns = now_wall_ns()
-                    yield sse.sse_line(sse.usage_chunk(gen.operation, rid, created, model,
-                                                       sse.usage(state.input_tokens, state.output_tokens)))
-                    state.chunk_written(0, False, sent_ns)
-            # The response is complete when the last bytes are handed to the server: stamped
-            # before the write, so server times never pass the client's receipt of them.
-            done_ns = now_wall_ns()
-            yield sse.DONE
-            state.finalize(result, finish_reason=result.finish_reason, generated_tokens=generated, end_ns=done_ns)
-        finally:
-            if not state.finished:  # client disconnected (or the server is shutting down)
-                state.abandon("cancelled")
+        async for part in responses.stream_body(self, state):
+            yield part
 
     async def _whole(self, request: Request, state: RequestState, headers: dict[str, str]) -> Response:
-        """Non-streaming: wait for the result, polling for a client disconnect (cancels generation)."""
-        state.response_started = True
-        try:
-            return await self._whole_body(request, state, headers)
-        finally:
-            if not state.finished:  # the handler was cancelled (server shutdown)
-                state.abandon("cancelled")
-
-    async def _whole_body(self, request: Request, state: RequestState, headers: dict[str, str]) -> Response:
-        detok = Detokenizer(self.handle.tokenizer, self.eos_ids)
-        deadline = time.monotonic() + self.settings.request_timeout_s
-        tokens = 0
-        result: EngineResult | None = None
-        while result is None:
-            if time.monotonic() > deadline:
-                state.abandon("error", "timeout")
-                return JSONResponse(sse.error_body("generation timed out", error_type="server_error"), 504, headers)
-            try:
-                items = await state.next_items(0.25)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    state.abandon("cancelled")
-                    return Response(status_code=499, headers=headers)
-                continue
-            for kind, value, _logprobs in items:
-                if kind == "done":
-                    result = value
-                    break
-                tokens += detok.push(value)[1]
-        generated = result.generated_tokens
-        if result.finish_reason == "error":
-            state.finalize(result, finish_reason="error", generated_tokens=generated, http_status=500)
-            return JSONResponse(sse.error_body(f"generation failed: {result.error}", error_type="server_error"),
-                                500, headers)
-        if tokens:
-            state.chunk_written(tokens, True)
-        body = sse.full_response(state.gen.operation, state.request_id, int(time.time()), self.handle.model_id,
-                                 detok.text, result.finish_reason, sse.usage(state.input_tokens, state.output_tokens))
-        state.finalize(result, finish_reason=result.finish_reason, generated_tokens=generated)
-        return JSONResponse(body, headers=headers)
+        return await responses.whole_body(self, request, state, headers)
 
 
 def create_app(handle: ModelHandle, tracer_provider: Any, settings: GatewaySettings | None = None,
@@ -371,6 +274,8 @@ def create_app(handle: ModelHandle, tracer_provider: Any, settings: GatewaySetti
     async def completions(request: Request) -> Response:
         return await gateway.respond(request, "text_completion")
 
+    model_object = {"id": handle.model_id, "object": "model", "created": 0, "owned_by": "tokentrace"}
+
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         try:
@@ -378,8 +283,34 @@ def create_app(handle: ModelHandle, tracer_provider: Any, settings: GatewaySetti
         except _Rejected as rej:
             return JSONResponse(sse.error_body(str(rej), error_type=rej.error_type, code=rej.code),
                                 status_code=rej.status, headers=rej.headers)
-        return JSONResponse({"object": "list", "data": [
-            {"id": handle.model_id, "object": "model", "created": 0, "owned_by": "tokentrace"}]})
+        return JSONResponse({"object": "list", "data": [model_object]})
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str, request: Request) -> Response:
+        try:
+            gateway.authenticate(request)
+        except _Rejected as rej:
+            return JSONResponse(sse.error_body(str(rej), error_type=rej.error_type, code=rej.code),
+                                status_code=rej.status, headers=rej.headers)
+        if model_id not in handle.served_models:
+            return JSONResponse(sse.error_body(f"The model `{model_id}` does not exist; this server serves "
+                                               f"`{handle.model_id}`", error_type="invalid_request_error",
+                                               param="model", code="model_not_found"), status_code=404)
+        return JSONResponse(model_object)
+
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        """Unknown routes (404) and wrong methods (405) in OpenAI's error shape."""
+        if exc.status_code == 404:
+            message, code = f"{request.method} {request.url.path}: no such route", "not_found"
+        elif exc.status_code == 405:
+            message, code = f"{request.method} is not allowed on {request.url.path}", "method_not_allowed"
+        else:
+            message, code = str(exc.detail), None
+        return JSONResponse(sse.error_body(message, error_type="invalid_request_error", code=code),
+                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

@@ -29,15 +29,17 @@ def _base(operation: str, request_id: str, created_s: int, model: str) -> dict[s
 
 
 def content_chunk(
-    operation: str, request_id: str, created_s: int, model: str, text: str, *, role: bool = False
+    operation: str, request_id: str, created_s: int, model: str, text: str, *, role: bool = False,
+    logprobs: Any = None,
 ) -> dict[str, Any]:
-    """A chunk with a content delta (chat: ``delta.content``; completions: ``text``)."""
+    """A chunk with a content delta (chat: ``delta.content``; completions: ``text``);
+    ``logprobs``: the choice's logprobs object for the tokens of this delta (None: not asked)."""
     out = _base(operation, request_id, created_s, model)
     if operation == "chat":
         delta: dict[str, Any] = {"role": "assistant", "content": text} if role else {"content": text}
-        out["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]
+        out["choices"] = [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": None}]
     else:
-        out["choices"] = [{"index": 0, "text": text, "logprobs": None, "finish_reason": None}]
+        out["choices"] = [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": None}]
     return out
 
 
@@ -93,15 +95,17 @@ def error_body(message: str, *, error_type: str, param: str | None = None, code:
 
 
 def full_response(
-    operation: str, request_id: str, created_s: int, model: str, text: str, finish_reason: str, usage_obj: dict[str, int]
+    operation: str, request_id: str, created_s: int, model: str, text: str, finish_reason: str, usage_obj: dict[str, int],
+    logprobs: Any = None,
 ) -> dict[str, Any]:
     """A non-streaming response (``chat.completion`` or ``text_completion``)."""
     if operation == "chat":
         choice: dict[str, Any] = {
-            "index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish_reason,
+            "index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+            "finish_reason": finish_reason,
         }
         kind = "chat.completion"
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         kind = "text_completion"
     return {"id": request_id, "object": kind, "created": created_s, "model": model, "choices": [choice], "usage": usage_obj}

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from instrument.gateway.request_fields import MAX_STOP_SEQUENCES, refusal, unknown_fields
 from instrument.sampling import SamplingParams
 
 __all__ = ["CHAT_ROLES", "GenerationRequest", "ValidationError", "validate_request"]
@@ -19,11 +20,16 @@ TEMPERATURE_MAX = 2.0
 
 
 class ValidationError(ValueError):
-    """One or more bad fields: ``errors`` is a list of ``(param, message)``."""
+    """One or more bad fields: ``errors`` is a list of ``(param, message)``; ``status`` the HTTP
+    status (400, or 404 for an unknown model), ``code`` OpenAI's error code; ``bare``: the
+    message is the messages alone (not prefixed by the field names)."""
 
-    def __init__(self, errors: list[tuple[str, str]]) -> None:
+    def __init__(self, errors: list[tuple[str, str]], *, status: int = 400, code: str | None = None,
+                 bare: bool = False) -> None:
         self.errors = errors
-        super().__init__("; ".join(f"{param}: {message}" for param, message in errors))
+        self.status = status
+        self.code = code
+        super().__init__("; ".join(message if bare else f"{param}: {message}" for param, message in errors))
 
     @property
     def param(self) -> str:
@@ -33,7 +39,11 @@ class ValidationError(ValueError):
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """A validated request. ``messages`` for chat, ``prompt`` for text completions."""
+    """A validated request. ``messages`` for chat, ``prompt`` for text completions.
+
+    Token counts are tokens; penalties are OpenAI's (additive, -2..2) and vLLM's
+    (``repetition_penalty``, multiplicative, 1 = off); ``top_k`` 0 = off.
+    """
 
     operation: str  # "chat" or "text_completion"
     model: str
@@ -45,6 +55,16 @@ class GenerationRequest:
     messages: list[dict[str, str]] | None = None
     prompt: str | None = None
     user: str | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: bool = False
+    top_logprobs: int = 0
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -55,7 +75,38 @@ class GenerationRequest:
     @property
     def sampling(self) -> SamplingParams:
         """What the engine is asked to do for this request's sequence."""
-        return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p)
+        return SamplingParams(
+            max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+            seed=self.seed, presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens, ignore_eos=self.ignore_eos,
+            logprobs=self.logprobs, top_logprobs=self.top_logprobs,
+        )
+
+    def span_attributes(self) -> dict[str, Any]:
+        """What was asked that shapes the output or its timing, for the gateway span
+        (``gen_ai.request.*`` semconv names; tokentrace names for the extensions)."""
+        out: dict[str, Any] = {
+            "gen_ai.request.model": self.model, "gen_ai.request.max_tokens": self.max_tokens,
+            "gen_ai.request.temperature": self.temperature, "gen_ai.request.top_p": self.top_p,
+            "gen_ai.request.choice.count": 1, "gen_ai.request.presence_penalty": self.presence_penalty,
+            "gen_ai.request.frequency_penalty": self.frequency_penalty,
+        }
+        if self.stop:
+            out["gen_ai.request.stop_sequences"] = self.stop
+        if self.seed is not None:
+            out["gen_ai.request.seed"] = self.seed
+        if self.top_k:
+            out["gen_ai.request.top_k"] = float(self.top_k)
+        if self.logprobs:
+            out["tokentrace.request.logprobs"] = True
+            out["tokentrace.request.top_logprobs"] = self.top_logprobs
+        if self.ignore_eos:
+            out["tokentrace.request.ignore_eos"] = True
+        if self.min_tokens:
+            out["tokentrace.request.min_tokens"] = self.min_tokens
+        if self.repetition_penalty != 1.0:
+            out["tokentrace.request.repetition_penalty"] = self.repetition_penalty
+        return out
 
 
 def _number(body: Mapping[str, Any], name: str, default: float, errors: list[tuple[str, str]]) -> float:
@@ -66,6 +117,68 @@ def _number(body: Mapping[str, Any], name: str, default: float, errors: list[tup
         errors.append((name, f"must be a finite number, got {value!r}"))
         return default
     return float(value)
+
+
+def _integer(body: Mapping[str, Any], name: str, default: int, errors: list[tuple[str, str]]) -> int:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        errors.append((name, f"must be an integer, got {value!r}"))
+        return default
+    return value
+
+
+def _boolean(body: Mapping[str, Any], name: str, errors: list[tuple[str, str]]) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        errors.append((name, f"must be a boolean, got {value!r}"))
+        return False
+    return value
+
+
+def _in_range(name: str, value: float, low: float, high: float, errors: list[tuple[str, str]]) -> None:
+    if not low <= value <= high:
+        errors.append((name, f"must be between {low:g} and {high:g}, got {value:g}"))
+
+
+def _stop(raw: Any, errors: list[tuple[str, str]]) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not all(isinstance(item, str) for item in raw):
+        errors.append(("stop", f"must be a string or an array of strings, got {raw!r}"))
+        return ()
+    if len(raw) > MAX_STOP_SEQUENCES:
+        errors.append(("stop", f"at most {MAX_STOP_SEQUENCES} stop sequences, got {len(raw)}"))
+        return ()
+    if any(item == "" for item in raw):
+        errors.append(("stop", "stop sequences must not be empty strings"))
+        return ()
+    return tuple(dict.fromkeys(raw))
+
+
+def _logprobs(body: Mapping[str, Any], operation: str, errors: list[tuple[str, str]]) -> tuple[bool, int]:
+    """(logprobs wanted, how many top alternatives): chat has ``logprobs`` (bool) and
+    ``top_logprobs`` (0..20); completions have ``logprobs`` (int 0..5, the top count)."""
+    raw = body.get("logprobs")
+    if operation == "chat":
+        wanted = _boolean(body, "logprobs", errors)
+        top = _integer(body, "top_logprobs", 0, errors)
+        if not 0 <= top <= 20:
+            errors.append(("top_logprobs", f"must be between 0 and 20, got {top}"))
+        elif top and not wanted:
+            errors.append(("top_logprobs", "needs logprobs: true"))
+        return wanted, top
+    if raw is None:
+        return False, 0
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw <= 5:
+        errors.append(("logprobs", f"must be an integer between 0 and 5 (alternatives per token), got {raw!r}"))
+        return False, 0
+    return True, raw
 
 
 def _messages(raw: Any, errors: list[tuple[str, str]]) -> list[dict[str, str]] | None:
@@ -107,15 +220,28 @@ def validate_request(
     - ``operation``: ``chat`` (``/v1/chat/completions``) or ``text_completion`` (``/v1/completions``).
     - ``served_models``: model ids this server answers to (the first is the canonical one).
     - ``max_tokens_limit``: the largest ``max_tokens`` (output tokens) the server accepts.
+
+    In this order, each alone: a field the endpoint does not know (400 ``unrecognized request
+    argument: <name>``), an unknown model (404 ``model_not_found``); then every other bad
+    field at once (400, ``param`` = the first).
     """
     if not isinstance(body, Mapping):
         raise ValidationError([("body", "must be a JSON object")])
+    unknown = unknown_fields(body, operation)
+    if unknown:
+        raise ValidationError([(name, f"unrecognized request argument: {name}") for name in unknown],
+                              code="unrecognized_argument", bare=True)
     errors: list[tuple[str, str]] = []
     model = body.get("model")
     if not isinstance(model, str) or not model:
         errors.append(("model", "is required (a string)"))
     elif model not in served_models:
-        errors.append(("model", f"unknown model {model!r}; this server serves {served_models[0]!r}"))
+        raise ValidationError([("model", f"The model `{model}` does not exist; this server serves "
+                                         f"`{served_models[0]}`")], status=404, code="model_not_found", bare=True)
+    for name in body:
+        reason = refusal(name, body[name])
+        if reason is not None:
+            errors.append((name, reason))
     raw_max = body.get("max_completion_tokens", body.get("max_tokens"))
     name_max = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     max_tokens = default_max_tokens
@@ -127,15 +253,39 @@ def validate_request(
         else:
             max_tokens = raw_max
     temperature = _number(body, "temperature", 1.0, errors)
-    if not 0.0 <= temperature <= TEMPERATURE_MAX:
-        errors.append(("temperature", f"must be between 0 and {TEMPERATURE_MAX:g}, got {temperature:g}"))
+    _in_range("temperature", temperature, 0.0, TEMPERATURE_MAX, errors)
     top_p = _number(body, "top_p", 1.0, errors)
     if not 0.0 < top_p <= 1.0:
         errors.append(("top_p", f"must be greater than 0 and at most 1, got {top_p:g}"))
+    presence = _number(body, "presence_penalty", 0.0, errors)
+    _in_range("presence_penalty", presence, -2.0, 2.0, errors)
+    frequency = _number(body, "frequency_penalty", 0.0, errors)
+    _in_range("frequency_penalty", frequency, -2.0, 2.0, errors)
+    repetition = _number(body, "repetition_penalty", 1.0, errors)
+    if not 0.0 < repetition <= 10.0:
+        errors.append(("repetition_penalty", f"must be greater than 0 and at most 10 (1 = off), got {repetition:g}"))
+    top_k = _integer(body, "top_k", 0, errors)
+    if top_k == -1:  # vLLM's "off"
+        top_k = 0
+    if top_k < 0:
+        errors.append(("top_k", f"must be -1 or 0 (off) or a positive integer, got {top_k}"))
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not -2**63 <= seed < 2**64):
+        errors.append(("seed", f"must be an integer, got {seed!r}"))
+        seed = None
+    min_tokens = _integer(body, "min_tokens", 0, errors)
+    if not 0 <= min_tokens <= max_tokens:
+        errors.append(("min_tokens", f"must be between 0 and max_tokens ({max_tokens}), got {min_tokens}"))
+    ignore_eos = _boolean(body, "ignore_eos", errors)
+    stop = _stop(body.get("stop"), errors)
+    logprobs, top_logprobs = _logprobs(body, operation, errors)
     n = body.get("n", 1)
-    if n != 1:
-        errors.append(("n", f"only n=1 is supported, got {n!r}"))
+    if n is not None and n != 1:
+        errors.append(("n", f"only n=1 is supported (the span contract traces one sequence per request: send "
+                            f"{n!r} requests instead), got {n!r}"))
     stream = body.get("stream", False)
+    if stream is None:
+        stream = False
     if not isinstance(stream, bool):
         errors.append(("stream", f"must be a boolean, got {stream!r}"))
         stream = False
@@ -144,6 +294,10 @@ def validate_request(
     if not isinstance(options, Mapping):
         errors.append(("stream_options", "must be an object"))
     else:
+        extra_options = [key for key in options if key not in ("include_usage",)]
+        if extra_options:
+            errors.append((f"stream_options.{extra_options[0]}", f"unrecognized request argument: "
+                                                                  f"stream_options.{extra_options[0]}"))
         include_usage = options.get("include_usage", False)
         if not isinstance(include_usage, bool):
             errors.append(("stream_options.include_usage", f"must be a boolean, got {include_usage!r}"))
@@ -167,5 +321,7 @@ def validate_request(
     return GenerationRequest(
         operation=operation, model=str(model), max_tokens=max_tokens, temperature=temperature, top_p=top_p,
         stream=bool(stream), include_usage=bool(include_usage), messages=messages, prompt=prompt,
-        user=user if isinstance(user, str) else None,
+        user=user if isinstance(user, str) else None, stop=stop, seed=seed, presence_penalty=presence,
+        frequency_penalty=frequency, logprobs=logprobs, top_logprobs=top_logprobs, ignore_eos=ignore_eos,
+        min_tokens=min_tokens, top_k=top_k, repetition_penalty=repetition,
     )
