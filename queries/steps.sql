@@ -2,7 +2,8 @@
 --   engine_steps): when it ran, how long it took (step_ms = schedule_ms + execute_ms), the
 --   sequences and tokens it held (batch_size, scheduled_tokens = prefill_tokens +
 --   decode_tokens, their buckets), the sequences left waiting, and the paged KV cache's
---   blocks in use at scheduling. A clock domain whose request spans ran without engine steps
+--   blocks in use at scheduling. device_ms: CUDA time of the step's forward and sampling,
+--   NULL where not measured (CPU: the engine records no CUDA events). A clock domain whose request spans ran without engine steps
 --   (traces from --engine sequential, or engine traces not loaded) gets one row with every
 --   step column NULL and null_reason saying why (never 0). Ordered by clock domain, step.
 -- param: $clock_domain VARCHAR default NULL -- only this clock domain (service.name|service.instance.id|host.name); NULL = all
@@ -34,13 +35,13 @@ without_steps AS (
     FROM request_spans r
     WHERE r.clock_domain IS NULL OR r.clock_domain NOT IN (SELECT DISTINCT clock_domain FROM steps WHERE clock_domain IS NOT NULL)
 )
-SELECT clock_domain, step, start_ns, end_ns, step_ms, schedule_ms, execute_ms, batch_size, scheduled_tokens,
+SELECT clock_domain, step, start_ns, end_ns, step_ms, schedule_ms, execute_ms, device_ms, batch_size, scheduled_tokens,
        prefill_tokens, decode_tokens, prefill_tokens_bucket, scheduled_tokens_bucket, waiting, kv_blocks_used,
        kv_blocks_total, kv_block_tokens, kv_used_fraction, trace_id, span_id, CAST(NULL AS VARCHAR) AS null_reason
 FROM steps
 UNION ALL
 SELECT clock_domain, CAST(NULL AS BIGINT), CAST(NULL AS BIGINT), CAST(NULL AS BIGINT), CAST(NULL AS DOUBLE),
-       CAST(NULL AS DOUBLE), CAST(NULL AS DOUBLE), CAST(NULL AS BIGINT), CAST(NULL AS BIGINT), CAST(NULL AS BIGINT),
+       CAST(NULL AS DOUBLE), CAST(NULL AS DOUBLE), CAST(NULL AS DOUBLE), CAST(NULL AS BIGINT), CAST(NULL AS BIGINT), CAST(NULL AS BIGINT),
        CAST(NULL AS BIGINT), CAST(NULL AS VARCHAR), CAST(NULL AS VARCHAR), CAST(NULL AS BIGINT), CAST(NULL AS BIGINT),
        CAST(NULL AS BIGINT), CAST(NULL AS BIGINT), CAST(NULL AS DOUBLE), CAST(NULL AS VARCHAR), CAST(NULL AS VARCHAR),
        null_reason

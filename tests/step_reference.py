@@ -95,6 +95,7 @@ def steps(spans: Sequence[Span]) -> list[dict[str, Any]]:
             "clock_domain": s.domain, "step": a["tokentrace.engine.step"], "start_ns": s.start_ns, "end_ns": s.end_ns,
             "step_ms": (s.end_ns - s.start_ns) / 1e6, "schedule_ms": a["tokentrace.engine.schedule_ns"] / 1e6,
             "execute_ms": (s.end_ns - s.start_ns - a["tokentrace.engine.schedule_ns"]) / 1e6,
+            "device_ms": a["tokentrace.device_ns"] / 1e6 if "tokentrace.device_ns" in a else None,
             "batch_size": a["tokentrace.batch.size"], "scheduled_tokens": a["tokentrace.batch.tokens"],
             "prefill_tokens": a["tokentrace.batch.prefill_tokens"],
             "decode_tokens": a["tokentrace.batch.tokens"] - a["tokentrace.batch.prefill_tokens"],
