@@ -149,3 +149,37 @@ def test_cli_errors_are_one_line(db: Path, runner: CliRunner, args: list[str], m
 def test_cli_missing_database(tmp_path: Path, runner: CliRunner) -> None:
     out = runner.invoke(cli, ["steps", "--db", str(tmp_path / "none.duckdb")])
     assert out.exit_code == 1 and "no such database" in out.output
+
+
+def _loaded() -> Any:
+    con = connect()
+    load_paths(con, [str(f) for f in FILES])
+    return con
+
+
+def test_an_ambiguous_step_id_is_null_with_its_reason_never_joined_twice() -> None:
+    """Two engine_step spans with one (clock domain, step), as two engines sharing a
+    service.instance.id would write: the gaps of that step keep one row each."""
+    con = _loaded()
+    before = run_query(con, "stalls").dicts()
+    con.execute("INSERT INTO spans SELECT * REPLACE ('ffffffffffffffff' AS span_id) FROM spans "
+                "WHERE name = 'engine_step' AND attr_int['tokentrace.engine.step'] = 9")
+    after = run_query(con, "stalls").dicts()
+    assert len(after) == len(before)
+    hit = [g for g in after if g["step"] == 9]
+    assert hit and all(g["batch_size"] is None and g["null_reason"].startswith("step id ambiguous") for g in hit)
+    assert all(g["null_reason"] is None for g in after if g["step"] != 9)
+    assert len(run_query(con, "steps").rows) == 21  # one row per engine_step span
+
+
+def test_a_missing_decode_span_makes_the_next_gap_unknown() -> None:
+    """decode_spans every:N, or a lost span: the gap after the missing token is NULL with a
+    reason, the gap before it (ending at the missing emission) is gone with its span."""
+    con = _loaded()
+    con.execute("DELETE FROM spans WHERE name = 'decode' AND parent_span_id = $r AND attr_int['tokentrace.step'] = 3",
+                {"r": SHORT_REQUEST})
+    gaps = {g["token_index"]: g for g in run_query(con, "stalls").dicts() if g["request_span_id"] == SHORT_REQUEST}
+    assert 4 not in gaps and len(gaps) == 14
+    assert gaps[5]["itl_ms"] is None and gaps[5]["step"] == 9 and gaps[5]["batch_size"] == 4
+    assert gaps[5]["null_reason"].startswith("gap unknown: the previous token's decode span is missing")
+    assert gaps[6]["itl_ms"] is not None and gaps[6]["null_reason"] is None

@@ -8,7 +8,7 @@
 -- have no `engine_step` span and no step attribute on their request spans: every step
 -- column of their gaps is NULL with a reason (never 0).
 
--- The co-scheduled prefill token buckets of docs/metrics.md ("Engine steps"), one place:
+-- The co-scheduled prefill token buckets of docs/metrics.md ("Engine steps and stalls"), one place:
 -- bucket_order 1..4, inclusive bounds in tokens, max_tokens NULL = no upper bound.
 CREATE OR REPLACE VIEW prefill_token_buckets AS
 SELECT * FROM (VALUES (1, '0', 0, 0), (2, '1-128', 1, 128), (3, '129-1024', 129, 1024), (4, '>1024', 1025, NULL))
