@@ -69,6 +69,14 @@ def _start_serve(http_port: int, *args: str) -> tuple[subprocess.Popen, str, que
 def test_sigterm_mid_burst_finishes_requests_and_exports_every_span(tmp_path: Path, engine: str) -> None:
     out = tmp_path / "traces"
     collect, _grpc, http_port = start_collect(out)
+    try:
+        _sigterm_mid_burst(collect, http_port, out, engine)
+    finally:  # never leave a receiver running after a failed assertion
+        if collect.poll() is None:
+            collect.kill()
+
+
+def _sigterm_mid_burst(collect: subprocess.Popen, http_port: int, out: Path, engine: str) -> None:
     serve, url, lines = _start_serve(http_port, "--engine", engine, "--shutdown-grace-s", "20")
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 40, "stream": True,
             "stream_options": {"include_usage": True}}

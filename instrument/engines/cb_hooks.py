@@ -38,7 +38,7 @@ from instrument.clock import now_wall_ns
 from instrument.sampling import SequenceSampler, TokenLogprobs, draw_tokens, one_hot_scores
 
 __all__ = ["TESTED_TRANSFORMERS", "EngineOutputRouter", "RowSampler", "ScheduledSequence", "StepListener",
-           "StepTap", "build_manager", "cache_geometry", "check_version", "wake"]
+           "StepTap", "build_manager", "cache_geometry", "check_version", "start_manager", "wake"]
 
 TESTED_TRANSFORMERS = "5.24.0"
 FULL_ATTENTION = "full_attention"
@@ -244,9 +244,12 @@ class RowSampler(ContinuousBatchingLogitsProcessor):
         return torch.zeros(len(self._rows), dtype=torch.int32)
 
     def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
+        # ``scores`` has one row per sequence in the step (transformers slices logits_indices by
+        # the step's sequences); the first rows are those with a new token, in order; the rest
+        # (sequences still prefilling) are never read back, and stay one-hot on token 0.
         rows = self._rows
-        if len(rows) != scores.shape[0]:
-            raise RuntimeError(f"RowSampler: {scores.shape[0]} logits rows for {len(rows)} sequences")
+        if len(rows) > scores.shape[0]:
+            raise RuntimeError(f"RowSampler: {scores.shape[0]} logits rows for {len(rows)} sequences with a new token")
         sampler_of = self.listener.sampler_of
         samplers = [sampler_of(rid) for rid in rows]
         tokens: list[int] = [0] * len(rows)
@@ -271,7 +274,7 @@ class RowSampler(ContinuousBatchingLogitsProcessor):
         for i in greedy + sampled:
             if samplers[i] is not None:
                 samplers[i].record(tokens[i])
-        return one_hot_scores(scores, tokens)
+        return one_hot_scores(scores, tokens + [0] * (scores.shape[0] - len(rows)))
 
 
 class EngineOutputRouter(OutputRouter):
@@ -288,6 +291,22 @@ class EngineOutputRouter(OutputRouter):
     def deliver_batch(self, outputs: list[Any]) -> None:
         for output in outputs:
             self.deliver(output)
+
+
+def start_manager(manager: Any) -> None:
+    """``manager.start()``, but the generation thread is a daemon: a process that never stops
+    its engine (an app built and not served, a test) can still exit. Mirrors ``start()`` of
+    transformers 5.24 (clear the thread status, run the loop in the caller's inference mode)."""
+    import threading
+
+    if manager.is_running():
+        return
+    manager.background_thread_status.clear()
+    manager._generation_thread = threading.Thread(
+        target=manager._run_generation_loop, kwargs={"use_inference_mode": torch.is_inference_mode_enabled()},
+        name="tokentrace-continuous-batching", daemon=True,
+    )
+    manager._generation_thread.start()
 
 
 def wake(manager: Any) -> None:

@@ -111,7 +111,7 @@ class ContinuousEngine:
                              f"block, the KV formula gives {bytes_per_block}: refusing to report wrong KV figures")
         on_cuda = getattr(model.device, "type", "cpu") == "cuda"
         self.tap = cb_hooks.StepTap(self.manager, self, device_time=on_cuda if device_time is None else device_time)
-        self.manager.start()
+        cb_hooks.start_manager(self.manager)
         self.build_s = time.perf_counter() - started
         self.warmup_s = self._warm_up() if warmup else 0.0
         self.ready = True
@@ -196,7 +196,8 @@ class ContinuousEngine:
         g = self.geometry
         prefill_tokens = sum(s.tokens for s in sequences if s.prefill)
         rec = StepRecord(self._step, start_ns, forward_start_ns, len(sequences), sum(s.tokens for s in sequences),
-                         prefill_tokens, g.blocks_total - blocks_free, g.blocks_total, g.block_tokens, waiting)
+                         prefill_tokens, g.blocks_total - blocks_free, g.blocks_total, g.block_tokens, waiting,
+                         sum(1 for s in sequences if s.prefill))
         self._current = rec
         self._current_traced = False
         live = self._live

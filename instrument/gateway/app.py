@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
@@ -29,8 +28,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from instrument.clock import now_wall_ns
 from instrument.gateway import sse
 from instrument.gateway.admission import AdmissionBudgets, AdmissionController, AdmissionRefused, RateLimiter
-from instrument.engines.base import EngineRequest, EngineResult
-from instrument.gateway.choice_text import ChoiceText, completion_logprobs
+from instrument.engines.base import EngineRequest
+from instrument.gateway import responses
 from instrument.gateway.request_state import LoopWaker, RequestState, log_request
 from instrument.gateway.validation import ValidationError, validate_request
 from instrument.model_handle import ModelHandle
@@ -242,146 +241,12 @@ class Gateway:
         return JSONResponse(sse.error_body(str(rej), error_type=rej.error_type, param=rej.param, code=rej.code),
                             status_code=rej.status, headers={**headers, **rej.headers})
 
-    def _choice_text(self, gen: Any) -> ChoiceText:
-        return ChoiceText(self.handle.tokenizer, self.eos_ids, stops=gen.stop, min_tokens=gen.min_tokens,
-                          logprobs=gen.logprobs, top_logprobs=gen.top_logprobs, chat=gen.operation == "chat")
-
-    @staticmethod
-    def _finish_reason(choice: ChoiceText, result: EngineResult) -> str:
-        """``stop`` when a stop sequence ended the text (the engine was cancelled for it)."""
-        return "stop" if choice.matched and result.finish_reason != "error" else result.finish_reason
-
     async def _stream(self, state: RequestState) -> AsyncIterator[bytes]:
-        """SSE body. A disconnect (cancellation of this generator) cancels generation.
-
-        Tokens that arrived together (the loop lagged behind the model) are written in one
-        send, each still its own SSE chunk with its own ``tokentrace.chunk`` event.
-        """
-        gen, model, rid, created = state.gen, self.handle.model_id, state.request_id, int(time.time())
-        choice = self._choice_text(gen)
-        plain = sse.ContentChunks(gen.operation, rid, created, model).render
-        chat = gen.operation == "chat"
-
-        def render(delta: str, entries: Any) -> bytes:
-            if entries is None:
-                return plain(delta)
-            logprobs = ({"content": entries} if chat
-                        else completion_logprobs(entries, len(choice.text) - len(delta)))
-            return sse.sse_line(sse.content_chunk(gen.operation, rid, created, model, delta, logprobs=logprobs))
-
-        push = choice.push
-        state.response_started = True
-        try:
-            if chat:
-                sent_ns = now_wall_ns()
-                yield sse.sse_line(sse.content_chunk("chat", rid, created, model, "", role=True))
-                state.chunk_written(0, False, sent_ns)
-            result: EngineResult | None = None
-            while result is None:
-                try:
-                    items = await state.next_items(self.settings.request_timeout_s)
-                except asyncio.TimeoutError:
-                    state.abandon("error", "timeout")
-                    yield sse.sse_line(sse.error_body("generation timed out", error_type="server_error"))
-                    yield sse.DONE
-                    return
-                out, chunk_tokens = bytearray(), []
-                for kind, value, logprobs in items:
-                    if kind == "done":
-                        result = value
-                        delta, tokens, entries = choice.finish()
-                    else:
-                        delta, tokens, entries = push(value, logprobs)
-                    if delta:
-                        out += render(delta, entries)
-                        chunk_tokens.append(tokens)
-                    if kind == "done":
-                        break
-                if choice.matched:
-                    state.stop_generation()
-                if out:
-                    sent_ns = now_wall_ns()
-                    yield bytes(out)
-                    for tokens in chunk_tokens:
-                        state.chunk_written(tokens, True, sent_ns)
-            generated = result.generated_tokens
-            finish = self._finish_reason(choice, result)
-            sent_ns = now_wall_ns()
-            if finish == "error":
-                yield sse.sse_line(sse.error_body(f"generation failed: {result.error}", error_type="server_error"))
-                state.chunk_written(0, False, sent_ns)
-            else:
-                yield sse.sse_line(sse.finish_chunk(gen.operation, rid, created, model, finish))
-                state.chunk_written(0, False, sent_ns)
-                if gen.include_usage:
-                    sent_ns = now_wall_ns()
-                    yield sse.sse_line(sse.usage_chunk(gen.operation, rid, created, model,
-                                                       sse.usage(state.input_tokens, state.output_tokens)))
-                    state.chunk_written(0, False, sent_ns)
-            # The response is complete when the last bytes are handed to the server: stamped
-            # before the write, so server times never pass the client's receipt of them.
-            done_ns = now_wall_ns()
-            yield sse.DONE
-            state.finalize(result, finish_reason=finish, generated_tokens=generated, end_ns=done_ns)
-        finally:
-            if not state.finished:  # client disconnected (or the server is shutting down)
-                state.abandon("cancelled")
+        async for part in responses.stream_body(self, state):
+            yield part
 
     async def _whole(self, request: Request, state: RequestState, headers: dict[str, str]) -> Response:
-        """Non-streaming: wait for the result, polling for a client disconnect (cancels generation)."""
-        state.response_started = True
-        try:
-            return await self._whole_body(request, state, headers)
-        finally:
-            if not state.finished:  # the handler was cancelled (server shutdown)
-                state.abandon("cancelled")
-
-    async def _whole_body(self, request: Request, state: RequestState, headers: dict[str, str]) -> Response:
-        gen = state.gen
-        choice = self._choice_text(gen)
-        deadline = time.monotonic() + self.settings.request_timeout_s
-        tokens = 0
-        entries: list[Any] = []
-        result: EngineResult | None = None
-        while result is None:
-            if time.monotonic() > deadline:
-                state.abandon("error", "timeout")
-                return JSONResponse(sse.error_body("generation timed out", error_type="server_error"), 504, headers)
-            try:
-                items = await state.next_items(0.25)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    state.abandon("cancelled")
-                    return Response(status_code=499, headers=headers)
-                continue
-            for kind, value, logprobs in items:
-                if kind == "done":
-                    result = value
-                    _, covered, more = choice.finish()
-                else:
-                    _, covered, more = choice.push(value, logprobs)
-                tokens += covered
-                entries.extend(more or ())
-                if kind == "done":
-                    break
-            if choice.matched:
-                state.stop_generation()
-        generated = result.generated_tokens
-        finish = self._finish_reason(choice, result)
-        if finish == "error":
-            state.finalize(result, finish_reason="error", generated_tokens=generated, http_status=500)
-            return JSONResponse(sse.error_body(f"generation failed: {result.error}", error_type="server_error"),
-                                500, headers)
-        if tokens:
-            state.chunk_written(tokens, True)
-        logprobs_obj = None
-        if gen.logprobs:
-            logprobs_obj = {"content": entries} if gen.operation == "chat" else completion_logprobs(entries, 0)
-        body = sse.full_response(gen.operation, state.request_id, int(time.time()), self.handle.model_id,
-                                 choice.text, finish, sse.usage(state.input_tokens, state.output_tokens),
-                                 logprobs=logprobs_obj)
-        state.finalize(result, finish_reason=finish, generated_tokens=generated)
-        return JSONResponse(body, headers=headers)
+        return await responses.whole_body(self, request, state, headers)
 
 
 def create_app(handle: ModelHandle, tracer_provider: Any, settings: GatewaySettings | None = None,
