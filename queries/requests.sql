@@ -2,7 +2,13 @@
 --   timestamps s/f/e, token counts, finish reason, status and outcome, TTFT, E2E, TPOT, the
 --   decode-only and whole-request output rates, and its KV figures, each on the
 --   perspective's own clock (never mixed). Metrics that cannot be computed are NULL and
---   null_reason says why (never 0). Formulas: view request_metrics (queries/views/
+--   null_reason says why (never 0); every reason that applies, joined by '; '.
+--   output_tokens_basis names the attribute (or rule) output_tokens was read from.
+--   response_id = the id the server returned (gen_ai.response.id; vLLM / SGLang:
+--   gen_ai.request.id) and client_request_id = the id the client sent (the gateway's
+--   tokentrace.client_request_id = X-Request-ID; vLLM: its request id less 'chatcmpl-'):
+--   what joins a benchmark's per-request records to the traces (tokentrace audit --db);
+--   request_id_note says where they came from, or why one is NULL. Formulas: view request_metrics (queries/views/
 --   90_request_metrics.sql) and docs/metrics.md.
 -- param: $perspective VARCHAR default NULL -- client, server or engine; NULL = every perspective
 -- param: $trace_id VARCHAR default NULL -- only requests of this trace (32 lowercase hex); NULL = all
@@ -34,6 +40,10 @@ SELECT
     stop_kv_mib,
     synthetic,
     outcome,
+    output_tokens_basis,
+    response_id,
+    client_request_id,
+    request_id_note,
     null_reason
 FROM request_metrics
 WHERE ($perspective IS NULL OR perspective = $perspective)

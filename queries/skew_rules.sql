@@ -9,7 +9,11 @@
 --   chunks_out_of_order         a tokentrace.chunk event earlier than the chunk before it
 --                               (by chunk index) on the same span
 --   Each row names the trace, the span, the related span (parent / previous step), both
---   clock domains, whether they differ, and the magnitude of the violation.
+--   clock domains, whether they differ, the magnitude of the violation and the finding:
+--   context_handoff when a child_ends_after_parent child STARTED after its parent had ended
+--   (the parent handed its context to another process or task and finished first: not a
+--   clock fault; no clock reading can be checked against the other), else skew_suspect (a
+--   clock difference, or an instrumentation fault, explains the violation).
 -- param: $tolerance_ms DOUBLE default 0.0 -- violations up to this size are not reported
 -- param: $trace_id VARCHAR default NULL -- only this trace (32 lowercase hex); NULL = all
 -- units: magnitude_ms milliseconds (always > 0: how far the rule is broken).
@@ -114,7 +118,13 @@ violations AS (
     WHERE start_ns < parent_start_ns - $tolerance_ms * 1e6
     UNION ALL
     SELECT 'child_ends_after_parent', trace_id, span_id, name, parent_span_id, clock_domain, parent_clock_domain,
-           (end_ns - parent_end_ns) / 1e6, 'ends after its parent'
+           (end_ns - parent_end_ns) / 1e6,
+           CASE WHEN start_ns >= parent_end_ns
+                THEN 'started ' || CAST(round((start_ns - parent_end_ns) / 1e6, 3) AS VARCHAR)
+                     || ' ms after its parent had ended: the parent''s context was handed off (to another '
+                     || 'process or task, as vLLM hands its workers a context through the environment), '
+                     || 'not a clock fault'
+                ELSE 'ends after its parent' END
     FROM child_parent
     WHERE end_ns > parent_end_ns + $tolerance_ms * 1e6
     UNION ALL
@@ -153,6 +163,8 @@ SELECT
     related_domain,
     coalesce(domain <> related_domain, false) AS cross_domain,
     magnitude_ms,
-    detail
+    detail,
+    CASE WHEN rule = 'child_ends_after_parent' AND detail LIKE 'started %' THEN 'context_handoff'
+         ELSE 'skew_suspect' END AS finding
 FROM violations
 ORDER BY rule, trace_id, span_id, related_span_id;

@@ -14,6 +14,10 @@
 --   status ERROR (request or gateway span) or finish reason 'error'. Per-request figures come from
 --   view request_metrics. A TPOT SLO passes a request whose TPOT is NULL
 --   (one output token); a TTFT/E2E SLO fails a request without that figure.
+--   token_counting_rule names the attributes the counted output tokens were read from
+--   (output_tokens_basis: gen_ai.usage.output_tokens, gen_ai.usage.completion_tokens, chunk
+--   events, ...); request_counting_rule says what attempted counts and which requests a
+--   source cannot show (vLLM: no span for aborted or rejected requests).
 -- param: $window_start_ns BIGINT default NULL -- window start (inclusive); NULL = earliest s
 -- param: $window_end_ns BIGINT default NULL -- window end (inclusive); NULL = latest request end
 -- param: $mode VARCHAR default 'closed_cohort' -- closed_cohort or steady_state
@@ -47,6 +51,9 @@ req AS (
         -- visible output, lost events, failure) at the end of its span
         CASE WHEN outcome = 'succeeded' THEN coalesce(e_ns, end_ns) ELSE end_ns END AS completion_ns,
         output_tokens,
+        output_tokens_basis,
+        source,
+        visible_chunks,
         ttft_ms,
         e2e_ms,
         tpot_ms,
@@ -97,7 +104,14 @@ totals AS (
         count(*) FILTER (WHERE outcome = 'cancelled') AS cancelled,
         count(*) FILTER (WHERE meets_slo) AS slo_passing,
         count(*) FILTER (WHERE NOT ends_in_window) AS not_finished_in_window,
-        coalesce(sum(output_tokens) FILTER (WHERE tokens_count), 0) AS cohort_output_tokens
+        coalesce(sum(output_tokens) FILTER (WHERE tokens_count), 0) AS cohort_output_tokens,
+        -- the attributes (or rules) the counted requests' output_tokens were read from
+        -- (a sorted distinct list, not string_agg(DISTINCT ... ORDER BY): Spark's LISTAGG
+        -- with DISTINCT, an order and a FILTER fails to plan)
+        nullif(array_to_string(list_sort(list_distinct(list(output_tokens_basis) FILTER (WHERE tokens_count))), ', '), '')
+            AS output_tokens_bases,
+        count(*) FILTER (WHERE tokens_count AND visible_chunks = 0 AND output_tokens > 0) AS requests_without_chunks,
+        count(*) FILTER (WHERE source = 'vllm') AS vllm_requests
     FROM counted
 )
 SELECT
@@ -128,13 +142,25 @@ SELECT
                     ELSE (SELECT tokens FROM steady_tokens) END) / ((b.end_ns - b.start_ns) / 1e9)
     END AS output_tokens_per_s,
     CASE WHEN $mode = 'closed_cohort'
-         THEN 'output tokens (gen_ai.usage.output_tokens) of cohort requests that '
+         THEN 'output tokens (' || coalesce(t.output_tokens_bases, 'none counted') || ') of cohort requests that '
               || CASE WHEN $count_failed_tokens THEN 'succeeded, failed or were cancelled'
                       ELSE 'succeeded' END
          ELSE 'visible chunk tokens whose event time is inside the window, from requests that '
               || CASE WHEN $count_failed_tokens THEN 'succeeded, failed or were cancelled'
                       ELSE 'succeeded' END
+              || CASE WHEN t.requests_without_chunks > 0
+                      THEN '; ' || CAST(t.requests_without_chunks AS VARCHAR)
+                           || ' counted request(s) with output tokens have no chunk events (vLLM, openai-v2): their tokens are not in this count'
+                      ELSE '' END
     END AS token_counting_rule,
+    CASE WHEN $mode = 'closed_cohort' THEN 'attempted = requests whose s is in the window'
+         ELSE 'attempted = requests completing in the window' END
+    || '; succeeded / failed / cancelled by outcome'
+    || CASE WHEN t.vllm_requests > 0
+            THEN '; ' || CAST(t.vllm_requests AS VARCHAR) || ' vLLM request(s): vLLM writes a span only for a '
+                 || 'finished request (0.32: none for one the client aborted or one rejected with 400), so '
+                 || 'cancelled and rejected requests are invisible in its traces and not counted'
+            ELSE '' END AS request_counting_rule,
     $slo_ttft_ms AS slo_ttft_ms,
     $slo_tpot_ms AS slo_tpot_ms,
     $slo_e2e_ms AS slo_e2e_ms

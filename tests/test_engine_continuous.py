@@ -254,3 +254,34 @@ def test_a_process_that_never_closes_its_engine_still_exits() -> None:
             "assert engine.manager.is_running()\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_prompt_longer_than_a_step_is_prefilled_in_chunks(handle: ModelHandle) -> None:
+    """--max-batch-tokens 64: a ~200-token prompt takes several prefill steps, beside another
+    request that decodes meanwhile; the answers are whole and the chunks add up to the prompt."""
+    served = Served(handle, GatewaySettings(engine="continuous", max_tokens_limit=512,
+                                            engine_options={"max_batch_tokens": 64}))
+    client_provider, _ = _provider()
+    try:
+        bodies = [chat_body("tiny", "Tell me about the KV cache. " * 25, max_tokens=16),
+                  chat_body("tiny", "hi", max_tokens=40)]
+        results = _concurrent(served.url, bodies, get_tracer(client_provider))
+        served.wait_idle()
+        assert all(r.completed for r in results), [(r.status_code, r.error) for r in results]
+        long_gw = max(served.spans("gateway"), key=lambda g: g.attributes["gen_ai.usage.input_tokens"])
+        prompt = long_gw.attributes["gen_ai.usage.input_tokens"]
+        assert prompt > 128
+        chunks = sorted((s for s in served.spans("prefill") if s.parent.span_id == long_gw.context.span_id),
+                        key=lambda s: s.attributes["tokentrace.prefill.chunk"])
+        assert len(chunks) == math.ceil(prompt / 64) or len(chunks) > prompt // 64
+        assert [c.attributes["tokentrace.prefill.chunk"] for c in chunks] == list(range(len(chunks)))
+        assert sum(c.attributes["tokentrace.prefill.tokens"] for c in chunks) == prompt
+        assert all(c.attributes["tokentrace.batch.tokens"] <= 64 for c in chunks)
+        assert [c.attributes["tokentrace.kv.bytes"] for c in chunks] == sorted(c.attributes["tokentrace.kv.bytes"]
+                                                                              for c in chunks)
+        steps = [s for s in served.spans("engine_step")]
+        assert max(s.attributes["tokentrace.batch.prefill_sequences"] for s in steps) >= 1
+        assert any(s.attributes["tokentrace.batch.size"] == 2 and 0 < s.attributes["tokentrace.batch.prefill_tokens"]
+                   for s in steps), "some step co-scheduled a prefill chunk with the other request's decode"
+    finally:
+        served.stop()

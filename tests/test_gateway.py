@@ -319,11 +319,16 @@ def test_gc_freeze_setting_moves_the_loaded_model_out_of_the_collectors_reach(ha
 
     provider, _ = _provider()
     gc.unfreeze()
+    apps = []
     try:
-        create_app(handle, provider, GatewaySettings())
+        apps.append(create_app(handle, provider, GatewaySettings()))
         assert gc.get_freeze_count() == 0
-        create_app(handle, provider, GatewaySettings(gc_freeze=True))
+        apps.append(create_app(handle, provider, GatewaySettings(gc_freeze=True)))
         assert gc.get_freeze_count() > 10_000  # the model and everything loaded with it
     finally:
         gc.unfreeze()
+        # never served, so no lifespan stops them: each app's engine (the continuous
+        # manager's generation thread is not a daemon) is closed here, or pytest cannot exit
+        for app in apps:
+            app.state.gateway.engine.close()
         provider.shutdown()

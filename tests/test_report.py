@@ -16,7 +16,8 @@ from trace_fixtures import mixed_db, seed_db
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 SECTIONS = ["Run summary", "Distributions", "Request waterfall", "ITL per gap and KV per decode step",
-            "Latency distributions (CDF)", "Throughput over time", "TTFT phase breakdown", "Clock skew"]
+            "Latency distributions (CDF)", "Throughput over time", "Engine steps", "TTFT phase breakdown", "Clock skew"]
+CONTINUOUS_CAPTURE = Path(__file__).resolve().parent / "fixtures" / "continuous_engine"
 
 
 def _db_file(tmp_path, con) -> Path:
@@ -40,6 +41,30 @@ def test_seed_request_report_has_every_section_with_the_seed_numbers() -> None:
     # 149 gaps of 25 ms reach the ITL plot
     assert "149 gaps from queries/itl.sql" in page
     assert "149 decode spans" in page
+
+
+def test_engine_steps_section_plots_batch_kv_and_itl_against_prefill() -> None:
+    from analyzer.load import load_paths
+    from analyzer.store import connect
+
+    con = connect()
+    load_paths(con, [str(CONTINUOUS_CAPTURE / "server.otlp.jsonl"), str(CONTINUOUS_CAPTURE / "client.otlp.jsonl")])
+    page = build_report(con, ReportInputs())
+    section = page[page.index(">Engine steps<"):page.index(">TTFT phase breakdown<")]
+    assert "20 engine steps from queries/steps.sql (all 20 plotted)" in section
+    assert "all 55 gaps with step data plotted" in section
+    assert section.count("<svg") == 2
+    assert "Batch size and KV blocks used per engine step" in section
+    assert "ITL against co-scheduled prefill tokens" in section
+    assert "417.7229" in section and "&gt;1024" in section  # the >1024 bucket's ITL (stalls_groups.sql)
+    assert "No engine step data" not in section
+
+
+def test_engine_steps_section_says_why_it_is_empty() -> None:
+    page = build_report(seed_db(), ReportInputs())
+    section = page[page.index(">Engine steps<"):page.index(">TTFT phase breakdown<")]
+    assert "No engine step data in these traces" in section and "<svg" not in section
+    assert "1 prefill span(s) in this clock domain carry no tokentrace.engine.step" in section
 
 
 def test_typical_request_is_the_median_e2e() -> None:

@@ -43,10 +43,15 @@ def spark():
 @pytest.fixture(scope="module")
 def dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The mixed fixture (every planted case, 2026-01-01) plus one request three days later
-    (a second ``date`` partition), exported with tokentrace's exporter."""
+    (a second ``date`` partition) and the continuous-engine capture (tests/fixtures/
+    continuous_engine, 2026-12-01: engine steps beside the mixed world's step-less traces),
+    exported with tokentrace's exporter."""
+    from analyzer.load import load_paths
+
     world = mixed_world()
     world.add(RequestPlan(start_ms=3 * 86_400_000, output_tokens=6))
     con = world.load()
+    load_paths(con, [str(CONTINUOUS_CAPTURE / "server.otlp.jsonl"), str(CONTINUOUS_CAPTURE / "client.otlp.jsonl")])
     target = tmp_path_factory.mktemp("spark") / "dump"
     export_parquet(con, target)
     con.close()
@@ -88,7 +93,14 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("report/chunk_times", {"trace_id": mixed_trace_id("multi_token")}),
     ("report/decode_steps", {"trace_id": SEED}),
     ("report/throughput_timeline", {"bucket_s": 5.0}),
+    # engine steps: the capture's step rows and the mixed world's NULL rows with their reasons
+    ("steps", {}),
+    ("steps_summary", {}),
+    ("stalls", {}),
+    ("stalls_groups", {}),
+    ("stalls_slowest", {"per_request": 2}),
 ]
+CONTINUOUS_CAPTURE = Path(__file__).resolve().parent / "fixtures" / "continuous_engine"
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -140,7 +152,7 @@ def test_time_window_prunes_date_partitions(spark, dump: Path) -> None:
     plan = _scan_nodes(spark.table("spans"))
     assert "PartitionFilters: [" in plan and "date" in plan.split("PartitionFilters: [", 1)[1].split("]", 1)[0]
     days = {r[0] for r in spark.sql("SELECT DISTINCT date FROM tt_raw_spans").collect()}
-    assert days == {"2026-01-01", "2026-01-04"}  # the dump holds two days...
+    assert days == {"2026-01-01", "2026-01-04", "2026-12-01"}  # the dump holds three days...
     starts = [r[0] for r in spark.table("spans").select("start_ns").collect()]
     assert starts and max(starts) < ANCHOR_NS + DAY_NS  # ...the view reads only the first
     assert source.files["spans"] >= 2

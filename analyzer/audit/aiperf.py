@@ -9,13 +9,13 @@ included); per-user rate = 1000 / that ITL; throughputs = totals / benchmark dur
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import duckdb
 
-from analyzer.audit.compare import CANNOT, DEFINITION_REL_TOL, FAIL, PASS, Finding, agree, audit_query, compare_figure, create_table
+from analyzer.audit.compare import CANNOT, DEFINITION_REL_TOL, FAIL, PASS, Finding, agree, audit_query, compare_figure
+from analyzer.audit.aiperf_records import check_aiperf_records, read_aiperf_records, records_against_traces
 from analyzer.audit.inputs import AuditInputError
 
 __all__ = ["audit_aiperf", "normalize_aiperf"]
@@ -46,22 +46,30 @@ def _avg(m: dict[str, dict[str, Any]], name: str) -> float | None:
 
 
 def audit_aiperf(path: Path, data: Any, con: duckdb.DuckDBPyConnection, rel_tol: float,
-                 individual: str | Path | None) -> list[Finding]:
-    """All checks of one AIPerf export (and its profile_export.jsonl records when given)."""
+                 individual: str | Path | None, db: str | Path | None = None) -> list[Finding]:
+    """All checks of one AIPerf export (and its profile_export.jsonl records when given; with
+    ``db`` too, each record against its traced request, joined by x_request_id)."""
     m = normalize_aiperf(path, data)
     layout = "records{} (older)" if isinstance(data.get("records"), dict) else f"flat (schema {data.get('schema_version')})"
     findings = [Finding("report_layout", PASS, f"AIPerf export, {layout} layout, {len(m)} metrics", {"layout": layout})]
     findings.append(_statistics_order(m))
+    records = read_aiperf_records(Path(individual)) if individual is not None else None
     rates = _report_rates(m, con)
-    findings += _rates(m, rates, rel_tol)
+    findings += _rates(m, data, con, rel_tol, records.window_s if records is not None else None)
     findings.append(_errors(data, m, con))
     findings.append(_reasoning(m, rates))
     findings.append(_rate_vs_itl(m, con, rel_tol))
-    if individual is not None:
-        findings += _records(Path(individual), m, con, rel_tol)
+    if records is not None:
+        findings += check_aiperf_records(records, m, con, rel_tol)
     else:
         findings.append(Finding("recompute_stats", CANNOT, "summary statistics need every request's values: pass "
                                 "--individual profile_export.jsonl", {}))
+    if db is not None:
+        if records is None:
+            findings.append(Finding("traces:records_joined", CANNOT, "joining AIPerf's requests to the traces needs "
+                                    "their ids: pass --individual profile_export.jsonl (metadata.x_request_id)", {}))
+        else:
+            findings += records_against_traces(records, con, db, rel_tol)
     return findings
 
 
@@ -70,7 +78,9 @@ def _statistics_order(m: dict[str, dict[str, Any]]) -> Finding:
     for name, s in m.items():
         chain = [(k, s[k]) for k in _ORDER if isinstance(s.get(k), (int, float))]
         for (ka, a), (kb, b) in zip(chain, chain[1:]):
-            if a > b * (1 + 1e-12) + 1e-12:
+            # a tolerance of the values' size, the same for negative values (b * (1 + eps) is
+            # below b when b < 0: equal values -3.125 and -3.125 failed)
+            if a - b > 1e-12 * max(1.0, abs(a), abs(b)):
                 problems.append(f"{name}: {ka} {a:g} > {kb} {b:g}")
         avg, lo, hi = s.get("avg"), s.get("min"), s.get("max")
         if all(isinstance(v, (int, float)) for v in (avg, lo, hi)) and not (lo <= avg <= hi):
@@ -84,12 +94,15 @@ def _statistics_order(m: dict[str, dict[str, Any]]) -> Finding:
                    f"max, and sum = avg x count where given ({len(m)} metrics)", {})
 
 
-def _report_rates(m: dict[str, dict[str, Any]], con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
-    """The row of queries/audit/report_rates.sql for the report's totals and duration."""
+def _report_rates(m: dict[str, dict[str, Any]], con: duckdb.DuckDBPyConnection,
+                  duration_s: float | None = None) -> dict[str, Any]:
+    """The row of queries/audit/report_rates.sql for the report's totals over ``duration_s``
+    (default: its benchmark_duration)."""
     osl = _avg(m, "total_osl")
     visible = _avg(m, "total_output_tokens")
     return audit_query(con, "report_rates", {
-        "duration_s": _avg(m, "benchmark_duration"), "requests": _avg(m, "request_count"),
+        "duration_s": _avg(m, "benchmark_duration") if duration_s is None else duration_s,
+        "requests": _avg(m, "request_count"),
         "output_tokens": osl if osl is not None else visible, "visible_output_tokens": visible,
         "input_tokens": _avg(m, "total_isl"), "reasoning_tokens": _avg(m, "total_reasoning_tokens"),
         "first_request_ns": _avg(m, "min_request_timestamp"),
@@ -97,30 +110,98 @@ def _report_rates(m: dict[str, dict[str, Any]], con: duckdb.DuckDBPyConnection) 
     })[0]
 
 
-def _rates(m: dict[str, dict[str, Any]], r: dict[str, Any], rel_tol: float) -> list[Finding]:
-    osl = _avg(m, "total_osl")
-    visible = _avg(m, "total_output_tokens")
-    out = [
-        compare_figure("request_throughput", _avg(m, "request_throughput"), r["request_throughput"], rel_tol,
-                       what="request_throughput = request_count / benchmark_duration", unit="requests/s",
-                       missing="needs request_throughput, request_count and benchmark_duration"),
-        compare_figure("output_token_throughput", _avg(m, "output_token_throughput"), r["output_token_throughput"],
-                       rel_tol, what="output_token_throughput = total_osl / benchmark_duration", unit="tokens/s",
-                       wrong={"visible_tokens_only": r["visible_output_token_throughput"]
-                              if visible != osl else None},
-                       explain={"visible_tokens_only": "it counts visible tokens only, AIPerf counts total_osl"},
-                       missing="needs output_token_throughput, total_osl and benchmark_duration"),
-    ]
-    if _avg(m, "total_token_throughput") is not None:
-        out.append(compare_figure("total_token_throughput", _avg(m, "total_token_throughput"),
-                                  r["total_token_throughput"], rel_tol,
-                                  what="total_token_throughput = (total_isl + total_osl) / benchmark_duration",
-                                  unit="tokens/s"))
-    if r["duration_from_timestamps_s"] is not None:
-        out.append(compare_figure("benchmark_duration", _avg(m, "benchmark_duration"), r["duration_from_timestamps_s"],
+def profiling_window_s(data: dict[str, Any]) -> float | None:
+    """end_time - start_time of the report (ISO timestamps, microseconds), in seconds: the
+    window AIPerf 0.13 divides its throughputs by; None when the report does not give both."""
+    import datetime as dt
+
+    start, end = data.get("start_time"), data.get("end_time")
+    if not isinstance(start, str) or not isinstance(end, str):
+        return None
+    try:
+        seconds = (dt.datetime.fromisoformat(end) - dt.datetime.fromisoformat(start)).total_seconds()
+    except ValueError:
+        return None
+    return seconds if seconds > 0 else None
+
+
+# (check, figure, recomputed column of report_rates.sql, formula); the numerator of each
+_RATES = (("request_throughput", "request_throughput", "request_throughput", "request_count"),
+          ("output_token_throughput", "output_token_throughput", "output_token_throughput", "total_osl"),
+          ("total_token_throughput", "total_token_throughput", "total_token_throughput", "(total_isl + total_osl)"))
+
+
+def _rates(m: dict[str, dict[str, Any]], data: dict[str, Any], con: duckdb.DuckDBPyConnection, rel_tol: float,
+           records_window_s: float | None) -> list[Finding]:
+    """Each throughput against AIPerf's own definitions: totals / benchmark_duration (AIPerf <=
+    0.10), totals / (end_time - start_time) (0.13: its profiling window, slightly longer than
+    the exported benchmark_duration); pass when one reproduces the figure (named in the detail);
+    without the window in the report, the records' first request start -> last request end;
+    cannot_check when the figure is off by less than 1 % and the window to recompute it is
+    missing; fail otherwise."""
+    window = profiling_window_s(data)
+    duration = _avg(m, "benchmark_duration")
+    definitions: list[tuple[str, float]] = []
+    if duration is not None:
+        definitions.append(("benchmark_duration", duration))
+    if window is not None:
+        definitions.append(("end_time - start_time: AIPerf 0.13's profiling window", window))
+    elif records_window_s is not None:
+        definitions.append(("first request start -> last request end of the records", records_window_s))
+    # a report whose start/end are given but whose figures follow neither definition fails;
+    # one without them (and off by < 1 %) cannot be judged without the records
+    by_window = {name: _report_rates(m, con, seconds) for name, seconds in definitions}
+    base = by_window.get("benchmark_duration") or _report_rates(m, con)
+    osl, visible = _avg(m, "total_osl"), _avg(m, "total_output_tokens")
+    out: list[Finding] = []
+    for check, figure, column, numerator in _RATES:
+        claimed = _avg(m, figure)
+        if check == "total_token_throughput" and claimed is None:
+            continue
+        what = f"{figure} = {numerator} / window"
+        if claimed is None or not definitions:
+            out.append(compare_figure(check, claimed, base[column], rel_tol, what=what, unit=_UNITS[check],
+                                      missing=f"needs {figure}, {numerator} and benchmark_duration"))
+            continue
+        tried = [(name, seconds, by_window[name][column]) for name, seconds in definitions]
+        agreeing = [(abs(claimed - v), k) for k, (n, s, v) in enumerate(tried) if v is not None and agree(claimed, v, rel_tol)]
+        match = tried[min(agreeing)[1]] if agreeing else None  # the closest definition that reproduces it
+        numbers: dict[str, Any] = {"claimed": claimed, "unit": _UNITS[check], "rel_tol": rel_tol,
+                                   "definitions": {n: {"window_s": s, "recomputed": v} for n, s, v in tried}}
+        if match is not None:
+            name, seconds, value = match
+            numbers.update({"recomputed": value, "definition": name, "window_s": seconds})
+            note = ""
+            if duration is not None and name != "benchmark_duration":
+                note = (f"; AIPerf divides by its own window, {seconds - duration:+.6g} s from the exported "
+                        f"benchmark_duration {duration:.6g} s (over that: {base[column]:.6g})")
+            out.append(Finding(check, PASS, f"{figure}: {claimed:.6g} {_UNITS[check]} = {numerator} / {seconds:.9g} s "
+                               f"({name}) = {value:.6g}{note}", numbers))
+            continue
+        finding = compare_figure(check, claimed, tried[0][2], rel_tol, what=f"{figure} = {numerator} / {tried[0][0]}",
+                                 unit=_UNITS[check], wrong={"visible_tokens_only": base["visible_output_token_throughput"]
+                                                            if check == "output_token_throughput" and visible != osl
+                                                            else None},
+                                 explain={"visible_tokens_only": "it counts visible tokens only, AIPerf counts total_osl"})
+        near = tried[0][2] is not None and abs(claimed - tried[0][2]) <= DEFINITION_REL_TOL * abs(tried[0][2])
+        if window is None and near and "diagnosis" not in finding.numbers:
+            numbers["recomputed"] = tried[0][2]
+            out.append(Finding(check, CANNOT, f"{figure}: {claimed:.6g} {_UNITS[check]} is within 1 % of {numerator} / "
+                               f"benchmark_duration = {tried[0][2]:.6g} but not equal: AIPerf 0.13 divides by its "
+                               "profiling window (end_time - start_time), which this report does not give; pass "
+                               "--individual profile_export.jsonl to recompute it from the records", numbers))
+            continue
+        finding.numbers.update(numbers)
+        out.append(finding)
+    if base["duration_from_timestamps_s"] is not None:
+        out.append(compare_figure("benchmark_duration", duration, base["duration_from_timestamps_s"],
                                   max(rel_tol, 1e-6), what="benchmark_duration vs max_response_timestamp - "
                                   "min_request_timestamp (first send to last response)", unit="s"))
     return out
+
+
+_UNITS = {"request_throughput": "requests/s", "output_token_throughput": "tokens/s",
+          "total_token_throughput": "tokens/s"}
 
 
 def _errors(data: dict[str, Any], m: dict[str, dict[str, Any]], con: duckdb.DuckDBPyConnection) -> Finding:
@@ -188,90 +269,3 @@ def _rate_vs_itl(m: dict[str, dict[str, Any]], con: duckdb.DuckDBPyConnection, r
     return Finding("mean_rate_vs_inverse_mean_itl", PASS, f"mean per-user rate {rate:.6g} tokens/s vs 1000 / mean "
                    f"ITL = {inverse:.6g}: they differ by definition (mean of inverses >= inverse of mean); the report "
                    "gives both, not one for the other", numbers)
-
-
-def _metric_value(rec: dict[str, Any], name: str, where: str) -> Any:
-    metrics = rec.get("metrics") or {}
-    item = metrics.get(name)
-    if item is None:
-        return None
-    if not isinstance(item, dict) or "value" not in item:
-        raise AuditInputError(f"{where}: metrics.{name} has no 'value'")
-    return item["value"]
-
-
-def _num(value: Any) -> float | int | None:
-    """A record value for a numeric column: None stays None; ints (counts, ns) and floats pass."""
-    if value is None or isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return value
-    raise AuditInputError(f"record value {value!r} is not a number")
-
-
-def _records(path: Path, m: dict[str, dict[str, Any]], con: duckdb.DuckDBPyConnection, rel_tol: float) -> list[Finding]:
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        raise AuditInputError(f"{path}: no such file") from None
-    rows = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise AuditInputError(f"{path}:{i + 1}: not valid JSON ({exc.msg})") from None
-        where = f"{path}:{i + 1}"
-        err = rec.get("error")
-        gaps = _metric_value(rec, "inter_chunk_latency", where) or []
-        if not isinstance(gaps, list):
-            gaps = [gaps]
-        meta = rec.get("metadata") or {}
-        vals = [_metric_value(rec, k, where) for k in ("ttft", "request_latency", "output_sequence_length",
-                                                      "output_token_count", "reasoning_token_count",
-                                                      "inter_token_latency", "output_token_throughput_per_user", "ttst")]
-        if vals[0] is None:
-            vals[0] = _metric_value(rec, "time_to_first_token", where)
-        if vals[7] is None:
-            vals[7] = _metric_value(rec, "time_to_second_token", where)
-        rows.append((i, None if err is None else str(err.get("code", "error")) if isinstance(err, dict) else str(err),
-                     *vals, len(gaps), float(sum(gaps)) if gaps else None, gaps[0] if gaps else None,
-                     _metric_value(rec, "min_request_timestamp", where) or meta.get("timestamp_ns"),
-                     _metric_value(rec, "max_response_timestamp", where)))
-    columns = {"record_index": "INTEGER", "error_code": "VARCHAR", "ttft_ms": "DOUBLE", "request_latency_ms": "DOUBLE",
-               "output_sequence_length": "DOUBLE", "output_token_count": "DOUBLE", "reasoning_token_count": "DOUBLE",
-               "inter_token_latency_ms": "DOUBLE", "output_token_throughput_per_user": "DOUBLE", "ttst_ms": "DOUBLE",
-               "chunk_gaps": "INTEGER", "chunk_gap_sum_ms": "DOUBLE", "first_chunk_gap_ms": "DOUBLE",
-               "request_start_ns": "BIGINT", "response_end_ns": "BIGINT"}
-    create_table(con, "aiperf_records", columns, [tuple(_num(v) if i > 1 else v for i, v in enumerate(r)) for r in rows])
-    ident = audit_query(con, "aiperf_record_identities")
-    failed = sum(r[1] is not None for r in rows)
-    pairs = (("inter_token_latency_ms", "itl_ms_expected", "ITL = (latency - TTFT) / (OSL - 1)"),
-             ("output_token_throughput_per_user", "per_user_expected", "per-user rate = 1000 / ITL"),
-             ("request_latency_ms", "latency_ms_from_chunks", "latency = TTFT + sum(inter-chunk gaps)"),
-             ("request_latency_ms", "latency_ms_from_timestamps", "latency = last response - request start"),
-             ("output_sequence_length", "osl_expected", "OSL = visible + reasoning tokens"),
-             ("ttst_ms", "first_chunk_gap_ms", "TTST = first inter-chunk gap"))
-    problems, checked = [], 0
-    for r in ident:
-        for got, want, what in pairs:
-            if r[got] is None or r[want] is None:
-                continue
-            checked += 1
-            if not agree(r[got], r[want], max(rel_tol, 1e-6)):
-                problems.append(f"record {r['record_index'] + 1}: {what}: {r[got]:.6g} vs {r[want]:.6g}")
-    numbers = {"records": len(rows), "failed_records": failed, "successful_records": len(ident),
-               "identities_checked": checked}
-    out = [Finding("record_identities", FAIL if problems else PASS,
-                   "; ".join(problems) if problems else f"{checked} per-record identities hold over {len(ident)} "
-                   f"successful record(s) ({failed} error record(s)): " + "; ".join(p[2] for p in pairs), numbers)]
-    count = m.get("time_to_first_token", {}).get("count")
-    if count is not None and len(ident) != count:
-        out.append(Finding("recompute_stats", CANNOT, f"{path.name} holds {len(ident)} successful record(s), the "
-                           f"report summarises {count:g}: a partial records file cannot reproduce the statistics",
-                           numbers))
-    else:
-        out.append(Finding("recompute_stats", CANNOT, "summary recomputation from profile_export.jsonl is not "
-                           "implemented yet; per-record identities only", numbers))
-    return out

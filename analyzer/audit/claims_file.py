@@ -109,6 +109,8 @@ def _model(path: Path, raw: Any, model_config: str | Path | None) -> tuple[KVLay
     if unknown:
         raise AuditInputError(f"{path}: key 'model': unknown field(s) {', '.join(unknown)}; known: {', '.join(_MODEL_KEYS)}")
     q_heads = raw.get("q_heads")
+    # who named the config: the --model-config flag (blame it), else the file's 'model' key
+    where = f"--model-config {model_config}" if model_config is not None else f"{path}: key 'model'"
     try:
         if raw.get("config"):
             config = Path(str(raw["config"]))
@@ -122,11 +124,14 @@ def _model(path: Path, raw: Any, model_config: str | Path | None) -> tuple[KVLay
                                  q_heads=q_heads)
         return layout, q_heads
     except UnsupportedArchitecture as exc:
-        raise AuditInputError(f"{path}: key 'model': unsupported architecture: {exc}") from None
+        raise AuditInputError(f"{where}: unsupported architecture: {exc}") from None
     except AuditInputError:
         raise
     except (ValueError, TypeError) as exc:
-        raise AuditInputError(f"{path}: key 'model': {exc}") from None
+        text = str(exc)
+        if model_config is not None and text.startswith(f"{model_config}: "):
+            text = text[len(f"{model_config}: "):]  # the flag already names the file
+        raise AuditInputError(f"{where}: {text}") from None
 
 
 def claims_from_mapping(path: Path, data: Any, model_config: str | Path | None = None) -> Claims:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +34,50 @@ def _looks_like(data: Any) -> str | None:
     return None
 
 
+def _first_json_line(path: Path) -> Any:
+    """The first line of a file parsed as JSON, or None (unreadable, empty, not JSON)."""
+    try:
+        with path.open("rb") as f:
+            line = f.readline(1 << 20)
+        return json.loads(line)
+    except (OSError, ValueError):
+        return None
+
+
+def refuse_per_request_file(path: Path) -> None:
+    """AuditInputError naming the report a per-request records file belongs with and the flag
+    (--individual), for AIPerf's profile_export.jsonl and LLMPerf's *_individual_responses.json
+    given as the report."""
+    first = _first_json_line(path)
+    if isinstance(first, dict) and isinstance(first.get("metadata"), dict) and isinstance(first.get("metrics"), dict):
+        beside = path.with_name("profile_export_aiperf.json")
+        summary = str(beside) if beside.is_file() else "profile_export_aiperf.json (the summary AIPerf wrote beside it)"
+        raise AuditInputError(f"{path}: AIPerf's per-request records (profile_export.jsonl), not a report: audit "
+                              f"its summary with them, tokentrace audit {summary} --individual {path}")
+    data = None
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return
+    if isinstance(data, list) and data and isinstance(data[0], dict) and \
+            {"end_to_end_latency_s", "ttft_s"} <= set(data[0]):
+        name = path.name
+        summary_name = (name[: -len("_individual_responses.json")] + "_summary.json"
+                        if name.endswith("_individual_responses.json") else "<prefix>_summary.json")
+        beside = path.with_name(summary_name)
+        summary = str(beside) if beside.is_file() else f"{summary_name} (LLMPerf's summary of the same run)"
+        raise AuditInputError(f"{path}: LLMPerf's per-request responses, not a report: audit its summary with them, "
+                              f"tokentrace audit {summary} --individual {path}")
+
+
 def detect_kind(path: str | Path) -> str:
     """The report kind of a file, from its suffix and keys; AuditInputError when unknown."""
     path = Path(path)
     if path.suffix.lower() in (".yaml", ".yml"):
         return "claims"
+    if path.is_file():
+        refuse_per_request_file(path)
     data = read_json(path)
     kind = _looks_like(data)
     if kind is not None:
@@ -74,6 +114,8 @@ def audit_report(
     path = Path(path)
     if kind == "auto":
         kind = detect_kind(path)
+    elif kind in ("aiperf", "llmperf", "vllm") and path.is_file():
+        refuse_per_request_file(path)
     con = connect(None)
     try:
         if kind == "claims" or kind == "tokentrace":
@@ -96,7 +138,7 @@ def audit_report(
         if kind == "vllm":
             from analyzer.audit.vllm import audit_vllm
 
-            findings = audit_vllm(path, read_json(path), con, rel_tol)
+            return audit_vllm(path, read_json(path), con, rel_tol, db)
         elif kind == "vllm-nightly":
             from analyzer.audit.vllm_nightly import audit_vllm_nightly
 
@@ -104,14 +146,15 @@ def audit_report(
         elif kind == "aiperf":
             from analyzer.audit.aiperf import audit_aiperf
 
-            findings = audit_aiperf(path, read_json(path), con, rel_tol, individual)
+            return audit_aiperf(path, read_json(path), con, rel_tol, individual, db)
         else:
             from analyzer.audit.llmperf import audit_llmperf
 
             findings = audit_llmperf(path, read_json(path), con, rel_tol, individual)
         if db is not None:
-            findings.append(Finding("traces", "cannot_check", f"--db recomputation compares claims files and "
-                                    f"tokentrace artifacts; a {kind} report names no request of the traces", {}))
+            findings.append(Finding("traces", "cannot_check", f"--db compares claims files, tokentrace artifacts, "
+                                    f"and vLLM / AIPerf reports request by request; a {kind} report names no request "
+                                    "of the traces (no request id)", {}))
         return findings
     finally:
         con.close()

@@ -14,7 +14,7 @@ from typing import Any
 
 from analyzer.audit.claims_file import Claims
 from analyzer.audit.compare import CANNOT, Finding, compare_figure
-from analyzer.audit.inputs import AuditInputError
+from analyzer.audit.records_traces import traces_copy
 from analyzer.queries import run_query
 
 __all__ = ["check_claims_against_traces"]
@@ -28,24 +28,10 @@ _UNITS = {"ttft_ms": "ms", "tpot_ms": "ms", "e2e_ms": "ms", "itl_ms": "ms", "win
 
 def check_claims_against_traces(claims: Claims, db: str | Path, rel_tol: float) -> list[Finding]:
     """One finding per claimed figure that traces can give (prefixed ``traces:``)."""
-    import duckdb
-
-    con = duckdb.connect(":memory:")
+    # The user's database stays untouched: its tables are copied into memory, where the
+    # metric queries install their views.
+    con = traces_copy(db)
     try:
-        # The user's database stays untouched: its tables are copied into memory, where the
-        # metric queries install their views.
-        try:
-            con.execute("ATTACH $path AS traces (READ_ONLY)", {"path": str(db)})
-        except duckdb.Error as exc:
-            raise AuditInputError(f"{db}: cannot open as a DuckDB database ({exc})") from None
-        tables = [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'traces' "
-                                            "AND schema_name = 'main'").fetchall()]
-        if "spans" not in tables:
-            raise AuditInputError(f"{db}: not a tokentrace database (no 'spans' table)")
-        for table in tables:
-            quoted = '"' + table.replace('"', '""') + '"'  # an identifier, quoted and escaped
-            con.execute(f"CREATE TABLE main.{quoted} AS SELECT * FROM traces.main.{quoted}")
-        con.execute("DETACH traces")
         requests = run_query(con, "requests").dicts()
         perspectives = {r["perspective"] for r in requests}
         perspective = next((p for p in ("client", "server", "engine") if p in perspectives), None)

@@ -11,6 +11,7 @@ is reported as ``cannot_check``, never guessed.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import duckdb
 
 from analyzer.audit.compare import CANNOT, FAIL, PASS, Finding, audit_query, compare_figure, create_table, distribution_stats, load_values
 from analyzer.audit.inputs import AuditInputError, optional_number
+from analyzer.audit.records_traces import RequestRecord, compare_records_with_traces, load_traced_requests
 
 __all__ = ["audit_vllm", "load_vllm_arrays", "VLLM_METRICS"]
 
@@ -72,8 +74,10 @@ def load_vllm_arrays(path: Path, data: dict[str, Any], con: duckdb.DuckDBPyConne
     return n
 
 
-def audit_vllm(path: Path, data: Any, con: duckdb.DuckDBPyConnection, rel_tol: float) -> list[Finding]:
-    """All checks of one vLLM serving benchmark result."""
+def audit_vllm(path: Path, data: Any, con: duckdb.DuckDBPyConnection, rel_tol: float,
+               db: str | Path | None = None) -> list[Finding]:
+    """All checks of one vLLM serving benchmark result; with ``db`` (a tokentrace database of the
+    same run's traces) each request is also compared with its traced request (``traces:*``)."""
     if not isinstance(data, dict):
         raise AuditInputError(f"{path}: a vLLM benchmark result is a JSON object")
     findings = [_key_presence(data)]
@@ -89,9 +93,48 @@ def audit_vllm(path: Path, data: Any, con: duckdb.DuckDBPyConnection, rel_tol: f
     totals = audit_query(con, "vllm_totals", {"duration_s": duration})[0]
     for metric in VLLM_METRICS:
         findings.append(_stat_check(path, data, metric, stats, rel_tol))
-    findings += _count_checks(path, data, totals, rel_tol)
+    traced = _against_traces(data, con, db, rel_tol) if db is not None else None
+    findings += _count_checks(path, data, totals, rel_tol, traced)
     findings += _summary_only_checks(path, data, rel_tol)
-    findings.append(_chunking(totals, stats))
+    findings.append(_chunking(totals, stats, rel_tol))
+    if traced is not None:
+        findings += traced
+    return findings
+
+
+def _id_prefix(traced: list[dict[str, Any]], n: int) -> tuple[str | None, int]:
+    """The --request-id-prefix of a vLLM bench run, read from the traced client_request_ids
+    ("<prefix><index>", index < n): the prefix most ids share, and how many do."""
+    counts: Counter[str] = Counter()
+    for row in traced:
+        m = re.fullmatch(r"(.*?)(\d+)", row.get("client_request_id") or "")
+        if m and int(m[2]) < n:
+            counts[m[1]] += 1
+    if not counts:
+        return None, 0
+    return counts.most_common(1)[0]
+
+
+def _against_traces(data: dict[str, Any], con: duckdb.DuckDBPyConnection, db: str | Path,
+                    rel_tol: float) -> list[Finding]:
+    """Request i of the arrays is the traced request whose id is ``<prefix><i>``: vllm bench
+    serve --request-id-prefix sends it as X-Request-Id, vLLM's span has it as
+    gen_ai.request.id = chatcmpl-<prefix><i> (requests.client_request_id)."""
+    traced = load_traced_requests(db)
+    n = len(data["ttfts"])
+    prefix, found = _id_prefix(traced, n)
+    if prefix is None:
+        return [Finding("traces:records_joined", CANNOT, f"no traced request has a client_request_id of the form "
+                        f"<prefix><index < {n}>: run vllm bench serve with --request-id-prefix (its ids reach "
+                        "vLLM's span as gen_ai.request.id) to join the requests to the traces", {})]
+    records = []
+    rows = audit_query(con, "vllm_request_rows")
+    for r in rows:
+        records.append(RequestRecord(r["request_index"], f"{prefix}{r['request_index']}", r["ttft_ms"], r["e2el_ms"],
+                                     r["tpot_ms"], r["input_len"], r["output_len"]))
+    findings, _ = compare_records_with_traces(con, traced, records, rel_tol=rel_tol,
+                                              id_what=f"'{prefix}<index>' (--request-id-prefix {prefix!r}, found on "
+                                                      f"{found} traced requests)")
     return findings
 
 
@@ -148,7 +191,8 @@ def _stat_check(path: Path, data: dict[str, Any], metric: str, stats: dict[str, 
                    "numpy linear percentiles, population std) match", numbers)
 
 
-def _count_checks(path: Path, data: dict[str, Any], totals: dict[str, Any], rel_tol: float) -> list[Finding]:
+def _count_checks(path: Path, data: dict[str, Any], totals: dict[str, Any], rel_tol: float,
+                  traced: list[Finding] | None = None) -> list[Finding]:
     out: list[Finding] = []
     for key, column, what, unit in (
         ("completed", "completed", "successful requests in the arrays", "requests"),
@@ -173,11 +217,7 @@ def _count_checks(path: Path, data: dict[str, Any], totals: dict[str, Any], rel_
                        "output); the recomputed statistics leave them out, as vLLM does", dict(totals)))
     n_out = totals["distinct_output_lens"]
     if totals["completed"] > 1 and n_out == 1:
-        out.append(Finding("output_tokens_assumed_max_tokens", FAIL,
-                           f"every one of {totals['completed']} requests has exactly {totals['max_output_len']} output "
-                           f"tokens (total {totals['total_output_tokens']} = prompts x max_tokens): the counts look "
-                           "assumed from max_tokens rather than read from usage (unless --ignore-eos was set)",
-                           dict(totals)))
+        out.append(_equal_output_lengths(totals, traced))
     else:
         out.append(Finding("output_tokens_assumed_max_tokens", PASS,
                            f"output lengths vary ({n_out} distinct values, max {totals['max_output_len']}): counted, "
@@ -200,14 +240,64 @@ def _summary_only_checks(path: Path, data: dict[str, Any], rel_tol: float) -> li
                     {"request_goodput": goodput, "request_throughput": throughput})]
 
 
-def _chunking(totals: dict[str, Any], stats: dict[str, dict[str, Any]]) -> Finding:
+def _equal_output_lengths(totals: dict[str, Any], traced: list[Finding] | None) -> Finding:
+    """Every request has the same output length: assumed from max_tokens, or every request ran
+    to max_tokens? vLLM bench reads the counts from the server's usage when it sends one, so only
+    the traces can tell (their usage per request)."""
+    n, length = totals["completed"], totals["max_output_len"]
+    said = (f"every one of {n} requests has exactly {length:g} output tokens (total {totals['total_output_tokens']:g})")
+    by_trace = next((f for f in traced or [] if f.check == "traces:output_tokens"), None)
+    numbers = dict(totals)
+    if by_trace is not None and by_trace.verdict == PASS:
+        return Finding("output_tokens_assumed_max_tokens", PASS, f"{said}: the traces confirm it request by request "
+                       f"({by_trace.detail}); the model simply never stopped before max_tokens", numbers)
+    if by_trace is not None and by_trace.verdict == FAIL:
+        return Finding("output_tokens_assumed_max_tokens", FAIL, f"{said}, but the traced counts differ: "
+                       f"{by_trace.detail}", numbers)
+    return Finding("output_tokens_assumed_max_tokens", CANNOT, f"{said}: either every request ran to max_tokens "
+                   "(random datasets without a stop, or --ignore-eos) or the counts were assumed from max_tokens; vLLM "
+                   "bench reads them from the server's usage, which this report does not keep: pass --db with the "
+                   "run's traces (--request-id-prefix) to confirm per request", numbers)
+
+
+def _chunking(totals: dict[str, Any], stats: dict[str, dict[str, Any]], rel_tol: float) -> Finding:
     multi = totals["multi_token_chunk_requests"]
+    extra = totals["extra_gap_requests"]
+    completed = totals["completed"]
     itl = stats.get("itl", {}).get("mean_value")
     tpot = stats.get("tpot", {}).get("mean_value")
-    numbers = {"multi_token_chunk_requests": multi, "one_token_requests": totals["one_token_requests"],
-               "completed": totals["completed"], "mean_itl_ms": itl, "mean_tpot_ms": tpot}
+    numbers = {"multi_token_chunk_requests": multi, "extra_gap_requests": extra,
+               "one_token_requests": totals["one_token_requests"], "completed": completed,
+               "mean_itl_ms": itl, "mean_tpot_ms": tpot}
+    if itl is None or tpot is None:
+        return Finding("itl_vs_tpot_chunking", CANNOT, "needs ITL gaps and TPOT values (requests with more than one "
+                       "output token)", numbers)
+    one_token = (f"; {totals['one_token_requests']} one-token requests have no TPOT and are left out of it"
+                 if totals["one_token_requests"] else "")
+    if extra:
+        ratio = totals["extra_gap_itl_over_tpot"]
+        expected = tpot * ratio if ratio is not None else None
+        numbers.update({"diagnosis": "role_chunk_counted", "first_gap_max_ms": totals["extra_gap_max_first_gap_ms"],
+                        "mean_itl_expected_ms": expected})
+        identity = (f"; mean ITL {itl:.6g} ms = mean TPOT {tpot:.6g} ms x ({totals['max_output_len']:g} - 1) / "
+                    f"{totals['max_output_len']:g} = {expected:.6g} ms" if expected is not None
+                    and abs(expected - itl) <= max(rel_tol * abs(expected), 1e-9) else "")
+        return Finding("itl_vs_tpot_chunking", PASS,
+                       f"role_chunk_counted: {extra} of {completed} requests have as many ITL gaps as output tokens "
+                       f"(one more than O - 1), the first gap at most {totals['extra_gap_max_first_gap_ms']:.3g} ms: "
+                       "the benchmark client (openai-chat backend) timed the role-only first chunk, which carries no "
+                       "token, as the first token, so TTFT ends at that chunk and the first content chunk adds a "
+                       f"near-zero gap; ITL divides decode time by O gaps, TPOT by O - 1{identity}{one_token}", numbers)
+    if multi:
+        return Finding("itl_vs_tpot_chunking", PASS,
+                       f"{multi} of {completed} requests have multi-token chunks (output_len > gaps + 1): ITL is per "
+                       f"chunk, TPOT per token, so mean ITL {itl:.6g} ms and mean TPOT {tpot:.6g} ms legitimately "
+                       f"differ{one_token}", numbers)
+    if abs(itl - tpot) <= max(rel_tol * abs(tpot), 1e-9):
+        return Finding("itl_vs_tpot_chunking", PASS,
+                       f"one token per chunk in every request (gaps = output_len - 1): mean ITL {itl:.6g} ms and mean "
+                       f"TPOT {tpot:.6g} ms are equal{one_token}", numbers)
     return Finding("itl_vs_tpot_chunking", PASS,
-                   f"{multi} of {totals['completed']} requests have multi-token chunks (output_len > gaps + 1): ITL "
-                   f"is per chunk, TPOT per token, so mean ITL {itl:.6g} ms and mean TPOT {tpot:.6g} ms legitimately "
-                   f"differ; {totals['one_token_requests']} one-token requests have no TPOT and are left out of it",
-                   numbers)
+                   f"one token per chunk in every request (gaps = output_len - 1): mean ITL {itl:.6g} ms (over every "
+                   f"gap) and mean TPOT {tpot:.6g} ms (over every request) differ only because longer requests weigh "
+                   f"more in the gap mean{one_token}", numbers)

@@ -22,7 +22,8 @@ KIND_CHOICES = ["auto", "vllm", "vllm-nightly", "aiperf", "llmperf", "claims", "
               help="Per-request records: LLMPerf *_individual_responses.json, AIPerf profile_export.jsonl, "
                    "or the vLLM benchmark JSON behind a nightly table row.")
 @click.option("--db", "db_path", type=click.Path(), default=None, metavar="PATH",
-              help="tokentrace DuckDB database: recompute the claimed figures from its traces.")
+              help="tokentrace DuckDB database: recompute the claimed figures from its traces; for vLLM "
+                   "bench and AIPerf reports, join each request to its traced request by id and compare.")
 @click.option("--model-config", type=click.Path(), default=None, metavar="PATH",
               help="HuggingFace config.json for the KV check (overrides the claims file's model).")
 @click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table",
@@ -33,8 +34,9 @@ KIND_CHOICES = ["auto", "vllm", "vllm-nightly", "aiperf", "llmperf", "claims", "
 def audit_command(report, kind, individual, db_path, model_config, output_format, rel_tol) -> None:
     """Check a latency report: internal consistency, counting, statistics recomputed from its
     raw arrays (in DuckDB SQL, with the tool's own percentile and std method), KV from the
-    model config, labelling, and (with --db) the traces. One row per check; exits 1 when a
-    check fails, so it can gate CI.
+    model config, labelling, and (with --db) the traces, request by request where the report
+    has request ids (vLLM bench --request-id-prefix, AIPerf x_request_id). Times in ms, rates
+    per second. One row per check; exits 1 when a check fails, so it can gate CI.
 
     \b
     Example:
@@ -42,6 +44,8 @@ def audit_command(report, kind, individual, db_path, model_config, output_format
       tokentrace audit llmperf_summary.json --individual llmperf_individual_responses.json
       tokentrace audit claims.yaml --model-config ./config.json --format json
       tokentrace audit claims.yaml --db traces.duckdb
+      tokentrace audit bench.json --db traces.duckdb   # vllm bench --request-id-prefix ids
+      tokentrace audit profile_export_aiperf.json --individual profile_export.jsonl --db traces.duckdb
     """
     from pathlib import Path
 

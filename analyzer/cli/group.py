@@ -103,7 +103,7 @@ def cli() -> None:
     \b
     Instrument:  serve, bench, demo (trace a model and its gateway)
     Load:        load, export, collect, pull (traces into DuckDB / Parquet)
-    Query:       requests, itl, phases, summary, window, skew, sql
+    Query:       requests, itl, phases, summary, window, skew, steps, stalls, sql
     Check:       timeline, kv, audit
     Report:      report (one self-contained HTML file)
     """

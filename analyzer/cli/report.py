@@ -32,8 +32,10 @@ def report_command(db_path, html_path, request_span_id, audit_json, mode, slo_tt
     Sections: run summary (window metrics, SLOs, goodput, counting rule); distributions; a
     waterfall of one request (client, gateway, tokenize, queue, prefill, every decode step,
     chunk events; each lane labelled with its clock); ITL per gap and KV bytes per decode
-    step; CDFs of TTFT, TPOT, E2E; throughput over time with the window shaded; TTFT phase
-    breakdown; clock-skew bounds and rule violations; audit findings with --audit. Every
+    step; CDFs of TTFT, TPOT, E2E; throughput over time with the window shaded; engine steps
+    (batch size and KV blocks used over time, ITL against co-scheduled prefill tokens; only
+    with step data, else the reason); TTFT phase breakdown; clock-skew bounds and rule
+    violations; audit findings with --audit. Every
     number comes from the SQL in queries/.
 
     \b

@@ -176,6 +176,10 @@ def build_report(con: duckdb.DuckDBPyConnection, inputs: ReportInputs) -> str:
         shade = ((window["window_start_ns"] - t0) / 1e9, (window["window_end_ns"] - t0) / 1e9)
     sections.append("<h2>Throughput over time</h2>" + plots.throughput_svg(tput, shade, inputs.bucket_s))
 
+    from analyzer.report.engine_steps import engine_steps_section
+
+    sections.append(engine_steps_section(con, _table))
+
     phases = _optional(con, "phases")
     if phases is not None:
         rows = phases.dicts()

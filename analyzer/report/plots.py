@@ -9,7 +9,8 @@ from __future__ import annotations
 import io
 from typing import Any, Sequence
 
-__all__ = ["cdf_svg", "decode_steps_svg", "phases_svg", "throughput_svg", "waterfall_svg"]
+__all__ = ["cdf_svg", "decode_steps_svg", "engine_timeline_svg", "itl_vs_prefill_svg", "phases_svg", "throughput_svg",
+           "waterfall_svg"]
 
 _PHASE_COLORS = {
     "chat": "#4c72b0",
@@ -153,4 +154,55 @@ def phases_svg(rows: Sequence[dict[str, Any]]) -> str:
     ax.set_ylabel("TTFT component (ms)")
     ax.set_title("TTFT phase breakdown")
     ax.legend(fontsize=7, ncol=4)
+    return _svg(fig)
+
+
+def engine_timeline_svg(steps: Sequence[dict[str, Any]]) -> str:
+    """Batch size (left axis) and KV blocks used (right axis, the cache's total dashed) per
+    engine step, against the step's start (s since the first step). Rows: queries/steps.sql."""
+    fig, ax = _figure()
+    t0 = min(r["start_ns"] for r in steps)
+    xs = [(r["start_ns"] - t0) / 1e9 for r in steps]
+    ax.step(xs, [r["batch_size"] for r in steps], where="post", label="batch size (sequences)")
+    ax.set_xlabel("time since the first engine step (s), engine clock")
+    ax.set_ylabel("batch size (sequences in the step)")
+    ax2 = ax.twinx()
+    ax2.step(xs, [r["kv_blocks_used"] for r in steps], where="post", color="#c44e52", label="KV blocks used")
+    totals = sorted({r["kv_blocks_total"] for r in steps if r["kv_blocks_total"] is not None})
+    used_max = max((r["kv_blocks_used"] or 0 for r in steps), default=0)
+    if len(totals) == 1 and used_max >= totals[0] / 2:
+        ax2.axhline(totals[0], color="#c44e52", linestyle="--", linewidth=0.8, label=f"KV blocks total ({totals[0]:,})")
+    elif totals:  # a far-off total would flatten the used line: named, not drawn
+        ax2.plot([], [], " ", label=f"KV blocks total: {', '.join(f'{t:,}' for t in totals)} (off scale)")
+    ax2.set_ylabel("KV blocks used (paged cache)")
+    ax2.set_ylim(bottom=0)
+    ax.set_ylim(bottom=0)
+    lines = ax.get_legend_handles_labels()
+    lines2 = ax2.get_legend_handles_labels()
+    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper right", fontsize=7)
+    ax.set_title("Batch size and KV blocks used per engine step")
+    return _svg(fig)
+
+
+def itl_vs_prefill_svg(gaps: Sequence[dict[str, Any]], groups: Sequence[dict[str, Any]]) -> str:
+    """Each gap's ITL (ms) against the prefill tokens co-scheduled in the step that produced
+    it (queries/stalls.sql), with each bucket's p50 and p99 (queries/stalls_groups.sql)."""
+    fig, ax = _figure()
+    ax.scatter([g["prefill_tokens"] for g in gaps], [g["itl_ms"] for g in gaps], s=6, alpha=0.5,
+               label="gap (ITL) ← its engine step")
+    ax.set_xscale("symlog", linthresh=1)
+    for row in groups:
+        if row["itl_p50_ms"] is None or row["group_min"] is None:
+            continue
+        low = row["group_min"]
+        high = row["group_max"] if row["group_max"] is not None else max(low * 4, max(g["prefill_tokens"] for g in gaps))
+        ax.hlines([row["itl_p50_ms"]], low, max(high, low + 0.8), colors="#55a868", linewidth=1.5)
+        ax.hlines([row["itl_p99_ms"]], low, max(high, low + 0.8), colors="#c44e52", linewidth=1.0, linestyles="--")
+    ax.plot([], [], color="#55a868", label="bucket p50")
+    ax.plot([], [], color="#c44e52", linestyle="--", label="bucket p99")
+    ax.set_xlabel("prefill tokens co-scheduled in the gap's engine step (symlog; buckets 0, 1-128, 129-1024, >1024)")
+    ax.set_ylabel("inter-token gap (ms, engine clock)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.set_title("ITL against co-scheduled prefill tokens")
     return _svg(fig)

@@ -244,9 +244,12 @@ class RowSampler(ContinuousBatchingLogitsProcessor):
         return torch.zeros(len(self._rows), dtype=torch.int32)
 
     def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
+        # ``scores`` has one row per sequence in the step (transformers slices logits_indices by
+        # the step's sequences); the first rows are those with a new token, in order; the rest
+        # (sequences still prefilling) are never read back, and stay one-hot on token 0.
         rows = self._rows
-        if len(rows) != scores.shape[0]:
-            raise RuntimeError(f"RowSampler: {scores.shape[0]} logits rows for {len(rows)} sequences")
+        if len(rows) > scores.shape[0]:
+            raise RuntimeError(f"RowSampler: {scores.shape[0]} logits rows for {len(rows)} sequences with a new token")
         sampler_of = self.listener.sampler_of
         samplers = [sampler_of(rid) for rid in rows]
         tokens: list[int] = [0] * len(rows)
@@ -271,7 +274,7 @@ class RowSampler(ContinuousBatchingLogitsProcessor):
         for i in greedy + sampled:
             if samplers[i] is not None:
                 samplers[i].record(tokens[i])
-        return one_hot_scores(scores, tokens)
+        return one_hot_scores(scores, tokens + [0] * (scores.shape[0] - len(rows)))
 
 
 class EngineOutputRouter(OutputRouter):

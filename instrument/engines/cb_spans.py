@@ -48,6 +48,7 @@ class StepRecord:
     kv_blocks_total: int
     kv_block_tokens: int
     waiting: int  # sequences the scheduler left waiting
+    prefill_sequences: int = 0  # sequences that computed prompt tokens in the step
     end_ns: int = 0  # tokens handed over
     device_ns: int | None = None  # CUDA time of the step's forward and sampling, ns (CUDA only)
 
@@ -58,6 +59,7 @@ class StepRecord:
             "tokentrace.batch.size": self.batch_size,
             "tokentrace.batch.tokens": self.scheduled_tokens,
             "tokentrace.batch.prefill_tokens": self.prefill_tokens,
+            "tokentrace.batch.prefill_sequences": self.prefill_sequences,
             "tokentrace.batch.waiting": self.waiting,
             "tokentrace.kv.blocks_used": self.kv_blocks_used,
             "tokentrace.kv.blocks_total": self.kv_blocks_total,

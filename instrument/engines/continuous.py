@@ -196,7 +196,8 @@ class ContinuousEngine:
         g = self.geometry
         prefill_tokens = sum(s.tokens for s in sequences if s.prefill)
         rec = StepRecord(self._step, start_ns, forward_start_ns, len(sequences), sum(s.tokens for s in sequences),
-                         prefill_tokens, g.blocks_total - blocks_free, g.blocks_total, g.block_tokens, waiting)
+                         prefill_tokens, g.blocks_total - blocks_free, g.blocks_total, g.block_tokens, waiting,
+                         sum(1 for s in sequences if s.prefill))
         self._current = rec
         self._current_traced = False
         live = self._live

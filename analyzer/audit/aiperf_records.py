@@ -1,0 +1,177 @@
+"""AIPerf's per-request records (``profile_export.jsonl``): read them, check AIPerf's own
+per-record identities (queries/audit/aiperf_record_identities.sql), and join them to traced
+requests by ``metadata.x_request_id`` (the X-Request-ID AIPerf sends: the gateway's
+``tokentrace.client_request_id``).
+
+Layouts read: AIPerf 0.13 (``metadata.request_start_ns`` / ``request_end_ns`` /
+``x_request_id``, ``metrics.<name>.value``) and the 2025-10 one (``metadata.timestamp_ns``,
+``metrics.min_request_timestamp`` / ``max_response_timestamp``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from analyzer.audit.compare import CANNOT, FAIL, PASS, Finding, agree, audit_query, create_table
+from analyzer.audit.inputs import AuditInputError
+from analyzer.audit.records_traces import RequestRecord, compare_records_with_traces, load_traced_requests
+
+__all__ = ["AiperfRecords", "check_aiperf_records", "read_aiperf_records", "records_against_traces"]
+
+_COLUMNS = {"record_index": "INTEGER", "error_code": "VARCHAR", "ttft_ms": "DOUBLE", "request_latency_ms": "DOUBLE",
+            "output_sequence_length": "DOUBLE", "output_token_count": "DOUBLE", "reasoning_token_count": "DOUBLE",
+            "inter_token_latency_ms": "DOUBLE", "output_token_throughput_per_user": "DOUBLE", "ttst_ms": "DOUBLE",
+            "chunk_gaps": "INTEGER", "chunk_gap_sum_ms": "DOUBLE", "first_chunk_gap_ms": "DOUBLE",
+            "request_start_ns": "BIGINT", "response_end_ns": "BIGINT"}
+
+
+@dataclass
+class AiperfRecords:
+    """The records file: one row per record (the columns of aiperf_records), and per record its
+    x_request_id, request end (ns), usage prompt / completion tokens."""
+
+    path: Path
+    rows: list[tuple[Any, ...]]
+    request_ids: list[str | None]
+    request_end_ns: list[int | None]
+    usage_prompt_tokens: list[float | None]
+    usage_completion_tokens: list[float | None]
+
+    @property
+    def window_s(self) -> float | None:
+        """First request start -> last request end over the records (s), None when unknown."""
+        starts = [r[13] for r in self.rows if r[13] is not None]
+        ends = [e for e in self.request_end_ns if e is not None] or [r[14] for r in self.rows if r[14] is not None]
+        if not starts or not ends or max(ends) <= min(starts):
+            return None
+        return (max(ends) - min(starts)) / 1e9
+
+
+def _metric_value(rec: dict[str, Any], name: str, where: str) -> Any:
+    metrics = rec.get("metrics") or {}
+    item = metrics.get(name)
+    if item is None:
+        return None
+    if not isinstance(item, dict) or "value" not in item:
+        raise AuditInputError(f"{where}: metrics.{name} has no 'value'")
+    return item["value"]
+
+
+def _num(value: Any, where: str) -> float | int | None:
+    """A record value for a numeric column: None stays None; ints (counts, ns) and floats pass."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    raise AuditInputError(f"{where}: record value {value!r} is not a number")
+
+
+def read_aiperf_records(path: Path) -> AiperfRecords:
+    """Parse profile_export.jsonl; AuditInputError naming file and line for a bad record."""
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        raise AuditInputError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise AuditInputError(f"{path}: is a directory, expected AIPerf's profile_export.jsonl") from None
+    out = AiperfRecords(path, [], [], [], [], [])
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        where = f"{path}:{i + 1}"
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise AuditInputError(f"{where}: not valid JSON ({exc.msg})") from None
+        if not isinstance(rec, dict):
+            raise AuditInputError(f"{where}: an AIPerf record is a JSON object with 'metadata' and 'metrics'")
+        err = rec.get("error")
+        gaps = _metric_value(rec, "inter_chunk_latency", where) or []
+        if not isinstance(gaps, list):
+            gaps = [gaps]
+        meta = rec.get("metadata") or {}
+        vals = [_metric_value(rec, k, where) for k in ("ttft", "request_latency", "output_sequence_length",
+                                                      "output_token_count", "reasoning_token_count",
+                                                      "inter_token_latency", "output_token_throughput_per_user", "ttst")]
+        if vals[0] is None:
+            vals[0] = _metric_value(rec, "time_to_first_token", where)
+        if vals[7] is None:
+            vals[7] = _metric_value(rec, "time_to_second_token", where)
+        start = _metric_value(rec, "min_request_timestamp", where) or meta.get("request_start_ns") or meta.get("timestamp_ns")
+        error = None if err is None else str(err.get("code", "error")) if isinstance(err, dict) else str(err)
+        row = (len(out.rows), error, *vals, len(gaps), float(sum(gaps)) if gaps else None, gaps[0] if gaps else None,
+               start, _metric_value(rec, "max_response_timestamp", where))
+        out.rows.append(tuple(_num(v, where) if k > 1 else v for k, v in enumerate(row)))
+        out.request_ids.append(str(meta["x_request_id"]) if meta.get("x_request_id") else None)
+        out.request_end_ns.append(_num(meta.get("request_end_ns"), where))
+        out.usage_prompt_tokens.append(_num(_metric_value(rec, "usage_prompt_tokens", where), where))
+        out.usage_completion_tokens.append(_num(_metric_value(rec, "usage_completion_tokens", where), where))
+    return out
+
+
+def check_aiperf_records(records: AiperfRecords, m: dict[str, dict[str, Any]], con: duckdb.DuckDBPyConnection,
+                         rel_tol: float) -> list[Finding]:
+    """record_identities (AIPerf's per-record definitions hold) and recompute_stats."""
+    rows = records.rows
+    create_table(con, "aiperf_records", _COLUMNS, rows)
+    ident = audit_query(con, "aiperf_record_identities")
+    failed = sum(r[1] is not None for r in rows)
+    pairs = (("inter_token_latency_ms", "itl_ms_expected", "ITL = (latency - TTFT) / (OSL - 1)"),
+             ("output_token_throughput_per_user", "per_user_expected", "per-user rate = 1000 / ITL"),
+             ("request_latency_ms", "latency_ms_from_chunks", "latency = TTFT + sum(inter-chunk gaps)"),
+             ("request_latency_ms", "latency_ms_from_timestamps", "latency = last response - request start"),
+             ("output_sequence_length", "osl_expected", "OSL = visible + reasoning tokens"),
+             ("ttst_ms", "first_chunk_gap_ms", "TTST = first inter-chunk gap"))
+    problems, checked = [], 0
+    for r in ident:
+        for got, want, what in pairs:
+            if r[got] is None or r[want] is None:
+                continue
+            checked += 1
+            if not agree(r[got], r[want], max(rel_tol, 1e-6)):
+                problems.append(f"record {r['record_index'] + 1}: {what}: {r[got]:.6g} vs {r[want]:.6g}")
+    numbers = {"records": len(rows), "failed_records": failed, "successful_records": len(ident),
+               "identities_checked": checked}
+    out = [Finding("record_identities", FAIL if problems else PASS,
+                   "; ".join(problems) if problems else f"{checked} per-record identities hold over {len(ident)} "
+                   f"successful record(s) ({failed} error record(s)): " + "; ".join(p[2] for p in pairs), numbers)]
+    count = m.get("time_to_first_token", {}).get("count")
+    if count is not None and len(ident) != count:
+        out.append(Finding("recompute_stats", CANNOT, f"{records.path.name} holds {len(ident)} successful record(s), "
+                           f"the report summarises {count:g}: a partial records file cannot reproduce the statistics",
+                           numbers))
+    else:
+        out.append(Finding("recompute_stats", CANNOT, "summary recomputation from profile_export.jsonl is not "
+                           "implemented yet; per-record identities only", numbers))
+    return out
+
+
+def records_against_traces(records: AiperfRecords, con: duckdb.DuckDBPyConnection, db: str | Path,
+                           rel_tol: float) -> list[Finding]:
+    """Each successful record against the traced request whose client_request_id (the gateway's
+    tokentrace.client_request_id) is its x_request_id. The record's TPOT is recomputed as
+    (request_latency - TTFT) / (usage_completion_tokens - 1), the traces' definition: AIPerf's
+    own inter_token_latency divides by its re-tokenized output_sequence_length, which can
+    differ from the server's count by a token or two. Tokens: usage_completion_tokens /
+    usage_prompt_tokens (the server's usage as AIPerf received it), else AIPerf's lengths."""
+    out: list[RequestRecord] = []
+    for row, rid, prompt, completion in zip(records.rows, records.request_ids, records.usage_prompt_tokens,
+                                            records.usage_completion_tokens):
+        if row[1] is not None:  # an error record: AIPerf leaves it out of its statistics
+            continue
+        ttft, latency, osl = row[2], row[3], row[4]
+        tokens = completion if completion is not None else osl
+        tpot = (latency - ttft) / (tokens - 1) if None not in (latency, ttft, tokens) and tokens > 1 else None
+        out.append(RequestRecord(row[0], rid, ttft, latency, tpot, prompt, tokens))
+    if not any(r.match_id for r in out):
+        return [Finding("traces:records_joined", CANNOT, f"{records.path.name}: no record carries "
+                        "metadata.x_request_id (AIPerf before 0.13 did not export it): nothing to join the traces by",
+                        {})]
+    findings, _ = compare_records_with_traces(con, load_traced_requests(db), out, rel_tol=rel_tol,
+                                              id_what="AIPerf's metadata.x_request_id")
+    return findings

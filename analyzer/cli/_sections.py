@@ -1,0 +1,57 @@
+"""Verbs that print several query results one after the other (steps, stalls): one section
+per ``queries/*.sql`` file, chosen with ``--section``. Not a verb (the leading underscore
+keeps it out of verb discovery)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping, Sequence
+
+import click
+
+from analyzer.cli._query_verb import merge_params, open_from_flags, query_rows
+from analyzer.cli.options import emit_rows, to_jsonable
+
+__all__ = ["run_sections", "section_option"]
+
+
+def section_option(names: Sequence[str]) -> Any:
+    """``--section NAME`` (repeatable; default: every section, in this order)."""
+    return click.option(
+        "--section", "sections", multiple=True, type=click.Choice(list(names)),
+        help=f"Print only this part (repeatable; default: {', '.join(names)}).",
+    )
+
+
+def run_sections(
+    sections: Mapping[str, tuple[str, Mapping[str, Any]]],
+    chosen: Sequence[str],
+    *,
+    db_path: str | None,
+    parquet_dir: str | None,
+    output_format: str,
+    notes: Sequence[str] = (),
+) -> None:
+    """Run ``sections`` (name -> (query, flags)) that ``chosen`` names (none: all, in order) on
+    one connection and print them: a table or csv block per section under its name, or one
+    JSON object keyed by section name (plus ``notes``). Parameters are checked before any
+    query runs."""
+    names = [name for name in sections if not chosen or name in chosen]
+    bound = {name: merge_params(sections[name][0], sections[name][1], ()) for name in names}
+    con = open_from_flags(db_path, parquet_dir)
+    try:
+        results = {name: query_rows(con, sections[name][0], bound[name]) for name in names}
+    finally:
+        con.close()
+    if output_format == "json":
+        out: dict[str, Any] = {name: result.dicts() for name, result in results.items()}
+        out["notes"] = list(notes)
+        click.echo(json.dumps(to_jsonable(out), indent=2))
+        return
+    for i, (name, result) in enumerate(results.items()):
+        last = i == len(results) - 1
+        if output_format == "table":
+            click.echo(f"{name}: {len(result.rows)} row(s)")
+        else:
+            click.echo(f"# {name}")
+        emit_rows(result.columns, result.rows, output_format, notes=notes if last else ())

@@ -1,0 +1,42 @@
+"""``tokentrace steps``: the continuous engine's steps and step time against what they held
+(queries/steps.sql and queries/steps_summary.sql)."""
+
+from __future__ import annotations
+
+import click
+
+from analyzer.cli._query_verb import source_options
+from analyzer.cli._sections import run_sections, section_option
+from analyzer.cli.group import cli
+from analyzer.cli.options import format_option
+
+SECTIONS = ("steps", "summary")
+
+
+@cli.command("steps")
+@source_options
+@click.option("--clock-domain", default=None, metavar="DOMAIN",
+              help="Only this engine's steps (clock domain service.name|service.instance.id|host.name).")
+@section_option(SECTIONS)
+@format_option
+def steps_command(db_path, parquet_dir, clock_domain, sections, output_format) -> None:
+    """Every engine step of the continuous engine (one `engine_step` span each), then step time
+    against batch size and against scheduled tokens.
+
+    steps: start/end, step_ms = schedule_ms + execute_ms, batch_size, scheduled_tokens =
+    prefill_tokens + decode_tokens, waiting sequences, KV blocks used of the total.
+    summary: per group (all steps, each batch size, scheduled-token buckets 1-16, 17-128,
+    129-1024, >1024) steps, step_ms mean/p50/p90/p99/max, and the least-squares line
+    step_ms = fixed_ms + ms_per_scheduled_token x scheduled_tokens. Traces from
+    `--engine sequential` have no steps: their rows are empty with a reason, never zeros.
+    Units: milliseconds, tokens, sequences, KV blocks; *_ns nanoseconds since the epoch.
+
+    \b
+    Example:
+      tokentrace steps --db traces.duckdb
+      tokentrace steps --db traces.duckdb --section summary --format json
+    """
+    flags = {"clock_domain": clock_domain}
+    run_sections({"steps": ("steps", flags), "summary": ("steps_summary", flags)}, sections,
+                 db_path=db_path, parquet_dir=parquet_dir, output_format=output_format,
+                 notes=["percentiles: linear interpolation (numpy default 'linear', DuckDB quantile_cont)"])

@@ -1,0 +1,42 @@
+-- returns: one row per generated token after the first, per request (view
+--   request_step_gaps): the gap before it (itl_ms, on the engine's clock: from the previous
+--   token's emission to this token's emission, which is the end of the engine step that
+--   produced it) joined to that engine step (view engine_steps, on clock domain and step):
+--   the step's time, what it held (batch_size, scheduled_tokens, the co-scheduled
+--   prefill_tokens and their bucket 0 / 1-128 / 129-1024 / >1024), the sequences waiting and
+--   the KV blocks in use. steps_in_gap = 1 when the sequence ran in consecutive steps;
+--   between_steps_ms + step_ms = itl_ms. A request with G generated tokens has G - 1 rows
+--   (a final stop token included: these are engine gaps, not the visible chunks of
+--   queries/itl.sql). Step columns of a gap without step data (traces from --engine
+--   sequential) are NULL with null_reason (never 0); so is itl_ms when the previous token's
+--   span is missing. Ordered by trace, request span, token.
+-- param: $trace_id VARCHAR default NULL -- only requests of this trace (32 lowercase hex); NULL = all
+-- param: $clock_domain VARCHAR default NULL -- only gaps of this clock domain (the engine's); NULL = all
+-- units: *_ns nanoseconds since the Unix epoch on the engine's clock; *_ms milliseconds;
+--   token_index and decode_step counts (token n = k + 1 comes from decode step k); step an
+--   engine step id; batch_size and waiting sequences; *_tokens tokens; kv_blocks_* KV blocks.
+SELECT
+    trace_id,
+    request_span_id,
+    clock_domain,
+    token_index,
+    decode_step,
+    prev_emit_ns,
+    emit_ns,
+    itl_ms,
+    step,
+    steps_in_gap,
+    between_steps_ms,
+    step_ms,
+    batch_size,
+    scheduled_tokens,
+    prefill_tokens,
+    prefill_tokens_bucket,
+    waiting,
+    kv_blocks_used,
+    kv_blocks_total,
+    null_reason
+FROM request_step_gaps
+WHERE ($trace_id IS NULL OR trace_id = $trace_id)
+  AND ($clock_domain IS NULL OR clock_domain = $clock_domain)
+ORDER BY trace_id, request_span_id, token_index;

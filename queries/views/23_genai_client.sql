@@ -1,0 +1,229 @@
+-- Adapter: GenAI CLIENT spans written by other instrumentations -> client-perspective request
+-- rows (docs/adapters.md). Any CLIENT span that carries gen_ai.operation.name (chat,
+-- text_completion, generate_content, ...) or OpenLLMetry's older llm.request.type is one
+-- client-perspective request, whatever instrumentation wrote it; source names the family:
+--   'openai-v2'   official opentelemetry-instrumentation-openai-v2 (2.4b0 with
+--                 opentelemetry-util-genai 1.1b0: scope opentelemetry.util.genai.handler;
+--                 earlier releases: opentelemetry.instrumentation.openai_v2): span
+--                 `chat {model}`, gen_ai.operation.name, gen_ai.request.model,
+--                 gen_ai.response.id, gen_ai.usage.input_tokens / output_tokens,
+--                 gen_ai.response.finish_reasons (non-streaming only), error.type on failures;
+--                 NO chunk events and no streaming flag.
+--   'openllmetry' traceloop's opentelemetry-instrumentation-openai (scope
+--                 opentelemetry.instrumentation.openai.v1 / .v0): span `openai.chat` /
+--                 `openai.completion`; 0.62.4 writes gen_ai.operation.name, gen_ai.is_streaming,
+--                 gen_ai.response.finish_reasons and one gen_ai.content.completion.chunk event
+--                 per received chunk, and no llm.request.type; older releases wrote
+--                 llm.request.type, llm.is_streaming, gen_ai.usage.prompt_tokens /
+--                 completion_tokens and llm.content.completion.chunk / gen_ai.completion.chunk.
+--   'genai'       any other producer of that shape.
+-- Facts: s = the CLIENT span's start; f / e = first / last chunk event where the producer
+-- writes them (events carry no content or visibility, so every chunk counts: a role-only first
+-- chunk makes f early; flagged); a response known to be non-streamed (is_streaming false)
+-- arrived whole: f = e = the span's end; otherwise f / e NULL with the reason. Usage from the
+-- current and the deprecated GenAI names, then from the server span below.
+-- The server request below: the nearest SERVER span under the client span in the same trace,
+-- through up to two intermediate spans (httpx / aiohttp `POST` CLIENT spans): the tokentrace
+-- gateway, vLLM's llm_request, ... . The row's request_span_id is that span's id (the request
+-- the server adapter reports, so both perspectives are one request in window.sql), else the
+-- client span's own id.
+-- Signature: kind = 'CLIENT' AND (attr gen_ai.operation.name OR llm.request.type) AND not our
+-- scope (tokentrace's own CLIENT spans are 10_tokentrace_contract.sql's).
+-- keep: genai_client_request_spans
+
+CREATE OR REPLACE VIEW genai_client_request_spans AS
+WITH client AS (
+    SELECT trace_id, span_id, start_ns, end_ns, clock_domain, status_code, dropped_events_count,
+           scope_name, attr_str, attr_int, attr_bool, attr_json
+    FROM spans
+    WHERE kind = 'CLIENT'
+      AND (attr_str['gen_ai.operation.name'] IS NOT NULL OR attr_str['llm.request.type'] IS NOT NULL)
+      AND coalesce(scope_name, '') <> 'tokentrace'
+),
+-- spans up to three levels below each client span (one equality join per level; with no
+-- client span the joins have an empty build side and read nothing)
+hop1 AS (
+    SELECT c.trace_id, c.span_id AS client_span_id, x.span_id, x.kind, 1 AS depth
+    FROM client c JOIN spans x ON x.trace_id = c.trace_id AND x.parent_span_id = c.span_id
+),
+hop2 AS (
+    SELECT h.trace_id, h.client_span_id, x.span_id, x.kind, 2 AS depth
+    FROM hop1 h JOIN spans x ON x.trace_id = h.trace_id AND x.parent_span_id = h.span_id
+    WHERE h.kind <> 'SERVER'
+),
+hop3 AS (
+    SELECT h.trace_id, h.client_span_id, x.span_id, x.kind, 3 AS depth
+    FROM hop2 h JOIN spans x ON x.trace_id = h.trace_id AND x.parent_span_id = h.span_id
+    WHERE h.kind <> 'SERVER'
+),
+below AS (
+    SELECT trace_id, client_span_id, span_id, depth FROM hop1 WHERE kind = 'SERVER'
+    UNION ALL
+    SELECT trace_id, client_span_id, span_id, depth FROM hop2 WHERE kind = 'SERVER'
+    UNION ALL
+    SELECT trace_id, client_span_id, span_id, depth FROM hop3 WHERE kind = 'SERVER'
+),
+nearest AS (
+    SELECT trace_id, client_span_id, span_id, depth,
+           row_number() OVER (PARTITION BY trace_id, client_span_id ORDER BY depth, span_id) AS pick
+    FROM below
+)
+SELECT
+    CASE WHEN c.attr_str['llm.request.type'] IS NOT NULL
+              OR c.scope_name LIKE 'opentelemetry.instrumentation.openai.v%' THEN 'openllmetry'
+         WHEN c.scope_name = 'opentelemetry.util.genai.handler'
+              OR c.scope_name LIKE 'opentelemetry.instrumentation.openai_v2%' THEN 'openai-v2'
+         ELSE 'genai' END AS source,
+    c.trace_id,
+    c.span_id,
+    coalesce(n.span_id, c.span_id) AS request_span_id,
+    n.span_id AS server_span_id,
+    n.depth AS server_depth,
+    c.start_ns,
+    c.end_ns,
+    c.clock_domain,
+    c.status_code,
+    c.dropped_events_count,
+    coalesce(c.attr_bool['gen_ai.is_streaming'], c.attr_bool['llm.is_streaming']) AS is_streaming,
+    c.attr_str['error.type'] AS error_type,
+    c.attr_str['gen_ai.response.id'] AS response_id,
+    c.attr_int['gen_ai.usage.input_tokens'] AS input_tokens_new,
+    c.attr_int['gen_ai.usage.prompt_tokens'] AS input_tokens_old,
+    c.attr_int['gen_ai.usage.output_tokens'] AS output_tokens_new,
+    c.attr_int['gen_ai.usage.completion_tokens'] AS output_tokens_old,
+    coalesce(json_extract_string(c.attr_json['gen_ai.response.finish_reasons'], '$[0]'),
+             json_extract_string(c.attr_str['gen_ai.response.finish_reasons'], '$[0]'),
+             c.attr_str['gen_ai.completion.0.finish_reason'],
+             c.attr_str['llm.response.finish_reason']) AS finish_reason
+FROM client c
+LEFT JOIN nearest n ON n.trace_id = c.trace_id AND n.client_span_id = c.span_id AND n.pick = 1;
+
+CREATE OR REPLACE VIEW genai_client_request_chunks AS
+SELECT r.trace_id, r.request_span_id, 'client' AS perspective, r.source,
+       CAST(row_number() OVER (PARTITION BY r.trace_id, r.span_id ORDER BY e.time_ns, e.event_index) - 1
+            AS BIGINT) AS chunk_index,
+       e.time_ns,
+       CAST(1 AS BIGINT) AS chunk_tokens,
+       r.dropped_events_count AS events_dropped
+FROM genai_client_request_spans r
+JOIN span_events e ON e.trace_id = r.trace_id AND e.span_id = r.span_id
+WHERE e.name IN ('gen_ai.content.completion.chunk', 'gen_ai.completion.chunk', 'llm.content.completion.chunk');
+
+CREATE OR REPLACE VIEW genai_client_request_facts AS
+WITH ch AS (
+    SELECT trace_id, request_span_id, source, min(time_ns) AS first_ns, max(time_ns) AS last_ns,
+           count(*) AS chunks
+    FROM genai_client_request_chunks
+    GROUP BY trace_id, request_span_id, source
+),
+server AS (
+    SELECT r.trace_id, r.span_id AS client_span_id, x.start_ns, x.end_ns, x.clock_domain, x.status_code,
+           x.name, x.scope_name,
+           coalesce(x.attr_int['gen_ai.usage.input_tokens'], x.attr_int['gen_ai.usage.prompt_tokens']) AS input_tokens,
+           x.attr_int['gen_ai.usage.output_tokens'] AS output_tokens_new,
+           x.attr_int['gen_ai.usage.completion_tokens'] AS output_tokens_old,
+           coalesce(json_extract_string(x.attr_json['gen_ai.response.finish_reasons'], '$[0]'),
+                    json_extract_string(x.attr_str['gen_ai.response.finish_reasons'], '$[0]')) AS finish_reason,
+           x.attr_str['error.type'] AS error_type,
+           coalesce(x.attr_str['gen_ai.response.id'], x.attr_str['gen_ai.request.id']) AS response_id,
+           x.attr_str['tokentrace.client_request_id'] AS client_request_id
+    FROM genai_client_request_spans r
+    JOIN spans x ON x.trace_id = r.trace_id AND x.span_id = r.server_span_id
+),
+facts AS (
+    SELECT
+        r.*,
+        sv.start_ns AS sv_start_ns, sv.end_ns AS sv_end_ns, sv.clock_domain AS sv_clock_domain,
+        sv.status_code AS sv_status_code, sv.name AS sv_name, sv.scope_name AS sv_scope,
+        sv.response_id AS sv_response_id, sv.client_request_id AS sv_client_request_id,
+        sv.finish_reason AS sv_finish_reason, sv.error_type AS sv_error_type,
+        coalesce(r.input_tokens_new, r.input_tokens_old, sv.input_tokens) AS input_tokens,
+        coalesce(r.output_tokens_new, r.output_tokens_old, sv.output_tokens_new, sv.output_tokens_old,
+                 CASE WHEN r.dropped_events_count = 0 THEN ch.chunks END) AS output_tokens,
+        CASE WHEN r.output_tokens_new IS NOT NULL THEN 'gen_ai.usage.output_tokens'
+             WHEN r.output_tokens_old IS NOT NULL THEN 'gen_ai.usage.completion_tokens'
+             WHEN sv.output_tokens_new IS NOT NULL THEN 'gen_ai.usage.output_tokens (server span)'
+             WHEN sv.output_tokens_old IS NOT NULL THEN 'gen_ai.usage.completion_tokens (server span)'
+             WHEN r.dropped_events_count = 0 AND ch.chunks IS NOT NULL THEN 'chunk events (one token each)'
+        END AS output_tokens_basis,
+        ch.first_ns, ch.last_ns, ch.chunks,
+        -- f / e: chunk events; a non-streamed response (is_streaming false) arrived whole at the end
+        CASE WHEN r.dropped_events_count > 0 THEN NULL
+             WHEN ch.first_ns IS NOT NULL THEN ch.first_ns
+             WHEN r.is_streaming = false AND r.status_code <> 'ERROR' THEN r.end_ns END AS f_ns,
+        CASE WHEN r.dropped_events_count > 0 THEN NULL
+             WHEN ch.last_ns IS NOT NULL THEN ch.last_ns
+             WHEN r.is_streaming = false AND r.status_code <> 'ERROR' THEN r.end_ns END AS e_ns
+    FROM genai_client_request_spans r
+    LEFT JOIN server sv ON sv.trace_id = r.trace_id AND sv.client_span_id = r.span_id
+    LEFT JOIN ch ON ch.trace_id = r.trace_id AND ch.request_span_id = r.request_span_id AND ch.source = r.source
+)
+SELECT
+    r.source,
+    'client' AS perspective,
+    r.trace_id,
+    r.request_span_id,
+    r.span_id AS perspective_span_id,
+    r.server_span_id,
+    r.span_id AS client_span_id,
+    r.clock_domain,
+    r.sv_clock_domain AS server_clock_domain,
+    r.clock_domain AS client_clock_domain,
+    r.start_ns AS s_ns,
+    r.f_ns,
+    r.e_ns,
+    r.end_ns,
+    r.input_tokens,
+    r.output_tokens,
+    CAST(NULL AS BIGINT) AS generated_tokens,
+    coalesce(r.chunks, CAST(0 AS BIGINT)) AS visible_chunks,
+    r.chunks AS visible_chunk_tokens,
+    coalesce(r.finish_reason, r.sv_finish_reason) AS finish_reason,
+    r.status_code,
+    r.sv_status_code AS server_status_code,
+    coalesce(r.error_type, r.sv_error_type) AS error_type,
+    r.sv_start_ns AS server_start_ns,
+    r.sv_end_ns AS server_end_ns,
+    r.start_ns AS client_start_ns,
+    r.end_ns AS client_end_ns,
+    CAST(NULL AS BIGINT) AS server_first_chunk_ns,
+    r.f_ns AS client_first_chunk_ns,
+    CAST(NULL AS BIGINT) AS tokenize_start_ns,
+    CAST(NULL AS BIGINT) AS tokenize_end_ns,
+    CAST(NULL AS BIGINT) AS queue_start_ns,
+    CAST(NULL AS BIGINT) AS queue_end_ns,
+    CAST(NULL AS BIGINT) AS prefill_start_ns,
+    CAST(NULL AS BIGINT) AS prefill_end_ns,
+    CAST(NULL AS BIGINT) AS kv_bytes_per_token,
+    CAST(NULL AS BIGINT) AS prompt_kv_bytes,
+    CAST(NULL AS BIGINT) AS stop_kv_bytes,
+    CAST(NULL AS VARCHAR) AS kv_layout,
+    CAST(0 AS BIGINT) AS decode_spans,
+    false AS synthetic,
+    coalesce(r.response_id, r.sv_response_id) AS response_id,
+    r.sv_client_request_id AS client_request_id,
+    CASE
+        WHEN r.server_span_id IS NULL THEN
+            r.source || ': no server span below the client span in this trace (no traceparent sent, or the '
+            || 'server is not traced): client_request_id unknown'
+            || CASE WHEN r.response_id IS NULL THEN '; no gen_ai.response.id (the request failed)' ELSE '' END
+        WHEN r.sv_client_request_id IS NULL THEN
+            r.source || ': client_request_id NULL: the server span below (' || r.sv_name
+            || ') carries no tokentrace.client_request_id'
+    END AS request_id_note,
+    r.output_tokens_basis,
+    CASE
+        WHEN r.dropped_events_count > 0 THEN
+            'f/e unknown: ' || CAST(r.dropped_events_count AS VARCHAR) || ' events dropped by the span event limit'
+        WHEN r.first_ns IS NULL AND r.status_code = 'ERROR' THEN
+            r.source || ': the request failed (' || coalesce(r.error_type, 'status ERROR') || '): no output, f/e unknown'
+        WHEN r.first_ns IS NULL AND r.is_streaming = false THEN
+            r.source || ': non-streamed response: f = e = the client span''s end (the response arrived whole)'
+        WHEN r.first_ns IS NULL THEN
+            r.source || ': no chunk events'
+            || CASE WHEN r.source = 'openai-v2' THEN ' (openai-v2 writes none)' ELSE '' END
+            || ': f/e unknown (ttft, e2e, tpot, itl NULL); s and the span end are the client''s'
+        ELSE r.source || ': every received chunk event counts as visible (events carry no content): '
+             || 'a role-only first chunk makes f early'
+    END AS null_reason
+FROM facts r;

@@ -1,0 +1,171 @@
+-- Engine steps under continuous batching (docs/spans.md, "Under continuous batching"):
+-- one row per `engine_step` span, the request spans that name each step, and every
+-- generated token's gap joined to the engine step that produced it. Read by
+-- queries/steps.sql, steps_summary.sql, stalls.sql, stalls_groups.sql, stalls_slowest.sql
+-- and the report. Reads `spans` only (no request view): installed with the adapters.
+-- A step is named by (clock_domain, step): step ids are unique within one engine process,
+-- and the process's resource names the clock domain. Traces from the sequential engine
+-- have no `engine_step` span and no step attribute on their request spans: every step
+-- column of their gaps is NULL with a reason (never 0).
+
+-- The co-scheduled prefill token buckets of docs/metrics.md ("Engine steps and stalls"), one place:
+-- bucket_order 1..4, inclusive bounds in tokens, max_tokens NULL = no upper bound.
+CREATE OR REPLACE VIEW prefill_token_buckets AS
+SELECT * FROM (VALUES (1, '0', 0, 0), (2, '1-128', 1, 128), (3, '129-1024', 129, 1024), (4, '>1024', 1025, NULL))
+    AS b (bucket_order, bucket, min_tokens, max_tokens);
+
+-- Buckets of the tokens scheduled in one step (prefill chunks + 1 per decoding sequence).
+CREATE OR REPLACE VIEW scheduled_token_buckets AS
+SELECT * FROM (VALUES (1, '1-16', 1, 16), (2, '17-128', 17, 128), (3, '129-1024', 129, 1024), (4, '>1024', 1025, NULL))
+    AS b (bucket_order, bucket, min_tokens, max_tokens);
+
+-- One row per engine_step span. step_spans counts the engine_step spans that carry the same
+-- (clock_domain, step): 1, unless two engine processes shared one service.instance.id;
+-- the gap view below joins only steps with step_spans = 1 (an ambiguous step is NULL with
+-- a reason there, never joined twice).
+CREATE OR REPLACE VIEW engine_steps AS
+WITH step_spans AS (
+    SELECT clock_domain, trace_id, span_id, parent_span_id, start_ns, end_ns,
+           attr_int['tokentrace.engine.step'] AS step,
+           attr_int['tokentrace.engine.schedule_ns'] AS schedule_ns,
+           attr_int['tokentrace.device_ns'] AS device_ns,
+           attr_int['tokentrace.batch.size'] AS batch_size,
+           attr_int['tokentrace.batch.tokens'] AS scheduled_tokens,
+           attr_int['tokentrace.batch.prefill_tokens'] AS prefill_tokens,
+           attr_int['tokentrace.batch.waiting'] AS waiting,
+           attr_int['tokentrace.kv.blocks_used'] AS kv_blocks_used,
+           attr_int['tokentrace.kv.blocks_total'] AS kv_blocks_total,
+           attr_int['tokentrace.kv.block_tokens'] AS kv_block_tokens
+    FROM spans
+    WHERE scope_name = 'tokentrace' AND name = 'engine_step'
+)
+SELECT
+    s.clock_domain,
+    s.step,
+    s.start_ns,
+    s.end_ns,
+    (s.end_ns - s.start_ns) / 1e6 AS step_ms,
+    s.schedule_ns / 1e6 AS schedule_ms,
+    (s.end_ns - s.start_ns - s.schedule_ns) / 1e6 AS execute_ms,
+    s.device_ns / 1e6 AS device_ms,
+    s.batch_size,
+    s.scheduled_tokens,
+    s.prefill_tokens,
+    s.scheduled_tokens - s.prefill_tokens AS decode_tokens,
+    p.bucket AS prefill_tokens_bucket,
+    p.bucket_order AS prefill_bucket_order,
+    q.bucket AS scheduled_tokens_bucket,
+    q.bucket_order AS scheduled_bucket_order,
+    s.waiting,
+    s.kv_blocks_used,
+    s.kv_blocks_total,
+    s.kv_block_tokens,
+    CASE WHEN s.kv_blocks_total > 0 THEN s.kv_blocks_used / s.kv_blocks_total END AS kv_used_fraction,
+    count(*) OVER (PARTITION BY s.clock_domain, s.step) AS step_spans,
+    s.trace_id,
+    s.span_id,
+    s.parent_span_id AS engine_span_id
+FROM step_spans s
+LEFT JOIN prefill_token_buckets p
+  ON s.prefill_tokens >= p.min_tokens AND (p.max_tokens IS NULL OR s.prefill_tokens <= p.max_tokens)
+LEFT JOIN scheduled_token_buckets q
+  ON s.scheduled_tokens >= q.min_tokens AND (q.max_tokens IS NULL OR s.scheduled_tokens <= q.max_tokens);
+
+-- The request spans that name an engine step: one row per prefill chunk (tokens = the
+-- chunk's prompt tokens) and per decode span (tokens = 1), with the request (the span's
+-- parent: the gateway span, or a root generate span) it belongs to. O(batch) rows per step.
+CREATE OR REPLACE VIEW engine_step_requests AS
+SELECT clock_domain, attr_int['tokentrace.engine.step'] AS step, trace_id, parent_span_id AS request_span_id, span_id,
+       'prefill' AS phase, attr_int['tokentrace.prefill.tokens'] AS tokens,
+       attr_int['tokentrace.prefill.chunk'] AS prefill_chunk, CAST(NULL AS BIGINT) AS decode_step, start_ns, end_ns
+FROM spans
+WHERE scope_name = 'tokentrace' AND name = 'prefill' AND attr_int['tokentrace.engine.step'] IS NOT NULL
+UNION ALL
+SELECT clock_domain, attr_int['tokentrace.engine.step'] AS step, trace_id, parent_span_id AS request_span_id, span_id,
+       'decode' AS phase, 1 AS tokens, CAST(NULL AS BIGINT) AS prefill_chunk, attr_int['tokentrace.step'] AS decode_step,
+       start_ns, end_ns
+FROM spans
+WHERE scope_name = 'tokentrace' AND name = 'decode' AND attr_int['tokentrace.engine.step'] IS NOT NULL;
+
+-- Every generated token after the first, per request, on the engine's clock: token n's
+-- emission is the end of the span that produced it (n = 1: the request's last prefill
+-- chunk; n = k + 1: decode step k, whose end is the end of its engine step). The gap before
+-- token n (itl_ms) ends at its emission, so it maps to exactly one engine step: the one its
+-- decode span names (tokentrace.engine.step), joined on (clock_domain, step). A request
+-- with G generated tokens has G - 1 rows (the final stop token included). steps_in_gap =
+-- this step - the step of the previous token (1 when the sequence ran in consecutive
+-- steps); between_steps_ms = the step's start - the previous emission (loop time between
+-- the steps); itl_ms = between_steps_ms + step_ms when the emission is the step's end.
+CREATE OR REPLACE VIEW request_step_gaps AS
+WITH emissions AS (
+    SELECT trace_id, parent_span_id AS request_span_id, max(clock_domain) AS clock_domain, 1 AS token_index,
+           max(end_ns) AS emit_ns, arg_max(attr_int['tokentrace.engine.step'], end_ns) AS step
+    FROM spans
+    WHERE scope_name = 'tokentrace' AND name = 'prefill'
+    GROUP BY trace_id, parent_span_id
+    UNION ALL
+    SELECT trace_id, parent_span_id AS request_span_id, clock_domain, attr_int['tokentrace.step'] + 1 AS token_index,
+           end_ns AS emit_ns, attr_int['tokentrace.engine.step'] AS step
+    FROM spans
+    WHERE scope_name = 'tokentrace' AND name = 'decode'
+),
+ordered AS (
+    SELECT e.*,
+           lag(e.token_index) OVER w AS prev_token_index,
+           lag(e.emit_ns) OVER w AS prev_emit_ns,
+           lag(e.step) OVER w AS prev_step
+    FROM emissions e
+    WINDOW w AS (PARTITION BY e.trace_id, e.request_span_id ORDER BY e.token_index, e.emit_ns)
+),
+ambiguous AS (
+    SELECT DISTINCT clock_domain, step FROM engine_steps WHERE step_spans > 1
+),
+joined AS (
+    SELECT
+        o.trace_id,
+        o.request_span_id,
+        o.clock_domain,
+        o.token_index,
+        o.token_index - 1 AS decode_step,
+        CASE WHEN o.prev_token_index = o.token_index - 1 THEN o.prev_emit_ns END AS prev_emit_ns,
+        o.emit_ns,
+        CASE WHEN o.prev_token_index = o.token_index - 1 THEN (o.emit_ns - o.prev_emit_ns) / 1e6 END AS itl_ms,
+        o.step,
+        CASE WHEN o.prev_token_index = o.token_index - 1 THEN o.prev_step END AS prev_step,
+        CASE WHEN o.prev_token_index = o.token_index - 1 THEN o.step - o.prev_step END AS steps_in_gap,
+        CASE WHEN o.prev_token_index = o.token_index - 1 THEN (s.start_ns - o.prev_emit_ns) / 1e6 END AS between_steps_ms,
+        s.step_ms,
+        s.batch_size,
+        s.scheduled_tokens,
+        s.prefill_tokens,
+        s.prefill_tokens_bucket,
+        s.prefill_bucket_order,
+        s.waiting,
+        s.kv_blocks_used,
+        s.kv_blocks_total,
+        CASE
+            WHEN o.step IS NULL THEN
+                'no step data: the decode span carries no tokentrace.engine.step (not traced by the continuous engine, e.g. --engine sequential)'
+            WHEN a.step IS NOT NULL THEN
+                'step id ambiguous: several engine_step spans carry it in this clock domain (two engines with one service.instance.id?)'
+            WHEN s.step IS NULL THEN
+                'no engine_step span with this step id in the clock domain (engine traces not exported or not loaded)'
+        END AS step_null_reason,
+        CASE
+            WHEN o.prev_token_index IS NULL THEN 'gap unknown: the request has no prefill span (token 1 emission unknown)'
+            WHEN o.prev_token_index <> o.token_index - 1 THEN
+                'gap unknown: the previous token''s decode span is missing (decode_spans every:N, or spans lost)'
+        END AS itl_null_reason
+    FROM ordered o
+    LEFT JOIN ambiguous a ON a.clock_domain = o.clock_domain AND a.step = o.step
+    LEFT JOIN engine_steps s ON s.clock_domain = o.clock_domain AND s.step = o.step AND s.step_spans = 1
+    WHERE o.token_index > 1
+)
+SELECT
+    *,
+    CASE
+        WHEN itl_null_reason IS NULL THEN step_null_reason
+        WHEN step_null_reason IS NULL THEN itl_null_reason
+        ELSE itl_null_reason || '; ' || step_null_reason
+    END AS null_reason
+FROM joined;
