@@ -14,12 +14,13 @@ torch/FastAPI are imported inside :func:`run_demo` only.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["DEMO_PROMPTS", "DemoOptions", "DemoResult", "REQUEST_COLUMNS", "REQUEST_ID_CHARS", "StepLog", "model_step",
+__all__ = ["DEMO_PROMPTS", "DemoOptions", "DemoResult", "DemoStopped", "REQUEST_COLUMNS", "REQUEST_ID_CHARS", "StepLog", "model_step",
            "run_demo", "summary_queries", "with_short_request_id"]
 
 DEMO_PROMPTS = (
@@ -51,6 +52,7 @@ class DemoOptions:
     max_tokens: int = 48
     clock_offset_ms: float = 0.0
     seed: int = 0
+    shutdown_grace_s: float = 5.0  # on SIGINT/SIGTERM: s the requests in flight get to finish
     say_steps: bool = True  # one line per step on stderr, with the time since the demo started
 
 
@@ -67,6 +69,20 @@ class DemoResult:
     spans_loaded: int = 0
     report_path: Path | None = None
     queries: dict[str, Any] = field(default_factory=dict)  # name -> analyzer.queries.QueryResult
+
+
+class DemoStopped(Exception):
+    """SIGINT or SIGTERM stopped the demo before it loaded the spans. ``signal_name``:
+    ``SIGINT`` | ``SIGTERM``; ``sent``/``total``: requests sent (including the seed) and planned;
+    ``summary``: :func:`instrument.shutdown.export_summary` of both span files' exporters."""
+
+    def __init__(self, signal_name: str, sent: int, total: int, summary: str, paths: list[Path]) -> None:
+        self.signal_name, self.sent, self.total, self.summary, self.paths = signal_name, sent, total, summary, paths
+        super().__init__(f"stopped on {signal_name} after sending {sent} of {total} requests; {summary}")
+
+
+class _StopBeforeSending(Exception):
+    """Raised by the signal handler while the model loads (nothing is sent yet)."""
 
 
 ProgressFn = Callable[[str, int, int], None]  # (stage description, done, total)
@@ -155,45 +171,68 @@ def run_demo(options: DemoOptions, progress: ProgressFn | None = None) -> DemoRe
     from instrument.gateway.app import GatewaySettings, create_app
     from instrument.gateway.server import ServerThread
     from instrument.model_handle import load_model_handle
+    from instrument.shutdown import StopSignals, export_summary, shutdown_tracing
 
     report = progress or (lambda _stage, _done, _total: None)
     server_path, client_path, db_path = out / "server-spans.jsonl", out / "client-spans.jsonl", out / "traces.duckdb"
     _fresh([server_path, client_path, db_path, out / "report.html"])  # no stale report when matplotlib is gone
     server_provider = local_tracer_provider("tokentrace-gateway", json_path=str(server_path))
     client_provider = local_tracer_provider("tokentrace-client", json_path=str(client_path))
-
-    say("importing torch and transformers; " + model_step(options.model))
-    report(f"loading model {options.model}", 0, 1)
-    handle = load_model_handle(options.model)
-    report(f"loading model {options.model}", 1, 1)
-    settings = GatewaySettings(max_tokens_limit=max(1024, options.max_tokens))
-    offset_ns = round(options.clock_offset_ms * 1e6)
     total = 1 + options.load_requests
     done = [0]
+    stop = threading.Event()
+    sending = [False]
+
+    def on_stop(_name: str) -> None:
+        # SIGINT/SIGTERM (docker stop): while the model loads nothing is sent yet, so stop at
+        # once; while sending, send nothing more and give the requests in flight the grace.
+        stop.set()
+        if not sending[0]:
+            raise _StopBeforeSending
 
     def counted(_result: Any) -> None:
         done[0] += 1
         report("requests", done[0], total)
 
-    app = create_app(handle, server_provider, settings)
-    with ServerThread(app) as server:
-        say(f"serving {handle.model_id} at {server.url} (the traced gateway, in this process)")
-        say(f"sending the seed request, then {options.load_requests} more at concurrency "
-            f"{max(1, options.concurrency)} (max_tokens {options.max_tokens})")
-        report("requests", 0, total)
-        seed_results = run_load_sync(
-            server.url, lambda _i: chat_body(handle.model_id, SEED_PROMPT, max_tokens=options.max_tokens),
-            requests=1, concurrency=1, tracer_provider=client_provider, clock_offset_ns=offset_ns, on_result=counted,
-        )
-        load_results = run_load_sync(
-            server.url,
-            lambda i: chat_body(handle.model_id, DEMO_PROMPTS[i % len(DEMO_PROMPTS)], max_tokens=options.max_tokens),
-            requests=options.load_requests, concurrency=max(1, options.concurrency), tracer_provider=client_provider,
-            clock_offset_ns=offset_ns, seed=options.seed, on_result=counted,
-        ) if options.load_requests else []
-        url = server.url
-    server_provider.shutdown()  # flushes the OTLP-JSON lines files
-    client_provider.shutdown()
+    seed_results: list[Any] = []
+    load_results: list[Any] = []
+    url = ""
+    with StopSignals(on_stop) as signals:
+        try:
+            say("importing torch and transformers; " + model_step(options.model))
+            report(f"loading model {options.model}", 0, 1)
+            handle = load_model_handle(options.model)
+            report(f"loading model {options.model}", 1, 1)
+            settings = GatewaySettings(max_tokens_limit=max(1024, options.max_tokens))
+            offset_ns = round(options.clock_offset_ms * 1e6)
+            app = create_app(handle, server_provider, settings)
+            with ServerThread(app) as server:
+                url = server.url
+                say(f"serving {handle.model_id} at {server.url} (the traced gateway, in this process)")
+                say(f"sending the seed request, then {options.load_requests} more at concurrency "
+                    f"{max(1, options.concurrency)} (max_tokens {options.max_tokens})")
+                report("requests", 0, total)
+                sending[0] = True
+                seed_results = run_load_sync(
+                    server.url, lambda _i: chat_body(handle.model_id, SEED_PROMPT, max_tokens=options.max_tokens),
+                    requests=1, concurrency=1, tracer_provider=client_provider, clock_offset_ns=offset_ns,
+                    on_result=counted, stop=stop, grace_s=options.shutdown_grace_s,
+                )
+                load_results = run_load_sync(
+                    server.url,
+                    lambda i: chat_body(handle.model_id, DEMO_PROMPTS[i % len(DEMO_PROMPTS)],
+                                        max_tokens=options.max_tokens),
+                    requests=options.load_requests, concurrency=max(1, options.concurrency),
+                    tracer_provider=client_provider, clock_offset_ns=offset_ns, seed=options.seed,
+                    on_result=counted, stop=stop, grace_s=options.shutdown_grace_s,
+                ) if options.load_requests and not stop.is_set() else []
+        except _StopBeforeSending:
+            pass
+        # flushes the OTLP-JSON lines files; bounded, so a stop signal never waits forever
+        counts = shutdown_tracing(server_provider, timeout_s=10.0) + shutdown_tracing(client_provider, timeout_s=10.0)
+    if signals.received:
+        raise DemoStopped(signals.received, len(seed_results) + len(load_results), total, export_summary(counts),
+                          [client_path, server_path])
     completed = sum(1 for r in seed_results + load_results if getattr(r, "completed", False))
     say(f"sent {total} requests, {completed} completed; spans written to {client_path.name} and {server_path.name}")
 

@@ -70,9 +70,11 @@ def _progress(quiet: bool) -> Iterator[Any]:
               help="max_tokens of every request.")
 @click.option("--clock-offset-ms", type=float, default=0.0, show_default=True,
               help="Shift the client's timestamps by this many ms (a skewed client clock).")
+@click.option("--shutdown-grace-s", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              help="On SIGINT/SIGTERM: seconds the requests in flight get to finish before they are cancelled.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress display.")
 def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int, concurrency: int, max_tokens: int,
-                 clock_offset_ms: float, quiet: bool) -> None:
+                 clock_offset_ms: float, shutdown_grace_s: float, quiet: bool) -> None:
     """Serve a model through the traced gateway, send the seed's request and a small load, and
     analyze every span, offline.
 
@@ -83,13 +85,19 @@ def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int
     into DIR/traces.duckdb, summarized by the metric queries, and drawn in DIR/report.html
     (with the report extra, matplotlib, installed).
 
+    SIGINT or SIGTERM (docker stop) stops it before the load: no more requests are sent, those
+    in flight get --shutdown-grace-s, both span files are flushed, and one line gives the
+    export counts (exit status 130 / 143); `tokentrace load` reads the files as they are.
+
     \b
     Example:
       tokentrace demo
       tokentrace demo --tiny --out /tmp/tt --requests 4 --max-tokens 16
       tokentrace requests --db tokentrace-demo/traces.duckdb
     """
-    from analyzer.demo import REQUEST_COLUMNS, DemoOptions, run_demo
+    import signal
+
+    from analyzer.demo import REQUEST_COLUMNS, DemoOptions, DemoStopped, run_demo
     from analyzer.load import LoadError
 
     if tiny and model not in (None, "tiny"):
@@ -103,12 +111,18 @@ def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int
         except ImportError:
             pass
     options = DemoOptions(out_dir=Path(out_dir), model=spec, load_requests=load_requests, concurrency=concurrency,
-                          max_tokens=max_tokens, clock_offset_ms=clock_offset_ms, say_steps=not quiet)
+                          max_tokens=max_tokens, clock_offset_ms=clock_offset_ms, say_steps=not quiet,
+                          shutdown_grace_s=shutdown_grace_s)
     try:
         with _progress(quiet) as progress:
             result = run_demo(options, progress)
     except (ValueError, OSError, LoadError) as exc:  # bad --model, missing package, unwritable --out
         raise UserError(f"demo: {exc}") from None
+    except DemoStopped as stopped:
+        files = " ".join(str(p) for p in stopped.paths)
+        hint = f"; load what was written: tokentrace load {files} --db DB" if stopped.sent else ""
+        click.echo(f"tokentrace demo: {stopped}{hint}", err=True)
+        sys.exit(128 + signal.Signals[stopped.signal_name].value)
     ok = sum(1 for r in result.client_results if r.completed)
     click.echo(f"tokentrace demo: {result.model_id} served at {result.url}; {len(result.client_results)} requests "
                f"sent, {ok} completed; {result.spans_loaded} spans loaded")

@@ -1,0 +1,87 @@
+"""SIGTERM stops ``tokentrace demo`` like SIGINT: nothing more is sent, the requests in flight
+finish within the grace, both OTLP-JSON span files are flushed, and one line gives the counts.
+
+A real subprocess (the demo serves the tiny model on 127.0.0.1 in its own process); the span
+files are written by the SDK's batch processor, so at the signal most spans are still queued.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import re
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from collect_fixtures import TOKENTRACE
+
+pytest.importorskip("torch")
+pytest.importorskip("fastapi")
+
+START_TIMEOUT_S = 180.0
+PLANNED = 60  # load requests after the seed: far more than are sent before the signal
+
+
+def _spans(path: Path) -> list[dict]:
+    spans = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        doc = json.loads(line)
+        spans.extend(sp for rs in doc["resourceSpans"] for ss in rs["scopeSpans"] for sp in ss["spans"])
+    return spans
+
+
+def test_sigterm_while_sending_flushes_both_span_files(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    proc = subprocess.Popen(
+        [str(TOKENTRACE), "demo", "--tiny", "--out", str(out), "--requests", str(PLANNED), "--concurrency", "2",
+         "--max-tokens", "24", "--shutdown-grace-s", "30"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        for line in proc.stderr:  # type: ignore[union-attr]
+            lines.put(line)
+        lines.put("")
+
+    threading.Thread(target=read, daemon=True).start()
+    stderr: list[str] = []
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not any("sending the seed request" in line for line in stderr):
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            assert line != "", f"demo exited before sending: {''.join(stderr)}"
+            stderr.append(line)
+        time.sleep(1.5)  # a few requests done, two in flight, their spans still queued
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    while (line := lines.get(timeout=10)) != "":
+        stderr.append(line)
+    assert proc.returncode == 128 + signal.SIGTERM, "".join(stderr)
+    assert not any("Traceback" in line for line in stderr), "".join(stderr)
+    stopped = [line for line in stderr if "stopped on SIGTERM" in line]
+    assert len(stopped) == 1, "".join(stderr)
+    found = re.search(r"after sending (\d+) of (\d+) requests; spans submitted=(\d+) exported=(\d+) failed=(\d+) "
+                      r"dropped=(\d+)", stopped[0])
+    assert found, stopped[0]
+    sent, total, submitted, exported, failed, dropped = map(int, found.groups())
+    assert total == PLANNED + 1 and 1 <= sent < total
+    assert (failed, dropped) == (0, 0) and exported == submitted
+    client, server = _spans(out / "client-spans.jsonl"), _spans(out / "server-spans.jsonl")
+    assert len(client) + len(server) == exported  # every span counted is in a file
+    roots = [sp for sp in client if not sp.get("parentSpanId")]
+    assert len(roots) == sent  # one client request span per request sent, none after the signal
+    gateway = {sp["traceId"] for sp in server if sp["name"] == "gateway"}
+    ok = [sp for sp in roots
+          if any(a["key"] == "http.response.status_code" and a["value"].get("intValue") in (200, "200")
+                 for a in sp.get("attributes", []))]
+    assert ok and {sp["traceId"] for sp in ok} <= gateway  # each answered request's server trace is complete
+    assert not (out / "traces.duckdb").exists()  # stopped before the load
+    assert "tokentrace load" in stopped[0]
