@@ -138,14 +138,13 @@ SELECT 'tokentrace' AS source, perspective, trace_id, request_span_id, clock_dom
        decode_output_tokens_per_second, whole_request_output_tokens_per_second, kv_bytes_per_token, prompt_kv_bytes,
        prompt_kv_bytes / 1048576.0 AS prompt_kv_mib, stop_kv_bytes, stop_kv_bytes / 1048576.0 AS stop_kv_mib,
        synthetic, outcome,
-       CASE WHEN dropped > 0 THEN 'f/e unknown: ' || CAST(dropped AS VARCHAR) || ' events dropped by the span event limit'
-            WHEN any_first_ns IS NULL THEN 'no visible chunk events'
-            WHEN output_tokens IS NULL THEN 'output token count unknown'
-            WHEN output_tokens <= 1 THEN 'tpot_ms and decode rate need more than one output token'
-                 || CASE WHEN e_ns <= s_ns THEN '; whole-request rate needs e > s' ELSE '' END
-            WHEN e_ns <= f_ns THEN 'decode rate needs e > f'
-                 || CASE WHEN e_ns <= s_ns THEN '; whole-request rate needs e > s' ELSE '' END
-            WHEN e_ns <= s_ns THEN 'whole-request rate needs e > s' END AS null_reason
+       nullif(concat_ws('; ',
+           CASE WHEN dropped > 0 THEN 'f/e unknown: ' || CAST(dropped AS VARCHAR) || ' events dropped by the span event limit'
+                WHEN any_first_ns IS NULL THEN 'no visible chunk events' END,
+           CASE WHEN output_tokens IS NULL THEN 'output token count unknown' END,
+           CASE WHEN output_tokens <= 1 THEN 'tpot_ms and decode rate need more than one output token' END,
+           CASE WHEN output_tokens > 1 AND e_ns <= f_ns THEN 'decode rate needs e > f' END,
+           CASE WHEN e_ns <= s_ns THEN 'whole-request rate needs e > s' END), '') AS null_reason
 FROM kv
 ORDER BY s_ns, trace_id, request_span_id, perspective
 """

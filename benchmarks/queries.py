@@ -318,15 +318,21 @@ def run_pandas(directory: str) -> dict[str, Any]:
     failed = out["finish_reason"].eq("error") | out["status_code"].eq("ERROR") | req["sv_status_code"].eq("ERROR")
     out["outcome"] = np.select([out["finish_reason"].eq("cancelled"), failed], ["cancelled", "failed"], "succeeded")
     dropped = req["p_dropped_events_count"]
-    out["null_reason"] = np.select(
-        [dropped > 0, req["first_ns"].isna(), O.isna(), (O <= 1) & (e <= s), O <= 1, (e <= f) & (e <= s), e <= f,
-         e <= s],
-        ["f/e unknown: " + dropped.astype(str) + " events dropped by the span event limit", "no visible chunk events",
-         "output token count unknown",
-         "tpot_ms and decode rate need more than one output token; whole-request rate needs e > s",
-         "tpot_ms and decode rate need more than one output token",
-         "decode rate needs e > f; whole-request rate needs e > s", "decode rate needs e > f",
-         "whole-request rate needs e > s"], None)
+    # every reason that applies, joined by '; ' in the order of 90_request_metrics.sql
+    reasons = [
+        np.select([dropped > 0, req["first_ns"].isna()],
+                  ["f/e unknown: " + dropped.astype(str) + " events dropped by the span event limit",
+                   "no visible chunk events"], ""),
+        np.where(O.isna(), "output token count unknown", ""),
+        np.where(O <= 1, "tpot_ms and decode rate need more than one output token", ""),
+        np.where((O > 1) & (e <= f), "decode rate needs e > f", ""),
+        np.where(e <= s, "whole-request rate needs e > s", ""),
+    ]
+    joined = pd.Series(reasons[0], index=out.index, dtype=object)
+    for part in reasons[1:]:
+        piece = pd.Series(part, index=out.index, dtype=object)
+        joined = joined.where(piece.eq(""), joined.where(joined.eq(""), joined + "; ") + piece)
+    out["null_reason"] = joined.where(joined.ne(""), None)
     requests = out.sort_values(["s_ns", "trace_id", "request_span_id", "perspective"], ignore_index=True)
     # --- every gap. The request perspectives are numbered in (trace, request span,
     # perspective) order (request_key); chunks are sorted on integers with numpy, the gap is

@@ -43,12 +43,14 @@ def _read_verbs(db: Path) -> list[list[str]]:
     plain = "plain" in db.parent.name
     for fmt in (("table", "csv") if plain else ("table", "json", "csv")):
         verbs += [["requests", "--format", fmt], ["itl", "--format", fmt], ["phases", "--format", fmt],
-                  ["summary", "--format", fmt], ["window", "--format", fmt], ["skew", "--format", fmt]]
+                  ["summary", "--format", fmt], ["window", "--format", fmt], ["skew", "--format", fmt],
+                  ["steps", "--format", fmt], ["stalls", "--format", fmt]]
     verbs += [
         ["requests", "--trace-id", seed], ["itl", "--trace-id", seed, "--perspective", "client"],
         ["window", "--mode", "steady_state", "--slo-ttft-ms", "500"],
         ["sql", "SELECT count(*) FROM request_metrics"], ["sql", "SELECT * FROM request_gaps LIMIT 3"],
-        ["sql", "SELECT * FROM clock_pair_offsets"],
+        ["sql", "SELECT * FROM clock_pair_offsets"], ["sql", "SELECT * FROM request_step_gaps LIMIT 3"],
+        ["steps", "--section", "summary"], ["stalls", "--section", "slowest"],
         ["report", "--html", str(db.parent / "report.html")],
         ["export", "--parquet", str(db.parent / "dump")],
         ["audit", str(db.parent / "claims.yaml")],
@@ -67,7 +69,8 @@ def test_every_read_verb_leaves_the_database_byte_identical(db) -> None:
         assert "Error" not in result.stderr, (args, result.stderr)
         assert _state(db) == before, f"{args} changed the database"
         seen.add(args[0])
-    assert seen >= {"requests", "itl", "phases", "summary", "window", "skew", "sql", "report", "export", "audit"}
+    assert seen >= {"requests", "itl", "phases", "summary", "window", "skew", "steps", "stalls", "sql", "report",
+                    "export", "audit"}
     assert (db.parent / "report.html").stat().st_size > 10_000
 
 
