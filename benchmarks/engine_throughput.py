@@ -270,8 +270,13 @@ def section_startup(args: argparse.Namespace, handle: Any) -> dict[str, Any]:
                                                       use_async_batching=False, allow_block_sharing=False,
                                                       auto_switch_to_flash=False, max_memory_percent=0.9),
     }
+    unknown = set(args.startup_configs) - set(configs)
+    if unknown:
+        raise SystemExit(f"--startup-configs: unknown {sorted(unknown)}; known: {sorted(configs)}")
     out: dict[str, Any] = {}
     for name, cb in configs.items():
+        if name not in args.startup_configs:
+            continue
         config = GenerationConfig(do_sample=False, eos_token_id=-1, max_new_tokens=args.max_tokens,
                                   pad_token_id=handle.model.generation_config.pad_token_id)
         t0 = time.perf_counter()
@@ -392,6 +397,11 @@ def main() -> None:
     parser.add_argument("--requests-per-level", type=int, default=16, help="at least 2 x concurrency are sent")
     parser.add_argument("--batch", type=int, default=8, help="tracing: sequences per round")
     parser.add_argument("--rounds", type=int, default=10, help="tracing and gateway: interleaved rounds per side")
+    parser.add_argument("--startup-configs", default="transformers_defaults,tokentrace_sizing",
+                        type=lambda s: [x for x in s.split(",") if x],
+                        help="startup: which sizings to build (transformers' defaults take 60%% of free memory for "
+                             "KV plus an attention mask over the whole cache: more than a 24 GiB machine has with "
+                             "SmolLM2)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads in this process (default: torch's)")
     parser.add_argument("--switch-interval-s", type=float, default=0.0005,
                         help="tracing: sys.setswitchinterval, as tokentrace serve sets it (0.5 ms)")
