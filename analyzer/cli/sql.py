@@ -3,7 +3,9 @@
 Read-only twice over, with DuckDB's own facilities rather than by reading the SQL text:
 the statement is parsed by DuckDB (``extract_statements``) and must be one statement of
 type SELECT (``FROM``-first, ``WITH``, ``VALUES``, ``DESCRIBE``, ``SHOW``, ``SUMMARIZE``
-parse as SELECT) or EXPLAIN; and before it runs, the connection is locked down:
+parse as SELECT) or an EXPLAIN [ANALYZE] whose wrapped statement is a SELECT (``EXPLAIN
+ANALYZE`` runs what it wraps: ``EXPLAIN ANALYZE COPY ... TO`` into the ``--parquet`` dump,
+an allowed directory, would write); and before it runs, the connection is locked down:
 ``enable_external_access = false`` (no file or network access: no ``COPY ... TO``,
 ``ATTACH``, ``INSTALL``/``LOAD``, ``read_csv('/etc/...')``, ``EXPORT DATABASE``), with
 ``allowed_directories`` naming the ``--parquet`` dump so its views keep reading it, then
@@ -14,6 +16,7 @@ read-only, so nothing can be written to it either.
 from __future__ import annotations
 
 import os
+import re
 
 import click
 import duckdb
@@ -25,7 +28,7 @@ from analyzer.cli.options import UserError, emit_rows, format_option, param_opti
 __all__ = ["READ_ONLY_STATEMENTS", "check_read_only_statement", "lock_down", "sql_command"]
 
 #: The statement types ``tokentrace sql`` runs (duckdb.StatementType names).
-READ_ONLY_STATEMENTS = ("SELECT", "EXPLAIN")
+READ_ONLY_STATEMENTS = ("SELECT", "EXPLAIN")  # EXPLAIN [ANALYZE] of a SELECT only
 
 
 def check_read_only_statement(con: duckdb.DuckDBPyConnection, query: str) -> None:
@@ -37,9 +40,34 @@ def check_read_only_statement(con: duckdb.DuckDBPyConnection, query: str) -> Non
     if len(statements) != 1:
         raise UserError(f"sql: give one statement, not {len(statements)}")
     kind = statements[0].type.name
+    if kind == "EXPLAIN":
+        kind = _explained_kind(con, statements[0].query)
     if kind not in READ_ONLY_STATEMENTS:
-        raise UserError(f"sql: a {kind} statement is refused: tokentrace sql is read-only "
+        raise UserError(f"sql: {'an' if kind[0] in 'AEIOU' else 'a'} {kind} statement is refused: tokentrace sql is read-only "
                         "(one SELECT, WITH, FROM, VALUES, DESCRIBE, SHOW, SUMMARIZE or EXPLAIN)")
+
+
+_LEADING = re.compile(r"^(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*", re.DOTALL)
+_EXPLAIN = re.compile(r"^EXPLAIN\s*(?:\((?:[^()]|\([^()]*\))*\)\s*)?(?:ANALY[SZ]E\b\s*)?(?:\((?:[^()]|\([^()]*\))*\)\s*)?",
+                      re.IGNORECASE)
+
+
+def _explained_kind(con: duckdb.DuckDBPyConnection, text: str) -> str:
+    """The type of the statement an EXPLAIN wraps (``EXPLAIN ANALYZE`` runs it: ``EXPLAIN
+    ANALYZE COPY ... TO`` writes the file), parsed by DuckDB; ``EXPLAIN`` when it cannot be
+    told (refused: only an EXPLAIN of a SELECT runs)."""
+    body = _LEADING.sub("", text, count=1)
+    found = _EXPLAIN.match(body)
+    if not found:
+        return "EXPLAIN"
+    try:
+        inner = con.extract_statements(body[found.end():])
+    except duckdb.Error:
+        return "EXPLAIN"
+    if len(inner) != 1:
+        return "EXPLAIN"
+    kind = inner[0].type.name
+    return "EXPLAIN" if kind == "SELECT" else f"EXPLAIN of a {kind}"
 
 
 def lock_down(con: duckdb.DuckDBPyConnection, parquet_dir: str | None) -> None:

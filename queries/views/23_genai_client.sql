@@ -40,11 +40,14 @@ WITH client AS (
       AND (attr_str['gen_ai.operation.name'] IS NOT NULL OR attr_str['llm.request.type'] IS NOT NULL)
       AND coalesce(scope_name, '') <> 'tokentrace'
 ),
--- spans up to three levels below each client span (one equality join per level; with no
--- client span the joins have an empty build side and read nothing)
+-- spans up to three levels below each client span (one equality join per level). The first
+-- level is a semi join (EXISTS), so the client spans are its build side: written as a join,
+-- DuckDB built its hash table on every span instead (4.4 s on a 1e5-request dump with no
+-- client span at all, against 0.09 s).
 hop1 AS (
-    SELECT c.trace_id, c.span_id AS client_span_id, x.span_id, x.kind, 1 AS depth
-    FROM client c JOIN spans x ON x.trace_id = c.trace_id AND x.parent_span_id = c.span_id
+    SELECT x.trace_id, x.parent_span_id AS client_span_id, x.span_id, x.kind, 1 AS depth
+    FROM spans x
+    WHERE EXISTS (SELECT 1 FROM client c WHERE c.trace_id = x.trace_id AND c.span_id = x.parent_span_id)
 ),
 hop2 AS (
     SELECT h.trace_id, h.client_span_id, x.span_id, x.kind, 2 AS depth
