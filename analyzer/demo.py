@@ -164,30 +164,21 @@ def run_demo(options: DemoOptions, progress: ProgressFn | None = None) -> DemoRe
     out.mkdir(parents=True, exist_ok=True)
     say = StepLog(options.say_steps)
     say(f"starting: model {options.model}, {1 + options.load_requests} requests, output in {options.out_dir}")
-    from analyzer.derived import build_derived
-    from analyzer.load import load_paths
-    from analyzer.store import connect
-    from instrument.client import SEED_PROMPT, chat_body, local_tracer_provider, run_load_sync
-    from instrument.gateway.app import GatewaySettings, create_app
-    from instrument.gateway.server import ServerThread
-    from instrument.model_handle import load_model_handle
     from instrument.shutdown import StopSignals, export_summary, shutdown_tracing
 
     report = progress or (lambda _stage, _done, _total: None)
     server_path, client_path, db_path = out / "server-spans.jsonl", out / "client-spans.jsonl", out / "traces.duckdb"
-    _fresh([server_path, client_path, db_path, out / "report.html"])  # no stale report when matplotlib is gone
-    server_provider = local_tracer_provider("tokentrace-gateway", json_path=str(server_path))
-    client_provider = local_tracer_provider("tokentrace-client", json_path=str(client_path))
     total = 1 + options.load_requests
     done = [0]
     stop = threading.Event()
-    sending = [False]
+    loading = [True]  # imports and the model: nothing is sent yet, a stop signal ends them at once
 
     def on_stop(_name: str) -> None:
-        # SIGINT/SIGTERM (docker stop): while the model loads nothing is sent yet, so stop at
-        # once; while sending, send nothing more and give the requests in flight the grace.
+        # SIGINT/SIGTERM (docker stop): before sending, stop at once; while sending, send
+        # nothing more and give the requests in flight the grace.
         stop.set()
-        if not sending[0]:
+        if loading[0]:
+            loading[0] = False
             raise _StopBeforeSending
 
     def counted(_result: Any) -> None:
@@ -197,11 +188,27 @@ def run_demo(options: DemoOptions, progress: ProgressFn | None = None) -> DemoRe
     seed_results: list[Any] = []
     load_results: list[Any] = []
     url = ""
-    with StopSignals(on_stop) as signals:
-        try:
+    signals = StopSignals(on_stop)
+    server_provider = client_provider = None
+    try:
+        with signals:
+            from analyzer.derived import build_derived
+            from analyzer.load import load_paths
+            from analyzer.store import connect
+            from instrument.client import SEED_PROMPT, chat_body, local_tracer_provider, run_load_sync
+            from instrument.gateway.app import GatewaySettings, create_app
+            from instrument.gateway.server import ServerThread
+            from instrument.model_handle import load_model_handle
+
+            _fresh([server_path, client_path, db_path, out / "report.html"])  # no stale report without matplotlib
+            server_provider = local_tracer_provider("tokentrace-gateway", json_path=str(server_path))
+            client_provider = local_tracer_provider("tokentrace-client", json_path=str(client_path))
             say("importing torch and transformers; " + model_step(options.model))
             report(f"loading model {options.model}", 0, 1)
             handle = load_model_handle(options.model)
+            loading[0] = False
+            if stop.is_set():
+                raise _StopBeforeSending
             report(f"loading model {options.model}", 1, 1)
             settings = GatewaySettings(max_tokens_limit=max(1024, options.max_tokens))
             offset_ns = round(options.clock_offset_ms * 1e6)
@@ -212,12 +219,11 @@ def run_demo(options: DemoOptions, progress: ProgressFn | None = None) -> DemoRe
                 say(f"sending the seed request, then {options.load_requests} more at concurrency "
                     f"{max(1, options.concurrency)} (max_tokens {options.max_tokens})")
                 report("requests", 0, total)
-                sending[0] = True
                 seed_results = run_load_sync(
                     server.url, lambda _i: chat_body(handle.model_id, SEED_PROMPT, max_tokens=options.max_tokens),
                     requests=1, concurrency=1, tracer_provider=client_provider, clock_offset_ns=offset_ns,
                     on_result=counted, stop=stop, grace_s=options.shutdown_grace_s,
-                )
+                ) if not stop.is_set() else []
                 load_results = run_load_sync(
                     server.url,
                     lambda i: chat_body(handle.model_id, DEMO_PROMPTS[i % len(DEMO_PROMPTS)],
@@ -226,10 +232,12 @@ def run_demo(options: DemoOptions, progress: ProgressFn | None = None) -> DemoRe
                     tracer_provider=client_provider, clock_offset_ns=offset_ns, seed=options.seed,
                     on_result=counted, stop=stop, grace_s=options.shutdown_grace_s,
                 ) if options.load_requests and not stop.is_set() else []
-        except _StopBeforeSending:
-            pass
-        # flushes the OTLP-JSON lines files; bounded, so a stop signal never waits forever
-        counts = shutdown_tracing(server_provider, timeout_s=10.0) + shutdown_tracing(client_provider, timeout_s=10.0)
+    except _StopBeforeSending:
+        pass
+    finally:
+        # flushes the OTLP-JSON lines files (on an error too); bounded, so a stop never waits forever
+        counts = [c for provider in (server_provider, client_provider) if provider is not None
+                  for c in shutdown_tracing(provider, timeout_s=10.0)]
     if signals.received:
         raise DemoStopped(signals.received, len(seed_results) + len(load_results), total, export_summary(counts),
                           [client_path, server_path])

@@ -153,7 +153,7 @@ SELECT
                            || ' counted request(s) with output tokens have no chunk events (vLLM, openai-v2): their tokens are not in this count'
                       ELSE '' END
     END AS token_counting_rule,
-    CASE WHEN $mode = 'closed_cohort' THEN 'attempted = requests whose s is in the window'
+    CASE WHEN $mode = 'closed_cohort' THEN 'attempted = requests whose start s (s_ns: the arrival, on the clock of its perspective) is in the window'
          ELSE 'attempted = requests completing in the window' END
     || '; succeeded / failed / cancelled by outcome'
     || CASE WHEN t.vllm_requests > 0

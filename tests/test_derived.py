@@ -17,7 +17,7 @@ from trace_fixtures import RequestPlan, TraceWorld, mixed_trace_id, mixed_world
 from analyzer import views
 from analyzer import queries
 from analyzer.cli import cli
-from analyzer.derived import build_derived, drop_derived
+from analyzer.derived import build_derived, drop_derived, is_current
 from analyzer.engine import open_source
 from analyzer.queries import derived_status, install_views, run_query, stream_query
 from analyzer.store import connect
@@ -154,7 +154,11 @@ def test_rows_written_after_the_load_make_them_stale_and_are_seen(dbs, tmp_path)
     db = tmp_path / "appended.duckdb"
     shutil.copy(derived, db)
     before = _json(["requests"], db)
-    _world_after(100, RequestPlan(start_ms=500_000, output_tokens=5)).load(connect(db)).close()  # the library appends; no tokentrace load: derived tables are stale
+    con = connect(db)
+    assert is_current(con)
+    _world_after(100, RequestPlan(start_ms=500_000, output_tokens=5)).load(con)  # the library appends; no tokentrace load: derived tables are stale
+    assert not is_current(con)
+    con.close()
     result = CliRunner().invoke(cli, ["requests", "--db", str(db), "--format", "json"])
     assert result.exit_code == 0
     assert f"note: {db}: its derived tables were built over other data" in result.stderr

@@ -83,6 +83,10 @@ def iter_csv_chunks(con: duckdb.DuckDBPyConnection, line_sql: str, params: Any) 
         if batch.num_rows == 0:
             continue
         lines = batch.column(0)
+        if str(lines.type) not in ("string", "large_string"):  # e.g. string_view (DuckDB's arrow_output_version)
+            import pyarrow as pa
+
+            lines = lines.cast(pa.large_string())
         offsets = lines.buffers()[1]
         data = lines.buffers()[2]
         kind = 8 if str(lines.type) == "large_string" else 4

@@ -199,7 +199,9 @@ def _stream_csv(con: duckdb.DuckDBPyConnection, query: str, params: Mapping[str,
     out = sys.stdout
     csv.writer(out, lineterminator="\n").writerow(columns)
     out.flush()
-    binary = getattr(out, "buffer", None)
+    # the lines are UTF-8 bytes: written as they are to a UTF-8 stream, else decoded and re-encoded
+    utf8 = (getattr(out, "encoding", None) or "").lower().replace("-", "").replace("_", "") == "utf8"
+    binary = getattr(out, "buffer", None) if utf8 else None
     written = 0
     for chunk in itertools.chain([first], parts):
         if isinstance(chunk, list):  # the next part's columns: the same query, so the same header

@@ -116,6 +116,9 @@ def bench_command(url, n_requests, concurrency, rate_per_s, api_key, model, prom
     try:
         spans, events, links = rows_from_sdk_spans(memory.get_finished_spans())
         insert_rows(con, spans, events, links)
+        from analyzer.derived import build_derived
+
+        build_derived(con)  # as tokentrace load: the read verbs afterwards derive nothing
         if as_json:
             from analyzer.cli.bench_json import bench_summary
 

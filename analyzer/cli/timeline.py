@@ -64,13 +64,16 @@ def timeline_command(csv_path, model_config, layers, kv_heads, head_dim, query_h
     try:
         times = read_timeline_csv(csv_path)
         con = connect(db_path) if db_path else None
-        artifact = compute_artifact(times, input_tokens=input_tokens, output_tokens=output_tokens, kv=kv,
-                                    window=window, con=con)
-        if con is not None:  # the synthetic trace is kept: derive its tables as tokentrace load does
-            from analyzer.derived import build_derived
+        try:
+            artifact = compute_artifact(times, input_tokens=input_tokens, output_tokens=output_tokens, kv=kv,
+                                        window=window, con=con)
+            if con is not None:  # the synthetic trace is kept: derive its tables as tokentrace load does
+                from analyzer.derived import build_derived
 
-            build_derived(con)
-            con.close()
+                build_derived(con)
+        finally:
+            if con is not None:
+                con.close()
     except TimelineError as exc:
         raise UserError(str(exc)) from None
     findings = []
