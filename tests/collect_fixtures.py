@@ -30,3 +30,17 @@ def start_collect(out_dir: Path, *extra_args: str) -> tuple[subprocess.Popen, in
     found = re.search(r"grpc=127\.0\.0\.1:(\d+) http=127\.0\.0\.1:(\d+)", first)
     assert found, first + proc.stderr.read()  # type: ignore[union-attr]
     return proc, int(found.group(1)), int(found.group(2))
+
+
+def stderr_lines(proc: subprocess.Popen) -> queue.Queue[str]:
+    """A queue that receives every line ``proc`` writes to its (piped, text) stderr, then ""
+    at its end: a reader thread, so a test can wait for a line with a timeout."""
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        for line in proc.stderr:  # type: ignore[union-attr]
+            lines.put(line)
+        lines.put("")
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines

@@ -135,3 +135,27 @@ def test_bench_sigterm_stops_sending_finishes_and_flushes(server, tmp_path: Path
     finished = [next(a["value"]["arrayValue"]["values"][0]["stringValue"] for a in s["attributes"]
                      if a["key"] == "gen_ai.response.finish_reasons") for s in spans]
     assert set(finished) == {"length"}, "requests in flight at the signal finished within the grace"
+
+
+def test_bench_db_is_left_with_current_derived_tables(runner, server, tmp_path: Path) -> None:
+    """bench --db writes the client spans as tokentrace load would, derived tables included:
+    a read verb afterwards derives nothing and prints no stale note."""
+    srv, _exporter = server
+    db = tmp_path / "bench.duckdb"
+    result = runner.invoke(cli, ["bench", "--url", srv.url, "--requests", "2", "--concurrency", "1", "--api-key", "k",
+                                 "--max-tokens", "4", "--db", str(db)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    after = runner.invoke(cli, ["requests", "--db", str(db), "--format", "json"])
+    assert after.exit_code == 0, after.output
+    assert "derived tables were built over other data" not in after.stderr
+    assert len(json.loads(after.stdout)) == 2  # the two client-perspective requests
+    import duckdb
+
+    from analyzer.queries import derived_status, install_views
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        install_views(con)
+        assert derived_status(con) == "read"  # the stored tables answer; without them: "none"
+    finally:
+        con.close()

@@ -8,17 +8,15 @@ files are written by the SDK's batch processor, so at the signal most spans are 
 from __future__ import annotations
 
 import json
-import queue
 import re
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from collect_fixtures import TOKENTRACE
+from collect_fixtures import TOKENTRACE, stderr_lines
 
 pytest.importorskip("torch")
 pytest.importorskip("fastapi")
@@ -41,14 +39,7 @@ def test_sigterm_while_sending_flushes_both_span_files(tmp_path: Path) -> None:
         [str(TOKENTRACE), "demo", "--tiny", "--out", str(out), "--requests", str(PLANNED), "--concurrency", "2",
          "--max-tokens", "24", "--shutdown-grace-s", "30"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines: queue.Queue[str] = queue.Queue()
-
-    def read() -> None:
-        for line in proc.stderr:  # type: ignore[union-attr]
-            lines.put(line)
-        lines.put("")
-
-    threading.Thread(target=read, daemon=True).start()
+    lines = stderr_lines(proc)
     stderr: list[str] = []
     try:
         deadline = time.monotonic() + START_TIMEOUT_S

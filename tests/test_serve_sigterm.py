@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from collect_fixtures import TOKENTRACE, start_collect
+from collect_fixtures import TOKENTRACE, start_collect, stderr_lines
 
 pytest.importorskip("torch")
 pytest.importorskip("fastapi")
@@ -44,14 +44,7 @@ def _start_serve(http_port: int, *args: str) -> tuple[subprocess.Popen, str, que
                OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf")
     proc = subprocess.Popen([str(TOKENTRACE), "serve", "--model", "tiny", "--port", "0", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-    lines: queue.Queue[str] = queue.Queue()
-
-    def read() -> None:
-        for line in proc.stderr:  # type: ignore[union-attr]
-            lines.put(line)
-        lines.put("")
-
-    threading.Thread(target=read, daemon=True).start()
+    lines = stderr_lines(proc)
     while True:
         try:
             line = lines.get(timeout=START_TIMEOUT_S)

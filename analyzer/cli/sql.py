@@ -44,7 +44,7 @@ def check_read_only_statement(con: duckdb.DuckDBPyConnection, query: str) -> Non
         kind = _explained_kind(con, statements[0].query)
     if kind not in READ_ONLY_STATEMENTS:
         raise UserError(f"sql: {'an' if kind[0] in 'AEIOU' else 'a'} {kind} statement is refused: tokentrace sql is read-only "
-                        "(one SELECT, WITH, FROM, VALUES, DESCRIBE, SHOW, SUMMARIZE or EXPLAIN)")
+                        "(one SELECT, WITH, FROM, VALUES, DESCRIBE, SHOW, SUMMARIZE or EXPLAIN of a SELECT)")
 
 
 _LEADING = re.compile(r"^(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*", re.DOTALL)
@@ -86,10 +86,11 @@ def lock_down(con: duckdb.DuckDBPyConnection, parquet_dir: str | None) -> None:
 @param_option
 def sql_command(query, db_path, parquet_dir, output_format, params) -> None:
     """Run one SQL statement over spans, span_events, span_links, loads, rejects and the views
-    request_facts, request_chunks, request_metrics, request_gaps, request_clock_offsets and
-    clock_pair_offsets. Values go in as $NAME parameters (--param NAME=VALUE), never
-    formatted into the SQL. Read-only: one SELECT (or WITH, FROM, VALUES, DESCRIBE, SHOW,
-    SUMMARIZE, EXPLAIN); anything that would write the database or a file (COPY ... TO,
+    request_facts, request_chunks, request_metrics, request_gaps, request_clock_offsets,
+    clock_pair_offsets, engine_steps, engine_step_requests and request_step_gaps. Values go
+    in as $NAME parameters (--param NAME=VALUE), never formatted into the SQL. Read-only: one
+    SELECT (or WITH, FROM, VALUES, DESCRIBE, SHOW, SUMMARIZE, or EXPLAIN [ANALYZE] of a
+    SELECT); anything that would write the database or a file (COPY ... TO,
     ATTACH, INSTALL/LOAD, CREATE, DROP, INSERT, UPDATE, DELETE, SET) is refused, and the
     query runs with DuckDB's file access turned off (the --parquet dump excepted).
 
