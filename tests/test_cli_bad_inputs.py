@@ -56,6 +56,7 @@ CASES: list[tuple[str, str]] = [
     ("load", f"{TRACES} --db {{d}}/no/such/folder/x.duckdb"),
     ("load", f"{TRACES} --db {{d}}/emptydir"),
     ("load", f"{TRACES} --db {{d}}/ok.duckdb --input-format nope"),
+    ("load", "--db {d}/other.duckdb"),  # no PATH: rebuild derived tables, but it is no tokentrace database
     ("requests", "--db {d}/victim.csv"),
     ("requests", "--db {d}/empty.duckdb"),
     ("requests", "--db {d}/missing.duckdb"),

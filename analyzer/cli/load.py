@@ -42,6 +42,21 @@ def _remove_if_empty(db_path: str) -> None:
             path.unlink(missing_ok=True)
 
 
+def _has_loads(db_path: str) -> bool:
+    """True when ``db_path`` (a DuckDB file) has the ``loads`` table tokentrace load writes."""
+    import duckdb
+
+    try:
+        con = duckdb.connect(db_path, read_only=True)
+        try:
+            return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database()"
+                                    " AND schema_name = 'main' AND table_name = 'loads'").fetchall()[0][0])
+        finally:
+            con.close()
+    except duckdb.Error:
+        return True  # not readable as DuckDB: connect() below gives its one-line error
+
+
 @cli.command("load")
 @click.argument("paths", nargs=-1, required=False, metavar="[PATH]...")
 @db_option
@@ -82,6 +97,9 @@ def load(paths: tuple[str, ...], db_path: str, lenient: bool, input_format: str,
             raise UserError("nothing to do: no PATH to load and --no-derive")
         if not Path(db_path).exists():
             raise UserError(f"{db_path}: no such database; give a PATH to load")
+        if not _has_loads(db_path):  # never turn another DuckDB database into a tokentrace one
+            raise UserError(f"{db_path}: not a tokentrace database (no loads table: nothing was loaded into it); "
+                            "give a PATH to load")
         con = connect(db_path)
         try:
             _derive(con, db_path, quiet)
