@@ -24,8 +24,9 @@ from typing import Any, Iterator, Mapping
 import duckdb
 
 from analyzer import views
+from analyzer.view_sql import _strip_comments
+from analyzer.view_state import BUILDING_PREFIX  # noqa: F401  (re-exported)
 from analyzer.views import (  # re-exported: the view machinery lives in analyzer/views.py
-    BUILDING_PREFIX,
     CACHE_PREFIX,
     CHUNK_VIEWS,
     DERIVED_SCHEMA,
@@ -34,7 +35,6 @@ from analyzer.views import (  # re-exported: the view machinery lives in analyze
     RANGE_EVENTS,
     STATE_TABLE,
     UNIONED_VIEWS,
-    _strip_comments,
     derived_location,
     derived_status,
     forget_connection_views,

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 from trace_fixtures import RequestPlan, TraceWorld, mixed_trace_id, mixed_world
 
-from analyzer import views
+from analyzer import view_keep, views
 from analyzer import queries
 from analyzer.cli import cli
 from analyzer.derived import build_derived, drop_derived, is_current
@@ -141,7 +141,7 @@ def test_itl_streams_range_by_range_from_the_derived_gap_table(dbs, monkeypatch)
     con = open_source(db=derived)
     try:
         whole = run_query(con, "itl").rows
-        monkeypatch.setattr(views, "RANGE_EVENTS", 5)  # many ranges
+        monkeypatch.setattr(view_keep, "RANGE_EVENTS", 5)  # many ranges
         parts = list(stream_query(con, "itl"))
         rows = [r for p in parts for r in con.execute(p.sql, p.params).fetchall()]
     finally:

@@ -10,7 +10,7 @@ from engine_fixtures import EngineWorld, VllmPlan, add_vllm_request
 from trace_fixtures import RequestPlan, TraceWorld, mixed_db, mixed_trace_id
 
 import analyzer.queries as queries
-from analyzer import views
+from analyzer import view_keep
 from analyzer.queries import install_views, kept_views, list_queries, materialize_views, run_query, view_files
 
 
@@ -91,7 +91,7 @@ def test_a_query_for_one_trace_keeps_nothing_but_reads_what_is_kept() -> None:
 
 
 def test_per_chunk_views_are_not_kept_above_the_event_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(views, "MATERIALIZE_MAX_EVENTS", 10)
+    monkeypatch.setattr(view_keep, "MATERIALIZE_MAX_EVENTS", 10)
     con = mixed_db()
     gaps = run_query(con, "itl").rows
     assert {"request_keys"} <= _kept(con) and not {"request_gap_rows", "tt_candidate_chunks"} & _kept(con)

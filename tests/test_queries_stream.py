@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from trace_fixtures import mixed_db, mixed_trace_id, mixed_world
 
 import analyzer.queries as queries
-from analyzer import views
+from analyzer import view_keep
 from analyzer.cli import cli
 from analyzer.cli.options import emit_row_batches, emit_rows
 from analyzer.queries import kept_order, request_key_ranges, run_query, stream_query
@@ -44,7 +44,7 @@ def test_request_key_ranges_cover_every_request_once(monkeypatch) -> None:
     events = con.execute("SELECT count(*) FROM span_events").fetchall()[0][0]
     assert requests > 3
     assert request_key_ranges(con) == [(1, requests)]  # far below RANGE_EVENTS: one range
-    monkeypatch.setattr(views, "RANGE_EVENTS", -(-events // 3))  # three ranges' worth of events
+    monkeypatch.setattr(view_keep, "RANGE_EVENTS", -(-events // 3))  # three ranges' worth of events
     ranges = request_key_ranges(con)
     assert len(ranges) == 3
     assert ranges[0][0] == 1 and ranges[-1][1] == requests
@@ -53,7 +53,7 @@ def test_request_key_ranges_cover_every_request_once(monkeypatch) -> None:
 
 def test_itl_in_ranges_gives_the_rows_of_one_query_in_order(monkeypatch) -> None:
     whole = run_query(mixed_db(), "itl").rows
-    monkeypatch.setattr(views, "RANGE_EVENTS", 1)  # one request perspective per range
+    monkeypatch.setattr(view_keep, "RANGE_EVENTS", 1)  # one request perspective per range
     con = mixed_db()
     parts, rows = _streamed(con, "itl")
     requests = con.execute("SELECT count(*) FROM request_keys").fetchall()[0][0]
@@ -70,7 +70,7 @@ def test_itl_in_ranges_gives_the_rows_of_one_query_in_order(monkeypatch) -> None
 
 
 def test_a_query_without_range_parameters_is_one_part(monkeypatch) -> None:
-    monkeypatch.setattr(views, "RANGE_EVENTS", 1)
+    monkeypatch.setattr(view_keep, "RANGE_EVENTS", 1)
     con = mixed_db()
     parts, rows = _streamed(con, "requests")
     assert parts == 1 and rows == run_query(mixed_db(), "requests").rows
@@ -79,7 +79,7 @@ def test_a_query_without_range_parameters_is_one_part(monkeypatch) -> None:
 def test_gap_table_kept_in_ranges_is_clustered_and_gives_the_same_summary(monkeypatch) -> None:
     whole = mixed_db()
     expected = run_query(whole, "summary").rows
-    monkeypatch.setattr(views, "RANGE_EVENTS", 7)
+    monkeypatch.setattr(view_keep, "RANGE_EVENTS", 7)
     con = mixed_db()
     got = run_query(con, "summary").rows
     assert len(got) == len(expected)
@@ -131,7 +131,7 @@ def test_cli_itl_streams_the_rows_of_one_query(tmp_path: Path, monkeypatch) -> N
     con = mixed_world().load(connect(tmp_path / "traces.duckdb"))
     whole = run_query(con, "itl")
     con.close()
-    monkeypatch.setattr(views, "RANGE_EVENTS", 1)
+    monkeypatch.setattr(view_keep, "RANGE_EVENTS", 1)
     args = ["itl", "--db", str(tmp_path / "traces.duckdb")]
     result = CliRunner().invoke(cli, args + ["--format", "json"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
@@ -183,13 +183,13 @@ class _FailingInsert:
 
 
 def test_an_interrupted_range_by_range_keep_leaves_nothing_kept(monkeypatch) -> None:
-    monkeypatch.setattr(views, "RANGE_EVENTS", 100)
+    monkeypatch.setattr(view_keep, "RANGE_EVENTS", 100)
     con = mixed_db()
     queries.install_views(con)
     queries.materialize_views(con, "SELECT * FROM request_keys")
     assert len(request_key_ranges(con)) > 3
     with pytest.raises(KeyboardInterrupt):
-        views._keep(_FailingInsert(con, 3), "request_gap_rows", ranges=request_key_ranges(con))
+        view_keep._keep(_FailingInsert(con, 3), "request_gap_rows", ranges=request_key_ranges(con))
     temp = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'temp'").fetchall()}
     assert not {f"{queries.CACHE_PREFIX}request_gap_rows", f"{queries.BUILDING_PREFIX}request_gap_rows"} & temp
     assert "request_gap_rows" in queries.materialize_views(con, queries.load_query("itl").sql)  # kept whole now
