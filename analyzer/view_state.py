@@ -24,6 +24,7 @@ __all__ = [
     "derived_location",
     "derived_status",
     "forget_connection_views",
+    "installed_span_events",
 ]
 
 CACHE_PREFIX = "tt_cached_"
@@ -78,6 +79,13 @@ def _state(con: duckdb.DuckDBPyConnection) -> tuple[str, int] | None:
     """(fingerprint, span_events rows) of the views installed on this connection, else None."""
     row = _state_row(con)
     return (row[0], row[1]) if row is not None else None
+
+
+def installed_span_events(con: duckdb.DuckDBPyConnection) -> int | None:
+    """Rows of ``span_events`` under the views installed on this connection (counted when they
+    were installed), else None."""
+    row = _state_row(con)
+    return row[1] if row is not None else None
 
 
 def _cached(con: duckdb.DuckDBPyConnection) -> set[str]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import csv
 import io
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
@@ -14,6 +16,7 @@ from click.testing import CliRunner
 from trace_fixtures import mixed_world
 
 from analyzer.cli import cli
+from analyzer.cli import _csv_lines
 from analyzer.cli._csv_lines import csv_line_sql, iter_csv_chunks
 from analyzer.derived import build_derived
 from analyzer.queries import run_query
@@ -34,16 +37,17 @@ def _python_csv(columns, rows) -> bytes:
     return buf.getvalue().encode("utf-8")
 
 
-def _duckdb_csv(con, sql, params=None) -> bytes:
+def _duckdb_csv(con, sql, params=None, arrow: bool = True) -> bytes:
     relation = con.sql(sql, params=params)
     line_sql = csv_line_sql(sql, relation.columns, relation.types)
     assert line_sql is not None
     buf = io.StringIO()
     csv.writer(buf, lineterminator="\n").writerow(relation.columns)
-    return buf.getvalue().encode() + b"".join(text for _rows, text in iter_csv_chunks(con, line_sql, params))
+    return buf.getvalue().encode() + b"".join(text for _rows, text in iter_csv_chunks(con, line_sql, params, arrow=arrow))
 
 
-def test_awkward_values_format_as_python_does() -> None:
+@pytest.mark.parametrize("arrow", [True, False], ids=["arrow batches", "python strings"])
+def test_awkward_values_format_as_python_does(arrow: bool) -> None:
     con = duckdb.connect()
     con.execute("CREATE TABLE t (i INTEGER, x DOUBLE, s VARCHAR, b BOOLEAN, big BIGINT, huge HUGEINT)")
     n = max(len(AWKWARD_DOUBLES), len(AWKWARD_STRINGS))
@@ -55,7 +59,7 @@ def test_awkward_values_format_as_python_does() -> None:
     sql = "SELECT * FROM t WHERE i IS NULL OR i >= $low ORDER BY i NULLS LAST -- a trailing comment"
     rows = con.execute(sql, {"low": 0}).fetchall()
     expected = _python_csv([d[0] for d in con.description], rows)
-    assert _duckdb_csv(con, sql, {"low": 0}) == expected
+    assert _duckdb_csv(con, sql, {"low": 0}, arrow=arrow) == expected
     assert expected.count(b'"') > 4  # the quoting cases are really there
 
 
@@ -76,8 +80,11 @@ def db(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.parametrize("arrow_min_events", [0, None], ids=["arrow batches", "python strings (small data)"])
 @pytest.mark.parametrize("verb", ["requests", "itl", "phases", "summary"])
-def test_each_verbs_csv_is_what_pythons_writer_gives(db: Path, verb: str) -> None:
+def test_each_verbs_csv_is_what_pythons_writer_gives(db: Path, verb: str, arrow_min_events, monkeypatch) -> None:
+    if arrow_min_events is not None:  # else the default: this database is far below it
+        monkeypatch.setattr(_csv_lines, "ARROW_MIN_EVENTS", arrow_min_events)
     result = CliRunner().invoke(cli, [verb, "--db", str(db), "--format", "csv"])
     assert result.exit_code == 0, result.output
     con = duckdb.connect(str(db), read_only=True)
@@ -89,3 +96,15 @@ def test_each_verbs_csv_is_what_pythons_writer_gives(db: Path, verb: str) -> Non
     assert result.stdout_bytes == _python_csv(expected.columns, expected.rows)
     if verb in ("requests", "itl"):
         assert len(expected.rows) > 5
+
+
+def test_small_csv_output_does_not_import_pyarrow(db: Path) -> None:
+    """Below ARROW_MIN_EVENTS the lines are fetched as strings: the command never pays for
+    importing pyarrow (the fixed cost per command, benchmarks/verbs.py)."""
+    code = ("import sys; from analyzer.cli import main; sys.argv = ['tokentrace', 'itl', '--db', sys.argv[1], "
+            "'--format', 'csv']\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print('pyarrow' in sys.modules, file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code, str(db)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("\n") > 5  # the gaps were written
+    assert done.stderr.strip().splitlines()[-1] == "False"

@@ -15,6 +15,11 @@ string quoted (``"`` doubled) when it holds a character the running Python's wri
 string as an empty field. Only for those column types, and two columns or more (a lone empty
 field is ``""`` in Python's writer): :func:`csv_line_sql` returns None otherwise, and the
 caller writes the rows in Python.
+
+Small outputs skip Arrow: importing pyarrow costs ~0.2-0.6 s per process, more than fetching
+a few hundred thousand lines as Python strings (~1 us a line against ~0.45 us through Arrow),
+so below :data:`ARROW_MIN_EVENTS` span events (an output has about one line per chunk event
+at most: itl's gaps) the lines come back by ``fetchmany`` (benchmarks/verbs.py, fixed cost).
 """
 
 from __future__ import annotations
@@ -25,10 +30,12 @@ from typing import Any, Iterator, Sequence
 
 import duckdb
 
-__all__ = ["csv_line_sql", "iter_csv_chunks"]
+__all__ = ["ARROW_MIN_EVENTS", "csv_line_sql", "iter_csv_chunks"]
 
 _INTEGERS = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT", "HUGEINT"}
 _ARROW_BATCH_ROWS = 100_000
+#: From this many rows of ``span_events`` on, the lines are read as Arrow batches (see above).
+ARROW_MIN_EVENTS = 200_000
 
 
 def _python_quotes(text: str) -> bool:
@@ -75,9 +82,17 @@ def csv_line_sql(sql: str, columns: Sequence[str], types: Sequence[Any]) -> str 
     return "SELECT concat(" + ", ',', ".join(fields) + ", chr(10)) AS line FROM (\n" + body + "\n)"
 
 
-def iter_csv_chunks(con: duckdb.DuckDBPyConnection, line_sql: str, params: Any) -> Iterator[tuple[int, bytes]]:
-    """The CSV text of ``line_sql``'s rows as (rows, bytes) chunks, one per Arrow batch, in the
-    query's row order."""
+def iter_csv_chunks(
+    con: duckdb.DuckDBPyConnection, line_sql: str, params: Any, *, arrow: bool = True
+) -> Iterator[tuple[int, bytes]]:
+    """The CSV text of ``line_sql``'s rows as (rows, UTF-8 bytes) chunks of up to 100,000 rows,
+    in the query's row order: one per Arrow batch, or, with ``arrow=False`` (a small output:
+    no pyarrow import), fetched as Python strings."""
+    if not arrow:
+        cursor = con.execute(line_sql, params)
+        while rows := cursor.fetchmany(_ARROW_BATCH_ROWS):
+            yield len(rows), "".join(row[0] for row in rows).encode("utf-8")
+        return
     reader = con.sql(line_sql, params=params).to_arrow_reader(_ARROW_BATCH_ROWS)
     for batch in reader:
         if batch.num_rows == 0:

@@ -175,8 +175,9 @@ def _stream_csv(con: duckdb.DuckDBPyConnection, query: str, params: Mapping[str,
     import csv
     import sys
 
-    from analyzer.cli._csv_lines import csv_line_sql, iter_csv_chunks
+    from analyzer.cli._csv_lines import ARROW_MIN_EVENTS, csv_line_sql, iter_csv_chunks
     from analyzer.queries import stream_query
+    from analyzer.view_state import installed_span_events
 
     def chunks():
         try:
@@ -187,7 +188,9 @@ def _stream_csv(con: duckdb.DuckDBPyConnection, query: str, params: Mapping[str,
                     yield None
                     return
                 yield relation.columns
-                yield from iter_csv_chunks(con, line_sql, part.params)
+                events = installed_span_events(con)  # the views are installed by now
+                arrow = events is None or events >= ARROW_MIN_EVENTS
+                yield from iter_csv_chunks(con, line_sql, part.params, arrow=arrow)
         except _PARAM_ERRORS as exc:
             raise UserError(f"{query}: {str(exc).splitlines()[0]}") from None
 
