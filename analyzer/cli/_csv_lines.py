@@ -18,8 +18,9 @@ caller writes the rows in Python.
 
 Small outputs skip Arrow: importing pyarrow costs ~0.2-0.6 s per process, more than fetching
 a few hundred thousand lines as Python strings (~1 us a line against ~0.45 us through Arrow),
-so below :data:`ARROW_MIN_EVENTS` span events (an output has about one line per chunk event
-at most: itl's gaps) the lines come back by ``fetchmany`` (benchmarks/verbs.py, fixed cost).
+so while ``span_events`` and ``spans`` together hold fewer than :data:`ARROW_MIN_EVENTS`
+rows (an output has at most about one line per span, as requests, or per chunk event, as
+itl's gaps) the lines come back by ``fetchmany`` (benchmarks/verbs.py, fixed cost).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ __all__ = ["ARROW_MIN_EVENTS", "csv_line_sql", "iter_csv_chunks"]
 
 _INTEGERS = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT", "HUGEINT"}
 _ARROW_BATCH_ROWS = 100_000
-#: From this many rows of ``span_events`` on, the lines are read as Arrow batches (see above).
+#: From this many rows of ``span_events`` plus ``spans`` on, the lines are read as Arrow batches (see above).
 ARROW_MIN_EVENTS = 200_000
 
 

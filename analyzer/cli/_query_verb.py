@@ -189,7 +189,11 @@ def _stream_csv(con: duckdb.DuckDBPyConnection, query: str, params: Mapping[str,
                     return
                 yield relation.columns
                 events = installed_span_events(con)  # the views are installed by now
-                arrow = events is None or events >= ARROW_MIN_EVENTS
+                # lines <= one per span (requests, phases) or per event (itl's gaps): a bound
+                # that holds for producers with no chunk events too (vLLM)
+                spans = con.execute("SELECT count(*) FROM spans").fetchall()[0][0] if events is not None else 0
+                bound = None if events is None else events + int(spans)
+                arrow = bound is None or bound >= ARROW_MIN_EVENTS
                 yield from iter_csv_chunks(con, line_sql, part.params, arrow=arrow)
         except _PARAM_ERRORS as exc:
             raise UserError(f"{query}: {str(exc).splitlines()[0]}") from None
