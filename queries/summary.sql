@@ -34,7 +34,7 @@ metrics (metric_order, metric, unit) AS (
            (6, 'decode_output_tokens_per_second', 'tokens/s'),
            (7, 'whole_request_output_tokens_per_second', 'tokens/s')
 ),
--- one (perspective, metric number, value) row per known-or-NULL figure; names come last
+-- one (perspective, metric number, value) row per known-or-NULL per-request figure
 vals AS (
     SELECT perspective, 1 AS metric_order, ttft_ms AS value FROM req
     UNION ALL
@@ -42,21 +42,12 @@ vals AS (
     UNION ALL
     SELECT perspective, 3, e2e_ms FROM req
     UNION ALL
-    -- both gap metrics from one scan and one join of the gaps, the widest input (at 1e6
-    -- requests 298M rows, mostly evicted to DuckDB's temp directory): 20-40 % less summary
-    -- time there than one scan per metric (docs/metrics.md, "Performance")
-    SELECT r.perspective, m.metric_order,
-           CASE m.metric_order WHEN 4 THEN g.itl_ms ELSE g.itl_per_token_ms END
-    FROM request_gap_times g
-    JOIN req_keys r ON r.request_key = g.request_key
-    CROSS JOIN (VALUES (4), (5)) m (metric_order)
-    UNION ALL
     SELECT perspective, 6, decode_output_tokens_per_second FROM req
     UNION ALL
     SELECT perspective, 7, whole_request_output_tokens_per_second FROM req
 ),
 -- the four percentiles in one pass (one sorted copy of the values, not four)
-distributions AS (
+request_distributions AS (
     SELECT
         metric_order,
         perspective,
@@ -69,6 +60,40 @@ distributions AS (
         max(value) AS max
     FROM vals
     GROUP BY metric_order, perspective
+),
+-- both gap metrics from one scan, one join and one aggregation of the gaps, the widest
+-- input (at 1e6 requests 298M rows, mostly evicted to DuckDB's temp directory); a
+-- perspective without any gap has no group, hence no itl_* row
+gap_aggregates AS (
+    SELECT
+        r.perspective,
+        count(*) AS gaps,
+        count(g.itl_ms) AS itl_count,
+        avg(g.itl_ms) AS itl_mean,
+        stddev_pop(g.itl_ms) AS itl_std_pop,
+        min(g.itl_ms) AS itl_min,
+        quantile_cont(g.itl_ms, [0.5, 0.9, 0.95, 0.99]) AS itl_percentiles,
+        max(g.itl_ms) AS itl_max,
+        count(g.itl_per_token_ms) AS per_token_count,
+        avg(g.itl_per_token_ms) AS per_token_mean,
+        stddev_pop(g.itl_per_token_ms) AS per_token_std_pop,
+        min(g.itl_per_token_ms) AS per_token_min,
+        quantile_cont(g.itl_per_token_ms, [0.5, 0.9, 0.95, 0.99]) AS per_token_percentiles,
+        max(g.itl_per_token_ms) AS per_token_max
+    FROM request_gap_times g
+    JOIN req_keys r ON r.request_key = g.request_key
+    GROUP BY r.perspective
+),
+distributions AS (
+    SELECT * FROM request_distributions
+    UNION ALL
+    SELECT 4, perspective, itl_count, gaps - itl_count, itl_mean, itl_std_pop, itl_min,
+           itl_percentiles, itl_max
+    FROM gap_aggregates
+    UNION ALL
+    SELECT 5, perspective, per_token_count, gaps - per_token_count, per_token_mean,
+           per_token_std_pop, per_token_min, per_token_percentiles, per_token_max
+    FROM gap_aggregates
 )
 SELECT
     metric,

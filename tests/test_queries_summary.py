@@ -59,8 +59,22 @@ def test_empty_metric_is_null_with_reason() -> None:
     assert "itl_ms" not in rows  # one chunk: no gap at all
 
 
+def test_gaps_without_any_known_value_give_null_statistics_with_a_reason() -> None:
+    from trace_fixtures import RequestPlan, TraceWorld
+
+    world = TraceWorld()
+    world.add(RequestPlan(output_tokens=150, max_events=128))  # events dropped: no gap has a value
+    rows = _by_metric(run_query(world.load(), "summary", {}).dicts(), "client")
+    for metric in ("itl_ms", "itl_per_token_ms"):
+        row = rows[metric]
+        assert row["count"] == 0 and row["null_count"] > 0, row
+        assert (row["mean"], row["std_pop"], row["min"], row["p50"], row["p99"], row["max"]) == (None,) * 6
+        assert row["null_reason"] == f"no known value of {metric}"
+    assert rows["ttft_ms"]["count"] + rows["ttft_ms"]["null_count"] == 1  # the request itself is counted
+
+
 def test_gap_metrics_are_each_their_own_distribution_over_request_gaps() -> None:
-    """summary reads both gap metrics from one scan (a CROSS JOIN of the two metric numbers):
+    """summary reads both gap metrics from one scan and one aggregation of the gaps:
     count, null_count, mean, std, min, percentiles and max must still be per metric and per
     perspective, over the gaps of succeeded requests, as numpy computes them from request_gaps."""
     con = mixed_db()
