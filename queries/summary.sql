@@ -63,7 +63,9 @@ request_distributions AS (
 ),
 -- both gap metrics from one scan, one join and one aggregation of the gaps, the widest
 -- input (at 1e6 requests 298M rows, mostly evicted to DuckDB's temp directory); a
--- perspective without any gap has no group, hence no itl_* row
+-- perspective without any gap has no group, hence no itl_* row. The statistics and the four
+-- fractions are those of request_distributions (tests/test_queries_summary.py checks each
+-- metric's p50-p99 against numpy)
 gap_aggregates AS (
     SELECT
         r.perspective,
