@@ -126,7 +126,7 @@ def load_level(url: str, model_id: str, concurrency: int, requests: int, max_tok
 
     from analyzer.cli.bench_json import bench_summary
     from analyzer.formats.sdk_spans import rows_from_sdk_spans
-    from analyzer.store import connect, insert_rows
+    from analyzer.db.store import connect, insert_rows
     from instrument.client import chat_body, run_load_sync
 
     memory = InMemorySpanExporter()

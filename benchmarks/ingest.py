@@ -129,8 +129,8 @@ def generate(path: Path, n_spans: int, seed: int = 7) -> tuple[int, int]:
 # --- the methods, each run in a child process -------------------------------------------------
 
 def run_tokentrace(path: str) -> int:
-    from analyzer.load import load_paths
-    from analyzer.store import connect
+    from analyzer.formats.load import load_paths
+    from analyzer.db.store import connect
 
     with tempfile.TemporaryDirectory() as d:
         con = connect(os.path.join(d, "bench.duckdb"))
@@ -204,7 +204,7 @@ METHODS = {"tokentrace load": run_tokentrace, "bare DuckDB recipe": run_bare_duc
            "Python loop": run_python_loop, "parse floor (orjson)": run_parse_floor}  # fmt: skip
 # Modules each method imports, loaded before its clock starts: the seconds measure reading
 # the file, not interpreter start-up (reported apart as import_s).
-IMPORTS = {"tokentrace load": ("analyzer.load", "analyzer.store"), "bare DuckDB recipe": ("duckdb",),
+IMPORTS = {"tokentrace load": ("analyzer.formats.load", "analyzer.db.store"), "bare DuckDB recipe": ("duckdb",),
            "Python loop": ("json",), "parse floor (orjson)": ("orjson",)}  # fmt: skip
 
 

@@ -6,11 +6,11 @@ prefill + 149 decode spans; 150 chunk events on the client and on the gateway sp
 ``tokentrace export``-shaped dump (Hive partitions service_name/date). Then, each in a fresh
 subprocess so peak memory (VmHWM) is its own:
 
-- ``duckdb``: the full metric set as the library runs it (analyzer.queries: install_views,
+- ``duckdb``: the full metric set as the library runs it (analyzer.query.runner: install_views,
   then per query materialize_views and the query): queries/requests.sql, itl.sql and
-  summary.sql through analyzer.engine.open_source(parquet=...). requests and summary are
+  summary.sql through analyzer.db.source.open_source(parquet=...). requests and summary are
   fetched as Arrow tables. itl (--itl-fetch): ``stream`` (default) reads the ordered result
-  as the library streams it (analyzer.queries.stream_query: one part per request_key range
+  as the library streams it (analyzer.query.runner.stream_query: one part per request_key range
   of ~32M span events, as ``tokentrace itl --format csv|json`` writes its rows out), each
   part as Arrow record batches of 1M rows, counted and dropped: every gap and column is
   computed, ordered and converted to Arrow, nothing is held; ``table`` keeps it as one Arrow table in memory (298M gaps at 1e6
@@ -66,7 +66,7 @@ def _select(table: str, values: dict[str, str]) -> str:
     """A SELECT of every canonical column of ``table``: given expressions, else typed NULLs."""
     import duckdb
 
-    from analyzer.schema import TABLE_DDL
+    from analyzer.db.schema import TABLE_DDL
 
     con = duckdb.connect()
     con.execute(TABLE_DDL[table])
@@ -135,10 +135,10 @@ def generate(directory: Path, n: int) -> None:
 
 
 def run_duckdb(directory: str, queries: list[str], stream_itl: bool, memory_limit: str | None = None) -> dict[str, Any]:
-    """The queries as analyzer.queries runs them on one connection; seconds per query
+    """The queries as analyzer.query.runner runs them on one connection; seconds per query
     (including the views it was the first to need) and in all, from the open."""
-    from analyzer.engine import open_source
-    from analyzer.queries import install_views, load_query, materialize_views, stream_query
+    from analyzer.db.source import open_source
+    from analyzer.query.runner import install_views, load_query, materialize_views, stream_query
 
     t0 = time.perf_counter()
     con = open_source(parquet=directory)

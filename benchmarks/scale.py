@@ -5,7 +5,7 @@ Traces follow tokentrace's span contract (docs/spans.md), written straight into 
 canonical tables with SQL (no SDK): each request is a gateway SERVER span with a prefill
 span, ``--steps`` decode spans and one ``tokentrace.chunk`` event per token, requests spread
 over ``--days`` UTC days (so the dump has that many ``date`` partitions). The dump is written
-by ``analyzer.export.export_parquet`` (the ``tokentrace export`` code path).
+by ``analyzer.formats.parquet_export.export_parquet`` (the ``tokentrace export`` code path).
 
 Timings (seconds, wall clock): ``open`` = views over the dump (+ Spark: adapter views),
 ``<query>`` = one run of queries/<query>.sql, ``window_day0`` = window.sql over the first
@@ -37,8 +37,8 @@ FINISH_JSON = """MAP {'gen_ai.response.finish_reasons': '["length"]'}"""
 
 def build_dump(decode_spans: int, steps: int, days: int, target: Path) -> dict[str, int]:
     """Write a dump of ``decode_spans`` decode spans (``decode_spans // steps`` requests)."""
-    from analyzer.export import export_parquet
-    from analyzer.store import connect
+    from analyzer.formats.parquet_export import export_parquet
+    from analyzer.db.store import connect
 
     requests = max(1, decode_spans // steps)
     con = connect(None)
@@ -91,8 +91,8 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 
 def run_duckdb(dump: Path) -> dict[str, float]:
-    from analyzer.engine import open_source
-    from analyzer.queries import install_views, run_query
+    from analyzer.db.source import open_source
+    from analyzer.query.runner import install_views, run_query
 
     out: dict[str, float] = {}
     con = open_source(parquet=dump)
@@ -105,8 +105,8 @@ def run_duckdb(dump: Path) -> dict[str, float]:
 
 
 def _duck_window(dump: Path, pruned: bool) -> Any:
-    from analyzer.engine import open_source
-    from analyzer.queries import run_query
+    from analyzer.db.source import open_source
+    from analyzer.query.runner import run_query
 
     window = {"window_start_ns": ANCHOR_NS, "window_end_ns": ANCHOR_NS + DAY_NS // 2}
     con = open_source(parquet=dump, **({"start_ns": window["window_start_ns"], "end_ns": window["window_end_ns"]}
@@ -117,7 +117,7 @@ def _duck_window(dump: Path, pruned: bool) -> Any:
 
 
 def run_spark(dump: Path) -> dict[str, float]:
-    from analyzer.engines.spark import open_spark_source
+    from analyzer.query.spark import open_spark_source
 
     out: dict[str, float] = {}
     source = open_spark_source(dump)
@@ -129,7 +129,7 @@ def run_spark(dump: Path) -> dict[str, float]:
 
 
 def _spark_window(dump: Path, pruned: bool) -> Any:
-    from analyzer.engines.spark import open_spark_source
+    from analyzer.query.spark import open_spark_source
 
     window = {"window_start_ns": ANCHOR_NS, "window_end_ns": ANCHOR_NS + DAY_NS // 2}
     bounds = {"start_ns": window["window_start_ns"], "end_ns": window["window_end_ns"]} if pruned else {}
@@ -154,7 +154,7 @@ def main() -> None:
     sizes = [*args.sizes, *([10_000_000] if args.huge else [])]
     results: list[dict[str, Any]] = []
     if "spark" in args.engines:
-        from analyzer.engines.spark import get_session
+        from analyzer.query.spark import get_session
 
         start_s, _ = _timed(get_session)
         print(f"spark session start-up: {start_s:.1f} s", flush=True)

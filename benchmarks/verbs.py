@@ -14,7 +14,7 @@ one run, load average printed beside every timing.
    fixed cost of 1. Goal at 1e4: <= 2x the fixed cost. Also the load: ``tokentrace load
    DUMP --db`` with and without ``--no-derive`` (seconds) and the file sizes.
 3. **Each verb against its floor** (``--floor N``): the verb as the CLI runs it (one
-   connection: open_source, then the verb's queries through analyzer.queries.stream_query
+   connection: open_source, then the verb's queries through analyzer.query.runner.stream_query
    with keep_chunks=False, every part read as Arrow batches of 1M rows and counted) against
    the hand-written floor queries of benchmarks/floor_queries.py (same source, read the same
    way), each in a fresh process, fastest of ``--runs``; times from the open to the last
@@ -163,7 +163,7 @@ def reuse(root: Path, n: int, runs: int, fixed: float | None) -> dict[str, Any]:
 
 
 def _open(source: str, path: str) -> Any:
-    from analyzer.engine import open_source
+    from analyzer.db.source import open_source
 
     return open_source(parquet=path) if source == "parquet" else open_source(db=path)
 
@@ -177,7 +177,7 @@ def run_child(kind: str, verb: str, source: str, path: str, fetch: str, memory_l
     rows = 0
     tables = []
     if kind == "verb":
-        from analyzer.queries import stream_query
+        from analyzer.query.runner import stream_query
 
         names = ["skew_rules", "skew_offsets"] if verb == "skew" else [verb]
         for name in names:

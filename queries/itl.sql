@@ -8,7 +8,7 @@
 -- param: $trace_id VARCHAR default NULL -- only requests of this trace (32 lowercase hex); NULL = all
 -- param: $request_key_from BIGINT default NULL -- only request_key >= this (view request_keys); NULL = no bound
 -- param: $request_key_to BIGINT default NULL -- only request_key <= this; NULL = no bound. The library
---   streams a large result range by range with these two (analyzer.queries.stream_query).
+--   streams a large result range by range with these two (analyzer.query.runner.stream_query).
 -- units: *_ns nanoseconds since the Unix epoch on the perspective's clock; itl_ms and
 --   itl_per_token_ms milliseconds; chunk_tokens tokens.
 SELECT

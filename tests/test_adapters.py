@@ -11,7 +11,7 @@ from engine_fixtures import (ANCHOR_NS, EngineWorld, OpenllmetryPlan, SglangPlan
                              rust_duration_debug)
 from trace_fixtures import RequestPlan, TraceWorld
 
-from analyzer.queries import install_views, run_query
+from analyzer.query.runner import install_views, run_query
 
 
 def _requests(con: duckdb.DuckDBPyConnection, source: str) -> list[dict]:
@@ -190,7 +190,7 @@ def test_request_sources_through_the_sql_verb(tmp_path):
     from click.testing import CliRunner
 
     from analyzer.cli.group import cli
-    from analyzer.store import connect
+    from analyzer.db.store import connect
 
     db = tmp_path / "t.duckdb"
     con = connect(str(db))

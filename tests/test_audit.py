@@ -266,7 +266,7 @@ def test_nightly_planted_row_error(tmp_path) -> None:
 
 
 def test_audit_queries_run_from_their_subfolder() -> None:
-    from analyzer.queries import list_queries, load_query
+    from analyzer.query.runner import list_queries, load_query
 
     names = list_queries("audit")
     assert "audit/distribution_stats" in names and "audit/vllm_values" in names

@@ -121,7 +121,7 @@ def test_synthetic_presented_as_measured(tmp_path) -> None:
 
 
 def test_tokentrace_artifact(tmp_path, seed_csv) -> None:
-    from analyzer.timeline import WindowCounts, compute_artifact, read_timeline_csv
+    from analyzer.formats.timeline import WindowCounts, compute_artifact, read_timeline_csv
     from instrument.kv import explicit_layout
 
     artifact = compute_artifact(read_timeline_csv(seed_csv), input_tokens=1025, output_tokens=150,
@@ -160,8 +160,8 @@ def test_bad_claims_file(tmp_path, claims, message) -> None:
 
 
 def test_db_recomputation_from_traces(tmp_path, seed_csv) -> None:
-    from analyzer.store import connect
-    from analyzer.timeline import compute_artifact, read_timeline_csv
+    from analyzer.db.store import connect
+    from analyzer.formats.timeline import compute_artifact, read_timeline_csv
 
     db = tmp_path / "traces.duckdb"
     con = connect(db)

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from analyzer.audit import AuditInputError, audit_report
 from analyzer.cli import cli
-from analyzer.load import load_paths
-from analyzer.store import connect
+from analyzer.formats.load import load_paths
+from analyzer.db.store import connect
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "samples" / "real"
 SAMPLES = REAL.parent

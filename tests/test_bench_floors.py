@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from trace_fixtures import mixed_world
 
-from analyzer.queries import run_query
+from analyzer.query.runner import run_query
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 

@@ -18,9 +18,9 @@ from trace_fixtures import mixed_world
 from analyzer.cli import cli
 from analyzer.cli import _csv_lines
 from analyzer.cli._csv_lines import csv_line_sql, iter_csv_chunks
-from analyzer.derived import build_derived
-from analyzer.queries import run_query
-from analyzer.store import connect
+from analyzer.db.derived import build_derived
+from analyzer.query.runner import run_query
+from analyzer.db.store import connect
 
 AWKWARD_DOUBLES = [190.0, 0.1, 1e-05, 0.0001, 1.5e16, 1e15, 123456789012345.6, 1 / 3, 2 / 3 * 1e-7, math.inf,
                    -math.inf, math.nan, -0.0, 5e-324, 1.7976931348623157e308, 25.000000000000004, 40.0, 38.31]
@@ -117,7 +117,7 @@ def test_the_arrow_bound_counts_spans_for_a_producer_without_chunk_events(tmp_pa
     """vLLM 0.32 (the real capture) writes no span events: 32 spans, 0 events. A csv of its
     requests has one line per request span, so the bound must count spans, or a large vLLM
     dump would be fetched one Python string at a time. Both paths write the same bytes."""
-    from analyzer.load import load_paths
+    from analyzer.formats.load import load_paths
 
     path = tmp_path / "vllm.duckdb"
     con = connect(path)

@@ -70,7 +70,7 @@ def test_demo_says_each_step_with_its_elapsed_time(runner, tmp_path: Path) -> No
 
 
 def test_model_step_says_when_smollm2_is_converted_once(tmp_path: Path, monkeypatch) -> None:
-    from analyzer.demo import model_step
+    from analyzer.verbs.demo import model_step
 
     monkeypatch.setenv("TOKENTRACE_CACHE_DIR", str(tmp_path))
     assert model_step("smollm2").startswith("converting SmolLM2-135M-Instruct from its GGUF file, once, into ")

@@ -15,7 +15,7 @@ from trace_fixtures import mixed_world
 from analyzer.cli import cli
 from analyzer.cli.options import emit_rows
 from analyzer.cli.window import utc_text
-from analyzer.store import connect
+from analyzer.db.store import connect
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +80,8 @@ def test_cli_tables_in_a_pipe_are_one_line_per_row(db) -> None:
 
 def test_demo_table_carries_a_short_request_id(db, capsys) -> None:
     from analyzer.cli.demo import print_query_results
-    from analyzer.demo import REQUEST_COLUMNS, REQUEST_ID_CHARS, summary_queries
-    from analyzer.engine import open_source
+    from analyzer.verbs.demo import REQUEST_COLUMNS, REQUEST_ID_CHARS, summary_queries
+    from analyzer.db.source import open_source
 
     con = open_source(db=db)
     try:

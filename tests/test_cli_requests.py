@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from trace_fixtures import mixed_trace_id, mixed_world, write_parquet_dump
 
 from analyzer.cli import cli
-from analyzer.store import connect
+from analyzer.db.store import connect
 
 
 @pytest.fixture(scope="module")

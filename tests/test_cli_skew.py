@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from trace_fixtures import mixed_world
 
 from analyzer.cli import cli
-from analyzer.store import connect
+from analyzer.db.store import connect
 
 
 def test_skew_json_reports_rules_offsets_and_the_assumption(tmp_path) -> None:

@@ -34,9 +34,9 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from analyzer.cli import cli
 from analyzer.collect import Receiver
 from analyzer.collect.parquet_layout import PART_NAME, SEGMENT_NAME, WORKSPACE
-from analyzer.export import export_parquet
-from analyzer.load import load_paths
-from analyzer.store import connect
+from analyzer.formats.parquet_export import export_parquet
+from analyzer.formats.load import load_paths
+from analyzer.db.store import connect
 from trace_fixtures import mixed_world
 
 TIMEOUT_S = 10.0

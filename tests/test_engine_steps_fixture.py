@@ -18,9 +18,9 @@ import step_reference as ref
 from click.testing import CliRunner
 
 from analyzer.cli import cli
-from analyzer.load import load_paths
-from analyzer.queries import run_query
-from analyzer.store import connect
+from analyzer.formats.load import load_paths
+from analyzer.query.runner import run_query
+from analyzer.db.store import connect
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "continuous_engine"
 FILES = [FIXTURE / "server.otlp.jsonl", FIXTURE / "client.otlp.jsonl"]
@@ -40,7 +40,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def con(db: Path) -> Any:
-    from analyzer.engine import open_source
+    from analyzer.db.source import open_source
 
     connection = open_source(db=db)
     yield connection

@@ -7,9 +7,9 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from analyzer.export import ExportError, export_parquet
-from analyzer.load import load_paths
-from analyzer.store import connect
+from analyzer.formats.parquet_export import ExportError, export_parquet
+from analyzer.formats.load import load_paths
+from analyzer.db.store import connect
 
 SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
 FILES = ["python_sdk_otlp_json_file_exporter.jsonl", "jaeger_ui_model_ui_01.json", "jaeger_fixture_link_attributes_trace.otlp.json",

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from analyzer.load import LoadError, load_paths
-from analyzer.store import connect
+from analyzer.formats.load import LoadError, load_paths
+from analyzer.db.store import connect
 
 TRACE = "5b8efff798038103d269b633813fc60c"
 

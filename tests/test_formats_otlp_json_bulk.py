@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import analyzer.load as load_module
+import analyzer.formats.load as load_module
 from analyzer.formats import otlp_json_duckdb
 from analyzer.formats.writers import to_otlp_json
-from analyzer.load import LoadError, load_paths
-from analyzer.store import connect
+from analyzer.formats.load import LoadError, load_paths
+from analyzer.db.store import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from ingest import generate  # noqa: E402

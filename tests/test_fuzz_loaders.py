@@ -28,11 +28,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analyzer.export import export_parquet
+from analyzer.formats.parquet_export import export_parquet
 from analyzer.formats.otlp_proto import write_length_prefixed
 from analyzer.formats.writers import to_jaeger_trace, to_otlp_json, to_otlp_proto
-from analyzer.load import LoadError, load_paths
-from analyzer.store import connect
+from analyzer.formats.load import LoadError, load_paths
+from analyzer.db.store import connect
 from test_load_properties import spans  # helper-2's generator of valid traces
 
 EXAMPLES = int(os.environ.get("TOKENTRACE_FUZZ_EXAMPLES", "30"))

@@ -9,12 +9,12 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analyzer.export import export_parquet
+from analyzer.formats.parquet_export import export_parquet
 from analyzer.formats.otlp_proto import write_length_prefixed
 from analyzer.formats.writers import to_jaeger_trace, to_otlp_json, to_otlp_proto
-from analyzer.load import LoadError, load_paths
-from analyzer.schema import SPAN_KINDS, STATUS_CODES
-from analyzer.store import connect
+from analyzer.formats.load import LoadError, load_paths
+from analyzer.db.schema import SPAN_KINDS, STATUS_CODES
+from analyzer.db.store import connect
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 

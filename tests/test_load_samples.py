@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.load import LoadError, load_paths
-from analyzer.store import connect
+from analyzer.formats.load import LoadError, load_paths
+from analyzer.db.store import connect
 
 SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from analyzer.cli import cli
-from analyzer.queries import list_queries, queries_dir
+from analyzer.query.runner import list_queries, queries_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,7 +58,7 @@ def test_every_verb_has_help_with_an_example(name, command) -> None:
 
 def test_analyzer_imports_without_torch_and_instrument_without_duckdb() -> None:
     code = (
-        "import sys, analyzer.cli, analyzer.queries, analyzer.timeline; "
+        "import sys, analyzer.cli, analyzer.query.runner, analyzer.formats.timeline; "
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'analyzer pulled torch'; "
         "import instrument.kv; print('ok')"
     )

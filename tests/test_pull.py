@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from analyzer.cli import cli
-from analyzer.pull import parse_since, pull_traces, rfc3339_nano
+from analyzer.collect.pull import parse_since, pull_traces, rfc3339_nano
 
 NO_TRACES = b'{"error":{"httpCode":404,"message":"No traces found"}}'
 

@@ -1,4 +1,4 @@
-"""Views installed once per connection and kept as temp tables (analyzer.queries): the same
+"""Views installed once per connection and kept as temp tables (analyzer.query.runner): the same
 answers as the plain views, recomputed when the data changes, never kept for one-trace
 queries; the integer request_key gives itl the order of its three string keys."""
 
@@ -9,9 +9,9 @@ import pytest
 from engine_fixtures import EngineWorld, VllmPlan, add_vllm_request
 from trace_fixtures import RequestPlan, TraceWorld, mixed_db, mixed_trace_id
 
-import analyzer.queries as queries
-from analyzer import view_keep
-from analyzer.queries import install_views, kept_views, list_queries, materialize_views, run_query, view_files
+import analyzer.query.runner as queries
+from analyzer.db import view_keep
+from analyzer.query.runner import install_views, kept_views, list_queries, materialize_views, run_query, view_files
 
 
 def _kept(con: duckdb.DuckDBPyConnection) -> set[str]:

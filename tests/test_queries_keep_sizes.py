@@ -1,4 +1,4 @@
-"""Per-chunk views are kept at every size (analyzer.queries.MATERIALIZE_MAX_EVENTS = None):
+"""Per-chunk views are kept at every size (analyzer.query.runner.MATERIALIZE_MAX_EVENTS = None):
 the same rows as the plain views, and a kept table larger than DuckDB's memory_limit is
 evicted to temp_directory instead of failing (the 1e6-request case of docs/metrics.md)."""
 
@@ -10,9 +10,9 @@ import duckdb
 import pytest
 from trace_fixtures import mixed_db
 
-import analyzer.queries as queries
-from analyzer import view_keep
-from analyzer.queries import run_query
+import analyzer.query.runner as queries
+from analyzer.db import view_keep
+from analyzer.query.runner import run_query
 
 
 def _kept(con: duckdb.DuckDBPyConnection) -> set[str]:

@@ -1,4 +1,4 @@
-"""analyzer.engine.open_source: the same queries over a DuckDB file and over a Parquet dump."""
+"""analyzer.db.source.open_source: the same queries over a DuckDB file and over a Parquet dump."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from trace_fixtures import ANCHOR_NS, mixed_world, write_parquet_dump
 
-from analyzer.engine import SourceError, open_source
-from analyzer.queries import list_queries, run_query
-from analyzer.store import connect
+from analyzer.db.source import SourceError, open_source
+from analyzer.query.runner import list_queries, run_query
+from analyzer.db.store import connect
 
 DAY_NS = 86_400 * 10**9
 

@@ -7,7 +7,7 @@ from trace_fixtures import (ANCHOR_NS, MIXED_PLANS, RequestPlan, TraceWorld, mix
                             mixed_world, seed_db)
 
 from analyzer.formats.sdk_spans import rows_from_sdk_spans
-from analyzer.queries import run_query
+from analyzer.query.runner import run_query
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Results in request_key ranges (analyzer.queries.stream_query) and the clustered kept tables
+"""Results in request_key ranges (analyzer.query.runner.stream_query) and the clustered kept tables
 behind them: the same rows in the same order as one query, whatever the number of ranges;
 the CLI's streamed csv/json are byte for byte what the in-memory writer gives."""
 
@@ -14,12 +14,12 @@ import pytest
 from click.testing import CliRunner
 from trace_fixtures import mixed_db, mixed_trace_id, mixed_world
 
-import analyzer.queries as queries
-from analyzer import view_keep
+import analyzer.query.runner as queries
+from analyzer.db import view_keep
 from analyzer.cli import cli
 from analyzer.cli.options import emit_row_batches, emit_rows
-from analyzer.queries import kept_order, request_key_ranges, run_query, stream_query
-from analyzer.store import connect
+from analyzer.query.runner import kept_order, request_key_ranges, run_query, stream_query
+from analyzer.db.store import connect
 
 
 def _streamed(con: duckdb.DuckDBPyConnection, name: str, params: dict | None = None) -> tuple[int, list[tuple]]:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from trace_fixtures import mixed_db, seed_db
 
-from analyzer.queries import run_query
+from analyzer.query.runner import run_query
 
 
 def _by_metric(rows: list[dict], perspective: str) -> dict[str, dict]:

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from trace_fixtures import mixed_trace_id, mixed_world
 
 from analyzer.cli import cli
-from analyzer.store import connect
+from analyzer.db.store import connect
 
 CLAIMS = "ttft_ms: {value: 190, stat: p50}\n"
 
@@ -20,7 +20,7 @@ CLAIMS = "ttft_ms: {value: 190, stat: p50}\n"
 def db(request, tmp_path_factory) -> Path:
     """A database as tokentrace load leaves it (derived tables built), and one without them
     (written by the library: every read verb derives on its own in-memory connection)."""
-    from analyzer.derived import build_derived
+    from analyzer.db.derived import build_derived
 
     root = tmp_path_factory.mktemp(f"ro-{request.param}")
     path = root / "traces.duckdb"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.load import load_paths
-from analyzer.queries import run_query
-from analyzer.store import connect
+from analyzer.formats.load import load_paths
+from analyzer.query.runner import run_query
+from analyzer.db.store import connect
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "samples" / "real"
 DATA = Path(__file__).resolve().parent / "data" / "real"

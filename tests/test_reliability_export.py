@@ -23,8 +23,8 @@ from opentelemetry.sdk.trace.export import SpanExportResult  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 
 from analyzer.collect import Receiver  # noqa: E402
-from analyzer.load import load_paths  # noqa: E402
-from analyzer.store import connect  # noqa: E402
+from analyzer.formats.load import load_paths  # noqa: E402
+from analyzer.db.store import connect  # noqa: E402
 from instrument import setup_tracing, traced_generate  # noqa: E402
 from instrument.export_health import LOGGER_NAME, CountingSpanExporter, export_health  # noqa: E402
 

@@ -11,7 +11,7 @@ import pytest
 
 from analyzer.cli import cli
 from analyzer.report import ReportInputs, build_report, choose_request
-from analyzer.queries import run_query
+from analyzer.query.runner import run_query
 from trace_fixtures import mixed_db, seed_db
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
@@ -44,8 +44,8 @@ def test_seed_request_report_has_every_section_with_the_seed_numbers() -> None:
 
 
 def test_engine_steps_section_plots_batch_kv_and_itl_against_prefill() -> None:
-    from analyzer.load import load_paths
-    from analyzer.store import connect
+    from analyzer.formats.load import load_paths
+    from analyzer.db.store import connect
 
     con = connect()
     load_paths(con, [str(CONTINUOUS_CAPTURE / "server.otlp.jsonl"), str(CONTINUOUS_CAPTURE / "client.otlp.jsonl")])

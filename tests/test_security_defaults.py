@@ -16,9 +16,9 @@ from click.testing import CliRunner
 
 from analyzer.cli import cli
 from analyzer.collect import Receiver
-from analyzer.export import export_parquet
-from analyzer.load import load_paths
-from analyzer.store import connect
+from analyzer.formats.parquet_export import export_parquet
+from analyzer.formats.load import load_paths
+from analyzer.db.store import connect
 
 PROMPT = "my secret prompt: card 4111-1111-1111-1111"
 
@@ -126,7 +126,7 @@ def test_span_attribute_value_length_is_limited() -> None:
 
 def test_user_paths_with_quotes_are_escaped_in_sql(tmp_path: Path) -> None:
     """File and folder names reach COPY/read_parquet as SQL string literals: a quote in them
-    must neither break nor inject (analyzer/export.py and formats/parquet_dump.py escape them)."""
+    must neither break nor inject (analyzer/formats/parquet_export.py and formats/parquet_dump.py escape them)."""
     src = tmp_path / "t.jsonl"
     span = {"traceId": "0" * 31 + "1", "spanId": "0" * 15 + "1", "name": "s", "startTimeUnixNano": "1",
             "endTimeUnixNano": "2"}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from trace_fixtures import CLIENT_RESOURCE, SERVER_RESOURCE, SKEWED_CLIENT_RESOURCE, domain, mixed_db, mixed_trace_id
 
-from analyzer.queries import run_query
-from analyzer.skew import OffsetSyntaxError, parse_assume_offsets
+from analyzer.query.runner import run_query
+from analyzer.verbs.skew import OffsetSyntaxError, parse_assume_offsets
 
 SKEWED = domain(SKEWED_CLIENT_RESOURCE)
 SERVER = domain(SERVER_RESOURCE)

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from trace_fixtures import ANCHOR_NS, RequestPlan, mixed_trace_id, mixed_world
 
-from analyzer.engine import open_source
-from analyzer.export import export_parquet
-from analyzer.queries import list_queries, run_query
+from analyzer.db.source import open_source
+from analyzer.formats.parquet_export import export_parquet
+from analyzer.query.runner import list_queries, run_query
 
 pytestmark = pytest.mark.spark
 
@@ -31,7 +31,7 @@ def spark():
     pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'tokentrace[spark]')")
     if shutil.which("java") is None:
         pytest.skip("Java 17+ is not on PATH: Spark cannot start")
-    from analyzer.engines.spark import get_session, stop_session
+    from analyzer.query.spark import get_session, stop_session
 
     # tiny data: one shuffle partition, no whole-stage code generation (compiling costs more
     # than it saves here); results do not depend on either
@@ -46,7 +46,7 @@ def dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (a second ``date`` partition) and the continuous-engine capture (tests/fixtures/
     continuous_engine, 2026-12-01: engine steps beside the mixed world's step-less traces),
     exported with tokentrace's exporter."""
-    from analyzer.load import load_paths
+    from analyzer.formats.load import load_paths
 
     world = mixed_world()
     world.add(RequestPlan(start_ms=3 * 86_400_000, output_tokens=6))
@@ -60,7 +60,7 @@ def dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def engines(spark, dump: Path):
-    from analyzer.engines.spark import open_spark_source
+    from analyzer.query.spark import open_spark_source
 
     con = open_source(parquet=dump)
     source = open_spark_source(dump, spark=spark)
@@ -146,7 +146,7 @@ def _scan_nodes(frame: Any) -> str:
 
 
 def test_time_window_prunes_date_partitions(spark, dump: Path) -> None:
-    from analyzer.engines.spark import open_spark_source
+    from analyzer.query.spark import open_spark_source
 
     source = open_spark_source(dump, start_ns=ANCHOR_NS, end_ns=ANCHOR_NS + 3_600 * 10**9, spark=spark)
     plan = _scan_nodes(spark.table("spans"))
@@ -159,7 +159,7 @@ def test_time_window_prunes_date_partitions(spark, dump: Path) -> None:
 
 
 def test_service_filter_prunes_service_partitions(spark, dump: Path) -> None:
-    from analyzer.engines.spark import open_spark_source
+    from analyzer.query.spark import open_spark_source
 
     open_spark_source(dump, services=["server"], spark=spark)
     plan = _scan_nodes(spark.table("span_events"))

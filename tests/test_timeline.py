@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from analyzer.claims import check_e2e_claim, check_kv_claim
-from analyzer.queries import run_query
-from analyzer.store import connect
-from analyzer.timeline import TimelineError, WindowCounts, compute_artifact, read_timeline_csv, validate_request
+from analyzer.audit.claims import check_e2e_claim, check_kv_claim
+from analyzer.query.runner import run_query
+from analyzer.db.store import connect
+from analyzer.formats.timeline import TimelineError, WindowCounts, compute_artifact, read_timeline_csv, validate_request
 from instrument.kv import explicit_layout
 
 SEED_KV = explicit_layout(80, 8, 128, "bf16", q_heads=64)
@@ -150,7 +150,7 @@ def test_broken_cases_are_flagged() -> None:
 
 def test_contract_spans_with_deprecated_usage_names() -> None:
     """Older GenAI names (prompt_tokens / completion_tokens) on contract spans still give I and O."""
-    from analyzer.store import EventRow, SpanRow, insert_rows
+    from analyzer.db.store import EventRow, SpanRow, insert_rows
 
     con = connect(None)
     tid, sid = "ab" * 16, "cd" * 8

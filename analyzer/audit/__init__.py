@@ -4,7 +4,7 @@ config and (optionally) the traces it claims to describe.
 One module per report kind (:mod:`.vllm`, :mod:`.vllm_nightly`, :mod:`.aiperf`,
 :mod:`.llmperf`, :mod:`.claims_file` for claims files and tokentrace's own JSON), shared
 comparison in :mod:`.compare`, recomputation in ``queries/audit/*.sql``. Every check yields
-a :class:`analyzer.claims.Finding` (check, verdict pass | fail | cannot_check, detail,
+a :class:`analyzer.audit.claims.Finding` (check, verdict pass | fail | cannot_check, detail,
 numbers). Formulas and the real-world failure each check catches: docs/audit.md.
 """
 

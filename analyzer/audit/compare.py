@@ -14,8 +14,8 @@ from typing import Any, Iterable, Mapping
 
 import duckdb
 
-from analyzer.claims import CANNOT, FAIL, PASS, Finding
-from analyzer.queries import run_query
+from analyzer.audit.claims import CANNOT, FAIL, PASS, Finding
+from analyzer.query.runner import run_query
 
 __all__ = [
     "DEFAULT_REL_TOL",

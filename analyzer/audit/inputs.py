@@ -6,12 +6,9 @@ import json
 import math
 from pathlib import Path
 from typing import Any, Mapping
+from analyzer.errors import AuditInputError  # noqa: F401  (defined at the bottom layer; re-exported)
 
 __all__ = ["AuditInputError", "read_json", "number", "optional_number", "integer"]
-
-
-class AuditInputError(ValueError):
-    """A report, claims or records file the audit cannot read: the message names file and key."""
 
 
 def read_json(path: str | Path) -> Any:

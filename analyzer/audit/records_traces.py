@@ -21,7 +21,7 @@ import duckdb
 
 from analyzer.audit.compare import CANNOT, DEFINITION_REL_TOL, FAIL, PASS, Finding, audit_query, create_table
 from analyzer.audit.inputs import AuditInputError
-from analyzer.queries import run_query
+from analyzer.query.runner import run_query
 
 __all__ = ["CONTAINMENT_SLACK_MS", "RequestRecord", "compare_records_with_traces", "load_traced_requests",
            "traces_copy"]

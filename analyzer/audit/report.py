@@ -8,8 +8,8 @@ from typing import Any
 
 from analyzer.audit.compare import DEFAULT_REL_TOL
 from analyzer.audit.inputs import AuditInputError, read_json
-from analyzer.claims import Finding
-from analyzer.store import connect
+from analyzer.audit.claims import Finding
+from analyzer.db.store import connect
 
 __all__ = ["KINDS", "audit_report", "detect_kind"]
 

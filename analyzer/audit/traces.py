@@ -15,7 +15,7 @@ from typing import Any
 from analyzer.audit.claims_file import Claims
 from analyzer.audit.compare import CANNOT, Finding, compare_figure
 from analyzer.audit.records_traces import traces_copy
-from analyzer.queries import run_query
+from analyzer.query.runner import run_query
 
 __all__ = ["check_claims_against_traces"]
 

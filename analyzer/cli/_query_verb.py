@@ -13,8 +13,8 @@ import duckdb
 
 from analyzer.cli.options import UserError, default_db_path, emit_row_batches, emit_rows, parse_params
 
-if TYPE_CHECKING:  # analyzer.queries is imported where a query runs (start-up cost of --help and usage errors)
-    from analyzer.queries import QueryResult
+if TYPE_CHECKING:  # analyzer.query.runner is imported where a query runs (start-up cost of --help and usage errors)
+    from analyzer.query.runner import QueryResult
 
 __all__ = [
     "PERSPECTIVES", "TRACE_ID_RE", "check_trace_id", "installed", "merge_params", "note_if_stale", "open_from_flags",
@@ -48,7 +48,7 @@ def open_from_flags(
     db_path: str | None, parquet_dir: str | None, start_ns: int | None = None, end_ns: int | None = None
 ) -> duckdb.DuckDBPyConnection:
     """The connection the verb queries; a clear one-line error for a missing file or dump."""
-    from analyzer.engine import SourceError, open_source
+    from analyzer.db.source import SourceError, open_source
 
     if db_path and parquet_dir:
         raise UserError("give --db or --parquet, not both")
@@ -65,7 +65,7 @@ def open_from_flags(
 def note_if_stale(con: duckdb.DuckDBPyConnection, db_path: str | None) -> None:
     """One note on stderr when the database's derived tables (tokentrace load) describe other
     data than it holds, so this command derived them again on its own connection."""
-    from analyzer.queries import derived_status
+    from analyzer.query.runner import derived_status
 
     if db_path is not None and derived_status(con) == "stale":
         click.echo(f"note: {db_path}: its derived tables were built over other data (rows written since "
@@ -85,7 +85,7 @@ def check_trace_id(trace_id: str | None) -> str | None:
 
 def merge_params(query: str, flags: Mapping[str, Any], raw_params: Sequence[str]) -> dict[str, Any]:
     """Friendly flags (None = not given) overlaid by ``--param NAME=VALUE``; unknown names are errors."""
-    from analyzer.queries import load_query
+    from analyzer.query.runner import load_query
 
     params = {k: v for k, v in flags.items() if v is not None}
     params.update(parse_params(raw_params))
@@ -111,7 +111,7 @@ def _check_types(query: str, params: Mapping[str, Any]) -> None:
     """A number, integer or boolean parameter given as something else is a one-line error
     here, whatever the data (DuckDB converts a bound value only when a row reaches it, so
     over an empty table a bad value would pass silently)."""
-    from analyzer.queries import load_query
+    from analyzer.query.runner import load_query
 
     declared = {p.name: p.sql_type for p in load_query(query).params}
     for name, value in params.items():
@@ -127,7 +127,7 @@ STREAM_BATCH_ROWS = 50_000
 
 def query_rows(con: duckdb.DuckDBPyConnection, query: str, params: Mapping[str, Any]) -> QueryResult:
     """Run ``queries/<query>.sql``; a DuckDB error caused by a bad parameter value becomes a UserError."""
-    from analyzer.queries import run_query
+    from analyzer.query.runner import run_query
 
     try:
         return run_query(con, query, params, keep_chunks=False)  # one query per connection
@@ -140,9 +140,9 @@ def stream_rows(
     notes: Sequence[str] = (),
 ) -> int:
     """Run ``queries/<query>.sql`` and write its rows as csv or json batch by batch
-    (:func:`analyzer.queries.stream_query`: itl runs one request_key range at a time), so
+    (:func:`analyzer.query.runner.stream_query`: itl runs one request_key range at a time), so
     output of any size never sits in memory whole. Returns the number of rows written."""
-    from analyzer.queries import stream_query
+    from analyzer.query.runner import stream_query
 
     if output_format == "csv":
         written = _stream_csv(con, query, params, notes)
@@ -176,8 +176,8 @@ def _stream_csv(con: duckdb.DuckDBPyConnection, query: str, params: Mapping[str,
     import sys
 
     from analyzer.cli._csv_lines import ARROW_MIN_EVENTS, csv_line_sql, iter_csv_chunks
-    from analyzer.queries import stream_query
-    from analyzer.view_state import installed_span_events
+    from analyzer.query.runner import stream_query
+    from analyzer.db.view_state import installed_span_events
 
     def chunks():
         try:
@@ -247,8 +247,8 @@ def run_verb(
     params = merge_params(query, flags, raw_params)
     if validate is not None:
         validate(params)
-    if click.get_current_context().meta.get("tokentrace.engine") == "spark":  # analyzer/engines/spark.py
-        from analyzer.engines.spark import spark_verb_rows
+    if click.get_current_context().meta.get("tokentrace.engine") == "spark":  # analyzer/query/spark.py
+        from analyzer.query.spark import spark_verb_rows
 
         result = spark_verb_rows(query, params, db_path=db_path, parquet_dir=parquet_dir, start_ns=start_ns,
                                  end_ns=end_ns)
@@ -270,7 +270,7 @@ def run_verb(
 
 def installed(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
     """``con`` with the adapter and metric views installed (for ad-hoc SQL)."""
-    from analyzer.queries import install_views
+    from analyzer.query.runner import install_views
 
     install_views(con)
     return con

@@ -66,9 +66,9 @@ def bench_command(url, n_requests, concurrency, rate_per_s, api_key, model, prom
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from analyzer.cli.demo import print_query_results
-    from analyzer.demo import REQUEST_COLUMNS, summary_queries
+    from analyzer.verbs.demo import REQUEST_COLUMNS, summary_queries
     from analyzer.formats.sdk_spans import rows_from_sdk_spans
-    from analyzer.store import connect, insert_rows
+    from analyzer.db.store import connect, insert_rows
     from instrument.client import SEED_PROMPT, chat_body, local_tracer_provider, run_load_sync
     from instrument.shutdown import StopSignals, export_summary, shutdown_tracing
 
@@ -116,7 +116,7 @@ def bench_command(url, n_requests, concurrency, rate_per_s, api_key, model, prom
     try:
         spans, events, links = rows_from_sdk_spans(memory.get_finished_spans())
         insert_rows(con, spans, events, links)
-        from analyzer.derived import build_derived
+        from analyzer.db.derived import build_derived
 
         build_derived(con)  # as tokentrace load: the read verbs afterwards derive nothing
         if as_json:

@@ -25,7 +25,7 @@ DISTRIBUTIONS = ("ttft_ms", "tpot_ms", "e2e_ms", "itl_ms")
 
 def bench_summary(con: Any, http_status: dict[str, int]) -> dict[str, Any]:
     """The bench's JSON object from the client spans loaded in ``con``."""
-    from analyzer.queries import run_query
+    from analyzer.query.runner import run_query
 
     window_rows = run_query(con, "window", {"perspective": "client"}).dicts()
     window = window_rows[0] if window_rows else {}

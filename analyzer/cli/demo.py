@@ -97,8 +97,8 @@ def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int
     """
     import signal
 
-    from analyzer.demo import REQUEST_COLUMNS, DemoOptions, DemoStopped, run_demo
-    from analyzer.load import LoadError
+    from analyzer.verbs.demo import REQUEST_COLUMNS, DemoOptions, DemoStopped, run_demo
+    from analyzer.formats.load import LoadError
 
     if tiny and model not in (None, "tiny"):
         raise UserError(f"--tiny and --model {model} contradict each other: give one")

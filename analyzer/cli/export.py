@@ -26,8 +26,8 @@ def export(db_path: str, parquet_dir: str, overwrite: bool) -> None:
     """
     from pathlib import Path
 
-    from analyzer.export import ExportError, export_parquet
-    from analyzer.store import connect
+    from analyzer.formats.parquet_export import ExportError, export_parquet
+    from analyzer.db.store import connect
 
     if not Path(db_path).exists():
         raise UserError(f"{db_path}: no such database", hint="load traces first: tokentrace load FILE --db " + db_path)

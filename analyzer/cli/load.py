@@ -89,8 +89,8 @@ def load(paths: tuple[str, ...], db_path: str, lenient: bool, input_format: str,
       tokentrace load 'dumps/**/*.json.zst' --db traces.duckdb --lenient
       tokentrace load day1/ --db traces.duckdb --no-derive && tokentrace load day2/ --db traces.duckdb
     """
-    from analyzer.load import LoadError, load_paths, reasons_summary
-    from analyzer.store import connect
+    from analyzer.formats.load import LoadError, load_paths, reasons_summary
+    from analyzer.db.store import connect
 
     if not paths:
         if no_derive:
@@ -160,7 +160,7 @@ def _print_report(report, reasons_summary) -> None:  # noqa: ANN001
 
 def _derive(con, db_path: str, quiet: bool) -> None:  # noqa: ANN001
     """Build the derived tables and say what it cost (one line; nothing with --quiet)."""
-    from analyzer.derived import build_derived
+    from analyzer.db.derived import build_derived
 
     def announce() -> None:
         if not quiet:

@@ -10,12 +10,13 @@ import sys
 from typing import Any, Callable, Iterable, Sequence
 
 import click
+from analyzer.errors import UserError  # noqa: F401  (defined at the bottom layer; re-exported)
 
 
 def default_db_path() -> str:
-    """``$TOKENTRACE_DB`` when set, else ``tokentrace.duckdb`` (analyzer.store.default_db_path,
+    """``$TOKENTRACE_DB`` when set, else ``tokentrace.duckdb`` (analyzer.db.store.default_db_path,
     imported only when needed: start-up cost)."""
-    from analyzer.store import default_db_path as default
+    from analyzer.db.store import default_db_path as default
 
     return default()
 
@@ -29,14 +30,6 @@ __all__ = [
     "parse_params",
     "to_jsonable",
 ]
-
-
-class UserError(click.ClickException):
-    """An error the user caused (bad file, flag or input): one readable line, exit 1."""
-
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        text = " ".join(part.strip() for part in str(message).strip().splitlines() if part.strip())
-        super().__init__(text if hint is None else f"{text}; hint: {hint}")
 
 
 def db_option(func: Callable[..., Any]) -> Callable[..., Any]:

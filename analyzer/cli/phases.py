@@ -7,7 +7,7 @@ import click
 from analyzer.cli._query_verb import check_trace_id, run_verb, source_options
 from analyzer.cli.group import cli
 from analyzer.cli.options import UserError, format_option, param_option
-from analyzer.skew import OffsetSyntaxError, parse_assume_offsets
+from analyzer.verbs.skew import OffsetSyntaxError, parse_assume_offsets
 
 
 @cli.command("phases")

@@ -39,7 +39,7 @@ def pull_command(jaeger_url: str, service: str, since: str, limit: int, page_siz
       tokentrace pull --jaeger http://localhost:16686 --service tokentrace-gateway --since 2h --out jaeger.jsonl
       tokentrace load jaeger.jsonl && tokentrace requests
     """
-    from analyzer.pull import PullError, parse_since, pull_traces
+    from analyzer.collect.pull import PullError, parse_since, pull_traces
 
     try:
         since_s = parse_since(since)

@@ -12,8 +12,8 @@ from analyzer.cli._query_verb import (
 )
 from analyzer.cli.group import cli
 from analyzer.cli.options import UserError, emit_rows, format_option, to_jsonable
-from analyzer.skew import OffsetSyntaxError, parse_assume_offsets
-from analyzer.store import default_db_path
+from analyzer.verbs.skew import OffsetSyntaxError, parse_assume_offsets
+from analyzer.db.store import default_db_path
 
 
 @cli.command("skew")

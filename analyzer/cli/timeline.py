@@ -46,9 +46,9 @@ def timeline_command(csv_path, model_config, layers, kv_heads, head_dim, query_h
           --kv-dtype bf16 --input-tokens 1025 --output-tokens 150 \\
           --window-s 10 --attempted 100 --succeeded 98 --slo-passing 95 --json
     """
-    from analyzer.claims import check_e2e_claim, check_kv_claim
-    from analyzer.store import connect
-    from analyzer.timeline import TimelineError, WindowCounts, compute_artifact, read_timeline_csv
+    from analyzer.audit.claims import check_e2e_claim, check_kv_claim
+    from analyzer.db.store import connect
+    from analyzer.formats.timeline import TimelineError, WindowCounts, compute_artifact, read_timeline_csv
 
     kv = kv_layout_from_flags(model_config, layers, kv_heads, head_dim, query_heads, kv_dtype,
                               required=claim_kv_bytes_per_token is not None)
@@ -68,7 +68,7 @@ def timeline_command(csv_path, model_config, layers, kv_heads, head_dim, query_h
             artifact = compute_artifact(times, input_tokens=input_tokens, output_tokens=output_tokens, kv=kv,
                                         window=window, con=con)
             if con is not None:  # the synthetic trace is kept: derive its tables as tokentrace load does
-                from analyzer.derived import build_derived
+                from analyzer.db.derived import build_derived
 
                 build_derived(con)
         finally:

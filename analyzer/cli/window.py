@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 import click
@@ -10,6 +9,7 @@ import click
 from analyzer.cli._query_verb import PERSPECTIVES, run_verb, source_options
 from analyzer.cli.group import cli
 from analyzer.cli.options import UserError, format_option, param_option
+from analyzer.query.utc_columns import utc_text, with_utc_bounds  # noqa: F401  (re-exported)
 
 MODES = ("closed_cohort", "steady_state")
 
@@ -25,32 +25,6 @@ def _validate(params: dict[str, Any]) -> None:
         value = params.get(name)
         if value is not None and not (isinstance(value, (int, float)) and value > 0):
             raise UserError(f"--{name.replace('_', '-')} {value!r}: expected a positive number of milliseconds")
-
-
-def utc_text(ns: int | None) -> str | None:
-    """A nanosecond epoch timestamp as ISO 8601 UTC with all nine digits of the second,
-    e.g. ``2026-01-01T00:00:00.000000000Z`` (integer arithmetic: no float rounding)."""
-    if ns is None:
-        return None
-    seconds, fraction = divmod(int(ns), 1_000_000_000)
-    day = dt.datetime.fromtimestamp(seconds, tz=dt.timezone.utc)
-    return f"{day:%Y-%m-%dT%H:%M:%S}.{fraction:09d}Z"
-
-
-def with_utc_bounds(result: Any) -> Any:
-    """window.sql's result with ``window_start_utc`` / ``window_end_utc`` beside the ns bounds."""
-    from analyzer.queries import QueryResult
-
-    columns = list(result.columns)
-    rows = [list(r) for r in result.rows]
-    for name in ("window_start_ns", "window_end_ns"):
-        if name not in columns:
-            continue
-        at = columns.index(name)
-        columns.insert(at + 1, name.replace("_ns", "_utc"))
-        for r in rows:
-            r.insert(at + 1, utc_text(r[at]))
-    return QueryResult(result.name, columns, [tuple(r) for r in rows])
 
 
 @cli.command("window")

@@ -1,6 +1,7 @@
-"""Embedded OTLP trace receiver (``tokentrace collect``): OTLP/gRPC and OTLP/HTTP in, OTLP/JSON
-lines out (the format ``tokentrace load`` and the Collector's file exporter share) or, with
-``out_format="parquet"``, the Parquet dump ``tokentrace export`` writes."""
+"""Traces from the network: the embedded OTLP receiver (``tokentrace collect``: OTLP/gRPC and
+OTLP/HTTP in, OTLP/JSON lines out (the format ``tokentrace load`` and the Collector's file exporter share) or, with
+``out_format="parquet"``, the Parquet dump ``tokentrace export`` writes), and traces pulled
+from a Jaeger query service (:mod:`pull`, ``tokentrace pull``)."""
 
 from __future__ import annotations
 

@@ -68,7 +68,7 @@ PART_NAME = re.compile(rf"^part-(?P<segment>{SEGMENT_ID})-(?P<seq>\d{{8}})-(?P<s
 SEGMENT_NAME = re.compile(rf"^seg-(?P<segment>{SEGMENT_ID})\.parquet$")
 TEMP_NAME = re.compile(rf"^\.seg-{SEGMENT_ID}\.parquet\.tmp$")
 REQUEST_DIR = re.compile(rf"^(?P<request>{SEGMENT_ID}-\d{{8}})(?P<state>\.writing|\.ready)$")
-# The row order `tokentrace export` writes (analyzer/export.py; docs/parquet.md "Rows are sorted").
+# The row order `tokentrace export` writes (analyzer/formats/parquet_export.py; docs/parquet.md "Rows are sorted").
 ROW_ORDER = {
     "spans": "trace_id, start_ns, span_id",
     "span_events": "trace_id, span_id, event_index",

@@ -2,7 +2,7 @@
 
 Each request's spans go through the loader's own OTLP/JSON mapping
 (:func:`analyzer.formats.otlp_json.add_traces_data`) into an in-memory DuckDB holding the
-canonical tables, and :func:`analyzer.export.export_parquet` writes them, Hive-partitioned, into
+canonical tables, and :func:`analyzer.formats.parquet_export.export_parquet` writes them, Hive-partitioned, into
 a private folder. The folder is renamed ``.ready`` and its files moved into the output
 (children first, spans last), and only then does :meth:`ParquetWriter.write` return, i.e. the
 sender is acknowledged. Segments (rotation) and their compaction: see
@@ -148,7 +148,7 @@ class ParquetWriter:
             except OSError as exc:
                 raise OutputError(f"cannot recover {str(self.out_dir)!r} after an earlier crash: {exc}") from None
             self._segment = self._new_segment()
-            from analyzer.store import connect
+            from analyzer.db.store import connect
 
             self._con = connect(":memory:")
             stage.create_stage(self._con)
@@ -238,7 +238,7 @@ class ParquetWriter:
     def _export(self, spans: list, events: list, links: list, repeated_keys: bool, target: Path) -> tuple[list[str], int]:
         """Stage the rows, keep one copy per span, export; returns reasons for conflicting
         repeats and the number of identical repeats stored once."""
-        from analyzer.export import export_parquet
+        from analyzer.formats.parquet_export import export_parquet
 
         con = self._con
         rejected: list[str] = []

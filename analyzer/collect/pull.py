@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import urlsplit
+from analyzer.errors import PullError  # noqa: F401  (defined at the bottom layer; re-exported)
 
 __all__ = ["APIS", "PullError", "PullReport", "parse_since", "pull_traces", "rfc3339_nano"]
 
@@ -37,10 +38,6 @@ MAX_PAGES = 1000
 DEFAULT_PAGE_SIZE = 100
 _SINCE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
-
-
-class PullError(Exception):
-    """Jaeger could not be asked or did not answer as expected (one readable line)."""
 
 
 @dataclass

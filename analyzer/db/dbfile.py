@@ -30,10 +30,7 @@ _SIGNATURES: tuple[tuple[bytes, str], ...] = (
     (b"\x89HDF", "an HDF5 file"),
     (b"ARROW1", "an Arrow IPC file"),
 )
-
-
-class DatabaseFileError(ValueError):
-    """A database path that is not (and cannot become) a DuckDB database: one readable line."""
+from analyzer.errors import DatabaseFileError  # noqa: F401  (defined at the bottom layer; re-exported)
 
 
 def is_parquet_dump(path: str | Path) -> bool:

@@ -1,7 +1,7 @@
 """Derived tables in the database: the request and gap tables, computed once per load.
 
 ``tokentrace load`` (a write verb) ends by calling :func:`build_derived`: every view of
-``queries/views/`` is created in the schema :data:`~analyzer.views.DERIVED_SCHEMA` of the
+``queries/views/`` is created in the schema :data:`~analyzer.db.views.DERIVED_SCHEMA` of the
 database file, and the views the query runner keeps (the adapters' request spans and sorted
 chunk table, ``request_facts``, ``request_metrics``, ``request_keys`` and the gap rows
 ``request_gap_rows``, written one request-key range at a time) are stored there as tables,
@@ -10,10 +10,10 @@ with the fingerprint of the data they were computed from (row counts of ``spans`
 ``tokentrace_derived.tt_view_state``.
 
 A read verb opens the file read-only: when the fingerprint of what it sees equals the one
-stored, :func:`analyzer.views.install_views` puts the derived schema on the search path
+stored, :func:`analyzer.db.views.install_views` puts the derived schema on the search path
 and derives nothing (the file stays byte-identical); otherwise (rows added by another
 writer, another tokentrace's views) it derives on the connection as before, and
-:func:`analyzer.views.derived_status` says ``stale``. docs/tables.md, "Derived tables".
+:func:`analyzer.db.views.derived_status` says ``stale``. docs/tables.md, "Derived tables".
 
 Example::
 
@@ -32,8 +32,8 @@ from importlib.metadata import PackageNotFoundError, version
 
 import duckdb
 
-from analyzer import views as queries  # the view machinery (analyzer/views.py)
-from analyzer.view_state import _fingerprint, _quoted
+from analyzer.db import views as queries  # the view machinery (analyzer/db/views.py)
+from analyzer.db.view_state import _fingerprint, _quoted
 
 __all__ = ["DerivedReport", "build_derived", "drop_derived", "is_current"]
 

@@ -4,7 +4,7 @@
 ``open_source(parquet=DIR)`` reads a ``tokentrace export`` dump in place, with no load step:
 an in-memory DuckDB gets views ``spans``, ``span_events`` and ``span_links`` over
 ``read_parquet('DIR/<table>/**/*.parquet', hive_partitioning=true)``, selecting the
-canonical columns (analyzer.schema) so every adapter and query runs unchanged. The dump is
+canonical columns (analyzer.db.schema) so every adapter and query runs unchanged. The dump is
 Hive-partitioned by ``service_name`` and ``date`` (UTC day of the span's start); given a
 time window, the views keep only the days that can hold it (one day of margin on each side
 for requests that cross midnight), so DuckDB skips the other partitions' files.
@@ -17,17 +17,14 @@ from pathlib import Path
 
 import duckdb
 
-from analyzer.dbfile import DatabaseFileError, check_database_path
-from analyzer.schema import TABLE_DDL
+from analyzer.db.dbfile import DatabaseFileError, check_database_path
+from analyzer.db.schema import TABLE_DDL
+from analyzer.errors import SourceError  # noqa: F401  (defined at the bottom layer; re-exported)
 
 __all__ = ["DUMP_TABLES", "SourceError", "open_source", "parquet_views", "utc_day_of_ns"]
 
 DUMP_TABLES: tuple[str, ...] = ("spans", "span_events", "span_links")
 LOAD_HINT = "load traces first with tokentrace load"
-
-
-class SourceError(ValueError):
-    """The database file or Parquet dump the user named cannot be read."""
 
 
 _COLUMNS: dict[str, list[tuple[str, str]]] = {}
@@ -52,8 +49,8 @@ def _canonical_columns(table: str, con: duckdb.DuckDBPyConnection | None = None)
 
 
 def _settings(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
-    """$TOKENTRACE_MEMORY_LIMIT and the like (analyzer.store.apply_settings), as a SourceError."""
-    from analyzer.store import apply_settings
+    """$TOKENTRACE_MEMORY_LIMIT and the like (analyzer.db.store.apply_settings), as a SourceError."""
+    from analyzer.db.store import apply_settings
 
     try:
         return apply_settings(con)
@@ -80,7 +77,7 @@ def parquet_views(
     root = Path(directory)
     if not root.is_dir():
         if root.is_file():
-            from analyzer.dbfile import describe_file
+            from analyzer.db.dbfile import describe_file
 
             what = describe_file(root)
             hint = f" (a database is read with --db {root})" if what == "a DuckDB database" else ""

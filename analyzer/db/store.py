@@ -17,8 +17,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import duckdb
 
-from analyzer.dbfile import DatabaseFileError, check_database_path
-from analyzer.schema import arrow_schema, create_tables
+from analyzer.db.dbfile import DatabaseFileError, check_database_path
+from analyzer.db.schema import arrow_schema, create_tables
 
 __all__ = [
     "DEFAULT_DB",
@@ -72,9 +72,9 @@ def connect(path: str | Path | None = None, read_only: bool = False) -> duckdb.D
     """Open (or create) a tokentrace database and make sure the canonical tables exist.
 
     ``path`` None or ``":memory:"`` gives an in-memory database. A file path is checked first
-    (:func:`analyzer.dbfile.check_database_path`): a path that exists and is not a DuckDB
+    (:func:`analyzer.db.dbfile.check_database_path`): a path that exists and is not a DuckDB
     database, an empty file, a missing folder, or (``read_only``) a missing file raises
-    :class:`~analyzer.dbfile.DatabaseFileError` with one line, and the file is not touched.
+    :class:`~analyzer.db.dbfile.DatabaseFileError` with one line, and the file is not touched.
     """
     target = ":memory:" if path is None else str(path)
     if target != ":memory:":

@@ -12,8 +12,8 @@ from typing import Mapping, Sequence
 
 import duckdb
 
-from analyzer.view_sql import _strip_comments, kept_order, kept_views, view_files
-from analyzer.view_state import BUILDING_PREFIX, CACHE_PREFIX, _cached, _state, _state_row
+from analyzer.db.view_sql import _strip_comments, kept_order, kept_views, view_files
+from analyzer.db.view_state import BUILDING_PREFIX, CACHE_PREFIX, _cached, _state, _state_row
 
 __all__ = [
     "CHUNK_VIEWS",
@@ -61,7 +61,7 @@ def _keep(
     its row count. ``order``: write the rows in that order (an ORDER BY list). ``ranges``:
     write them one request_key range at a time (``WHERE request_key BETWEEN lo AND hi``, in
     the given order), so the view's work is done per range and the table is clustered.
-    ``persist``: a table of the current schema instead (analyzer.derived, writing the
+    ``persist``: a table of the current schema instead (analyzer.db.derived, writing the
     database's derived tables), read by the view through an unqualified name (a view binds
     names in its own schema first)."""
     temp, kind = ("", "TABLE") if persist else ("temp.", "TEMP TABLE")
@@ -164,7 +164,7 @@ def materialize_views(
     instead of 7.4 s, request_facts' chunk aggregates never computed). Needs views from
     :func:`install_views` on this
     connection (else does nothing; nothing either when they read a database's derived
-    tables: everything is kept there). ``persist_events`` (analyzer.derived only, with the
+    tables: everything is kept there). ``persist_events`` (analyzer.db.derived only, with the
     span_events row count): keep them as tables of the current schema, at every size.
     Returns the views it materialized."""
     persist = persist_events is not None

@@ -2,7 +2,7 @@
 which files are adapters and which are derived (``-- install: after request_facts``), the
 unions ``request_facts`` / ``request_chunks`` over the adapters, the view names the files
 create, and the ``-- keep:`` / ``-- keep chunks: ... ORDER BY ...`` lines that say which
-views are kept as tables (analyzer/view_keep.py). No connection state: text in, text out.
+views are kept as tables (analyzer/db/view_keep.py). No connection state: text in, text out.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Per-connection state of the installed views (a temp table: the data's fingerprint, the
 span_events count, and whether the views read a database's derived tables), the tables
 kept on the connection, and where a database's derived tables are (schema
-:data:`DERIVED_SCHEMA`, written by ``tokentrace load``: analyzer/derived.py).
+:data:`DERIVED_SCHEMA`, written by ``tokentrace load``: analyzer/db/derived.py).
 
 The fingerprint is the row counts of ``spans``, ``span_events``, ``span_links`` and
-``loads``, the last load id and the view files' text (analyzer/views.py's module docstring).
+``loads``, the last load id and the view files' text (analyzer/db/views.py's module docstring).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Sequence
 
 import duckdb
 
-from analyzer.view_sql import view_names
+from analyzer.db.view_sql import view_names
 
 __all__ = [
     "BUILDING_PREFIX",
@@ -31,7 +31,7 @@ CACHE_PREFIX = "tt_cached_"
 BUILDING_PREFIX = "tt_building_"  # a kept table being written range by range (renamed when complete)
 STATE_TABLE = "tt_view_state"
 #: The schema ``tokentrace load`` writes the views and their kept tables into, once per load
-#: (analyzer/derived.py): read connections whose data has the fingerprint recorded there read
+#: (analyzer/db/derived.py): read connections whose data has the fingerprint recorded there read
 #: them instead of deriving anything (docs/tables.md, "Derived tables").
 DERIVED_SCHEMA = "tokentrace_derived"
 _COUNTED_TABLES = ("spans", "span_events", "span_links", "loads")

@@ -11,12 +11,12 @@ on the data: the row counts of ``spans``, ``span_events``, ``span_links`` and ``
 ``tokentrace load`` appends a ``loads`` row) and the view files' text. A change that keeps
 every count (an UPDATE, a DELETE and an INSERT of as many rows) must call
 :func:`install_views` with ``refresh=True``. A database written by ``tokentrace load`` holds
-the same views and kept tables in its schema :data:`DERIVED_SCHEMA` (analyzer/derived.py):
+the same views and kept tables in its schema :data:`DERIVED_SCHEMA` (analyzer/db/derived.py):
 a connection over the same data reads those and derives nothing.
 
-This module installs the views; the files and their header lines are analyzer/view_sql.py,
-the per-connection state and the derived tables' location analyzer/view_state.py, and the
-kept tables analyzer/view_keep.py. analyzer.queries re-exports the public names; the query
+This module installs the views; the files and their header lines are analyzer/db/view_sql.py,
+the per-connection state and the derived tables' location analyzer/db/view_state.py, and the
+kept tables analyzer/db/view_keep.py. analyzer.query.runner re-exports the public names; the query
 files themselves are its concern.
 """
 
@@ -27,7 +27,7 @@ from typing import Sequence
 
 import duckdb
 
-from analyzer.view_keep import (
+from analyzer.db.view_keep import (
     CHUNK_VIEWS,
     MATERIALIZE_MAX_EVENTS,
     MATERIALIZED_VIEWS,
@@ -36,7 +36,7 @@ from analyzer.view_keep import (
     materialize_views,
     request_key_ranges,
 )
-from analyzer.view_sql import (
+from analyzer.db.view_sql import (
     UNIONED_VIEWS,
     kept_order,
     kept_views,
@@ -45,7 +45,7 @@ from analyzer.view_sql import (
     view_files,
     view_names,
 )
-from analyzer.view_state import (
+from analyzer.db.view_state import (
     CACHE_PREFIX,
     DERIVED_SCHEMA,
     STATE_TABLE,
@@ -96,7 +96,7 @@ def install_views(con: duckdb.DuckDBPyConnection, *, refresh: bool = False, pers
     When a database on the connection holds derived tables (``tokentrace load``,
     :data:`DERIVED_SCHEMA`) built over data with the same fingerprint, nothing is created or
     derived: the derived schema goes last on the search path and every view and kept table is
-    read from there (``refresh`` skips them). ``persist`` (analyzer.derived.build_derived
+    read from there (``refresh`` skips them). ``persist`` (analyzer.db.derived.build_derived
     only): create the views and keep their tables in the current schema, not in ``temp``, and
     write no per-connection state."""
     base, derived = view_files()

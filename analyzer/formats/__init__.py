@@ -1,4 +1,8 @@
-"""Input formats: one reader module per input shape, all producing the canonical rows.
+"""The inputs: one reader per input shape (and the seed's timeline CSV) producing the canonical rows, the loader that drives them, and the Parquet dump writer.
+
+- :mod:`load` — ``load_paths``: files into the tables, counted read / loaded / duplicate / rejected
+- :mod:`timeline` — the seed's request-timeline CSV as a synthetic trace
+- :mod:`parquet_export` — the tables as a Hive-partitioned Parquet dump (``tokentrace export``)
 
 - :mod:`otlp_json` — OTLP/JSON lines, documents, Jaeger api_v3 wrapper
 - :mod:`otlp_json_duckdb` (SQL in :mod:`otlp_json_sql`) — the bulk path for large OTLP/JSON

@@ -1,7 +1,7 @@
 """The row layout every reader produces, and the sink that counts and batches it.
 
 Readers turn one input shape into tuples in the column order below (the canonical tables of
-``analyzer.schema`` plus two staging columns) and hand them to a :class:`RowSink`. The sink
+``analyzer.db.schema`` plus two staging columns) and hand them to a :class:`RowSink`. The sink
 counts records and spans read, keeps or raises rejects (strict vs lenient), and flushes
 batches to the staging tables (``analyzer.formats.stage``), where deduplication happens.
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
+from analyzer.errors import LoadError  # noqa: F401  (defined at the bottom layer; re-exported)
 
 __all__ = [
     "EVENT_COLUMNS",
@@ -47,20 +48,6 @@ LINK_COLUMNS: list[str] = [
 STAGE_SPAN_COLUMNS: list[str] = [*SPAN_COLUMNS, "_ord", "_line"]
 STAGE_EVENT_COLUMNS: list[str] = ["_ord", *EVENT_COLUMNS]
 STAGE_LINK_COLUMNS: list[str] = ["_ord", *LINK_COLUMNS]
-
-
-class LoadError(ValueError):
-    """A record the user gave cannot be loaded (strict mode), or an input is unreadable.
-
-    ``file``, ``line`` (1-based, None when unknown), ``reason`` (a reason code) and
-    ``detail`` name what went wrong; ``str()`` is one readable line.
-    """
-
-    def __init__(self, file: str, line: int | None, reason: str, detail: str = "", hint: str | None = None) -> None:
-        where = f"{file}:{line}" if line is not None else file
-        text = f"{where}: {reason}" + (f": {detail}" if detail else "")
-        super().__init__(text)
-        self.file, self.line, self.reason, self.detail, self.hint = file, line, reason, detail, hint
 
 
 LENIENT_HINT = "use --lenient to load the other records and keep rejected ones in the rejects table"

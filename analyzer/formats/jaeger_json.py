@@ -16,7 +16,7 @@ from typing import Any
 
 from analyzer.formats.canonical import Reject, RowSink, raw_json
 from analyzer.formats.values import INT64_MAX, BadRecord, json_text, parse_id
-from analyzer.store import clock_domain_of
+from analyzer.db.store import clock_domain_of
 
 __all__ = ["is_jaeger_document", "read_jaeger_document"]
 

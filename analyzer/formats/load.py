@@ -26,7 +26,7 @@ from analyzer.formats import otlp_json, otlp_json_duckdb, otlp_proto, parquet_du
 from analyzer.formats.canonical import LENIENT_HINT, LoadError, Reject, RowSink
 from analyzer.formats.inputs import GZIP_MAGIC, INPUT_FORMATS, ZSTD_MAGIC, InputFile, detect_format, expand_inputs, open_stream
 from analyzer.formats.jaeger_json import is_jaeger_document, read_jaeger_document
-from analyzer.store import next_load_id, record_load
+from analyzer.db.store import next_load_id, record_load
 
 __all__ = ["FileReport", "INPUT_FORMATS", "LoadError", "LoadReport", "load_paths"]
 

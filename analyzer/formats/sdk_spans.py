@@ -3,14 +3,14 @@
 Useful wherever spans are at hand in-process: tests with an ``InMemorySpanExporter``, an
 exporter that writes straight into DuckDB, fixtures. Ids become lowercase hex (trace 32
 digits, span 16), times stay OTLP nanoseconds, attributes are split into the typed maps by
-:func:`analyzer.store.split_attributes` (via the row classes), dropped counts are kept.
+:func:`analyzer.db.store.split_attributes` (via the row classes), dropped counts are kept.
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterable
 
-from analyzer.store import EventRow, LinkRow, SpanRow
+from analyzer.db.store import EventRow, LinkRow, SpanRow
 
 __all__ = ["rows_from_sdk_spans", "span_row", "event_rows", "link_rows"]
 
@@ -103,7 +103,7 @@ def link_rows(span: Any) -> list[LinkRow]:
 
 
 def rows_from_sdk_spans(spans: Iterable[Any]) -> tuple[list[SpanRow], list[EventRow], list[LinkRow]]:
-    """Spans, events and links of finished SDK spans, ready for :func:`analyzer.store.insert_rows`."""
+    """Spans, events and links of finished SDK spans, ready for :func:`analyzer.db.store.insert_rows`."""
     span_out: list[SpanRow] = []
     events: list[EventRow] = []
     links: list[LinkRow] = []

@@ -17,9 +17,10 @@ from typing import Any
 
 import duckdb
 
-from analyzer.queries import run_query
-from analyzer.store import EventRow, SpanRow, connect, insert_rows
+from analyzer.query.runner import run_query
+from analyzer.db.store import EventRow, SpanRow, connect, insert_rows
 from instrument.kv import KVLayout, bytes_to_mib
+from analyzer.errors import TimelineError  # noqa: F401  (defined at the bottom layer; re-exported)
 
 __all__ = [
     "EVENTS",
@@ -43,10 +44,6 @@ GATEWAY_SPAN_ID = "00000000000000a1"
 PREFILL_SPAN_ID = "00000000000000b1"
 CLIENT_RESOURCE = {"service.name": "timeline-client", "service.instance.id": "csv", "host.name": "synthetic"}
 SERVER_RESOURCE = {"service.name": "timeline-server", "service.instance.id": "csv", "host.name": "synthetic"}
-
-
-class TimelineError(ValueError):
-    """A timeline CSV or calculator input that breaks the seed's validation rules."""
 
 
 def read_timeline_csv(path: str | Path) -> dict[str, float]:

@@ -14,7 +14,7 @@ import json
 import math
 from typing import Any, Iterable, Mapping
 
-from analyzer.schema import SPAN_KINDS, STATUS_CODES
+from analyzer.db.schema import SPAN_KINDS, STATUS_CODES
 
 __all__ = ["to_jaeger_trace", "to_otlp_json", "to_otlp_proto"]
 

@@ -9,7 +9,7 @@ Each metric question is one ``queries/<name>.sql`` file with a header of ``--`` 
 Parameters are DuckDB's native ``$name`` parameters, bound by name (never formatted into the
 SQL). A parameter a caller does not give takes the default from the header. Before a query
 runs, the views of ``queries/views/`` are installed on the connection and the ones it reads
-are kept as tables, or a database's derived tables are read instead: analyzer/views.py
+are kept as tables, or a database's derived tables are read instead: analyzer/db/views.py
 (whose public names this module re-exports).
 """
 
@@ -23,10 +23,10 @@ from typing import Any, Iterator, Mapping
 
 import duckdb
 
-from analyzer import views
-from analyzer.view_sql import _strip_comments
-from analyzer.view_state import BUILDING_PREFIX  # noqa: F401  (re-exported)
-from analyzer.views import (  # re-exported: the view machinery lives in analyzer/views.py
+from analyzer.db import views
+from analyzer.db.view_sql import _strip_comments
+from analyzer.db.view_state import BUILDING_PREFIX  # noqa: F401  (re-exported)
+from analyzer.db.views import (  # re-exported: the view machinery lives in analyzer/db/views.py
     CACHE_PREFIX,
     CHUNK_VIEWS,
     DERIVED_SCHEMA,

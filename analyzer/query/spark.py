@@ -1,13 +1,13 @@
 """The metric SQL of ``queries/`` on Spark SQL, over a ``tokentrace export`` Parquet dump.
 
 One source of truth: every ``queries/*.sql`` and ``queries/views/*.sql`` file is transpiled
-from DuckDB's dialect at run time (:mod:`analyzer.engines.spark_sql`); nothing here restates
+from DuckDB's dialect at run time (:mod:`analyzer.query.spark_sql`); nothing here restates
 a metric. The dump (docs/parquet.md) is read in place: temp views ``spans``, ``span_events``
-and ``span_links`` select the canonical columns (analyzer.schema) from
+and ``span_links`` select the canonical columns (analyzer.db.schema) from
 ``DIR/<table>/service_name=<svc>/date=<YYYY-MM-DD>/*.parquet``, filtered on the partition
 columns so Spark prunes partitions (a time window keeps [start day - 1, end day + 1], as
-analyzer.engine does for DuckDB; ``services`` keeps those service folders). Then the adapter
-views, the ``request_facts`` / ``request_chunks`` unions (analyzer.queries.union_view_sql)
+analyzer.db.source does for DuckDB; ``services`` keeps those service folders). Then the adapter
+views, the ``request_facts`` / ``request_chunks`` unions (analyzer.query.runner.union_view_sql)
 and the derived views are created as temp views, in the same order as DuckDB's.
 
 The session is local (``local[2]`` by default, $TOKENTRACE_SPARK_MASTER), started once per
@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from analyzer.engine import DUMP_TABLES, _canonical_columns, utc_day_of_ns
-from analyzer.engines.spark_sql import TranspileError, spark_type, to_spark, to_spark_statements
-from analyzer.queries import UNIONED_VIEWS, QueryResult, load_query, union_view_sql, view_files
+from analyzer.db.source import DUMP_TABLES, _canonical_columns, utc_day_of_ns
+from analyzer.query.spark_sql import TranspileError, spark_type, to_spark, to_spark_statements
+from analyzer.query.runner import UNIONED_VIEWS, QueryResult, load_query, union_view_sql, view_files
+from analyzer.errors import SparkEngineError  # noqa: F401  (defined at the bottom layer; re-exported)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -74,10 +75,6 @@ logger.sqlctx.level = off
 """
 
 _SESSION: "SparkSession | None" = None
-
-
-class SparkEngineError(RuntimeError):
-    """Something a user can fix: pyspark or Java missing, a bad dump path, a query Spark rejects."""
 
 
 def _check_runtime() -> None:
@@ -179,7 +176,7 @@ class SparkSource:
     views_installed: bool = field(default=False)
 
     def install_views(self) -> None:
-        """Adapter views, the two unions, then the derived views (analyzer.queries order);
+        """Adapter views, the two unions, then the derived views (analyzer.query.runner order);
         :data:`MATERIALIZED_VIEWS` are replaced by lazily checkpointed copies as they come."""
         if self.views_installed:
             return
@@ -327,7 +324,7 @@ def spark_verb_rows(
     end_ns: int | None = None,
 ) -> QueryResult:
     """``tokentrace <verb> --engine spark``: the rows of one query, or a one-line UserError."""
-    from analyzer.cli.options import UserError
+    from analyzer.errors import UserError
 
     if db_path or not parquet_dir:
         raise UserError(

@@ -30,7 +30,7 @@ FILTER (WHERE ...)`` (Spark 3+), ``split_part`` (Spark 3.3+), ``unnest`` -> ``ex
 ``list`` -> ``collect_list``, ``//`` -> ``DIV``, ``VARCHAR`` -> ``STRING``, ``a || b``, and
 ``ORDER BY`` null order (DuckDB sorts NULLs last; sqlglot writes ``NULLS LAST`` explicitly).
 
-Semantics left to the session (analyzer.engines.spark): ``/`` is floating-point division on
+Semantics left to the session (analyzer.query.spark): ``/`` is floating-point division on
 both engines (DuckDB: DOUBLE for integers; Spark: DOUBLE). Integer overflow raises on both
 (Spark's ANSI mode is kept on). Division by zero differs: DuckDB 2 returns +-inf (or NULL),
 ANSI Spark raises; every division in queries/ is guarded (``CASE WHEN ... > 0``), so a new
@@ -43,12 +43,9 @@ from typing import Mapping
 
 import sqlglot
 from sqlglot import exp
+from analyzer.errors import TranspileError  # noqa: F401  (defined at the bottom layer; re-exported)
 
 __all__ = ["TranspileError", "spark_type", "to_spark", "to_spark_statements"]
-
-
-class TranspileError(ValueError):
-    """A DuckDB statement that the Spark rules cannot translate (names the construct)."""
 
 
 def spark_type(duckdb_type: str) -> str:

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 import duckdb
 
-from analyzer.queries import QueryResult, run_query
+from analyzer.query.runner import QueryResult, run_query
 from analyzer.report import plots
 
 __all__ = ["ReportInputs", "build_report", "choose_request"]
@@ -109,7 +109,7 @@ def _optional(con: duckdb.DuckDBPyConnection, name: str, params: Mapping[str, An
 
 def build_report(con: duckdb.DuckDBPyConnection, inputs: ReportInputs) -> str:
     """The report as one HTML string. Raises ValueError when the database holds no request."""
-    from analyzer.queries import install_views
+    from analyzer.query.runner import install_views
 
     install_views(con)
     requests = run_query(con, "requests", views=False).dicts()

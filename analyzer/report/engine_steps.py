@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import duckdb
 
-from analyzer.queries import run_query
+from analyzer.query.runner import run_query
 from analyzer.report import plots
 
 __all__ = ["MAX_PLOT_POINTS", "engine_steps_section"]

@@ -68,7 +68,7 @@ class DemoResult:
     client_results: list[Any] = field(default_factory=list)
     spans_loaded: int = 0
     report_path: Path | None = None
-    queries: dict[str, Any] = field(default_factory=dict)  # name -> analyzer.queries.QueryResult
+    queries: dict[str, Any] = field(default_factory=dict)  # name -> analyzer.query.runner.QueryResult
 
 
 class DemoStopped(Exception):
@@ -123,7 +123,7 @@ def model_step(spec: str) -> str:
 def with_short_request_id(result: Any) -> Any:
     """requests.sql's result with a first column ``request``: the last :data:`REQUEST_ID_CHARS`
     hex digits of request_span_id (the same for a request's client and server rows)."""
-    from analyzer.queries import QueryResult
+    from analyzer.query.runner import QueryResult
 
     at = result.columns.index("request_span_id")
     rows = [(None if r[at] is None else r[at][-REQUEST_ID_CHARS:], *r) for r in result.rows]
@@ -133,9 +133,9 @@ def with_short_request_id(result: Any) -> Any:
 def summary_queries(con: Any, *, perspective: str | None = None, skew: bool = True) -> dict[str, Any]:
     """Run requests.sql (with the short ``request`` id in front), window.sql (with UTC bounds
     beside the ns ones) and (when present and asked) skew_offsets.sql on ``con``."""
-    from analyzer.queries import list_queries, run_query
+    from analyzer.query.runner import list_queries, run_query
 
-    from analyzer.cli.window import with_utc_bounds
+    from analyzer.query.utc_columns import with_utc_bounds
 
     results = {
         "requests": with_short_request_id(run_query(con, "requests", {"perspective": perspective})),
@@ -192,9 +192,9 @@ def run_demo(options: DemoOptions, progress: ProgressFn | None = None) -> DemoRe
     server_provider = client_provider = None
     try:
         with signals:
-            from analyzer.derived import build_derived
-            from analyzer.load import load_paths
-            from analyzer.store import connect
+            from analyzer.db.derived import build_derived
+            from analyzer.formats.load import load_paths
+            from analyzer.db.store import connect
             from instrument.client import SEED_PROMPT, chat_body, local_tracer_provider, run_load_sync
             from instrument.gateway.app import GatewaySettings, create_app
             from instrument.gateway.server import ServerThread

@@ -14,14 +14,11 @@ import math
 import re
 from dataclasses import dataclass
 from typing import Sequence
+from analyzer.errors import OffsetSyntaxError  # noqa: F401  (defined at the bottom layer; re-exported)
 
 __all__ = ["AssumedOffsets", "OffsetSyntaxError", "parse_assume_offsets"]
 
 _DOMAIN_RE = re.compile(r"^[^=\s][^=]*$")
-
-
-class OffsetSyntaxError(ValueError):
-    """An ``--assume-offset`` value that is not ``DOMAIN=MS`` with a finite MS."""
 
 
 @dataclass(frozen=True)

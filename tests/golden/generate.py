@@ -29,7 +29,7 @@ def golden_rows(name: str) -> dict[str, Any]:
     from trace_fixtures import mixed_db
 
     from analyzer.cli.options import to_jsonable
-    from analyzer.queries import run_query
+    from analyzer.query.runner import run_query
 
     con = mixed_db()
     try:
@@ -41,7 +41,7 @@ def golden_rows(name: str) -> dict[str, Any]:
 
 
 def main() -> None:
-    from analyzer.queries import list_queries
+    from analyzer.query.runner import list_queries
 
     for name in list_queries():
         path = HERE / f"{name}.json"

@@ -1,0 +1,158 @@
+"""The layers of docs/architecture.md, enforced: no import climbs from a lower layer to a higher one.
+
+Every ``import`` and ``from … import`` in analyzer/ and instrument/ is read from the source
+(function-level imports included), and each analyzer module is given its layer's rank:
+
+    errors (0) → db (1) → query (2) → formats (3) → collect, audit, report (4) → verbs (5) → cli (6)
+
+A module may import its own layer and the layers below it, never one above. Between the two
+halves: ``instrument`` never imports ``analyzer``; below the verbs, ``analyzer`` imports only
+``instrument.kv`` (the KV formula, no torch); verbs and CLI import the engine side inside
+functions only, so ``analyzer`` imports without torch and ``instrument`` without duckdb (also
+checked by importing every module in a child process with those packages blocked).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+RANKS: dict[str, int] = {
+    "analyzer": 0, "analyzer._moved": 0, "analyzer.errors": 0,
+    "analyzer.db": 1,
+    "analyzer.query": 2,
+    "analyzer.formats": 3,
+    "analyzer.collect": 4, "analyzer.audit": 4, "analyzer.report": 4,
+    "analyzer.verbs": 5,
+    "analyzer.cli": 6,
+}
+#: engine-side modules the lower analyzer layers may import (torch-free by design)
+TORCH_FREE_INSTRUMENT = {"instrument.kv"}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _layer(name: str) -> str:
+    """The longest key of RANKS that is ``name`` or a package above it."""
+    parts = name.split(".")
+    for n in range(len(parts), 0, -1):
+        key = ".".join(parts[:n])
+        if key in RANKS:
+            return key
+    raise AssertionError(f"{name}: no layer in tests/test_layers.py RANKS: give its package a rank")
+
+
+def _imports(path: Path) -> list[tuple[int, str, bool]]:
+    """(line, imported dotted name, at module level) for every import of the project's packages."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    tree = ast.parse(path.read_text(), filename=str(path))
+    top_level = {id(node) for node in tree.body}
+    found: list[tuple[int, str, bool]] = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            # `from analyzer.db import views` names a module too: keep the longer name when it is one
+            names = [f"{base}.{a.name}" if (REPO / f"{base}.{a.name}".replace(".", "/")).exists()
+                     or (REPO / (f"{base}.{a.name}".replace(".", "/") + ".py")).exists() else base
+                     for a in node.names]
+        for name in names:
+            if name.split(".")[0] in ("analyzer", "instrument"):
+                found.append((node.lineno, name, id(node) in top_level))
+    return found
+
+
+def _sources(package: str) -> list[Path]:
+    return sorted(p for p in (REPO / package).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def upward_imports() -> list[str]:
+    """Every import that breaks the layering, as 'file:line: a -> b (why)'."""
+    bad: list[str] = []
+    for path in _sources("analyzer") + _sources("instrument"):
+        module = _module_name(path)
+        where = path.relative_to(REPO)
+        for line, name, top in _imports(path):
+            if module.startswith("instrument"):
+                if name.startswith("analyzer"):
+                    bad.append(f"{where}:{line}: {module} -> {name} (instrument never imports analyzer)")
+                continue
+            if name.startswith("instrument"):
+                rank = RANKS[_layer(module)]
+                root = ".".join(name.split(".")[:2])
+                if root not in TORCH_FREE_INSTRUMENT and (rank < RANKS["analyzer.verbs"] or top):
+                    bad.append(f"{where}:{line}: {module} -> {name} (engine side: verbs/cli only, inside a function)")
+                continue
+            if name in ("analyzer.sql",) or name.startswith("analyzer.sql."):
+                continue  # package data (queries/), not code
+            if RANKS[_layer(name)] > RANKS[_layer(module)]:
+                bad.append(f"{where}:{line}: {module} ({_layer(module)}) -> {name} ({_layer(name)}) climbs")
+    return bad
+
+
+def test_no_import_climbs_a_layer() -> None:
+    bad = upward_imports()
+    assert not bad, "imports that climb a layer:\n" + "\n".join(bad)
+
+
+def test_the_check_sees_a_climb(tmp_path: Path) -> None:
+    """The walker is not blind: a planted upward import (db -> cli) is reported."""
+    planted = REPO / "analyzer" / "db" / "_planted_climb_for_test.py"
+    planted.write_text("def f():\n    from analyzer.cli.options import UserError\n    return UserError\n")
+    try:
+        bad = upward_imports()
+    finally:
+        planted.unlink()
+    assert any("_planted_climb_for_test.py:2" in b and "climbs" in b for b in bad), bad
+
+
+def test_every_analyzer_package_has_a_layer_and_a_one_line_docstring() -> None:
+    for init in sorted((REPO / "analyzer").rglob("__init__.py")):
+        name = _module_name(init)
+        _layer(name)
+        doc = ast.get_docstring(ast.parse(init.read_text()))
+        assert doc, f"{init.relative_to(REPO)} says in no docstring what the package is"
+    assert sorted(p.name for p in (REPO / "analyzer").glob("*.py")) == ["__init__.py", "_moved.py", "errors.py"], \
+        "analyzer/ root holds only the package, the moved-names finder and the errors: put a module in its layer"
+
+
+_BLOCK = (
+    "import sys, importlib, pkgutil\n"
+    "class Block:\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        if name.split('.')[0] in BLOCKED: raise ImportError(f'{name} is blocked for this check')\n"
+    "sys.meta_path.insert(0, Block())\n"
+    "import {pkg}\n"
+    "failed = []\n"
+    "for info in pkgutil.walk_packages({pkg}.__path__, prefix='{pkg}.'):\n"
+    "    try: importlib.import_module(info.name)\n"
+    "    except ImportError as exc: failed.append(f'{{info.name}}: {{exc}}')\n"
+    "print('\\n'.join(failed) or 'ok')\n"
+)
+
+
+@pytest.mark.parametrize("package, blocked", [
+    ("analyzer", ("torch", "transformers")),
+    ("instrument", ("duckdb",)),
+])
+def test_every_module_imports_without_the_other_side(package: str, blocked: tuple[str, ...]) -> None:
+    code = f"BLOCKED = {blocked!r}\n" + _BLOCK.replace("{pkg}", package).replace("{{", "{").replace("}}", "}")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert out.stdout.strip() == "ok", (out.stdout + out.stderr)[-3000:]
