@@ -36,7 +36,7 @@ def queries_dir() -> Path:
             return found
     except (ModuleNotFoundError, TypeError):
         pass
-    beside = Path(__file__).resolve().parent.parent / "queries"
+    beside = Path(__file__).resolve().parents[2] / "queries"  # analyzer/db/view_sql.py -> repo
     if (beside / "requests.sql").is_file():
         return beside
     raise FileNotFoundError("tokentrace's queries/ folder is missing from this installation")
