@@ -100,6 +100,9 @@ def test_error_records_join_their_gateway_spans(tmp_path) -> None:
     assert errors.verdict == "pass"
     assert errors.numbers == {"error_records": 4, "joined": 4, "record_error_codes": ["429"],
                               "trace_outcomes": ["failed"], "succeeded_in_traces": [], "without_trace": []}
+    # non-streamed: neither side has a TPOT (AIPerf gives no TTFT, the traces one body write)
+    tpot = findings["traces:tpot_ms"]
+    assert tpot.verdict == "cannot_check" and "non-streamed ones (one body write: no per-token timing)" in tpot.detail
     # the streamed run had no error record: no such finding
     assert "traces:error_records_joined" not in _audit(STREAMED, _db(tmp_path / "s", STREAMED / "traces.jsonl"))
 

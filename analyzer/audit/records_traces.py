@@ -238,8 +238,9 @@ def _same_definition(joined: Sequence[dict[str, Any]], name: str) -> Finding:
     check = f"traces:{name}"
     pairs = _pairs(joined, name)
     if not pairs:
-        return Finding(check, CANNOT, f"{name}: no joined request has it on both sides (one-token requests and "
-                       "traces without first-token times have none)", {})
+        return Finding(check, CANNOT, f"{name}: no joined request has it on both sides (one-token requests, "
+                       "non-streamed ones (one body write: no per-token timing) and traces without first-token "
+                       "times have none)", {})
     rel = [abs(a - b) / abs(b) if b else float("inf") for _, a, b in pairs]
     diffs = [a - b for _, a, b in pairs]
     numbers = {"compared": len(pairs), "max_abs_diff_ms": max(abs(d) for d in diffs), "max_rel_diff": max(rel),
