@@ -47,7 +47,7 @@ def _body(stream: bool, **extra: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def run(request: pytest.FixtureRequest) -> dict[str, Any]:
-    """Two streamed and two non-streamed answers of 8 tokens, one non-streamed natural stop;
+    """Two streamed and two non-streamed answers of 8 tokens, one natural stop of each kind;
     each with its own X-Request-ID. Returns the responses, the gateway spans, log lines, and a
     DuckDB connection holding the spans."""
     import logging
@@ -70,7 +70,9 @@ def run(request: pytest.FixtureRequest) -> dict[str, Any]:
     sent: dict[str, httpx.Response] = {}
     try:
         plan = [("stream-1", _body(True)), ("whole-1", _body(False)), ("stream-2", _body(True, seed=2)),
-                ("whole-2", _body(False, seed=2)), ("natural-stop", {"model": "tiny", "stream": False, **NATURAL_STOP})]
+                ("whole-2", _body(False, seed=2)), ("natural-stop", {"model": "tiny", "stream": False, **NATURAL_STOP}),
+                ("natural-stop-stream", {"model": "tiny", "stream": True, "stream_options": {"include_usage": True},
+                                         **NATURAL_STOP})]
         for rid, body in plan:
             sent[rid] = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=TIMEOUT_S,
                                    headers={"X-Request-ID": rid})
@@ -121,13 +123,13 @@ def test_non_streamed_answer_has_null_tpot_with_its_reason(run: dict[str, Any]) 
 def test_summary_tpot_counts_only_streamed_requests(run: dict[str, Any]) -> None:
     summary = {r["metric"]: r for r in run_query(run["con"], "summary", {"perspective": "server"}).dicts()}
     tpot = summary["tpot_ms"]
-    streamed = [_tpot_from_span(run["spans"][rid]) for rid in ("stream-1", "stream-2")]
-    # 5 requests: the two streamed have a TPOT; the three non-streamed (natural stop included) none
-    assert (tpot["count"], tpot["null_count"]) == (2, 3)
-    assert tpot["mean"] == pytest.approx(sum(streamed) / 2, rel=1e-12)
+    streamed = [_tpot_from_span(run["spans"][rid]) for rid in ("stream-1", "stream-2", "natural-stop-stream")]
+    # 6 requests: the three streamed have a TPOT; the three non-streamed (natural stop included) none
+    assert (tpot["count"], tpot["null_count"]) == (3, 3)
+    assert tpot["mean"] == pytest.approx(sum(streamed) / 3, rel=1e-12)
     assert tpot["min"] == pytest.approx(min(streamed), rel=1e-12) and tpot["min"] > 0
     decode = summary["decode_output_tokens_per_second"]
-    assert (decode["count"], decode["null_count"]) == (2, 3)
+    assert (decode["count"], decode["null_count"]) == (3, 3)
 
 
 def test_usage_counts_the_stop_token_on_a_natural_stop(run: dict[str, Any]) -> None:
@@ -138,6 +140,11 @@ def test_usage_counts_the_stop_token_on_a_natural_stop(run: dict[str, Any]) -> N
     assert (visible, generated) == (17, 18)  # G = O + 1: the stop token is generated, not shown
     # vLLM's rule (docs/adapters.md): completion_tokens counts the stop token
     assert answer["usage"] == {"prompt_tokens": 19, "completion_tokens": 18, "total_tokens": 37}
+    # the same answer streamed (same seed, same tokens): the usage chunk says the same
+    streamed = run["spans"]["natural-stop-stream"]
+    assert (streamed.attributes["gen_ai.usage.output_tokens"], streamed.attributes["tokentrace.generated_tokens"]) == \
+        (17, 18)
+    assert _usage(run["sent"]["natural-stop-stream"]) == answer["usage"]
     # a length stop has no stop token: usage = O = G on both bodies
     for rid in ("stream-1", "whole-1"):
         assert _usage(run["sent"][rid])["completion_tokens"] == 8
