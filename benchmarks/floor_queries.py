@@ -99,7 +99,8 @@ metrics AS (
                 ELSE 'succeeded' END AS outcome,
            (f_ns - s_ns) / 1e6 AS ttft_ms,
            (e_ns - s_ns) / 1e6 AS e2e_ms,
-           CASE WHEN output_tokens > 1 THEN ((e_ns - s_ns) - (f_ns - s_ns)) / 1e6 / (output_tokens - 1) END AS tpot_ms,
+           CASE WHEN output_tokens > 1 AND e_ns > f_ns THEN ((e_ns - s_ns) - (f_ns - s_ns)) / 1e6 / (output_tokens - 1) END
+               AS tpot_ms,
            CASE WHEN output_tokens > 1 AND e_ns > f_ns THEN (output_tokens - 1) / ((e_ns - f_ns) / 1e9) END
                AS decode_output_tokens_per_second,
            CASE WHEN e_ns > s_ns THEN output_tokens / ((e_ns - s_ns) / 1e9) END AS whole_request_output_tokens_per_second
@@ -143,7 +144,8 @@ SELECT 'tokentrace' AS source, perspective, trace_id, request_span_id, clock_dom
                 WHEN any_first_ns IS NULL THEN 'no visible chunk events' END,
            CASE WHEN output_tokens IS NULL THEN 'output token count unknown' END,
            CASE WHEN output_tokens <= 1 THEN 'tpot_ms and decode rate need more than one output token' END,
-           CASE WHEN output_tokens > 1 AND e_ns <= f_ns THEN 'decode rate needs e > f' END,
+           CASE WHEN output_tokens > 1 AND e_ns <= f_ns
+                THEN 'tpot_ms and decode rate need e > f (the output arrived in one write: no per-token timing)' END,
            CASE WHEN e_ns <= s_ns THEN 'whole-request rate needs e > s' END), '') AS null_reason
 FROM kv
 ORDER BY s_ns, trace_id, request_span_id, perspective

@@ -305,7 +305,7 @@ def run_pandas(directory: str) -> dict[str, Any]:
     f, e, s = out["f_ns"], out["e_ns"], out["s_ns"]
     out["ttft_ms"] = (f - s) / 1e6
     out["e2e_ms"] = (e - s) / 1e6
-    out["tpot_ms"] = ((e - f) / 1e6 / (O - 1)).where(O > 1)
+    out["tpot_ms"] = ((e - f) / 1e6 / (O - 1)).where((O > 1) & (e > f))
     out["decode_output_tokens_per_second"] = ((O - 1) / ((e - f) / 1e9)).where((O > 1) & (e > f))
     out["whole_request_output_tokens_per_second"] = (O / ((e - s) / 1e9)).where(e > s)
     out["kv_bytes_per_token"] = req["kv_bytes_per_token"]
@@ -325,7 +325,7 @@ def run_pandas(directory: str) -> dict[str, Any]:
                    "no visible chunk events"], ""),
         np.where(O.isna(), "output token count unknown", ""),
         np.where(O <= 1, "tpot_ms and decode rate need more than one output token", ""),
-        np.where((O > 1) & (e <= f), "decode rate needs e > f", ""),
+        np.where((O > 1) & (e <= f), "tpot_ms and decode rate need e > f (the output arrived in one write: no per-token timing)", ""),
         np.where(e <= s, "whole-request rate needs e > s", ""),
     ]
     joined = pd.Series(reasons[0], index=out.index, dtype=object)

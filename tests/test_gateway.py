@@ -115,8 +115,10 @@ def test_span_tree_and_traceparent_join(served: Served) -> None:
     assert len(tokenize.attributes["tokentrace.template.sha256"]) == 64
     assert tokenize.attributes["tokentrace.input_tokens"] == gw.attributes["gen_ai.usage.input_tokens"]
     assert gw.attributes["gen_ai.response.id"] == result.request_id
-    # usage agrees on both sides; chunk events on both spans
-    assert client_span.attributes["gen_ai.usage.output_tokens"] == gw.attributes["gen_ai.usage.output_tokens"]
+    # usage agrees on both sides: the client records the usage it received, whose
+    # completion_tokens counts a final stop token as vLLM's does (G; no stop sequences here);
+    # chunk events on both spans
+    assert client_span.attributes["gen_ai.usage.output_tokens"] == gw.attributes["tokentrace.generated_tokens"]
     server_chunks = [e for e in gw.events if e.name == "tokentrace.chunk"]
     client_chunks = [e for e in client_span.events if e.name == "tokentrace.chunk"]
     assert len(server_chunks) == len(client_chunks) == result.chunks
@@ -309,7 +311,9 @@ def test_structured_log_line_per_request(served: Served, caplog: pytest.LogCaptu
     records = [json.loads(rec.getMessage()) for rec in caplog.records if rec.name == "tokentrace.gateway"]
     (line,) = [rec for rec in records if rec["id"] == r.json()["id"]]
     assert line["status"] in ("stop", "length") and line["http_status"] == 200
-    assert line["output_tokens"] == r.json()["usage"]["completion_tokens"] and line["queue_wait_ms"] >= 0
+    # usage counts a final stop token (vLLM's rule): the generated tokens G, without stop sequences
+    assert line["generated_tokens"] == r.json()["usage"]["completion_tokens"] and line["queue_wait_ms"] >= 0
+    assert "client_request_id" in line and line["client_request_id"] is None  # no X-Request-ID sent
 
 
 def test_gc_freeze_setting_moves_the_loaded_model_out_of_the_collectors_reach(handle: ModelHandle) -> None:

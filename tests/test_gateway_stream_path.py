@@ -299,7 +299,8 @@ def test_server_uses_httptools_and_uvloop_when_installed(handle: ModelHandle) ->
         usage = json.loads(lines[-2][5:])["usage"]
         text = "".join((json.loads(line[5:])["choices"] or [{}])[0].get("delta", {}).get("content") or ""
                        for line in lines[:-1])
-        assert usage["completion_tokens"] <= 6 and (text != "") == (usage["completion_tokens"] > 0)
+        # completion_tokens counts a final stop token too (vLLM's rule): text implies tokens, not back
+        assert usage["completion_tokens"] <= 6 and (text == "" or usage["completion_tokens"] > 0)
     finally:
         server.stop()
         provider.shutdown()

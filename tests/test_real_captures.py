@@ -184,8 +184,15 @@ def test_openllmetry_non_streamed_arrives_whole_and_failures_say_so(openllmetry)
     _, rows = openllmetry
     client = [r for r in rows if r["perspective"] == "client"]
     whole = [r for r in client if r["output_tokens"] == 8]
-    assert len(whole) == 2 and all(r["ttft_ms"] == r["e2e_ms"] and r["tpot_ms"] is not None for r in whole)
+    assert len(whole) == 2 and all(r["ttft_ms"] == r["e2e_ms"] for r in whole)
     assert all("non-streamed response: f = e = the client span's end" in r["null_reason"] for r in whole)
+    # one write carries no per-token timing (issue 29 item 4): TPOT NULL with its reason, not 0 ms,
+    # on the client and on the gateway (one body write: f = e there too)
+    one_write = "tpot_ms and decode rate need e > f (the output arrived in one write: no per-token timing)"
+    server = {r["request_span_id"]: r for r in rows if r["perspective"] == "server"}
+    for r in whole + [server[w["request_span_id"]] for w in whole]:
+        assert r["tpot_ms"] is None and r["decode_output_tokens_per_second"] is None
+        assert r["null_reason"].endswith(one_write) and r["output_tokens"] == 8
     [bad] = [r for r in client if r["outcome"] == "failed"]
     assert bad["null_reason"].startswith("openllmetry: the request failed (BadRequestError)")
     [gone] = [r for r in client if r["outcome"] == "cancelled"]

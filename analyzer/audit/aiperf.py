@@ -23,6 +23,8 @@ __all__ = ["audit_aiperf", "normalize_aiperf"]
 # Older tag -> flat-layout name.
 _RENAMES = {"ttft": "time_to_first_token", "ttst": "time_to_second_token"}
 _ORDER = ("min", "p1", "p5", "p10", "p25", "p50", "p75", "p90", "p95", "p99", "max")
+# a metric with any of these has statistics (one with only avg and unit is a single value)
+_STAT_KEYS = (*_ORDER, "std", "count", "sum")
 
 
 def normalize_aiperf(path: Path, data: Any) -> dict[str, dict[str, Any]]:
@@ -69,29 +71,47 @@ def audit_aiperf(path: Path, data: Any, con: duckdb.DuckDBPyConnection, rel_tol:
             findings.append(Finding("traces:records_joined", CANNOT, "joining AIPerf's requests to the traces needs "
                                     "their ids: pass --individual profile_export.jsonl (metadata.x_request_id)", {}))
         else:
-            findings += records_against_traces(records, con, db, rel_tol)
+            findings += records_against_traces(records, con, db, rel_tol, _avg(m, "total_isl"))
     return findings
 
 
 def _statistics_order(m: dict[str, dict[str, Any]]) -> Finding:
+    """min <= percentiles <= max, min <= avg <= max, sum = avg x count: each over the metrics
+    that give the figures it needs; the detail counts them (a metric with a single value, e.g.
+    request_throughput's avg, has no statistics and is not counted as checked)."""
     problems: list[str] = []
+    ordered = bracketed = summed = 0
     for name, s in m.items():
         chain = [(k, s[k]) for k in _ORDER if isinstance(s.get(k), (int, float))]
+        ordered += len(chain) >= 2
         for (ka, a), (kb, b) in zip(chain, chain[1:]):
             # a tolerance of the values' size, the same for negative values (b * (1 + eps) is
             # below b when b < 0: equal values -3.125 and -3.125 failed)
             if a - b > 1e-12 * max(1.0, abs(a), abs(b)):
                 problems.append(f"{name}: {ka} {a:g} > {kb} {b:g}")
         avg, lo, hi = s.get("avg"), s.get("min"), s.get("max")
-        if all(isinstance(v, (int, float)) for v in (avg, lo, hi)) and not (lo <= avg <= hi):
-            problems.append(f"{name}: avg {avg:g} outside [{lo:g}, {hi:g}]")
+        if all(isinstance(v, (int, float)) for v in (avg, lo, hi)):
+            bracketed += 1
+            if not (lo <= avg <= hi):
+                problems.append(f"{name}: avg {avg:g} outside [{lo:g}, {hi:g}]")
         total, count = s.get("sum"), s.get("count")
-        if all(isinstance(v, (int, float)) for v in (avg, total, count)) and count and not agree(total, avg * count, 1e-6):
-            problems.append(f"{name}: sum {total:g} != avg x count {avg * count:g}")
+        if all(isinstance(v, (int, float)) for v in (avg, total, count)) and count:
+            summed += 1
+            if not agree(total, avg * count, 1e-6):
+                problems.append(f"{name}: sum {total:g} != avg x count {avg * count:g}")
+    with_stats = sum(1 for s in m.values() if any(isinstance(s.get(k), (int, float)) for k in _STAT_KEYS))
+    numbers = {"metrics": len(m), "with_statistics": with_stats, "single_values": len(m) - with_stats,
+               "order_checked": ordered, "avg_in_range_checked": bracketed, "sum_checked": summed}
     if problems:
-        return Finding("summary_statistics_consistent", FAIL, "; ".join(problems), {"problems": problems})
-    return Finding("summary_statistics_consistent", PASS, f"every metric's min <= percentiles <= max, min <= avg <= "
-                   f"max, and sum = avg x count where given ({len(m)} metrics)", {})
+        numbers["problems"] = problems
+        return Finding("summary_statistics_consistent", FAIL, "; ".join(problems), numbers)
+    if not (ordered or bracketed or summed):
+        return Finding("summary_statistics_consistent", CANNOT, f"none of the {len(m)} metrics gives statistics "
+                       "(min, max, percentiles, std, sum, count): nothing to check", numbers)
+    return Finding("summary_statistics_consistent", PASS,
+                   f"{with_stats} of the {len(m)} metrics have statistics ({len(m) - with_stats} are single "
+                   f"values): min <= percentiles <= max on {ordered}, min <= avg <= max on {bracketed}, "
+                   f"sum = avg x count on {summed}", numbers)
 
 
 def _report_rates(m: dict[str, dict[str, Any]], con: duckdb.DuckDBPyConnection,

@@ -27,13 +27,14 @@ _COLUMNS = {"record_index": "INTEGER", "error_code": "VARCHAR", "ttft_ms": "DOUB
             "output_sequence_length": "DOUBLE", "output_token_count": "DOUBLE", "reasoning_token_count": "DOUBLE",
             "inter_token_latency_ms": "DOUBLE", "output_token_throughput_per_user": "DOUBLE", "ttst_ms": "DOUBLE",
             "chunk_gaps": "INTEGER", "chunk_gap_sum_ms": "DOUBLE", "first_chunk_gap_ms": "DOUBLE",
-            "request_start_ns": "BIGINT", "response_end_ns": "BIGINT"}
+            "request_start_ns": "BIGINT", "response_end_ns": "BIGINT", "request_end_ns": "BIGINT"}
 
 
 @dataclass
 class AiperfRecords:
     """The records file: one row per record (the columns of aiperf_records), and per record its
-    x_request_id, request end (ns), usage prompt / completion tokens."""
+    x_request_id, request end (ns), usage prompt / completion tokens, and AIPerf's own input
+    sequence length (ISL: the tokens of the prompt text as AIPerf's tokenizer counts them)."""
 
     path: Path
     rows: list[tuple[Any, ...]]
@@ -41,6 +42,7 @@ class AiperfRecords:
     request_end_ns: list[int | None]
     usage_prompt_tokens: list[float | None]
     usage_completion_tokens: list[float | None]
+    input_sequence_lengths: list[float | None]
 
     @property
     def window_s(self) -> float | None:
@@ -79,7 +81,7 @@ def read_aiperf_records(path: Path) -> AiperfRecords:
         raise AuditInputError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise AuditInputError(f"{path}: is a directory, expected AIPerf's profile_export.jsonl") from None
-    out = AiperfRecords(path, [], [], [], [], [])
+    out = AiperfRecords(path, [], [], [], [], [], [])
     for i, line in enumerate(lines):
         if not line.strip():
             continue
@@ -104,42 +106,79 @@ def read_aiperf_records(path: Path) -> AiperfRecords:
             vals[7] = _metric_value(rec, "time_to_second_token", where)
         start = _metric_value(rec, "min_request_timestamp", where) or meta.get("request_start_ns") or meta.get("timestamp_ns")
         error = None if err is None else str(err.get("code", "error")) if isinstance(err, dict) else str(err)
+        request_end = _num(meta.get("request_end_ns"), where)
         row = (len(out.rows), error, *vals, len(gaps), float(sum(gaps)) if gaps else None, gaps[0] if gaps else None,
-               start, _metric_value(rec, "max_response_timestamp", where))
+               start, _metric_value(rec, "max_response_timestamp", where), request_end)
         out.rows.append(tuple(_num(v, where) if k > 1 else v for k, v in enumerate(row)))
         out.request_ids.append(str(meta["x_request_id"]) if meta.get("x_request_id") else None)
-        out.request_end_ns.append(_num(meta.get("request_end_ns"), where))
+        out.request_end_ns.append(request_end)
+        out.input_sequence_lengths.append(_num(_metric_value(rec, "input_sequence_length", where), where))
         out.usage_prompt_tokens.append(_num(_metric_value(rec, "usage_prompt_tokens", where), where))
         out.usage_completion_tokens.append(_num(_metric_value(rec, "usage_completion_tokens", where), where))
     return out
 
 
+# (record column, its value by AIPerf's definition, the identity): each one is evaluated on
+# the successful records that have both figures; only the evaluated ones are listed as holding.
+_IDENTITIES = (("inter_token_latency_ms", "itl_ms_expected", "ITL = (latency - TTFT) / (OSL - 1)"),
+               ("output_token_throughput_per_user", "per_user_expected", "per-user rate = 1000 / ITL"),
+               ("request_latency_ms", "latency_ms_from_chunks", "latency = TTFT + sum(inter-chunk gaps)"),
+               ("request_latency_ms", "latency_ms_from_timestamps",
+                "latency = last response - request start (max_response_timestamp)"),
+               ("output_sequence_length", "osl_expected", "OSL = visible + reasoning tokens"),
+               ("ttst_ms", "first_chunk_gap_ms", "TTST = first inter-chunk gap"))
+_REQUEST_END = "latency <= request end - request start (0.13's metadata.request_end_ns)"
+
+
 def check_aiperf_records(records: AiperfRecords, m: dict[str, dict[str, Any]], con: duckdb.DuckDBPyConnection,
                          rel_tol: float) -> list[Finding]:
-    """record_identities (AIPerf's per-record definitions hold) and recompute_stats."""
+    """record_identities (AIPerf's per-record definitions hold; each listed one was evaluated on
+    at least one record, the others are named as not evaluated) and recompute_stats."""
     rows = records.rows
     create_table(con, "aiperf_records", _COLUMNS, rows)
     ident = audit_query(con, "aiperf_record_identities")
     failed = sum(r[1] is not None for r in rows)
-    pairs = (("inter_token_latency_ms", "itl_ms_expected", "ITL = (latency - TTFT) / (OSL - 1)"),
-             ("output_token_throughput_per_user", "per_user_expected", "per-user rate = 1000 / ITL"),
-             ("request_latency_ms", "latency_ms_from_chunks", "latency = TTFT + sum(inter-chunk gaps)"),
-             ("request_latency_ms", "latency_ms_from_timestamps", "latency = last response - request start"),
-             ("output_sequence_length", "osl_expected", "OSL = visible + reasoning tokens"),
-             ("ttst_ms", "first_chunk_gap_ms", "TTST = first inter-chunk gap"))
-    problems, checked = [], 0
-    for r in ident:
-        for got, want, what in pairs:
+    tol = max(rel_tol, 1e-6)
+    problems: list[str] = []
+    evaluated: dict[str, int] = {}
+    for got, want, what in _IDENTITIES:
+        evaluated[what] = 0
+        for r in ident:
             if r[got] is None or r[want] is None:
                 continue
-            checked += 1
-            if not agree(r[got], r[want], max(rel_tol, 1e-6)):
+            evaluated[what] += 1
+            if not agree(r[got], r[want], tol):
                 problems.append(f"record {r['record_index'] + 1}: {what}: {r[got]:.6g} vs {r[want]:.6g}")
-    numbers = {"records": len(rows), "failed_records": failed, "successful_records": len(ident),
-               "identities_checked": checked}
-    out = [Finding("record_identities", FAIL if problems else PASS,
-                   "; ".join(problems) if problems else f"{checked} per-record identities hold over {len(ident)} "
-                   f"successful record(s) ({failed} error record(s)): " + "; ".join(p[2] for p in pairs), numbers)]
+    # 0.13 has no last-response timestamp, only the request's end: the latency (to the last
+    # response) cannot exceed it; the tail (end - start - latency) is reported
+    tails = [r["request_tail_ms"] for r in ident if r["request_tail_ms"] is not None]
+    evaluated[_REQUEST_END] = len(tails)
+    for r in ident:
+        tail = r["request_tail_ms"]
+        if tail is not None and tail < -tol * abs(r["request_span_ms"]):
+            problems.append(f"record {r['record_index'] + 1}: {_REQUEST_END}: latency {r['request_latency_ms']:.6g} "
+                            f"ms > request end - start {r['request_span_ms']:.6g} ms")
+    held = [f"{what} ({n})" for what, n in evaluated.items() if n]
+    absent = [what for what, n in evaluated.items() if not n]
+    checked = sum(evaluated.values())
+    numbers: dict[str, Any] = {"records": len(rows), "failed_records": failed, "successful_records": len(ident),
+                               "identities_checked": checked, "evaluated": evaluated, "not_evaluated": absent}
+    if tails:
+        numbers.update({"request_tail_min_ms": min(tails), "request_tail_max_ms": max(tails)})
+    if problems:
+        detail = "; ".join(problems)
+    elif not checked:
+        detail = (f"no identity could be evaluated on the {len(ident)} successful record(s): their fields are absent "
+                  f"({'; '.join(absent)})")
+    else:
+        detail = (f"{checked} per-record identities hold over {len(ident)} successful record(s) ({failed} error "
+                  f"record(s)), each evaluated on the records named: " + "; ".join(held))
+        if tails:
+            detail += f" (request end - start - latency: {min(tails):.3f} to {max(tails):.3f} ms)"
+        if absent:
+            detail += "; not evaluated, their fields absent from these records: " + "; ".join(absent)
+    verdict = FAIL if problems else PASS if checked else CANNOT
+    out = [Finding("record_identities", verdict, detail, numbers)]
     count = m.get("time_to_first_token", {}).get("count")
     if count is not None and len(ident) != count:
         out.append(Finding("recompute_stats", CANNOT, f"{records.path.name} holds {len(ident)} successful record(s), "
@@ -152,17 +191,21 @@ def check_aiperf_records(records: AiperfRecords, m: dict[str, dict[str, Any]], c
 
 
 def records_against_traces(records: AiperfRecords, con: duckdb.DuckDBPyConnection, db: str | Path,
-                           rel_tol: float) -> list[Finding]:
-    """Each successful record against the traced request whose client_request_id (the gateway's
-    tokentrace.client_request_id) is its x_request_id. The record's TPOT is recomputed as
-    (request_latency - TTFT) / (usage_completion_tokens - 1), the traces' definition: AIPerf's
-    own inter_token_latency divides by its re-tokenized output_sequence_length, which can
-    differ from the server's count by a token or two. Tokens: usage_completion_tokens /
-    usage_prompt_tokens (the server's usage as AIPerf received it), else AIPerf's lengths."""
+                           rel_tol: float, total_isl: float | None = None) -> list[Finding]:
+    """Each record against the traced request whose client_request_id (the gateway's
+    tokentrace.client_request_id) is its x_request_id: successful records figure by figure,
+    error records (e.g. 429s) by their outcome in the traces (traces:error_records_joined).
+    The record's TPOT is recomputed as (request_latency - TTFT) / (usage_completion_tokens - 1),
+    the traces' definition: AIPerf's own inter_token_latency divides by its re-tokenized
+    output_sequence_length, which can differ from the server's count by a token or two. Tokens:
+    usage_completion_tokens / usage_prompt_tokens (the server's usage as AIPerf received it),
+    else AIPerf's lengths. AIPerf's ISL against the input tokens the server processed:
+    traces:input_tokens_vs_isl (``total_isl``: the report's, named when given)."""
     out: list[RequestRecord] = []
     for row, rid, prompt, completion in zip(records.rows, records.request_ids, records.usage_prompt_tokens,
                                             records.usage_completion_tokens):
         if row[1] is not None:  # an error record: AIPerf leaves it out of its statistics
+            out.append(RequestRecord(row[0], rid, None, None, None, None, None, error=row[1]))
             continue
         ttft, latency, osl = row[2], row[3], row[4]
         tokens = completion if completion is not None else osl
@@ -172,6 +215,35 @@ def records_against_traces(records: AiperfRecords, con: duckdb.DuckDBPyConnectio
         return [Finding("traces:records_joined", CANNOT, f"{records.path.name}: no record carries "
                         "metadata.x_request_id (AIPerf before 0.13 did not export it): nothing to join the traces by",
                         {})]
-    findings, _ = compare_records_with_traces(con, load_traced_requests(db), out, rel_tol=rel_tol,
-                                              id_what="AIPerf's metadata.x_request_id")
+    findings, rows = compare_records_with_traces(con, load_traced_requests(db), out, rel_tol=rel_tol,
+                                                 id_what="AIPerf's metadata.x_request_id")
+    findings.append(_isl_against_server(records, rows, total_isl))
     return findings
+
+
+def _isl_against_server(records: AiperfRecords, rows: list[dict[str, Any]], total_isl: float | None) -> Finding:
+    """traces:input_tokens_vs_isl: AIPerf's input_sequence_length (the tokens of the prompt text
+    it generated, by its tokenizer) summed over the joined successful records, against the input
+    tokens the server processed for them (the traces' input_tokens: the prompt after the chat
+    template). A difference of definitions, not an error: pass, with the difference named."""
+    isl = records.input_sequence_lengths
+    pairs = [(isl[r["record_index"]], r["trace_input_tokens"]) for r in rows
+             if r["record_error"] is None and r["trace_id"] is not None
+             and isl[r["record_index"]] is not None and r["trace_input_tokens"] is not None]
+    check = "traces:input_tokens_vs_isl"
+    if not pairs:
+        return Finding(check, CANNOT, "no joined record has both AIPerf's input_sequence_length and the traced "
+                       "request's input tokens", {})
+    reported, served = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+    share = (served - reported) / reported if reported else None
+    numbers = {"requests": len(pairs), "aiperf_isl_tokens": reported, "server_input_tokens": served,
+               "server_minus_isl_share": share, "total_isl": total_isl}
+    named = f" (the report's total_isl {total_isl:g})" if total_isl is not None and total_isl == reported else ""
+    if served == reported:
+        return Finding(check, PASS, f"AIPerf's input_sequence_length totals {reported:g} tokens over {len(pairs)} "
+                       f"joined requests{named}, the same as the server processed", numbers)
+    return Finding(check, PASS, f"AIPerf's input_sequence_length totals {reported:g} tokens over {len(pairs)} joined "
+                   f"requests{named}; the server processed {served:g} ({share:+.1%}): AIPerf's ISL counts the prompt "
+                   "text it generated, the server the prompt after its chat template; total_isl and the input-token "
+                   "throughput built on it count AIPerf's tokens, not the server's (the usage AIPerf received is "
+                   "the server's: traces:input_tokens)", numbers)

@@ -33,15 +33,17 @@ CONTAINMENT_SLACK_MS = 1.0
 _TRACED_COLUMNS = {"trace_id": "VARCHAR", "request_span_id": "VARCHAR", "perspective": "VARCHAR",
                    "source": "VARCHAR", "s_ns": "BIGINT", "ttft_ms": "DOUBLE", "e2e_ms": "DOUBLE",
                    "tpot_ms": "DOUBLE", "input_tokens": "BIGINT", "output_tokens": "BIGINT",
-                   "output_tokens_basis": "VARCHAR", "response_id": "VARCHAR", "client_request_id": "VARCHAR"}
+                   "output_tokens_basis": "VARCHAR", "response_id": "VARCHAR", "client_request_id": "VARCHAR",
+                   "generated_tokens": "BIGINT", "outcome": "VARCHAR"}
 _RECORD_COLUMNS = {"record_index": "INTEGER", "match_id": "VARCHAR", "ttft_ms": "DOUBLE", "e2e_ms": "DOUBLE",
-                   "tpot_ms": "DOUBLE", "input_tokens": "DOUBLE", "output_tokens": "DOUBLE"}
+                   "tpot_ms": "DOUBLE", "input_tokens": "DOUBLE", "output_tokens": "DOUBLE", "error": "VARCHAR"}
 
 
 @dataclass(frozen=True)
 class RequestRecord:
     """One request of a benchmark report: its index, the id it joins the traces by, and the
-    report's figures for it (ms; tokens). None where the report does not give one."""
+    report's figures for it (ms; tokens). None where the report does not give one. ``error``:
+    the record's error code (e.g. "429"); None for a successful record."""
 
     record_index: int
     match_id: str | None
@@ -50,6 +52,7 @@ class RequestRecord:
     tpot_ms: float | None
     input_tokens: float | None
     output_tokens: float | None
+    error: str | None = None
 
 
 def traces_copy(db: str | Path) -> duckdb.DuckDBPyConnection:
@@ -94,32 +97,92 @@ def compare_records_with_traces(con: duckdb.DuckDBPyConnection, traced: Sequence
     create_table(con, "audit_traced", _TRACED_COLUMNS,
                  [tuple(r.get(c) for c in _TRACED_COLUMNS) for r in traced])
     create_table(con, "audit_records", _RECORD_COLUMNS, [astuple(r) for r in records])
-    rows = audit_query(con, "records_vs_traces")
+    every = audit_query(con, "records_vs_traces")
+    rows = [r for r in every if r["record_error"] is None]
     joined = [r for r in rows if r["trace_id"] is not None]
     numbers: dict[str, Any] = {"records": len(rows), "joined": len(joined),
                                "traced_requests": len({(t["trace_id"], t["request_span_id"]) for t in traced})}
+    errors = _error_records([r for r in every if r["record_error"] is not None], id_what)
     if not joined:
         with_ids = sum(1 for t in traced if t.get("client_request_id") or t.get("response_id"))
         return [Finding("traces:records_joined", CANNOT,
                         f"none of the {len(rows)} records' ids ({id_what}) is a client_request_id or response_id "
                         f"of the {numbers['traced_requests']} traced request(s) ({with_ids} of their rows carry an id; "
                         "a gateway records the client's id only when the request carried X-Request-ID)",
-                        numbers)], rows
+                        numbers)] + errors, every
     columns = sorted({r["id_column"] for r in joined})
     perspectives = sorted({f"{r['source']} {r['perspective']}" for r in joined})
     twice = [r["match_id"] for r in joined if r["matches"] > 1]
     numbers.update({"joined_by": columns, "perspectives": perspectives, "ids_matching_several": twice[:5]})
     missing = [r["match_id"] for r in rows if r["trace_id"] is None]
-    detail = (f"{len(joined)} of {len(rows)} records joined to traced requests by {id_what} = requests."
+    detail = (f"{len(joined)} of {len(rows)} successful records joined to traced requests by {id_what} = requests."
               f"{' / '.join(columns)} ({', '.join(perspectives)} perspective)")
     if missing:
         detail += f"; {len(missing)} record(s) have no traced request (e.g. {', '.join(map(str, missing[:3]))})"
     if twice:
         detail += f"; {len(twice)} id(s) match several traced requests (the first by start time is used)"
-    out = [Finding("traces:records_joined", PASS, detail, numbers)]
-    out += [_equal_counts(joined, "output_tokens"), _equal_counts(joined, "input_tokens")]
+    out = [Finding("traces:records_joined", PASS, detail, numbers)] + errors
+    out += [_output_counts(joined), _equal_counts(joined, "input_tokens")]
     out += [_contains(joined, "ttft_ms"), _contains(joined, "e2e_ms"), _same_definition(joined, "tpot_ms")]
-    return out, rows
+    return out, every
+
+
+def _error_records(rows: Sequence[dict[str, Any]], id_what: str) -> list[Finding]:
+    """traces:error_records_joined: the report's error records (e.g. 429s) joined to their
+    traced requests by the same id; each must have ended unsuccessfully there. No finding
+    when the report has no error record."""
+    if not rows:
+        return []
+    joined = [r for r in rows if r["trace_id"] is not None]
+    missing = [r["match_id"] for r in rows if r["trace_id"] is None]
+    codes = sorted({str(r["record_error"]) for r in rows})
+    outcomes = sorted({r["trace_outcome"] for r in joined})
+    wrong = [r["match_id"] for r in joined if r["trace_outcome"] == "succeeded"]
+    numbers = {"error_records": len(rows), "joined": len(joined), "record_error_codes": codes,
+               "trace_outcomes": outcomes, "succeeded_in_traces": wrong[:5], "without_trace": missing[:5]}
+    check = "traces:error_records_joined"
+    if not joined:
+        return [Finding(check, CANNOT, f"none of the {len(rows)} error records (codes {', '.join(codes)}) has a "
+                        f"traced request with its id ({id_what})", numbers)]
+    detail = (f"{len(joined)} of {len(rows)} error records (codes {', '.join(codes)}) joined their traced requests "
+              f"by the same id; outcome there: {', '.join(outcomes)}")
+    if missing:
+        detail += f"; {len(missing)} have no traced request (e.g. {', '.join(map(str, missing[:3]))})"
+    if wrong:
+        return [Finding(check, FAIL, detail + f"; {len(wrong)} of them succeeded in the traces (e.g. "
+                        f"{', '.join(map(str, wrong[:3]))}): the report and the server disagree", numbers)]
+    return [Finding(check, PASS, detail, numbers)]
+
+
+def _output_counts(joined: Sequence[dict[str, Any]]) -> Finding:
+    """traces:output_tokens: the report's count is the usage the server returned, which counts
+    every token up to the one that ended the answer (vLLM's rule; tokentrace's gateway since
+    issue 29): the trace's G (a final stop token, or trailing tokens that decode to no text,
+    included) or, after a stop-sequence match, its O. Equal to either passes; the detail says
+    how many matched which."""
+    pairs = [(r["match_id"], r["record_output_tokens"], r["trace_output_tokens"], r["trace_generated_tokens"])
+             for r in joined if r["record_output_tokens"] is not None and r["trace_output_tokens"] is not None]
+    if not pairs:
+        return Finding("traces:output_tokens", CANNOT, "output_tokens: no joined request has it on both sides", {})
+    to_o = [p for p in pairs if p[1] == p[2]]
+    to_g = [p for p in pairs if p[1] != p[2] and p[3] is not None and p[1] == p[3]]
+    wrong = [p for p in pairs if p not in to_o and p not in to_g]
+    bases = sorted({r["output_tokens_basis"] for r in joined if r["output_tokens_basis"]})
+    numbers = {"compared": len(pairs), "differ": len(wrong), "equal_to_output_tokens": len(to_o),
+               "equal_to_generated_tokens": len(to_g), "first_differences": [p[:3] for p in wrong[:5]],
+               "trace_basis": bases}
+    read = f" (traces: {', '.join(bases)})" if bases else ""
+    if wrong:
+        shown = "; ".join(f"{i}: report {a:g}, traces O {b:g}" + (f", G {g:g}" if g is not None else "")
+                          for i, a, b, g in wrong[:5])
+        return Finding("traces:output_tokens", FAIL, f"output_tokens: {len(wrong)} of {len(pairs)} joined requests "
+                       f"differ{read}: {shown}", numbers)
+    detail = f"output_tokens: equal on all {len(pairs)} joined requests{read}"
+    if to_g:
+        detail += (f"; {len(to_g)} of them to the generated tokens G (traces' O + the final stop token or trailing "
+                   "tokens without text: the usage counts them, as vLLM's does), "
+                   f"{len(to_o)} to the visible tokens O")
+    return Finding("traces:output_tokens", PASS, detail, numbers)
 
 
 def _pairs(joined: Sequence[dict[str, Any]], name: str) -> list[tuple[Any, float, float]]:
@@ -149,8 +212,8 @@ def _contains(joined: Sequence[dict[str, Any]], name: str) -> Finding:
     check = f"traces:{name}"
     pairs = _pairs(joined, name)
     if not pairs:
-        return Finding(check, CANNOT, f"{name}: no joined request has it on both sides (a trace without chunk "
-                       "events or latency attributes has none)", {})
+        return Finding(check, CANNOT, f"{name}: no joined request has it on both sides (a record of a non-streamed "
+                       "request has no TTFT; a trace without chunk events or latency attributes has none)", {})
     client = all(r["perspective"] == "client" for r in joined)
     diffs = [a - b for _, a, b in pairs]
     numbers = {"compared": len(pairs), "mean_diff_ms": sum(diffs) / len(diffs), "min_diff_ms": min(diffs),
@@ -175,8 +238,9 @@ def _same_definition(joined: Sequence[dict[str, Any]], name: str) -> Finding:
     check = f"traces:{name}"
     pairs = _pairs(joined, name)
     if not pairs:
-        return Finding(check, CANNOT, f"{name}: no joined request has it on both sides (one-token requests and "
-                       "traces without first-token times have none)", {})
+        return Finding(check, CANNOT, f"{name}: no joined request has it on both sides (one-token requests, "
+                       "non-streamed ones (one body write: no per-token timing) and traces without first-token "
+                       "times have none)", {})
     rel = [abs(a - b) / abs(b) if b else float("inf") for _, a, b in pairs]
     diffs = [a - b for _, a, b in pairs]
     numbers = {"compared": len(pairs), "max_abs_diff_ms": max(abs(d) for d in diffs), "max_rel_diff": max(rel),

@@ -151,13 +151,13 @@ class Gateway:
         parent = _PROPAGATOR.extract(dict(request.headers))
         attributes = {"gen_ai.operation.name": operation, "gen_ai.response.id": request_id,
                       "gen_ai.system": "tokentrace", "http.request.method": "POST", "url.path": request.url.path}
-        client_request_id = request.headers.get("x-request-id")
+        client_request_id = request.headers.get("x-request-id", "")[:256] or None
         if client_request_id:
             # The caller's own id (AIPerf, load generators): what joins its records to this trace.
-            attributes["tokentrace.client_request_id"] = client_request_id[:256]
+            attributes["tokentrace.client_request_id"] = client_request_id
         span = self.tracer.start_span("gateway", context=parent, kind=SpanKind.SERVER, start_time=arrival_ns,
                                       attributes=attributes)
-        headers = {"x-request-id": client_request_id[:256] if client_request_id else request_id}
+        headers = {"x-request-id": client_request_id or request_id}
         try:
             key = self.authenticate(request)
             raw = await self.read_body(request)
@@ -193,14 +193,14 @@ class Gateway:
                 raise _Rejected(429, str(exc), "server_overloaded", code=f"over_{exc.budget}_budget",
                                 headers={"Retry-After": str(exc.retry_after_s)}) from None
         except _Rejected as rej:
-            return self._reject(span, request_id, rej, headers)
+            return self._reject(span, request_id, rej, headers, client_request_id)
         except BaseException as exc:  # a bug (or cancellation): the span still ends, then it raises
             self._reject(span, request_id, _Rejected(500, f"internal error: {type(exc).__name__}", "server_error",
-                                                     code="internal_error"), headers)
+                                                     code="internal_error"), headers, client_request_id)
             raise
         loop = asyncio.get_running_loop()
         state = RequestState(request_id, span, self.tracer, self.admission, ticket, gen, len(input_ids), loop,
-                             waker=self._waker(loop))
+                             waker=self._waker(loop), client_request_id=client_request_id)
         engine = self.engine
         state.job = EngineRequest(request_id, input_ids, gen.sampling, trace.set_span_in_context(span),
                                   state.on_token_threadsafe, state.on_done_threadsafe)
@@ -232,12 +232,13 @@ class Gateway:
         tok_span.end(end_time=now_wall_ns())
         return ids
 
-    def _reject(self, span: trace.Span, request_id: str, rej: _Rejected, headers: dict[str, str]) -> Response:
+    def _reject(self, span: trace.Span, request_id: str, rej: _Rejected, headers: dict[str, str],
+                client_request_id: str | None) -> Response:
         span.set_attributes({"http.response.status_code": rej.status, "error.type": rej.code or rej.error_type})
         span.set_status(Status(StatusCode.ERROR, str(rej)[:500]))
         span.end(end_time=now_wall_ns())
-        log_request({"event": "request", "id": request_id, "status": "rejected", "http_status": rej.status,
-                     "error": str(rej)[:200]})
+        log_request({"event": "request", "id": request_id, "client_request_id": client_request_id,
+                     "status": "rejected", "http_status": rej.status, "error": str(rej)[:200]})
         return JSONResponse(sse.error_body(str(rej), error_type=rej.error_type, param=rej.param, code=rej.code),
                             status_code=rej.status, headers={**headers, **rej.headers})
 

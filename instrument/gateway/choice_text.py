@@ -10,6 +10,9 @@ tokens were generated (vLLM's rule: nothing stops a sequence before ``min_tokens
 Token counts: a sent text covers the tokens that produced it, held-back ones included; a
 token after the match is never counted (it is generated, G, but not visible, O). Logprob
 entries follow their tokens the same way. Stop (EOS) tokens have no text and no entry.
+``completion_tokens`` is what the response's ``usage`` reports, vLLM's count: every token up
+to and including the one that ended the text — a final stop (EOS) token included, tokens
+generated after a stop-sequence match (before the engine stopped) not.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ class ChoiceText:
         self.chat = chat
         self.text = ""
         self.output_tokens = 0
+        self.completion_tokens = 0  # usage.completion_tokens (module docstring)
         self._pending_tokens = 0
         self._pending_entries: list[tuple[int, TokenLogprobs]] = []
         self._token_text: dict[int, str] = {}
@@ -92,6 +96,7 @@ class ChoiceText:
         if self.stop.matched:
             self.detok.generated_tokens += 1
             return "", 0, None
+        self.completion_tokens += 1
         delta, tokens = self.detok.push(token_id)
         if token_id not in self.detok.eos_ids:
             self._pending_tokens += 1

@@ -141,6 +141,7 @@ class RequestState:
     input_tokens: int
     loop: asyncio.AbstractEventLoop
     waker: LoopWaker | None = None  # None: one call_soon_threadsafe per wake-up
+    client_request_id: str | None = None  # the caller's X-Request-ID (None: it sent none)
     cancel_engine: Any = None  # () -> None: asks the engine to stop this sequence
     # ("token", id, TokenLogprobs | None) | ("done", EngineResult, None), engine thread -> loop
     inbox: deque = field(default_factory=deque)
@@ -332,7 +333,8 @@ class RequestState:
         span.end(end_time=end_ns)
         queue_wait_ms = (result.admitted_ns - job.enqueued_ns) / 1e6 if job is not None else None
         log_request({
-            "event": "request", "id": self.request_id, "model": self.gen.model, "status": finish_reason,
+            "event": "request", "id": self.request_id, "client_request_id": self.client_request_id,
+            "model": self.gen.model, "status": finish_reason,
             "http_status": http_status, "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
             "generated_tokens": generated_tokens, "queue_wait_ms": queue_wait_ms,
             "error": str(result.error)[:200] if result.error is not None else None,

@@ -99,7 +99,7 @@ async def stream_body(gateway: Any, state: RequestState) -> AsyncIterator[bytes]
             if gen.include_usage:
                 sent_ns = now_wall_ns()
                 yield sse.sse_line(sse.usage_chunk(gen.operation, rid, created, model,
-                                                   sse.usage(state.input_tokens, state.output_tokens)))
+                                                   sse.usage(state.input_tokens, choice.completion_tokens)))
                 state.chunk_written(0, False, sent_ns)
         # The response is complete when the last bytes are handed to the server: stamped
         # before the write, so server times never pass the client's receipt of them.
@@ -163,7 +163,7 @@ async def _whole_body(gateway: Any, request: Request, state: RequestState, heade
     if gen.logprobs:
         logprobs_obj = {"content": entries} if gen.operation == "chat" else completion_logprobs(entries, 0)
     body = sse.full_response(gen.operation, state.request_id, int(time.time()), gateway.handle.model_id,
-                             choice.text, finish, sse.usage(state.input_tokens, state.output_tokens),
+                             choice.text, finish, sse.usage(state.input_tokens, choice.completion_tokens),
                              logprobs=logprobs_obj)
     state.finalize(result, finish_reason=finish, generated_tokens=generated)
     return JSONResponse(body, headers=headers)

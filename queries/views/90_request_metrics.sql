@@ -6,6 +6,8 @@
 -- One row per request and perspective: the seed's formulas, on the perspective's own clock.
 -- TTFT = f - s; E2E = e - s; TPOT = (E2E - TTFT) / (O - 1), NULL when O <= 1;
 -- decode-only rate = (O - 1) / (E2E - TTFT); whole-request rate = O / E2E.
+-- TPOT and the decode rate are NULL when e <= f: the output arrived in one write (a
+-- non-streamed body, f = e), which carries no per-token timing; 0 ms would enter summary.
 CREATE OR REPLACE VIEW request_metrics AS
 SELECT
     source,
@@ -36,7 +38,7 @@ SELECT
     END AS outcome,
     (f_ns - s_ns) / 1e6 AS ttft_ms,
     (e_ns - s_ns) / 1e6 AS e2e_ms,
-    CASE WHEN output_tokens > 1
+    CASE WHEN output_tokens > 1 AND e_ns > f_ns
          THEN ((e_ns - s_ns) - (f_ns - s_ns)) / 1e6 / (output_tokens - 1) END AS tpot_ms,
     CASE WHEN output_tokens > 1 AND e_ns > f_ns
          THEN (output_tokens - 1) / ((e_ns - f_ns) / 1e9) END AS decode_output_tokens_per_second,
@@ -62,7 +64,8 @@ SELECT
         null_reason,
         CASE WHEN output_tokens IS NULL THEN 'output token count unknown' END,
         CASE WHEN output_tokens <= 1 THEN 'tpot_ms and decode rate need more than one output token' END,
-        CASE WHEN output_tokens > 1 AND e_ns <= f_ns THEN 'decode rate needs e > f' END,
+        CASE WHEN output_tokens > 1 AND e_ns <= f_ns
+             THEN 'tpot_ms and decode rate need e > f (the output arrived in one write: no per-token timing)' END,
         CASE WHEN e_ns <= s_ns THEN 'whole-request rate needs e > s' END
     ), '') AS null_reason
 FROM request_facts;
