@@ -25,8 +25,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 
 from analyzer.formats.sdk_spans import rows_from_sdk_spans  # noqa: E402
-from analyzer.queries import run_query  # noqa: E402
-from analyzer.store import connect, insert_rows  # noqa: E402
+from analyzer.query.runner import run_query  # noqa: E402
+from analyzer.db.store import connect, insert_rows  # noqa: E402
 from instrument.gateway.app import GatewaySettings, create_app  # noqa: E402
 from instrument.gateway.server import ServerThread  # noqa: E402
 from instrument.model_handle import load_model_handle  # noqa: E402
