@@ -54,7 +54,7 @@ WITH client AS (
            coalesce(json_extract_string(attr_json['http.request.header.x-request-id'], '$[0]'),
                     attr_str['http.request.header.x-request-id'],
                     nullif(regexp_extract(attr_str['gen_ai.headers'],
-                                          '(?i)[''"]x-request-id[''"]\s*:\s*[''"]([^''"]*)[''"]', 1), ''))
+                                          '(?i)[''"]x-request-id[''"][ ]*:[ ]*[''"]([^''"]*)[''"]', 1), ''))
                AS client_request_id
     FROM spans
     WHERE kind = 'CLIENT'

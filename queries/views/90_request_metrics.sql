@@ -8,8 +8,8 @@
 -- decode-only rate = (O - 1) / (E2E - TTFT); whole-request rate = O / E2E.
 -- A client TTFT below the server TTFT of the same request (both durations, each on its own
 -- clock: the client's span encloses the server's, so no clock offset explains it) means the
--- client's f is not the first visible output (or a clock ran at another rate): ttft_ms,
--- tpot_ms and the decode rate are NULL with that finding in null_reason, never a figure.
+-- client's s or f is not what it should be (f read at a role-only chunk, a span started late,
+-- a clock ran at another rate): ttft_ms is NULL with that finding in null_reason, never a figure.
 CREATE OR REPLACE VIEW request_metrics AS
 SELECT
     source,
@@ -40,9 +40,9 @@ SELECT
     END AS outcome,
     CASE WHEN NOT f_below_server THEN (f_ns - s_ns) / 1e6 END AS ttft_ms,
     (e_ns - s_ns) / 1e6 AS e2e_ms,
-    CASE WHEN output_tokens > 1 AND NOT f_below_server
+    CASE WHEN output_tokens > 1
          THEN ((e_ns - s_ns) - (f_ns - s_ns)) / 1e6 / (output_tokens - 1) END AS tpot_ms,
-    CASE WHEN output_tokens > 1 AND e_ns > f_ns AND NOT f_below_server
+    CASE WHEN output_tokens > 1 AND e_ns > f_ns
          THEN (output_tokens - 1) / ((e_ns - f_ns) / 1e9) END AS decode_output_tokens_per_second,
     CASE WHEN e_ns > s_ns
          THEN output_tokens / ((e_ns - s_ns) / 1e9) END AS whole_request_output_tokens_per_second,
@@ -68,7 +68,7 @@ SELECT
             'skew_suspect: client TTFT ' || CAST(round((f_ns - s_ns) / 1e6, 3) AS VARCHAR)
             || ' ms below the server TTFT ' || CAST(round((server_first_chunk_ns - server_start_ns) / 1e6, 3) AS VARCHAR)
             || ' ms of the same request (impossible: the client span encloses the server span): the client''s '
-            || 'f is not the first visible output; ttft_ms, tpot_ms and the decode rate NULL' END,
+            || 's is not the send or its f not the first visible output; ttft_ms NULL' END,
         CASE WHEN output_tokens IS NULL THEN 'output token count unknown' END,
         CASE WHEN output_tokens <= 1 THEN 'tpot_ms and decode rate need more than one output token' END,
         CASE WHEN output_tokens > 1 AND e_ns <= f_ns THEN 'decode rate needs e > f' END,
