@@ -61,6 +61,32 @@ def test_every_client_span_is_paired_with_its_server_span(capture) -> None:
     assert own == (6,)
 
 
+def test_without_a_response_id_the_x_request_id_pairs_them() -> None:
+    con = _db("server.jsonl", "openllmetry.jsonl")
+    # as if no traceparent had been sent and the client had recorded no response id: the
+    # OpenLLMetry spans (and their events) moved to traces of their own, gen_ai.response.id removed
+    con.execute("CREATE TEMP TABLE moved AS SELECT trace_id, span_id, md5(span_id) AS new_trace FROM spans "
+                "WHERE name = 'openai.chat'")
+    con.execute("UPDATE span_events e SET trace_id = m.new_trace FROM moved m "
+                "WHERE e.trace_id = m.trace_id AND e.span_id = m.span_id")
+    con.execute("UPDATE spans s SET trace_id = m.new_trace, parent_span_id = NULL, "
+                "attr_str = map_from_entries(list_filter(map_entries(s.attr_str), lambda x: x.key <> 'gen_ai.response.id')) "
+                "FROM moved m WHERE s.trace_id = m.trace_id AND s.span_id = m.span_id")
+    rows = run_query(con, "requests").dicts()
+    paired = con.execute("SELECT paired_by, count(*) FROM genai_client_request_spans GROUP BY 1").fetchall()
+    assert paired == [("X-Request-ID", 4)]
+    server = {(r["trace_id"], r["request_span_id"]): r for r in rows if r["perspective"] == "server"}
+    client = _client(rows)
+    assert len(client) == 4 and all((r["trace_id"], r["request_span_id"]) in server for r in client)
+    assert [r["client_request_id"] for r in client] == ["ollm-stream-0", "ollm-stream-1", "ollm-stream-2",
+                                                         "ollm-whole-0"]
+    assert all(r["request_id_note"].endswith("paired by X-Request-ID") for r in client)
+    # matched against the server's chunk events across traces: the same TTFT as in one trace
+    assert [r["ttft_ms"] for r in client[:3]] == pytest.approx([166.037703, 166.28143, 209.894107], abs=1e-6)
+    assert run_query(con, "window").dicts()[0]["attempted"] == 15
+    con.close()
+
+
 def test_window_counts_each_request_once(capture) -> None:
     con, _ = capture
     w = run_query(con, "window").dicts()[0]
