@@ -10,6 +10,11 @@
 --   $tolerance_ms, or an offset was assumed ($offset_domains / $offset_ms, the CLI's
 --   --assume-offset DOMAIN=MS: DOMAIN's clock runs MS ahead of the client's, its timestamps
 --   are shifted by -MS). assumed_offset_ms echoes the offset used (server minus client).
+--   The client span is tokentrace's own CLIENT span, else the request's client perspective
+--   from another instrumentation (openai-v2, OpenLLMetry: in the trace, or paired across
+--   traces by response id / X-Request-ID, docs/adapters.md): each part it supports is given
+--   (openai-v2 writes no chunk events: network_in only; client TTFT and network_out NULL
+--   with the reason; a non-streamed response's f is the client span's end).
 -- param: $trace_id VARCHAR default NULL -- only requests of this trace (32 lowercase hex); NULL = all
 -- param: $tolerance_ms DOUBLE default 1.0 -- how far offset bounds may exclude 0 and still be consistent
 -- param: $offset_domains VARCHAR[] default NULL -- domains with an assumed offset (clock_domain or service.name)
@@ -19,6 +24,34 @@ WITH assumed AS (
     SELECT unnest(CAST($offset_domains AS VARCHAR[])) AS domain,
            unnest(CAST($offset_ms AS DOUBLE[])) AS offset_ms
 ),
+-- the client perspective of each request whose server row names no client span of its own:
+-- another instrumentation's client span (openai-v2, OpenLLMetry, ...: 23_genai_client.sql),
+-- joined by trace or paired across traces; one per request
+other_client AS (
+    SELECT trace_id, request_span_id, client_span_id, client_clock_domain, client_start_ns,
+           client_first_chunk_ns, null_reason,
+           row_number() OVER (PARTITION BY trace_id, request_span_id ORDER BY client_span_id) AS pick
+    FROM request_facts
+    WHERE perspective = 'client' AND source <> 'tokentrace' AND ($trace_id IS NULL OR trace_id = $trace_id)
+),
+joined AS (
+    SELECT
+        f.trace_id, f.request_span_id, f.server_clock_domain, f.server_start_ns, f.server_first_chunk_ns,
+        f.tokenize_start_ns, f.tokenize_end_ns, f.queue_start_ns, f.queue_end_ns,
+        f.prefill_start_ns, f.prefill_end_ns,
+        coalesce(f.client_span_id, c.client_span_id) AS client_span_id,
+        CASE WHEN f.client_span_id IS NOT NULL THEN f.client_clock_domain ELSE c.client_clock_domain END
+            AS client_clock_domain,
+        CASE WHEN f.client_span_id IS NOT NULL THEN f.client_start_ns ELSE c.client_start_ns END AS client_start_ns,
+        CASE WHEN f.client_span_id IS NOT NULL THEN f.client_first_chunk_ns ELSE c.client_first_chunk_ns END
+            AS client_first_chunk_ns,
+        f.null_reason,
+        CASE WHEN f.client_span_id IS NULL THEN c.null_reason END AS client_null_reason
+    FROM request_facts f
+    LEFT JOIN other_client c
+      ON c.trace_id = f.trace_id AND c.request_span_id = f.request_span_id AND c.pick = 1
+    WHERE f.perspective = 'server' AND ($trace_id IS NULL OR f.trace_id = $trace_id)
+),
 req AS (
     SELECT
         f.*,
@@ -26,8 +59,7 @@ req AS (
          WHERE a.domain = f.server_clock_domain OR a.domain = split_part(f.server_clock_domain, '|', 1)) AS server_assumed_ms,
         (SELECT max(a.offset_ms) FROM assumed a
          WHERE a.domain = f.client_clock_domain OR a.domain = split_part(f.client_clock_domain, '|', 1)) AS client_assumed_ms
-    FROM request_facts f
-    WHERE f.perspective = 'server' AND ($trace_id IS NULL OR f.trace_id = $trace_id)
+    FROM joined f
 ),
 checked AS (
     SELECT
@@ -101,7 +133,11 @@ SELECT
     assumed_offset_ms,
     cross_clock_reason,
     CASE
-        WHEN server_first_chunk_ns IS NULL OR (client_span_id IS NOT NULL AND client_first_chunk_ns IS NULL)
+        WHEN server_first_chunk_ns IS NULL THEN coalesce(null_reason, 'first visible chunk unknown')
+        WHEN client_span_id IS NOT NULL AND client_first_chunk_ns IS NULL AND client_null_reason IS NOT NULL
+            THEN 'client TTFT and network_out unknown (network_in is from the client span''s start): '
+                 || client_null_reason
+        WHEN client_span_id IS NOT NULL AND client_first_chunk_ns IS NULL
             THEN coalesce(null_reason, 'first visible chunk unknown')
         WHEN tokenize_start_ns IS NULL OR queue_start_ns IS NULL OR prefill_start_ns IS NULL
             THEN 'a phase span (tokenize, queue or prefill) is missing'

@@ -1,7 +1,9 @@
 -- returns: one row per violation of a named clock-skew rule, over every span (rules never
 --   edit timestamps; correction is a separate, stated step: --assume-offset):
 --   child_starts_before_parent  child.start < parent.start - tolerance
---   child_ends_after_parent     child.end > parent.end + tolerance
+--   child_ends_after_parent     child.end > parent.end + tolerance; under an HTTP client span
+--                               (httpx, aiohttp: it ends when the response headers arrive)
+--                               a SERVER child only when it started after that end
 --   negative_duration           end < start
 --   event_outside_span          an event's time outside [start - tolerance, end + tolerance]
 --   decode_steps_overlap        a decode step starts before the previous step (same parent,
@@ -30,8 +32,16 @@ parent_keys AS (
     FROM spans
     WHERE parent_span_id IS NOT NULL AND ($trace_id IS NULL OR trace_id = $trace_id)
 ),
+-- http_client: an HTTP CLIENT span of an HTTP library's instrumentation (http.request.method
+-- or the older http.method, no gen_ai operation): httpx / httpx2 / aiohttp end it when the
+-- response HEADERS arrive, while a streamed body goes on for seconds. It is no witness for
+-- the end of the server span below it; the server must still have started before the client
+-- had its headers (a SERVER child that starts after such a parent ended is reported).
 parents AS (
-    SELECT p.trace_id, p.span_id, p.start_ns, p.end_ns, p.clock_domain
+    SELECT p.trace_id, p.span_id, p.start_ns, p.end_ns, p.clock_domain,
+           p.kind = 'CLIENT'
+             AND (p.attr_str['http.request.method'] IS NOT NULL OR p.attr_str['http.method'] IS NOT NULL)
+             AND p.attr_str['gen_ai.operation.name'] IS NULL AS http_client
     FROM spans p
     JOIN parent_keys k ON k.trace_id = p.trace_id AND k.span_id = p.span_id
     WHERE $trace_id IS NULL OR p.trace_id = $trace_id
@@ -39,7 +49,8 @@ parents AS (
 child_parent AS (
     SELECT c.trace_id, c.span_id, c.name, c.start_ns, c.end_ns, c.clock_domain,
            p.span_id AS parent_span_id, p.start_ns AS parent_start_ns, p.end_ns AS parent_end_ns,
-           p.clock_domain AS parent_clock_domain
+           p.clock_domain AS parent_clock_domain,
+           p.http_client AND c.kind = 'SERVER' AS header_time_parent
     FROM spans c
     JOIN parents p ON p.trace_id = c.trace_id AND p.span_id = c.parent_span_id
     WHERE c.parent_span_id IS NOT NULL AND ($trace_id IS NULL OR c.trace_id = $trace_id)
@@ -118,8 +129,12 @@ violations AS (
     WHERE start_ns < parent_start_ns - $tolerance_ms * 1e6
     UNION ALL
     SELECT 'child_ends_after_parent', trace_id, span_id, name, parent_span_id, clock_domain, parent_clock_domain,
-           (end_ns - parent_end_ns) / 1e6,
-           CASE WHEN start_ns >= parent_end_ns
+           CASE WHEN header_time_parent THEN (start_ns - parent_end_ns) / 1e6 ELSE (end_ns - parent_end_ns) / 1e6 END,
+           CASE WHEN header_time_parent
+                THEN 'started ' || CAST(round((start_ns - parent_end_ns) / 1e6, 3) AS VARCHAR)
+                     || ' ms after its HTTP client parent had its response headers: the server answered '
+                     || 'before it started'
+                WHEN start_ns >= parent_end_ns
                 THEN 'started ' || CAST(round((start_ns - parent_end_ns) / 1e6, 3) AS VARCHAR)
                      || ' ms after its parent had ended: the parent''s context was handed off (to another '
                      || 'process or task, as vLLM hands its workers a context through the environment), '
@@ -127,6 +142,9 @@ violations AS (
                 ELSE 'ends after its parent' END
     FROM child_parent
     WHERE end_ns > parent_end_ns + $tolerance_ms * 1e6
+      -- below an HTTP client span (ended at the response headers) only a server span that
+      -- started after those headers arrived is a violation
+      AND (NOT header_time_parent OR start_ns > parent_end_ns + $tolerance_ms * 1e6)
     UNION ALL
     SELECT 'negative_duration', trace_id, span_id, name, NULL, clock_domain, clock_domain,
            (start_ns - end_ns) / 1e6, 'ends before it starts'
@@ -164,7 +182,8 @@ SELECT
     coalesce(domain <> related_domain, false) AS cross_domain,
     magnitude_ms,
     detail,
-    CASE WHEN rule = 'child_ends_after_parent' AND detail LIKE 'started %' THEN 'context_handoff'
+    CASE WHEN rule = 'child_ends_after_parent' AND detail LIKE 'started % ms after its parent had ended%'
+         THEN 'context_handoff'
          ELSE 'skew_suspect' END AS finding
 FROM violations
 ORDER BY rule, trace_id, span_id, related_span_id;

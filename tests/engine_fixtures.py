@@ -293,6 +293,7 @@ class OpenllmetryPlan:
     completion_tokens: int | None = 150  # None: not reported (count chunk events)
     chunk_event: str = "llm.content.completion.chunk"
     new_usage_names: bool = False  # gen_ai.usage.input_tokens / output_tokens
+    role_chunk_ms: float | None = 5.0  # the role-only first chunk's event (None: no such event)
 
 
 def add_openllmetry_request(world: EngineWorld, p: OpenllmetryPlan) -> trace.Span:
@@ -304,7 +305,9 @@ def add_openllmetry_request(world: EngineWorld, p: OpenllmetryPlan) -> trace.Spa
     ``completion_tokens``, ``gen_ai.completion.0.finish_reason``, and one attribute-less
     event ``llm.content.completion.chunk`` per received chunk (``_process_item``); newer
     releases name the event ``gen_ai.completion.chunk``. Scope
-    ``opentelemetry.instrumentation.openai.v1``."""
+    ``opentelemetry.instrumentation.openai.v1``. The first event is the role-only chunk an
+    OpenAI-compatible server sends before the first token (``role_chunk_ms`` after s; the real
+    0.62.4 capture in tests/data/real has it), then ``chunks`` chunks of one token each."""
     tracer = world.tracer("openllmetry", OPENLLMETRY_RESOURCE, "opentelemetry.instrumentation.openai.v1",
                           EngineIds(0x7444))
     s = p.start_ms
@@ -319,6 +322,8 @@ def add_openllmetry_request(world: EngineWorld, p: OpenllmetryPlan) -> trace.Spa
     if p.completion_tokens is not None:
         attributes[out_key] = p.completion_tokens
     span = tracer.start_span("openai.chat", kind=SpanKind.CLIENT, start_time=ns(s), attributes=attributes)
+    if p.role_chunk_ms is not None:
+        span.add_event(p.chunk_event, timestamp=ns(s + p.role_chunk_ms))
     for i in range(p.chunks):
         span.add_event(p.chunk_event, timestamp=ns(s + p.first_chunk_ms + i * p.gap_ms))
     span.end(end_time=ns(last + 2.0))

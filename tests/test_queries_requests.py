@@ -171,7 +171,12 @@ def test_a_rate_left_null_by_its_guard_says_why() -> None:
     con.execute("UPDATE spans SET start_ns = $t WHERE kind = 'CLIENT'", {"t": last + 1_000_000})
     row = run_query(con, "requests", {"perspective": "client"}).dicts()[0]
     assert row["whole_request_output_tokens_per_second"] is None and row["e2e_ms"] < 0
-    assert row["null_reason"] == "whole-request rate needs e > s"
+    # the client TTFT (-3727 ms) is below the server's: NULL with that finding (issue 29), first
+    assert row["ttft_ms"] is None
+    assert row["null_reason"] == (
+        "skew_suspect: client TTFT -3727.0 ms below the server TTFT 182.0 ms of the same request (impossible: "
+        "the client span encloses the server span): the client's s is not the send or its f not the first "
+        "visible output; ttft_ms NULL; whole-request rate needs e > s")
     assert f"{row['decode_output_tokens_per_second']:.2f}" == "40.00"
 
 
@@ -187,5 +192,8 @@ def test_one_output_token_and_e_before_s_gives_both_reasons() -> None:
     row = run_query(con, "requests", {"perspective": "client", "trace_id": trace}).dicts()[0]
     assert row["output_tokens"] == 1 and row["tpot_ms"] is None and row["e2e_ms"] < 0
     assert row["whole_request_output_tokens_per_second"] is None
-    assert row["null_reason"] == ("tpot_ms and decode rate need more than one output token;"
-                                  " whole-request rate needs e > s")
+    assert row["null_reason"] == (
+        "skew_suspect: client TTFT -2.0 ms below the server TTFT 182.0 ms of the same request (impossible: the "
+        "client span encloses the server span): the client's s is not the send or its f not the first visible "
+        "output; ttft_ms NULL; tpot_ms and decode rate need more than one output token;"
+        " whole-request rate needs e > s")

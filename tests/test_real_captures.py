@@ -124,13 +124,20 @@ def test_openai_v2_spans_are_client_requests_joined_through_the_post_span(openai
     server = {r["request_span_id"]: r for r in rows if r["perspective"] == "server"}
     assert len(client) == 30 and {r["source"] for r in client} == {"openai-v2"} and len(server) == 60
     joined = [r for r in client if r["request_span_id"] in server]
-    assert len(joined) == 10  # the ten traces with an httpx POST span between chat and gateway
+    # ten traces with an httpx POST span between chat and gateway; the other 18 client spans are
+    # alone in their traces (no traceparent) and paired with their gateway span by response id
+    assert len(joined) == 28
+    paired = dict(con.execute("SELECT paired_by, count(*) FROM genai_client_request_spans GROUP BY 1").fetchall())
+    assert paired == {"trace": 10, "gen_ai.response.id": 18, None: 2}  # two 400s: no response id
     depth = con.execute("SELECT count(*) FROM genai_client_request_spans WHERE server_depth = 2").fetchall()[0][0]
     assert depth == 10
     for r in joined:
         assert r["response_id"] == server[r["request_span_id"]]["response_id"]
-    assert Counter(r["outcome"] for r in joined) == {"succeeded": 8, "failed": 1, "cancelled": 1}
-    cancelled = next(r for r in joined if r["outcome"] == "cancelled")
+        assert r["trace_id"] == server[r["request_span_id"]]["trace_id"]
+    assert Counter(r["outcome"] for r in joined) == {"succeeded": 24, "failed": 1, "cancelled": 3}
+    in_trace = {s for (s,) in con.execute("SELECT request_span_id FROM genai_client_request_spans "
+                                          "WHERE paired_by = 'trace'").fetchall()}
+    cancelled = next(r for r in joined if r["outcome"] == "cancelled" and r["request_span_id"] in in_trace)
     assert cancelled["output_tokens"] == 3 and cancelled["output_tokens_basis"] == "gen_ai.usage.output_tokens (server span)"
     sources = dict(con.execute("SELECT source, count(*) FROM request_sources GROUP BY 1").fetchall())
     assert sources == {"openai-v2": 30, "tokentrace": 60}
@@ -152,11 +159,13 @@ def test_openai_v2_without_chunk_events_has_no_ttft_and_says_why(openai_v2) -> N
 def test_openai_v2_window_counts_a_joined_request_once_and_clock_pair_is_consistent(openai_v2) -> None:
     con, _ = openai_v2
     w = run_query(con, "window").dicts()[0]
-    # 30 client rows + 60 gateway rows, 10 of them the same requests: 80 requests
-    assert (w["attempted"], w["succeeded"], w["failed"], w["cancelled"]) == (80, 58, 18, 4)
-    [pair] = run_query(con, "skew_offsets").dicts()
+    # 60 gateway requests, 28 of them with their client span (10 in the trace, 18 paired by
+    # response id), and two 400s whose client spans have no response id to pair them by
+    assert (w["attempted"], w["succeeded"], w["failed"], w["cancelled"]) == (62, 40, 18, 4)
+    pairs = run_query(con, "skew_offsets").dicts()  # one per client process (three runs)
+    assert sorted(p["requests"] for p in pairs) == [9, 9, 10] and {p["verdict"] for p in pairs} == {"consistent"}
     # the cancelled request gives only the upper bound (its gateway ended 112 ms after the client left)
-    assert pair["requests"] == 10 and pair["verdict"] == "consistent"
+    [pair] = [p for p in pairs if p["requests"] == 10]
     assert pair["offset_min_ms"] == pytest.approx(-1.529468) and pair["offset_max_ms"] == pytest.approx(2.872662)
 
 
@@ -172,12 +181,17 @@ def test_openllmetry_current_spans_are_client_requests_with_chunk_times(openllme
     chunks = dict(con.execute("SELECT request_span_id, count(*) FROM request_chunks WHERE perspective = 'client' "
                               "GROUP BY 1").fetchall())
     streamed = [r for r in client if r["output_tokens"] == 12]
-    # 15 chunk events for 12 tokens: the role-only first chunk and the finish / usage chunks count too
-    assert len(streamed) == 3 and all(chunks[r["request_span_id"]] == 15 for r in streamed)
-    assert all("role-only first chunk makes f early" in r["null_reason"] for r in streamed)
-    # and so the client's f can come before the gateway's first visible chunk
-    early = [r for r in streamed if r["ttft_ms"] < server[r["request_span_id"]]["ttft_ms"]]
-    assert len(early) == 2
+    # 15 chunk events for 12 tokens, matched by index to the gateway's 15 tokentrace.chunk
+    # events: the role-only first chunk and the finish / usage chunks are not visible (issue 29)
+    assert len(streamed) == 3 and all(chunks[r["request_span_id"]] == 12 for r in streamed)
+    basis = con.execute("SELECT basis, count(*), max(received_chunks), max(written_chunks) "
+                        "FROM genai_client_chunk_match GROUP BY 1").fetchall()
+    assert basis == [("matched", 48, 15, 15)]  # 3 x 15 + the abandoned stream's 3
+    assert all(r["null_reason"] is None for r in streamed)
+    # the client's first visible chunk comes after the gateway's, on every request
+    assert all(r["ttft_ms"] > server[r["request_span_id"]]["ttft_ms"] for r in streamed)
+    assert [round(r["ttft_ms"] - server[r["request_span_id"]]["ttft_ms"], 6) for r in streamed] == [
+        18.694995, 12.628901, 11.680563]
 
 
 def test_openllmetry_non_streamed_arrives_whole_and_failures_say_so(openllmetry) -> None:
@@ -197,9 +211,12 @@ def test_openllmetry_non_streamed_arrives_whole_and_failures_say_so(openllmetry)
     assert bad["null_reason"].startswith("openllmetry: the request failed (BadRequestError)")
     [gone] = [r for r in client if r["outcome"] == "cancelled"]
     assert gone["output_tokens"] == 2 and gone["finish_reason"] == "cancelled"
-    # this server predates the gateway's X-Request-ID attribute: NULL, with the reason
-    assert all(r["client_request_id"] is None and "carries no tokentrace.client_request_id" in r["request_id_note"]
-               for r in client)
+    # this server predates the gateway's X-Request-ID attribute: the id is the one OpenLLMetry
+    # recorded in gen_ai.headers; the 400 was sent without one: NULL, with the reason
+    assert [r["client_request_id"] for r in client] == [
+        "ollm-stream-0", "ollm-stream-1", "ollm-stream-2", "ollm-whole-0", "ollm-whole-1", None, "ollm-abandoned"]
+    assert bad["request_id_note"] == ("openllmetry: client_request_id NULL: the server span (gateway) carries no "
+                                      "tokentrace.client_request_id")
 
 
 # --- vLLM 0.32 ----------------------------------------------------------------------------

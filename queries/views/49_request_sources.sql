@@ -17,14 +17,14 @@ WITH adapters (source, signature, f_e_basis, clock_note) AS (
      'prefill_forward / decode_loop slice ends (scheduler)',
      'root on tokenizer clock, slices on scheduler clock (both wall)'),
     ('openllmetry', 'kind = CLIENT AND (attr gen_ai.operation.name | llm.request.type), OpenLLMetry scope or llm.request.type',
-     'chunk events (gen_ai.content.completion.chunk | gen_ai.completion.chunk | llm.content.completion.chunk); non-streamed: f = e = span end',
-     'one clock (client); server span below joined by trace'),
+     'chunk events (gen_ai.content.completion.chunk | gen_ai.completion.chunk | llm.content.completion.chunk) matched by index to the server span''s tokentrace.chunk events (the visible ones); without them a streamed chat''s first event is the role-only chunk, skipped; non-streamed: f = e = span end',
+     'one clock (client); server span below in the trace, else paired across traces by gen_ai.response.id / X-Request-ID'),
     ('openai-v2', 'kind = CLIENT AND attr gen_ai.operation.name, scope opentelemetry.util.genai.handler | opentelemetry.instrumentation.openai_v2',
      'none: openai-v2 writes no chunk events (f/e NULL)',
-     'one clock (client); server span below joined by trace'),
+     'one clock (client); server span below in the trace, else paired across traces by gen_ai.response.id / X-Request-ID'),
     ('genai', 'kind = CLIENT AND attr gen_ai.operation.name, any other scope',
-     'chunk events when written (gen_ai.content.completion.chunk | gen_ai.completion.chunk | llm.content.completion.chunk)',
-     'one clock (client); server span below joined by trace')
+     'chunk events when written (gen_ai.content.completion.chunk | gen_ai.completion.chunk | llm.content.completion.chunk), read as openllmetry''s',
+     'one clock (client); server span below in the trace, else paired across traces by gen_ai.response.id / X-Request-ID')
 )
 SELECT f.trace_id, f.request_span_id, f.perspective, f.perspective_span_id, f.source,
        a.signature, a.f_e_basis, a.clock_note

@@ -8,6 +8,10 @@
 -- decode-only rate = (O - 1) / (E2E - TTFT); whole-request rate = O / E2E.
 -- TPOT and the decode rate are NULL when e <= f: the output arrived in one write (a
 -- non-streamed body, f = e), which carries no per-token timing; 0 ms would enter summary.
+-- A client TTFT below the server TTFT of the same request (both durations, each on its own
+-- clock: the client's span encloses the server's, so no clock offset explains it) means the
+-- client's s or f is not what it should be (f read at a role-only chunk, a span started late,
+-- a clock ran at another rate): ttft_ms is NULL with that finding in null_reason, never a figure.
 CREATE OR REPLACE VIEW request_metrics AS
 SELECT
     source,
@@ -36,7 +40,7 @@ SELECT
         WHEN finish_reason = 'error' OR status_code = 'ERROR' OR server_status_code = 'ERROR' THEN 'failed'
         ELSE 'succeeded'
     END AS outcome,
-    (f_ns - s_ns) / 1e6 AS ttft_ms,
+    CASE WHEN NOT f_below_server THEN (f_ns - s_ns) / 1e6 END AS ttft_ms,
     (e_ns - s_ns) / 1e6 AS e2e_ms,
     CASE WHEN output_tokens > 1 AND e_ns > f_ns
          THEN ((e_ns - s_ns) - (f_ns - s_ns)) / 1e6 / (output_tokens - 1) END AS tpot_ms,
@@ -62,13 +66,23 @@ SELECT
     -- each have theirs here, none hidden behind another; NULL when there is none.
     nullif(concat_ws('; ',
         null_reason,
+        CASE WHEN f_below_server THEN
+            'skew_suspect: client TTFT ' || CAST(round((f_ns - s_ns) / 1e6, 3) AS VARCHAR)
+            || ' ms below the server TTFT ' || CAST(round((server_first_chunk_ns - server_start_ns) / 1e6, 3) AS VARCHAR)
+            || ' ms of the same request (impossible: the client span encloses the server span): the client''s '
+            || 's is not the send or its f not the first visible output; ttft_ms NULL' END,
         CASE WHEN output_tokens IS NULL THEN 'output token count unknown' END,
         CASE WHEN output_tokens <= 1 THEN 'tpot_ms and decode rate need more than one output token' END,
         CASE WHEN output_tokens > 1 AND e_ns <= f_ns
              THEN 'tpot_ms and decode rate need e > f (the output arrived in one write: no per-token timing)' END,
         CASE WHEN e_ns <= s_ns THEN 'whole-request rate needs e > s' END
     ), '') AS null_reason
-FROM request_facts;
+FROM (
+    SELECT *,
+           coalesce(perspective = 'client' AND (f_ns - s_ns) < (server_first_chunk_ns - server_start_ns), false)
+               AS f_below_server
+    FROM request_facts
+) facts;
 
 -- One integer key per request perspective: request_key numbers the (trace_id,
 -- request_span_id, perspective, source) rows of request_facts in that order (1, 2, ...).
