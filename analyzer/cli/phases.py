@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from analyzer.cli._query_verb import check_trace_id, run_verb, source_options
+from analyzer.cli._query_verb import columns_option, check_trace_id, run_verb, source_options
 from analyzer.cli.group import cli
 from analyzer.cli.options import UserError, format_option, param_option
 from analyzer.skew import OffsetSyntaxError, parse_assume_offsets
@@ -19,8 +19,9 @@ from analyzer.skew import OffsetSyntaxError, parse_assume_offsets
               help="DOMAIN's clock runs MS ms ahead of the client's: shift its timestamps by -MS in "
                    "cross-clock parts (repeatable; DOMAIN = clock domain or service name).")
 @format_option
+@columns_option
 @param_option
-def phases_command(db_path, parquet_dir, trace_id, tolerance_ms, assume_offset, output_format, params) -> None:
+def phases_command(db_path, parquet_dir, trace_id, tolerance_ms, assume_offset, output_format, chosen_columns, params) -> None:
     """Client TTFT split into network-in, gateway overhead, tokenize, queue, prefill,
     first-emit and network-out, with the residual no phase span covers.
 
@@ -40,4 +41,4 @@ def phases_command(db_path, parquet_dir, trace_id, tolerance_ms, assume_offset, 
         raise UserError(str(exc)) from None
     run_verb("phases", db_path=db_path, parquet_dir=parquet_dir,
              flags={"trace_id": check_trace_id(trace_id), "tolerance_ms": tolerance_ms, **offsets.params()},
-             raw_params=params, output_format=output_format, notes=offsets.notes())
+             raw_params=params, output_format=output_format, notes=offsets.notes(), chosen=chosen_columns)

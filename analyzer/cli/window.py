@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from analyzer.cli._query_verb import PERSPECTIVES, run_verb, source_options
+from analyzer.cli._query_verb import columns_option, PERSPECTIVES, run_verb, source_options
 from analyzer.cli.group import cli
 from analyzer.cli.options import UserError, format_option, param_option
 
@@ -69,9 +69,10 @@ def with_utc_bounds(result: Any) -> Any:
 @click.option("--cancelled-as-failed", is_flag=True, default=None,
               help="Count cancelled requests as failed (default: reported on their own).")
 @format_option
+@columns_option
 @param_option
 def window_command(db_path, parquet_dir, mode, start_ns, end_ns, perspective, slo_ttft_ms, slo_tpot_ms,
-                   slo_e2e_ms, count_failed_tokens, cancelled_as_failed, output_format, params) -> None:
+                   slo_e2e_ms, count_failed_tokens, cancelled_as_failed, output_format, chosen_columns, params) -> None:
     """Attempted / succeeded / failed / cancelled requests, throughput, goodput, error rate.
 
     Two counting modes, never interchangeable: closed_cohort counts requests whose send time
@@ -92,4 +93,4 @@ def window_command(db_path, parquet_dir, mode, start_ns, end_ns, perspective, sl
                     "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms, "slo_e2e_ms": slo_e2e_ms,
                     "count_failed_tokens": count_failed_tokens, "cancelled_as_failed": cancelled_as_failed},
              raw_params=params, output_format=output_format, start_ns=start_ns, end_ns=end_ns, validate=_validate,
-             decorate=with_utc_bounds)
+             decorate=with_utc_bounds, chosen=chosen_columns)
