@@ -156,9 +156,9 @@ def _layout(view: View, rows: Sequence[Mapping[str, Any]], width: int | None,
             chosen: Sequence[str] | None) -> tuple[list[Col], dict[str, int], list[str]]:
     """The columns shown, each one's width, and the names of the columns left out."""
     cols = list(view.columns)
-    if chosen:
-        by_key = {c.key: c for c in cols if c.value is None}
-        cols = [by_key.get(k) or Col(k, k) for k in chosen]
+    if chosen:  # headed by the names the user gave, formatted as the view formats them
+        kinds = {c.key: c.kind for c in cols if c.value is None}
+        cols = [Col(k, k, kind=kinds.get(k, "auto")) for k in chosen]
     texts = {c.key: [cell_text(c.get(r), c.kind, c.key) for r in rows] for c in cols}
     natural = {c.key: max([len(c.head), len(c.unit), *map(len, texts[c.key])]) for c in cols}
     if chosen or width is None:
@@ -214,8 +214,8 @@ def _transposed_lines(view: View, rows: Sequence[Mapping[str, Any]], width: int 
                       chosen: Sequence[str] | None) -> list[str]:
     cols = [c for c in view.columns if c.value is None or not chosen]
     if chosen:
-        by_key = {c.key: c for c in cols}
-        cols = [by_key.get(k) or Col(k, k) for k in chosen]
+        kinds = {c.key: c.kind for c in cols}
+        cols = [Col(k, k, kind=kinds.get(k, "auto")) for k in chosen]
     names = [f"{c.head} ({c.unit})" if c.unit else c.head for c in cols]
     name_width = max(map(len, names), default=0)
     out: list[str] = []

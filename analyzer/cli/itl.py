@@ -25,10 +25,13 @@ def itl_command(db_path, parquet_dir, perspective, trace_id, output_format, chos
     one-token chunks has O - 1 gaps. Gaps of a span that dropped events are empty with a
     reason. Units: milliseconds; *_ns nanoseconds since the epoch. With --format csv or
     json the gaps are computed and written one range of requests at a time (~150 rows per
-    request never sit in memory whole); the table format holds every row.
+    request never sit in memory whole); the table format holds every row, rounded to
+    0.1 ms, times in UTC, fitted to the terminal.
 
     \b
     Example:
+      tokentrace itl --db traces.duckdb --trace-id 4bf92f3577b34da6a3ce929d0e0e4736
+      tokentrace itl --db traces.duckdb --format csv --columns request_span_id,gap_index,itl_ms
       tokentrace itl --db traces.duckdb --perspective client --format json
     """
     run_verb("itl", db_path=db_path, parquet_dir=parquet_dir,

@@ -28,10 +28,12 @@ def phases_command(db_path, parquet_dir, trace_id, tolerance_ms, assume_offset, 
     network_in_ms and network_out_ms subtract a server time from a client time: they are
     empty (cross_clock_reason says why) unless the clock pair's offset bounds are
     consistent with 0 (see `tokentrace skew`) or an offset is assumed. network_round_trip_ms
-    and residual_ms never mix clocks. Units: milliseconds.
+    and residual_ms never mix clocks. Units: milliseconds. The table shows the phases that
+    fit the terminal (TTFT, queue and prefill first) and names the others.
 
     \b
     Example:
+      tokentrace phases --db traces.duckdb --columns request_span_id,ttft_ms,queue_ms,prefill_ms
       tokentrace phases --db traces.duckdb
       tokentrace phases --db traces.duckdb --assume-offset skewed-client=35
     """

@@ -25,8 +25,15 @@ def requests_command(db_path, parquet_dir, perspective, trace_id, output_format,
     are empty, and null_reason says why. Units: *_ms milliseconds, *_per_second tokens/s,
     *_bytes bytes, *_mib MiB. Formulas: docs/metrics.md.
 
+    The table (a block per perspective) fits the terminal (80 columns in a pipe): request id
+    (the response id, else the X-Request-ID), tokens in/out, TTFT, TPOT, E2E in ms, finish
+    reason; wider terminals add more. csv and json hold every column at full precision;
+    --columns picks columns in any format.
+
     \b
     Example:
+      tokentrace requests --db traces.duckdb
+      tokentrace requests --db traces.duckdb --columns response_id,client_request_id,ttft_ms
       tokentrace requests --db traces.duckdb --perspective client --format csv
       tokentrace requests --parquet dump/ --trace-id 4bf92f3577b34da6a3ce929d0e0e4736
     """

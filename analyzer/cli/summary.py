@@ -23,10 +23,12 @@ def summary_command(db_path, parquet_dir, perspective, include_unsuccessful, out
 
     One row per metric and perspective. Percentiles are linear interpolation between order
     statistics (numpy's default; DuckDB quantile_cont). itl_* rows count gaps, the others
-    requests; null_count counts requests or gaps without the figure.
+    requests; null_count counts requests or gaps without the figure. The table names each
+    metric with its unit (TTFT ms, TPOT ms, E2E ms, ...) and rounds to 4 significant digits.
 
     \b
     Example:
+      tokentrace summary --db traces.duckdb --columns metric,perspective,p50,p99
       tokentrace summary --db traces.duckdb --perspective client
       tokentrace summary --parquet dump/ --format csv --include-unsuccessful
     """

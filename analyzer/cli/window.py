@@ -80,10 +80,12 @@ def window_command(db_path, parquet_dir, mode, start_ns, end_ns, perspective, sl
     completions and the chunk tokens whose event time falls in the window (and reports how
     many requests cross a boundary). The bounds are printed in ns since the epoch and, beside
     them, as UTC (window_start_utc, window_end_utc). Units: window_s seconds, *_rps requests/s,
-    output_tokens_per_s tokens/s, error_rate a fraction.
+    output_tokens_per_s tokens/s, error_rate a fraction. The table prints one "name (unit)
+    value" line per figure, the bounds in UTC to the millisecond.
 
     \b
     Example:
+      tokentrace window --db traces.duckdb
       tokentrace window --db traces.duckdb --mode steady_state \\
           --start-ns 1767225600000000000 --end-ns 1767225610000000000 \\
           --slo-ttft-ms 500 --slo-tpot-ms 50
