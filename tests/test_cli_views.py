@@ -178,3 +178,12 @@ def test_render_cuts_the_widest_id_first_and_names_what_it_left_out() -> None:
     assert row[0] == "c" * 20 and row[1].startswith("s" * 10) and row[1].endswith(("…", "~"))
     assert row[2] == "1.2" or row[2] == "1.3"
     assert "note: not shown at 50 columns: n (choose with" in " ".join(lines)
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_kv_limitations_wrap_to_the_terminal(width) -> None:
+    out = _run(["kv", "--layers", "80", "--kv-heads", "8", "--query-heads", "64", "--head-dim", "128",
+                "--kv-dtype", "bf16"], width)
+    assert max(map(len, out.splitlines())) <= width
+    assert "kv_bytes_per_token: 327680" in out.splitlines()
+    assert "limitation: logical unsharded K/V payload; omits: quantization scales" in " ".join(out.split())
