@@ -15,12 +15,13 @@ of verb discovery); the views themselves are in :mod:`analyzer.cli._views`.
 
 from __future__ import annotations
 
-import datetime as dt
 import shutil
 import sys
 import textwrap
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
+
+from analyzer.timefmt import utc_ms_text
 
 __all__ = ["Col", "View", "auto_view", "cell_text", "render", "terminal_width", "utc_ms_text"]
 
@@ -84,14 +85,6 @@ def terminal_width() -> int:
 def _ellipsis() -> str:
     encoding = (getattr(sys.stdout, "encoding", None) or "").lower().replace("-", "")
     return "…" if encoding.startswith("utf") else "~"
-
-
-def utc_ms_text(ns: int) -> str:
-    """Epoch nanoseconds as UTC ISO 8601 to the millisecond, e.g. ``2026-12-03T07:44:52.123Z``
-    (truncated, not rounded: integer arithmetic)."""
-    seconds, fraction = divmod(int(ns), 1_000_000_000)
-    day = dt.datetime.fromtimestamp(seconds, tz=dt.timezone.utc)
-    return f"{day:%Y-%m-%dT%H:%M:%S}.{fraction // 1_000_000:03d}Z"
 
 
 def _number_text(value: float) -> str:
