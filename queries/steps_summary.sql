@@ -6,9 +6,14 @@
 --   summary.sql), mean schedule_ms, batch size, scheduled and prefill tokens, and the least-
 --   squares line step_ms = fixed_ms + ms_per_scheduled_token x scheduled_tokens with its r2
 --   (NULL with a reason when the group's steps have fewer than two distinct token counts).
+--   A fit that does not hold is not a finding: below $min_fit_steps steps or an r2 below
+--   $min_fit_r2, ms_per_scheduled_token and fixed_ms are NULL and null_reason says "fit does
+--   not hold" with the steps and r2 (fit_r2 is still given: it is the evidence).
 --   Without any engine_step span (traces from --engine sequential) one 'all' row with
 --   steps = 0, every figure NULL and null_reason saying why (never 0).
 -- param: $clock_domain VARCHAR default NULL -- only this clock domain; NULL = every engine's steps together
+-- param: $min_fit_steps BIGINT default 5 -- fewer steps in a group: its line is not given (two points always fit)
+-- param: $min_fit_r2 DOUBLE default 0.5 -- a lower r2: its line is not given (it explains too little of step_ms)
 -- units: *_ms milliseconds; ms_per_scheduled_token milliseconds per token; steps a count;
 --   batch_size_mean sequences; *_tokens_mean tokens; fit_r2 a fraction (0..1).
 WITH steps AS (
@@ -66,8 +71,8 @@ SELECT
     st.batch_size_mean,
     st.scheduled_tokens_mean,
     st.prefill_tokens_mean,
-    CASE WHEN st.distinct_scheduled_tokens > 1 THEN st.slope END AS ms_per_scheduled_token,
-    CASE WHEN st.distinct_scheduled_tokens > 1 THEN st.intercept END AS fixed_ms,
+    CASE WHEN f.fit_holds THEN st.slope END AS ms_per_scheduled_token,
+    CASE WHEN f.fit_holds THEN st.intercept END AS fixed_ms,
     CASE WHEN st.distinct_scheduled_tokens > 1 THEN least(st.r2, 1.0) END AS fit_r2,
     CASE
         WHEN t.steps_total = 0 THEN
@@ -75,8 +80,17 @@ SELECT
         WHEN st.steps IS NULL THEN 'no step in this group'
         WHEN st.distinct_scheduled_tokens < 2 THEN
             'fit needs steps with at least two distinct scheduled_tokens values'
+        WHEN st.steps < $min_fit_steps THEN
+            'fit does not hold: ' || st.steps || ' steps, fewer than ' || $min_fit_steps || ' (min_fit_steps)'
+        WHEN NOT f.fit_holds THEN
+            'fit does not hold: r2 ' || printf('%.3f', least(st.r2, 1.0)) || ' below ' || $min_fit_r2
+            || ' (min_fit_r2) over ' || st.steps || ' steps'
     END AS null_reason
 FROM groups g
 CROSS JOIN total t
 LEFT JOIN stats st ON st.grouping = g.grouping AND st.group_order = g.group_order
+CROSS JOIN LATERAL (
+    SELECT coalesce(st.distinct_scheduled_tokens > 1 AND st.steps >= $min_fit_steps
+                    AND least(st.r2, 1.0) >= $min_fit_r2, false) AS fit_holds
+) f
 ORDER BY CASE g.grouping WHEN 'all' THEN 0 WHEN 'batch_size' THEN 1 ELSE 2 END, g.group_order;

@@ -189,7 +189,13 @@ def slowest(spans: Sequence[Span], gap_rows: Sequence[dict[str, Any]], per_reque
     return out
 
 
+#: steps_summary.sql's defaults: a line over fewer steps, or explaining less of step_ms, is not given.
+MIN_FIT_STEPS = 5
+MIN_FIT_R2 = 0.5
+
+
 def _fit(rows: Sequence[dict[str, Any]]) -> tuple[float | None, float | None, float | None]:
+    """(slope, intercept, r2); slope and intercept None when the fit does not hold."""
     xs = [r["scheduled_tokens"] for r in rows]
     ys = [r["step_ms"] for r in rows]
     if len(set(xs)) < 2:
@@ -199,7 +205,10 @@ def _fit(rows: Sequence[dict[str, Any]]) -> tuple[float | None, float | None, fl
     syy = sum((y - my) ** 2 for y in ys)
     sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
     slope = sxy / sxx
-    return slope, my - slope * mx, 1.0 if syy == 0 else min(1.0, sxy * sxy / (sxx * syy))
+    r2 = 1.0 if syy == 0 else min(1.0, sxy * sxy / (sxx * syy))
+    if len(rows) < MIN_FIT_STEPS or r2 < MIN_FIT_R2:
+        return None, None, r2
+    return slope, my - slope * mx, r2
 
 
 def step_summary(step_rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:

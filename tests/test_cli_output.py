@@ -71,11 +71,16 @@ def test_a_table_off_a_terminal_never_wraps_a_number() -> None:
 
 
 def test_cli_tables_in_a_pipe_are_one_line_per_row(db) -> None:
-    result = CliRunner().invoke(cli, ["requests", "--db", str(db)])
+    result = CliRunner().invoke(cli, ["requests", "--db", str(db)], env={"COLUMNS": "80"})
     json_rows = json.loads(CliRunner().invoke(cli, ["requests", "--db", str(db), "--format", "json"]).stdout)
     lines = result.stdout.splitlines()
-    assert len(lines) == 2 + len(json_rows)
-    assert str(json_rows[0]["s_ns"]) in lines[2].split()
+    # a block per perspective: its title, two header lines (name, unit), a rule, one line per row
+    blocks = "\n".join(lines).split("\n\n")
+    perspectives = sorted({r["perspective"] for r in json_rows})
+    assert len(blocks) == len(perspectives)
+    rows = sum(len([ln for ln in b.splitlines()[4:] if not ln.startswith(("note:", "  "))]) for b in blocks)
+    assert rows == len(json_rows)
+    assert lines[4].split()[0] == json_rows[0]["request_span_id"]  # the response id "r" is shared: the span id
 
 
 def test_demo_table_carries_a_short_request_id(db, capsys) -> None:

@@ -63,6 +63,18 @@ def test_exact_steps_of_the_capture(con: Any) -> None:
     assert summary[("all", "all")]["steps"] == 20
     assert summary[("scheduled_tokens", ">1024")]["steps"] == 1
     assert summary[("batch_size", "3")]["null_reason"] == "fit needs steps with at least two distinct scheduled_tokens values"
+    # a line that explains 7.7 % of step time is not a finding (issue 30, item 7): no slope, the reason
+    weak = summary[("scheduled_tokens", "1-16")]
+    assert weak["steps"] == 16 and weak["fit_r2"] == pytest.approx(0.0770788209, abs=1e-9)
+    assert weak["ms_per_scheduled_token"] is None and weak["fixed_ms"] is None
+    assert weak["null_reason"] == "fit does not hold: r2 0.077 below 0.5 (min_fit_r2) over 16 steps"
+    two = summary[("scheduled_tokens", "17-128")]  # two points always fit (r2 = 1): too few steps to say so
+    assert two["fit_r2"] == pytest.approx(1.0) and two["ms_per_scheduled_token"] is None
+    assert two["null_reason"] == "fit does not hold: 2 steps, fewer than 5 (min_fit_steps)"
+    strong = summary[("all", "all")]
+    assert strong["ms_per_scheduled_token"] == pytest.approx(0.345385952677, rel=1e-9) and strong["null_reason"] is None
+    looser = {(r["grouping"], r["group_label"]): r for r in _rows(con, "steps_summary", min_fit_steps=2, min_fit_r2=0.0)}
+    assert looser[("scheduled_tokens", "1-16")]["ms_per_scheduled_token"] == pytest.approx(1.21886640625, rel=1e-9)
 
 
 def test_exact_stalls_of_the_capture(con: Any) -> None:

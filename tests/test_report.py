@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+import json
 import re
 import shutil
 import subprocess
@@ -56,7 +58,8 @@ def test_engine_steps_section_plots_batch_kv_and_itl_against_prefill() -> None:
     assert section.count("<svg") == 2
     assert "Batch size and KV blocks used per engine step" in section
     assert "ITL against co-scheduled prefill tokens" in section
-    assert "417.7229" in section and "&gt;1024" in section  # the >1024 bucket's ITL (stalls_groups.sql)
+    assert "417.7" in section and "&gt;1024" in section  # the >1024 bucket's ITL (stalls_groups.sql), 417.722926 ms
+    assert "fit does not hold: r2 0.077 below 0.5 (min_fit_r2) over 16 steps" in section.replace("<wbr>", "")
     assert "No engine step data" not in section
 
 
@@ -104,21 +107,108 @@ def _chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
+#: Appended to a copy of the page under test (the report itself has no script): lists every
+#: element whose box runs past the viewport's right edge, and every table that needs to scroll.
+_OVERFLOW_PROBE = """<script>
+(() => {
+  const page = document.documentElement, out = [];
+  if (page.scrollWidth > page.clientWidth) out.push("page " + page.scrollWidth + " > " + page.clientWidth);
+  for (const el of document.querySelectorAll("body *")) {
+    if (el.closest("svg") && el.tagName.toLowerCase() !== "svg") continue;
+    const box = el.getBoundingClientRect();
+    if (box.width && box.right > page.clientWidth + 0.5) out.push(el.tagName + " right edge " + box.right);
+  }
+  for (const div of document.querySelectorAll(".tbl")) {
+    if (div.scrollWidth > div.clientWidth + 1) out.push("table scrolls " + div.scrollWidth + " > " + div.clientWidth);
+  }
+  const probe = document.createElement("pre");
+  probe.id = "overflow-probe";
+  probe.textContent = JSON.stringify({width: page.clientWidth, overflow: out});
+  document.body.appendChild(probe);
+})();
+</script>"""
+
+
+def _chromium_run(html_path: Path, profile: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
+         f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", "--window-size=1280,800", *args,
+         html_path.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )
+
+
+def _loaded(*files: Path):
+    from analyzer.formats.load import load_paths
+    from analyzer.db.store import connect
+
+    con = connect()
+    load_paths(con, [str(f) for f in files])
+    return con
+
+
+def _continuous_db():
+    return _loaded(CONTINUOUS_CAPTURE / "server.otlp.jsonl", CONTINUOUS_CAPTURE / "client.otlp.jsonl")
+
+
+REAL = Path(__file__).resolve().parent / "data" / "real"
+REPORT_DBS = {
+    "seed": seed_db, "mixed": mixed_db, "continuous": _continuous_db,
+    "aiperf": lambda: _loaded(REAL / "aiperf-0.13.0-tokentrace" / "traces.jsonl"),
+    "openllmetry": lambda: _loaded(REAL / "openllmetry-0.62.4" / "client.jsonl", REAL / "openllmetry-0.62.4" / "server.jsonl"),
+}
+
+
 @pytest.mark.skipif(_chromium() is None, reason="no Chromium installed (.ci/run installs the Debian package)")
-def test_report_renders_in_headless_chromium_without_console_errors(tmp_path) -> None:
-    page = build_report(seed_db(), ReportInputs())
+@pytest.mark.parametrize("name", list(REPORT_DBS))
+def test_report_fits_1280x800_in_headless_chromium_without_console_errors(tmp_path, name) -> None:
+    """At 1280 x 800 nothing runs off the page horizontally (every table inside it, none
+    scrolling), the first screen holds the headline numbers, and the console stays quiet.
+    The screenshot of the first screen is kept in test-artifacts/ (look at it)."""
+    con = REPORT_DBS[name]()
+    page = build_report(con, ReportInputs(window_params={"slo_ttft_ms": 200.0}))
     html_path = tmp_path / "report.html"
     html_path.write_text(page)
     ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / "report.png"
+    shot = ARTIFACTS / f"report-{name}-1280x800.png"
     shot.unlink(missing_ok=True)
-    proc = subprocess.run(
-        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0", "--window-size=1200,3000",
-         f"--screenshot={shot}", html_path.as_uri()],
-        capture_output=True, text=True, timeout=120,
-    )
+    proc = _chromium_run(html_path, tmp_path / "profile", f"--screenshot={shot}")
     assert shot.is_file() and shot.stat().st_size > 10_000, proc.stderr[-2000:]
     console = [line for line in proc.stderr.splitlines() if "CONSOLE" in line]
     assert not console, console
+    probed = tmp_path / "probed.html"
+    probed.write_text(page.replace("</body>", _OVERFLOW_PROBE + "</body>"))
+    dom = _chromium_run(probed, tmp_path / "profile2", "--dump-dom")
+    found = re.search(r'<pre id="overflow-probe">(.*?)</pre>', dom.stdout, re.DOTALL)
+    assert found, dom.stderr[-2000:]
+    result = json.loads(html.unescape(found.group(1)))
+    assert result["width"] == 1280
+    assert result["overflow"] == [], result["overflow"][:10]
+    # the first screen opens with the numbers a person wants first
+    glance = page[page.index(">At a glance<"):page.index(">Run summary<")]
+    for card in ("TTFT p50 / p99", "TPOT p50 / p99", "E2E p50 / p99", "Throughput", "Goodput", "Errors", "Cache hits"):
+        assert f'<div class="k">{card}</div>' in glance, card
+    assert page.index(">At a glance<") < page.index("<table")
+
+
+def test_headline_numbers_are_the_seed_request() -> None:
+    page = build_report(seed_db(), ReportInputs(window_params={"slo_ttft_ms": 200.0}))
+    glance = page[page.index(">At a glance<"):page.index(">Run summary<")]
+    assert '<div class="v">190 / 190 ms</div>' in glance  # TTFT p50 / p99 of the one client request
+    assert '<div class="v">25 / 25 ms/token</div>' in glance
+    assert '<div class="v">3,915 / 3,915 ms</div>' in glance
+    assert "meeting TTFT ≤ 200 ms" in glance
+    assert '<div class="v">0 of 1</div>' in glance  # errors
+    assert "no prefill span carries tokentrace.cached_tokens" in glance
+    assert "window 2026-01-01T00:00:00.000Z to" in glance
+    run_summary = page[page.index(">Run summary<"):page.index(">Distributions<")]
+    assert "2026-01-01T00:00:00.000Z" in run_summary and "1767225600000000000 ns since the epoch" in run_summary
+    assert not re.search(r">1[67]\d{17}<", page)  # no epoch nanoseconds printed as a value
+
+
+def test_cache_hits_of_the_continuous_capture() -> None:
+    row = run_query(_continuous_db(), "report/cache_hits").dicts()[0]
+    # five requests, each one's first prefill span records tokentrace.cached_tokens = 0 (no prefix reuse)
+    assert row == {"requests_recorded": 5, "cache_hit_requests": 0, "cached_prompt_tokens": 0,
+                   "cached_token_fraction": 0.0, "null_reason": None}

@@ -17,9 +17,8 @@ if TYPE_CHECKING:  # analyzer.query.runner is imported where a query runs (start
     from analyzer.query.runner import QueryResult
 
 __all__ = [
-    "PERSPECTIVES", "TRACE_ID_RE", "check_trace_id", "installed", "merge_params", "note_if_stale", "open_from_flags",
-    "query_rows",
-    "run_verb", "source_options", "stream_rows",
+    "PERSPECTIVES", "TRACE_ID_RE", "check_trace_id", "columns_option", "installed", "merge_params", "note_if_stale",
+    "open_from_flags", "project_result", "query_rows", "run_verb", "source_options", "stream_rows",
 ]
 
 TRACE_ID_RE = re.compile(r"^[0-9a-f]{32}$")
@@ -42,6 +41,54 @@ def source_options(func: Callable[..., Any]) -> Callable[..., Any]:
         "--db", "db_path", default=None, metavar="PATH",
         help="DuckDB database written by `tokentrace load` (default: $TOKENTRACE_DB, else ./tokentrace.duckdb).",
     )(func)
+
+
+def columns_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``--columns NAME,...``: exactly these columns of the query, in this order, in every
+    format (table: formatted for reading; csv/json: full precision)."""
+    return click.option(
+        "--columns", "chosen_columns", default=None, metavar="NAME,...",
+        callback=lambda _ctx, _param, value: _split_columns(value),
+        help="Only these columns, in this order (the csv/json names; default: the table's reading "
+             "view, every column in csv and json).",
+    )(func)
+
+
+def _split_columns(value: str | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    names = tuple(part.strip() for part in value.split(",") if part.strip())
+    if not names:
+        raise UserError(f"--columns {value!r}: expected NAME,... (column names, comma-separated)")
+    return names
+
+
+def check_columns(query: str, available: Sequence[str], chosen: Sequence[str] | None) -> None:
+    """UserError naming the first of ``chosen`` that ``query`` does not return."""
+    for name in chosen or ():
+        if name not in available:
+            raise UserError(f"--columns: {query} has no column {name!r} (its columns: {', '.join(available)})")
+
+
+def project_result(result: QueryResult, chosen: Sequence[str] | None) -> QueryResult:
+    """``result`` with only the ``chosen`` columns, in that order (None: as it is)."""
+    if not chosen:
+        return result
+    from analyzer.query.runner import QueryResult
+
+    check_columns(result.name, result.columns, chosen)
+    at = [result.columns.index(name) for name in chosen]
+    return QueryResult(result.name, list(chosen), [tuple(r[i] for i in at) for r in result.rows])
+
+
+def _projected_sql(con: duckdb.DuckDBPyConnection, query: str, sql: str, params: Any,
+                   chosen: Sequence[str] | None) -> str:
+    """``sql`` as it is, or a SELECT of the ``chosen`` columns over it (row order kept)."""
+    if not chosen:
+        return sql
+    check_columns(query, con.sql(sql, params=params).columns, chosen)
+    names = ", ".join('"' + name.replace('"', '""') + '"' for name in chosen)
+    return f"SELECT {names} FROM (\n{sql.rstrip().rstrip(';')}\n)"
 
 
 def open_from_flags(
@@ -137,15 +184,16 @@ def query_rows(con: duckdb.DuckDBPyConnection, query: str, params: Mapping[str, 
 
 def stream_rows(
     con: duckdb.DuckDBPyConnection, query: str, params: Mapping[str, Any], output_format: str,
-    notes: Sequence[str] = (),
+    notes: Sequence[str] = (), chosen: Sequence[str] | None = None,
 ) -> int:
     """Run ``queries/<query>.sql`` and write its rows as csv or json batch by batch
     (:func:`analyzer.query.runner.stream_query`: itl runs one request_key range at a time), so
-    output of any size never sits in memory whole. Returns the number of rows written."""
+    output of any size never sits in memory whole. ``chosen``: only these columns (--columns).
+    Returns the number of rows written."""
     from analyzer.query.runner import stream_query
 
     if output_format == "csv":
-        written = _stream_csv(con, query, params, notes)
+        written = _stream_csv(con, query, params, notes, chosen)
         if written is not None:
             return written
     columns: list[str] = []
@@ -153,7 +201,7 @@ def stream_rows(
     def batches():
         try:
             for part in stream_query(con, query, params, keep_chunks=False):  # one query per connection
-                cursor = con.execute(part.sql, part.params)
+                cursor = con.execute(_projected_sql(con, query, part.sql, part.params, chosen), part.params)
                 columns[:] = [d[0] for d in cursor.description]
                 while batch := cursor.fetchmany(STREAM_BATCH_ROWS):
                     yield batch
@@ -168,7 +216,7 @@ def stream_rows(
 
 
 def _stream_csv(con: duckdb.DuckDBPyConnection, query: str, params: Mapping[str, Any],
-                notes: Sequence[str]) -> int | None:
+                notes: Sequence[str], chosen: Sequence[str] | None = None) -> int | None:
     """The csv of :func:`stream_rows` with each line built by DuckDB (analyzer/cli/_csv_lines.py:
     the same bytes as Python's csv writer, several times faster); None (nothing written) when
     a column's type is not one it formats, and the rows go through Python instead."""
@@ -182,8 +230,9 @@ def _stream_csv(con: duckdb.DuckDBPyConnection, query: str, params: Mapping[str,
     def chunks():
         try:
             for part in stream_query(con, query, params, keep_chunks=False):  # one query per connection
-                relation = con.sql(part.sql, params=part.params)
-                line_sql = csv_line_sql(part.sql, relation.columns, relation.types)
+                sql = _projected_sql(con, query, part.sql, part.params, chosen)
+                relation = con.sql(sql, params=part.params)
+                line_sql = csv_line_sql(sql, relation.columns, relation.types)
                 if line_sql is None:
                     yield None
                     return
@@ -239,11 +288,14 @@ def run_verb(
     end_ns: int | None = None,
     validate: Callable[[dict[str, Any]], None] | None = None,
     decorate: Callable[[QueryResult], QueryResult] | None = None,
+    chosen: Sequence[str] | None = None,
 ) -> None:
     """Open the source, run one query, print its rows (and notes). On DuckDB, csv and json
     are written batch by batch as the rows come (:func:`stream_rows`); a table is printed
     once every row is in. ``decorate`` (a verb of few rows, e.g. window) rewrites the result
-    before it is printed, in every format; its rows are then never streamed."""
+    before it is printed, in every format; its rows are then never streamed. A table is the
+    query's human view (analyzer/cli/_views.py) at the terminal's width; ``chosen``
+    (--columns): only these columns, in every format."""
     params = merge_params(query, flags, raw_params)
     if validate is not None:
         validate(params)
@@ -256,7 +308,7 @@ def run_verb(
         con = open_from_flags(db_path, parquet_dir, start_ns, end_ns)
         try:
             if output_format in ("csv", "json") and decorate is None:
-                stream_rows(con, query, params, output_format, notes)
+                stream_rows(con, query, params, output_format, notes, chosen)
                 note_if_stale(con, None if parquet_dir else db_path or default_db_path())
                 return
             result = query_rows(con, query, params)
@@ -265,6 +317,13 @@ def run_verb(
             con.close()
     if decorate is not None:
         result = decorate(result)
+    if output_format == "table":
+        from analyzer.cli._views import echo_human
+
+        check_columns(query, result.columns, chosen)
+        echo_human(query, result.columns, result.rows, notes=notes, chosen=chosen)
+        return
+    result = project_result(result, chosen)
     emit_rows(result.columns, result.rows, output_format, notes=notes)
 
 

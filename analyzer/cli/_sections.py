@@ -50,8 +50,11 @@ def run_sections(
         return
     for i, (name, result) in enumerate(results.items()):
         last = i == len(results) - 1
-        if output_format == "table":
-            click.echo(f"{name}: {len(result.rows)} row(s)")
-        else:
-            click.echo(f"# {name}")
+        if output_format == "table":  # the query's human view (analyzer/cli/_views.py)
+            from analyzer.cli._views import echo_human
+
+            click.echo(("\n" if i else "") + f"{name}: {len(result.rows)} row(s)")
+            echo_human(sections[name][0], result.columns, result.rows, notes=notes if last else (), columns_flag=False)
+            continue
+        click.echo(f"# {name}")
         emit_rows(result.columns, result.rows, output_format, notes=notes if last else ())

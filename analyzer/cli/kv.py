@@ -40,10 +40,16 @@ def kv_command(model_config, layers, kv_heads, head_dim, query_heads, kv_dtype, 
     if as_json:
         click.echo(json.dumps(out, indent=2))
         return
+    import textwrap
+
+    from analyzer.cli._human import terminal_width
+
     for key, value in out.items():
-        if key == "limitations":
+        if key == "limitations":  # wrapped to the terminal (80 columns in a pipe)
             for item in value:
-                click.echo(f"limitation: {item}")
+                for line in textwrap.wrap(f"limitation: {item}", terminal_width(), subsequent_indent="  ",
+                                          break_on_hyphens=False):
+                    click.echo(line)
         elif value is not None:
             click.echo(f"{key}: {value}")
 

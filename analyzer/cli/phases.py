@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from analyzer.cli._query_verb import check_trace_id, run_verb, source_options
+from analyzer.cli._query_verb import columns_option, check_trace_id, run_verb, source_options
 from analyzer.cli.group import cli
 from analyzer.cli.options import UserError, format_option, param_option
 from analyzer.verbs.skew import OffsetSyntaxError, parse_assume_offsets
@@ -19,18 +19,21 @@ from analyzer.verbs.skew import OffsetSyntaxError, parse_assume_offsets
               help="DOMAIN's clock runs MS ms ahead of the client's: shift its timestamps by -MS in "
                    "cross-clock parts (repeatable; DOMAIN = clock domain or service name).")
 @format_option
+@columns_option
 @param_option
-def phases_command(db_path, parquet_dir, trace_id, tolerance_ms, assume_offset, output_format, params) -> None:
+def phases_command(db_path, parquet_dir, trace_id, tolerance_ms, assume_offset, output_format, chosen_columns, params) -> None:
     """Client TTFT split into network-in, gateway overhead, tokenize, queue, prefill,
     first-emit and network-out, with the residual no phase span covers.
 
     network_in_ms and network_out_ms subtract a server time from a client time: they are
     empty (cross_clock_reason says why) unless the clock pair's offset bounds are
     consistent with 0 (see `tokentrace skew`) or an offset is assumed. network_round_trip_ms
-    and residual_ms never mix clocks. Units: milliseconds.
+    and residual_ms never mix clocks. Units: milliseconds. The table shows the phases that
+    fit the terminal (TTFT, queue and prefill first) and names the others.
 
     \b
     Example:
+      tokentrace phases --db traces.duckdb --columns request_span_id,ttft_ms,queue_ms,prefill_ms
       tokentrace phases --db traces.duckdb
       tokentrace phases --db traces.duckdb --assume-offset skewed-client=35
     """
@@ -40,4 +43,4 @@ def phases_command(db_path, parquet_dir, trace_id, tolerance_ms, assume_offset, 
         raise UserError(str(exc)) from None
     run_verb("phases", db_path=db_path, parquet_dir=parquet_dir,
              flags={"trace_id": check_trace_id(trace_id), "tolerance_ms": tolerance_ms, **offsets.params()},
-             raw_params=params, output_format=output_format, notes=offsets.notes())
+             raw_params=params, output_format=output_format, notes=offsets.notes(), chosen=chosen_columns)

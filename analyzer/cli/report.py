@@ -29,18 +29,21 @@ def report_command(db_path, html_path, request_span_id, audit_json, mode, slo_tt
                    bucket_s, title) -> None:
     """Write one self-contained HTML file (inline SVG plots, no CDN) about a trace database.
 
-    Sections: run summary (window metrics, SLOs, goodput, counting rule); distributions; a
+    It opens with the numbers a person wants first: TTFT, TPOT and E2E p50/p99, throughput,
+    goodput, errors and prompt-cache hits, the window in UTC. Then: run summary (window
+    metrics, SLOs, goodput, counting rule); distributions; a
     waterfall of one request (client, gateway, tokenize, queue, prefill, every decode step,
     chunk events; each lane labelled with its clock); ITL per gap and KV bytes per decode
     step; CDFs of TTFT, TPOT, E2E; throughput over time with the window shaded; engine steps
     (batch size and KV blocks used over time, ITL against co-scheduled prefill tokens; only
     with step data, else the reason); TTFT phase breakdown; clock-skew bounds and rule
-    violations; audit findings with --audit. Every
-    number comes from the SQL in queries/.
+    violations; audit findings with --audit. Every number comes from the SQL in queries/,
+    rounded for reading; every table fits a 1280-pixel window.
 
     \b
     Example:
       tokentrace report --db tokentrace-demo/traces.duckdb --html report.html --slo-ttft-ms 500
+      tokentrace report --db traces.duckdb --html report.html --slo-ttft-ms 500 --slo-tpot-ms 50
     """
     from analyzer.cli._query_verb import open_from_flags
     from analyzer.report import ReportInputs, build_report, load_audit_findings

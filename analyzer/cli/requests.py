@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from analyzer.cli._query_verb import PERSPECTIVES, check_trace_id, run_verb, source_options
+from analyzer.cli._query_verb import columns_option, PERSPECTIVES, check_trace_id, run_verb, source_options
 from analyzer.cli.group import cli
 from analyzer.cli.options import format_option, param_option
 
@@ -15,8 +15,9 @@ from analyzer.cli.options import format_option, param_option
               help="Only this perspective (default: every one a request has).")
 @click.option("--trace-id", default=None, metavar="HEX32", help="Only requests of this trace.")
 @format_option
+@columns_option
 @param_option
-def requests_command(db_path, parquet_dir, perspective, trace_id, output_format, params) -> None:
+def requests_command(db_path, parquet_dir, perspective, trace_id, output_format, chosen_columns, params) -> None:
     """One row per request and perspective: TTFT, E2E, TPOT, token rates, KV figures.
 
     Each perspective (client = CLIENT span clock, server = gateway clock, engine = bare
@@ -24,11 +25,18 @@ def requests_command(db_path, parquet_dir, perspective, trace_id, output_format,
     are empty, and null_reason says why. Units: *_ms milliseconds, *_per_second tokens/s,
     *_bytes bytes, *_mib MiB. Formulas: docs/metrics.md.
 
+    The table (a block per perspective) fits the terminal (80 columns in a pipe): request id
+    (the response id, else the X-Request-ID), tokens in/out, TTFT, TPOT, E2E in ms, finish
+    reason; wider terminals add more. csv and json hold every column at full precision;
+    --columns picks columns in any format.
+
     \b
     Example:
+      tokentrace requests --db traces.duckdb
+      tokentrace requests --db traces.duckdb --columns response_id,client_request_id,ttft_ms
       tokentrace requests --db traces.duckdb --perspective client --format csv
       tokentrace requests --parquet dump/ --trace-id 4bf92f3577b34da6a3ce929d0e0e4736
     """
     run_verb("requests", db_path=db_path, parquet_dir=parquet_dir,
              flags={"perspective": perspective, "trace_id": check_trace_id(trace_id)},
-             raw_params=params, output_format=output_format)
+             raw_params=params, output_format=output_format, chosen=chosen_columns)

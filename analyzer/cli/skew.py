@@ -63,9 +63,12 @@ def skew_command(db_path, parquet_dir, trace_id, tolerance_ms, offset_tolerance_
             "notes": offsets.notes(),
         }), indent=2))
         return
-    for title, result, notes in (("skew_rules", rules, ()), ("skew_offsets", bounds, offsets.notes())):
-        if output_format == "table":
-            click.echo(f"{title}: {len(result.rows)} row(s)")
-        else:
-            click.echo(f"# {title}")
+    for i, (title, result, notes) in enumerate((("skew_rules", rules, ()), ("skew_offsets", bounds, offsets.notes()))):
+        if output_format == "table":  # the query's human view (analyzer/cli/_views.py)
+            from analyzer.cli._views import echo_human
+
+            click.echo(("\n" if i else "") + f"{title}: {len(result.rows)} row(s)")
+            echo_human(title, result.columns, result.rows, notes=notes, columns_flag=False)
+            continue
+        click.echo(f"# {title}")
         emit_rows(result.columns, result.rows, output_format, notes=notes)

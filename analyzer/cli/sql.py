@@ -115,4 +115,9 @@ def sql_command(query, db_path, parquet_dir, output_format, params) -> None:
         rows = cur.fetchall()
     finally:
         con.close()
+    if output_format == "table":  # rounded for reading, *_ns epoch times as UTC, fitted to the terminal
+        from analyzer.cli._views import echo_human
+
+        echo_human("sql", columns, rows, columns_flag=False)
+        return
     emit_rows(columns, rows, output_format)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from analyzer.cli._query_verb import PERSPECTIVES, run_verb, source_options
+from analyzer.cli._query_verb import columns_option, PERSPECTIVES, run_verb, source_options
 from analyzer.cli.group import cli
 from analyzer.cli.options import format_option, param_option
 
@@ -16,20 +16,23 @@ from analyzer.cli.options import format_option, param_option
 @click.option("--include-unsuccessful", is_flag=True, default=None,
               help="Also count failed and cancelled requests (default: succeeded only).")
 @format_option
+@columns_option
 @param_option
-def summary_command(db_path, parquet_dir, perspective, include_unsuccessful, output_format, params) -> None:
+def summary_command(db_path, parquet_dir, perspective, include_unsuccessful, output_format, chosen_columns, params) -> None:
     """Count, mean, std, min, p50/p90/p95/p99, max of TTFT, TPOT, E2E, ITL and token rates.
 
     One row per metric and perspective. Percentiles are linear interpolation between order
     statistics (numpy's default; DuckDB quantile_cont). itl_* rows count gaps, the others
-    requests; null_count counts requests or gaps without the figure.
+    requests; null_count counts requests or gaps without the figure. The table names each
+    metric with its unit (TTFT ms, TPOT ms, E2E ms, ...) and rounds to 4 significant digits.
 
     \b
     Example:
+      tokentrace summary --db traces.duckdb --columns metric,perspective,p50,p99
       tokentrace summary --db traces.duckdb --perspective client
       tokentrace summary --parquet dump/ --format csv --include-unsuccessful
     """
     run_verb("summary", db_path=db_path, parquet_dir=parquet_dir,
              flags={"perspective": perspective, "include_unsuccessful": include_unsuccessful},
              raw_params=params, output_format=output_format,
-             notes=["percentiles: linear interpolation (numpy default 'linear', DuckDB quantile_cont)"])
+             notes=["percentiles: linear interpolation (numpy default 'linear', DuckDB quantile_cont)"], chosen=chosen_columns)

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from analyzer.cli._query_verb import PERSPECTIVES, run_verb, source_options
+from analyzer.cli._query_verb import columns_option, PERSPECTIVES, run_verb, source_options
 from analyzer.cli.group import cli
 from analyzer.cli.options import UserError, format_option, param_option
 from analyzer.query.utc_columns import utc_text, with_utc_bounds  # noqa: F401  (re-exported)
@@ -43,9 +43,10 @@ def _validate(params: dict[str, Any]) -> None:
 @click.option("--cancelled-as-failed", is_flag=True, default=None,
               help="Count cancelled requests as failed (default: reported on their own).")
 @format_option
+@columns_option
 @param_option
 def window_command(db_path, parquet_dir, mode, start_ns, end_ns, perspective, slo_ttft_ms, slo_tpot_ms,
-                   slo_e2e_ms, count_failed_tokens, cancelled_as_failed, output_format, params) -> None:
+                   slo_e2e_ms, count_failed_tokens, cancelled_as_failed, output_format, chosen_columns, params) -> None:
     """Attempted / succeeded / failed / cancelled requests, throughput, goodput, error rate.
 
     Two counting modes, never interchangeable: closed_cohort counts requests whose send time
@@ -53,10 +54,12 @@ def window_command(db_path, parquet_dir, mode, start_ns, end_ns, perspective, sl
     completions and the chunk tokens whose event time falls in the window (and reports how
     many requests cross a boundary). The bounds are printed in ns since the epoch and, beside
     them, as UTC (window_start_utc, window_end_utc). Units: window_s seconds, *_rps requests/s,
-    output_tokens_per_s tokens/s, error_rate a fraction.
+    output_tokens_per_s tokens/s, error_rate a fraction. The table prints one "name (unit)
+    value" line per figure, the bounds in UTC to the millisecond.
 
     \b
     Example:
+      tokentrace window --db traces.duckdb
       tokentrace window --db traces.duckdb --mode steady_state \\
           --start-ns 1767225600000000000 --end-ns 1767225610000000000 \\
           --slo-ttft-ms 500 --slo-tpot-ms 50
@@ -66,4 +69,4 @@ def window_command(db_path, parquet_dir, mode, start_ns, end_ns, perspective, sl
                     "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms, "slo_e2e_ms": slo_e2e_ms,
                     "count_failed_tokens": count_failed_tokens, "cancelled_as_failed": cancelled_as_failed},
              raw_params=params, output_format=output_format, start_ns=start_ns, end_ns=end_ns, validate=_validate,
-             decorate=with_utc_bounds)
+             decorate=with_utc_bounds, chosen=chosen_columns)

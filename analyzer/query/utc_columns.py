@@ -1,11 +1,22 @@
-"""Nanosecond epoch columns of a query result shown as UTC ISO 8601 text beside them."""
+"""Epoch nanoseconds as text a person reads: UTC ISO 8601 (the CLI's human view, the report,
+the window's bounds beside their ns columns).
+
+Integer arithmetic throughout: a timestamp is truncated to the digits shown, never rounded
+up into the next second."""
 
 from __future__ import annotations
 
 import datetime as dt
 from typing import Any
 
-__all__ = ["utc_text", "with_utc_bounds"]
+__all__ = ["utc_ms_text", "utc_text", "with_utc_bounds"]
+
+
+def utc_ms_text(ns: int) -> str:
+    """Epoch nanoseconds as UTC ISO 8601 to the millisecond, e.g. ``2026-12-03T07:44:52.123Z``."""
+    seconds, fraction = divmod(int(ns), 1_000_000_000)
+    day = dt.datetime.fromtimestamp(seconds, tz=dt.timezone.utc)
+    return f"{day:%Y-%m-%dT%H:%M:%S}.{fraction // 1_000_000:03d}Z"
 
 
 def utc_text(ns: int | None) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,15 +20,26 @@ import duckdb
 
 from analyzer.query.runner import QueryResult, run_query
 from analyzer.report import plots
+from analyzer.report.headline import headline_html
+from analyzer.query.utc_columns import utc_ms_text
 
 __all__ = ["ReportInputs", "build_report", "choose_request"]
 
 _STYLE = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;color:#222}
-h1{font-size:1.6em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
-table{border-collapse:collapse;font-size:.85em;margin:.5em 0} td,th{border:1px solid #ddd;padding:3px 7px;text-align:right}
-th{background:#f4f4f4} td.l,th.l{text-align:left} .note{color:#555;font-size:.85em} .fail{color:#b00;font-weight:bold}
-.pass{color:#070} .cannot_check{color:#a60} .grid{display:flex;flex-wrap:wrap;gap:1em} svg{max-width:100%;height:auto}
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:1.5em auto;max-width:1100px;
+padding:0 1.5em;color:#222;line-height:1.4}
+h1{font-size:1.6em;margin-bottom:.2em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
+.tbl{max-width:100%;overflow-x:auto}
+table{border-collapse:collapse;font-size:.85em;margin:.5em 0;max-width:100%}
+td,th{border:1px solid #ddd;padding:3px 6px;text-align:right;vertical-align:top}
+td{white-space:nowrap} td.l{white-space:normal;overflow-wrap:break-word}
+th{background:#f4f4f4} td.l,th.l{text-align:left} .note{color:#555;font-size:.9em} .fail{color:#b00;font-weight:bold}
+.pass{color:#070} .cannot_check{color:#a60} .grid{display:flex;flex-wrap:wrap;gap:1em}
+.grid>svg{flex:1 1 340px;min-width:0} svg{max-width:100%;height:auto}
+.cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(240px,1fr));gap:.8em;margin:1em 0}
+.card{border:1px solid #ddd;border-radius:6px;padding:.6em .8em;background:#fafafa}
+.card .k{font-size:.85em;color:#555} .card .v{font-size:1.45em;font-weight:600;margin:.15em 0}
+.card .s{font-size:.8em;color:#555}
 """
 
 
@@ -42,39 +54,75 @@ class ReportInputs:
     title: str = "tokentrace report"
 
 
-def _fmt(value: Any) -> str:
+def _number(value: float) -> str:
+    """A float rounded for reading: 4 significant digits (at least the units), thousands
+    separated, trailing zeros dropped: 216.14805 -> 216.1, 3915.0 -> 3,915, 0.091464 -> 0.09146."""
+    if value == 0:
+        return "0"
+    magnitude = abs(value)
+    if magnitude >= 1e4:
+        return f"{value:,.0f}"
+    if magnitude < 1e-4:
+        return f"{value:.2e}"
+    decimals = max(0, 3 - math.floor(math.log10(magnitude)))
+    text = f"{value:,.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _fmt(value: Any, key: str = "") -> str:
+    """One value as the report prints it: floats rounded for reading, epoch ``*_ns`` as UTC
+    ISO to the millisecond (the exact ns in the cell's tooltip), NULL as an em dash."""
     if value is None:
         return "—"
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, float):
         if math.isnan(value) or math.isinf(value):
             return "—"
-        return f"{value:,.4f}".rstrip("0").rstrip(".") if abs(value) < 1e6 else f"{value:,.0f}"
+        return _number(value)
     if isinstance(value, int):
+        if key.endswith("_ns") and value >= 10**18:
+            return f'<span title="{value} ns since the epoch">{utc_ms_text(value)}</span>'
         return f"{value:,}"
-    return html.escape(str(value))
+    return _breakable(html.escape(str(value)))
+
+
+_HEX_RUN = re.compile(r"[0-9a-f]{17,}")
+
+
+def _breakable(text: str) -> str:
+    """Escaped text with line-break opportunities after ``_`` and ``|`` and every 16 digits of
+    a long hex id, so a narrow table column wraps an id or a clock domain there (not mid-word)."""
+    text = text.replace("_", "_<wbr>").replace("|", "|<wbr>")
+    return _HEX_RUN.sub(lambda m: "<wbr>".join(m.group(0)[i:i + 16] for i in range(0, len(m.group(0)), 16)), text)
+
+
+def _head(name: str) -> str:
+    """A column name that may break after its underscores (narrow columns, no overflow)."""
+    return html.escape(name).replace("_", "_<wbr>")
 
 
 def _table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], cls_col: str | None = None) -> str:
     if not rows:
         return '<p class="note">no rows</p>'
-    head = "".join(f'<th class="l">{html.escape(c)}</th>' for c in columns)
+    head = "".join(f'<th class="l">{_head(c)}</th>' for c in columns)
     body = []
     for r in rows:
         cells = []
         for c in columns:
             v = r.get(c)
-            klass = "l" if isinstance(v, str) or v is None else ""
+            klass = "l" if isinstance(v, str) or v is None or c.endswith("_ns") else ""
             if cls_col and c == cls_col and isinstance(v, str):
                 klass += f" {html.escape(v)}"
-            cells.append(f'<td class="{klass.strip()}">{_fmt(v)}</td>')
+            cells.append(f'<td class="{klass.strip()}">{_fmt(v, c)}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+    return f'<div class="tbl"><table><tr>{head}</tr>{"".join(body)}</table></div>'
 
 
 def _kv_table(row: Mapping[str, Any]) -> str:
-    return "<table>" + "".join(
-        f'<tr><th class="l">{html.escape(k)}</th><td class="l">{_fmt(v)}</td></tr>' for k, v in row.items()
-    ) + "</table>"
+    return '<div class="tbl"><table>' + "".join(
+        f'<tr><th class="l">{html.escape(k)}</th><td class="l">{_fmt(v, k)}</td></tr>' for k, v in row.items()
+    ) + "</table></div>"
 
 
 def choose_request(requests: Sequence[Mapping[str, Any]], request_span_id: str | None) -> Mapping[str, Any] | None:
@@ -118,17 +166,26 @@ def build_report(con: duckdb.DuckDBPyConnection, inputs: ReportInputs) -> str:
     sections: list[str] = []
 
     window = run_query(con, "window", inputs.window_params, views=False).dicts()[0]
+    summary = _optional(con, "summary")
+    summary_rows = summary.dicts() if summary is not None else []
+    cache = _optional(con, "report/cache_hits")
+    sections.append(headline_html(window, summary_rows, cache.dicts()[0] if cache is not None else None, _fmt))
+    shown_window = {k: v for k, v in window.items()
+                    if k not in ("window_start_utc", "window_end_utc", "token_counting_rule", "request_counting_rule")}
     sections.append(
         "<h2>Run summary</h2>"
         f'<p class="note">Window mode <b>{_fmt(window["mode"])}</b>, perspective {_fmt(window["perspective"])}. '
-        f"Token counting rule: {_fmt(window['token_counting_rule'])}. SLOs: TTFT ≤ {_fmt(window['slo_ttft_ms'])} ms, "
+        f"Tokens counted: {_fmt(window['token_counting_rule'])}. Requests counted: "
+        f"{_fmt(window['request_counting_rule'])}. SLOs: TTFT ≤ {_fmt(window['slo_ttft_ms'])} ms, "
         f"TPOT ≤ {_fmt(window['slo_tpot_ms'])} ms, E2E ≤ {_fmt(window['slo_e2e_ms'])} ms (— = not applied). "
-        "Definitions: docs/metrics.md.</p>" + _kv_table(window)
+        "Times in UTC (hover for the nanoseconds). Definitions: docs/metrics.md.</p>" + _kv_table(shown_window)
     )
-    summary = _optional(con, "summary")
     if summary is not None:
-        cols = [c for c in summary.columns if c not in ("source",)]
-        sections.append("<h3>Distributions</h3>" + _table(summary.dicts(), cols))
+        cols = [c for c in summary.columns if c not in ("source", "unit", "interpolation")]
+        rows = [{**r, "metric": f"{r['metric']} ({r['unit']})" if r.get("unit") else r["metric"]} for r in summary_rows]
+        sections.append("<h3>Distributions</h3><p class=\"note\">queries/summary.sql: succeeded requests; "
+                        "percentiles by linear interpolation (numpy's default); the unit after each metric.</p>"
+                        + _table(rows, cols))
 
     chosen = choose_request(requests, inputs.request_span_id)
     if chosen is not None:
@@ -140,14 +197,16 @@ def build_report(con: duckdb.DuckDBPyConnection, inputs: ReportInputs) -> str:
         itl_rows = [r for r in (itl.dicts() if itl else [])
                     if r["request_span_id"] == chosen["request_span_id"] and r["perspective"] == chosen["perspective"]
                     and r["itl_ms"] is not None]
-        facts = {k: chosen.get(k) for k in ("perspective", "trace_id", "request_span_id", "input_tokens",
+        facts = {k: chosen.get(k) for k in ("perspective", "response_id", "client_request_id", "trace_id",
+                                            "request_span_id", "input_tokens",
                                             "output_tokens", "finish_reason", "status_code", "ttft_ms", "e2e_ms",
                                             "tpot_ms", "decode_output_tokens_per_second",
                                             "whole_request_output_tokens_per_second", "prompt_kv_mib", "stop_kv_mib",
                                             "null_reason")}
         how = "chosen with --request" if inputs.request_span_id else "typical: E2E closest to the median"
         sections.append(
-            f"<h2>Request waterfall</h2><p class=\"note\">Request {_fmt(chosen['request_span_id'])} ({how}). "
+            f"<h2>Request waterfall</h2><p class=\"note\">Request {_fmt(chosen.get('response_id') or chosen['request_span_id'])} "
+            f"(span {_fmt(chosen['request_span_id'])}; {how}). "
             "Client-side bars are on the client's clock, server-side bars on the server's: the lane labels "
             "name each clock. Chunk ticks mark when visible output moved.</p>"
             + _kv_table(facts) + plots.waterfall_svg(spans, chunks)
@@ -199,7 +258,10 @@ def build_report(con: duckdb.DuckDBPyConnection, inputs: ReportInputs) -> str:
                 skew_offsets.dicts(), skew_offsets.columns, cls_col="verdict")
         if skew_rules is not None:
             rows = skew_rules.dicts()
-            body += f"<h3>Rule violations ({len(rows)})</h3>" + _table(rows[:200], skew_rules.columns)
+            shown = [c for c in skew_rules.columns if c not in ("related_span_id", "cross_domain")]
+            body += (f"<h3>Rule violations ({len(rows)})</h3>"
+                     '<p class="note">related_span_id and cross_domain: <code>tokentrace skew --format csv</code>.</p>'
+                     + _table(rows[:200], shown))
             if len(rows) > 200:
                 body += f'<p class="note">first 200 of {len(rows)} shown</p>'
         sections.append(body)
@@ -212,9 +274,15 @@ def build_report(con: duckdb.DuckDBPyConnection, inputs: ReportInputs) -> str:
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<title>{html.escape(inputs.title)}</title><style>{_STYLE}</style></head><body>"
         f"<h1>{html.escape(inputs.title)}</h1>"
-        f'<p class="note">{len(requests)} request rows (request × perspective). Built from the analyzer\'s SQL '
-        "(queries/*.sql); self-contained, opens offline.</p>" + "".join(sections) + "</body></html>"
+        f'<p class="note">{len(requests)} request rows (request × perspective), first request sent '
+        f"{_first_sent(requests)}. Built from the analyzer\'s SQL (queries/*.sql); self-contained, opens offline.</p>"
+        + "".join(sections) + "</body></html>"
     )
+
+
+def _first_sent(requests: Sequence[Mapping[str, Any]]) -> str:
+    starts = [r["s_ns"] for r in requests if r.get("s_ns") is not None]
+    return f"{utc_ms_text(min(starts))} UTC" if starts else "at an unknown time"
 
 
 def load_audit_findings(path: str | Path) -> list[dict[str, Any]]:

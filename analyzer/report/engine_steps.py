@@ -58,8 +58,11 @@ def engine_steps_section(con: duckdb.DuckDBPyConnection, table: Table) -> str:
     out.append(plots.engine_timeline_svg(plotted_steps))
     out.append("<h3>Step time against batch size and scheduled tokens</h3>"
                '<p class="note">From queries/steps_summary.sql: step_ms = fixed_ms + ms_per_scheduled_token × '
-               "scheduled_tokens, least squares per group.</p>"
-               + table(summary, [c for c in summary[0] if c not in ("group_min", "group_max")]))
+               "scheduled_tokens, least squares per group. A line over fewer than 5 steps or with r2 below 0.5 "
+               "does not hold: no slope, and null_reason says so (fit_r2 stays, as the evidence).</p>"
+               + table(summary, ["grouping", "group_label", "steps", "step_ms_mean", "step_ms_p50", "step_ms_p90",
+                                 "step_ms_p99", "step_ms_max", "batch_size_mean", "ms_per_scheduled_token", "fixed_ms",
+                                 "fit_r2", "null_reason"]))
     out.append("<h3>ITL against co-scheduled prefill tokens</h3>"
                f'<p class="note">Each gap between generated tokens (queries/stalls.sql, engine emission times; '
                f"{gaps_note} gaps with step data plotted) against the prefill tokens other sequences computed in "

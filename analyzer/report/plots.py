@@ -1,7 +1,8 @@
 """Plots for the HTML report, rendered by matplotlib to inline SVG (no CDN, opens offline).
 
 Every function takes rows already computed by the analyzer's SQL and returns an SVG string.
-Every axis is labelled with its unit.
+Every axis is labelled with its unit. Legends sit below the axes (never on the data), in
+the same type size as the tick labels.
 """
 
 from __future__ import annotations
@@ -29,16 +30,32 @@ def _figure(width_in: float = 9.0, height_in: float = 3.6) -> tuple[Any, Any]:
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(width_in, height_in), dpi=96)
+    fig, ax = plt.subplots(figsize=(width_in, height_in), dpi=96, layout="constrained")
     ax.grid(True, alpha=0.3)
     return fig, ax
+
+
+#: Type size of legends and tick labels (points; axis labels and titles are larger).
+LEGEND_FONT_PT = 9
+
+
+def _legend_below(fig: Any, axes: Sequence[Any], ncol: int = 3) -> None:
+    """One legend for ``axes`` (a twin axis included) below the plot, outside the data."""
+    handles: list[Any] = []
+    labels: list[str] = []
+    for ax in axes:
+        h, lab = ax.get_legend_handles_labels()
+        handles += h
+        labels += lab
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncol=min(ncol, len(handles)),
+                   fontsize=LEGEND_FONT_PT, frameon=False)
 
 
 def _svg(fig: Any) -> str:
     import matplotlib.pyplot as plt
 
     buf = io.StringIO()
-    fig.tight_layout()
     fig.savefig(buf, format="svg", metadata={"Date": None})
     plt.close(fig)
     text = buf.getvalue()
@@ -75,10 +92,10 @@ def waterfall_svg(spans: Sequence[dict[str, Any]], chunks: Sequence[dict[str, An
     for lane in rows:
         dom = lane_domain.get(lane, "")
         labels.append(f"{lane}\n[{dom.split('|')[0]} clock]" if dom else lane)
-    ax.set_yticklabels(labels, fontsize=7)
+    ax.set_yticklabels(labels, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("ms after the request was sent (the client span's start; without one, the server's arrival),"
-                  " each span on its own host's clock")
+    ax.set_xlabel("ms after the request was sent (the client span's start; without one, the server's arrival),\n"
+                  "each span on its own host's clock")
     ax.set_title("Request waterfall")
     return _svg(fig)
 
@@ -96,13 +113,16 @@ def decode_steps_svg(itl_rows: Sequence[dict[str, Any]], steps: Sequence[dict[st
         ax2 = ax.twinx()
         ax2.plot([k for k, _ in kv], [v for _, v in kv], color="#c44e52", linewidth=1.0, label="KV (MiB)")
         ax2.set_ylabel("logical KV retained after step (MiB)")
+        _legend_below(fig, [ax, ax2])
+    else:
+        _legend_below(fig, [ax])
     ax.set_title("ITL per gap and KV bytes per decode step")
     return _svg(fig)
 
 
 def cdf_svg(series: dict[str, Sequence[float]], xlabel: str, title: str) -> str:
     """Empirical CDF of each named series (fraction of requests <= x)."""
-    fig, ax = _figure(4.6, 3.2)
+    fig, ax = _figure(4.6, 3.6)
     for name, values in series.items():
         xs = sorted(v for v in values if v is not None)
         if not xs:
@@ -113,8 +133,7 @@ def cdf_svg(series: dict[str, Sequence[float]], xlabel: str, title: str) -> str:
     ax.set_ylabel("fraction of requests ≤ x")
     ax.set_ylim(0, 1.02)
     ax.set_title(title)
-    if series:
-        ax.legend(fontsize=7)
+    _legend_below(fig, [ax], ncol=2)
     return _svg(fig)
 
 
@@ -130,7 +149,7 @@ def throughput_svg(rows: Sequence[dict[str, Any]], window: tuple[float, float] |
     ax2.set_ylabel("completed requests per second")
     if window is not None:
         ax.axvspan(window[0], window[1], color="#ccb974", alpha=0.2, label="metrics window")
-    ax.legend(loc="upper left", fontsize=7)
+    _legend_below(fig, [ax, ax2])
     ax.set_title("Throughput over time")
     return _svg(fig)
 
@@ -153,7 +172,7 @@ def phases_svg(rows: Sequence[dict[str, Any]]) -> str:
     ax.set_xlabel("request (ordered by client send)")
     ax.set_ylabel("TTFT component (ms)")
     ax.set_title("TTFT phase breakdown")
-    ax.legend(fontsize=7, ncol=4)
+    _legend_below(fig, [ax], ncol=4)
     return _svg(fig)
 
 
@@ -177,9 +196,7 @@ def engine_timeline_svg(steps: Sequence[dict[str, Any]]) -> str:
     ax2.set_ylabel("KV blocks used (paged cache)")
     ax2.set_ylim(bottom=0)
     ax.set_ylim(bottom=0)
-    lines = ax.get_legend_handles_labels()
-    lines2 = ax2.get_legend_handles_labels()
-    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper right", fontsize=7)
+    _legend_below(fig, [ax, ax2], ncol=4)
     ax.set_title("Batch size and KV blocks used per engine step")
     return _svg(fig)
 
@@ -203,6 +220,6 @@ def itl_vs_prefill_svg(gaps: Sequence[dict[str, Any]], groups: Sequence[dict[str
     ax.set_xlabel("prefill tokens co-scheduled in the gap's engine step (symlog; buckets 0, 1-128, 129-1024, >1024)")
     ax.set_ylabel("inter-token gap (ms, engine clock)")
     ax.set_ylim(bottom=0)
-    ax.legend(fontsize=7, loc="upper left")
+    _legend_below(fig, [ax])
     ax.set_title("ITL against co-scheduled prefill tokens")
     return _svg(fig)

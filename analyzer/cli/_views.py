@@ -1,0 +1,255 @@
+"""The human view of each query (``--format table``): which of its columns a person reads
+first, under which header and unit. docs/cli.md lists them; the column names are the
+query's (csv/json), the headers are short and name their unit. A query without a view here
+gets :func:`analyzer.cli._human.auto_view`. Not a verb (the leading underscore keeps it out
+of verb discovery)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from analyzer.cli._human import Col, View, auto_view
+
+__all__ = ["VIEWS", "echo_human", "request_id", "view_for"]
+
+_PERSPECTIVE_CLOCK = {"client": "the client span's clock", "server": "the gateway's clock",
+                      "engine": "the engine span's clock"}
+
+
+def request_id(row: Mapping[str, Any]) -> Any:
+    """The id a user can find again: the response id (``gen_ai.response.id``, what the client
+    got back), else the caller's X-Request-ID (``client_request_id``), else the span id."""
+    return row.get("response_id") or row.get("client_request_id") or row.get("request_span_id")
+
+
+def _unique_request_ids(rows: list[dict[str, Any]]) -> list[str]:
+    """Set ``_request_id`` of each requests row: :func:`request_id`, or the span id where that
+    id is shared by several requests (a fixed response id, a reused X-Request-ID)."""
+    owners: dict[Any, set[tuple[Any, Any]]] = {}
+    for r in rows:
+        owners.setdefault(request_id(r), set()).add((r.get("trace_id"), r.get("request_span_id")))
+    shared = sorted(str(i) for i, o in owners.items() if len(o) > 1)
+    for r in rows:
+        r["_request_id"] = r.get("request_span_id") if str(request_id(r)) in shared else request_id(r)
+    if not shared:
+        return []
+    return [f"request id: the span id where the response id or X-Request-ID is shared by several requests "
+            f"({', '.join(repr(i) for i in shared[:3])}{', ...' if len(shared) > 3 else ''})"]
+
+
+def _perspective_title(noun: str) -> Any:
+    def title(value: Any, count: int) -> str:
+        clock = _PERSPECTIVE_CLOCK.get(str(value), "its own clock")
+        return f"{value} perspective ({clock}): {count} {noun}{'' if count == 1 else 's'}"
+    return title
+
+
+def _domain_title(noun: str) -> Any:
+    def title(value: Any, count: int) -> str:
+        return f"clock domain {value}: {count} {noun}{'' if count == 1 else 's'}"
+    return title
+
+
+_REQUESTS = View((
+    Col("response_id", "request id", cut=True, value=lambda r: r.get("_request_id", request_id(r))),
+    Col("client_request_id", "X-Request-ID", rank=1, cut=True),
+    Col("s_ns", "sent", "UTC", kind="utc", rank=3),
+    Col("input_tokens", "in", "tok", kind="count"),
+    Col("output_tokens", "out", "tok", kind="count"),
+    Col("ttft_ms", "TTFT", "ms", kind="ms"),
+    Col("tpot_ms", "TPOT", "ms", kind="ms"),
+    Col("e2e_ms", "E2E", "ms", kind="ms"),
+    Col("whole_request_output_tokens_per_second", "rate", "tok/s", rank=4),
+    Col("finish_reason", "finish"),
+    Col("outcome", "outcome", rank=2),
+    Col("null_reason", "why empty", rank=5, cut=True, fill=True),
+), group_by="perspective", group_title=_perspective_title("request"), prepare=_unique_request_ids)
+
+_ITL = View((
+    Col("request_span_id", "request span", cut=True),
+    Col("gap_index", "gap", "#", kind="count"),
+    Col("time_ns", "chunk at", "UTC", kind="utc", rank=2),
+    Col("chunk_tokens", "chunk", "tok", kind="count"),
+    Col("itl_ms", "ITL", "ms", kind="ms"),
+    Col("itl_per_token_ms", "ITL/tok", "ms", kind="ms", rank=1),
+    Col("null_reason", "why empty", rank=3, cut=True, fill=True),
+), group_by="perspective", group_title=_perspective_title("gap"))
+
+_METRIC_LABELS = {
+    "ttft_ms": "TTFT ms", "tpot_ms": "TPOT ms", "e2e_ms": "E2E ms", "itl_ms": "ITL ms/gap",
+    "itl_per_token_ms": "ITL ms/token", "decode_output_tokens_per_second": "decode tok/s",
+    "whole_request_output_tokens_per_second": "request tok/s",
+}
+
+_SUMMARY = View((
+    Col("metric", "metric", value=lambda r: _METRIC_LABELS.get(r.get("metric"), r.get("metric"))),
+    Col("perspective", "perspective"),
+    Col("count", "n", kind="count"),
+    Col("null_count", "empty", kind="count", rank=3),
+    Col("mean", "mean", rank=1),
+    Col("std_pop", "std", rank=4),
+    Col("min", "min", rank=4),
+    Col("p50", "p50"),
+    Col("p90", "p90"),
+    Col("p95", "p95", rank=2),
+    Col("p99", "p99"),
+    Col("max", "max"),
+    Col("null_reason", "why empty", rank=5, cut=True, fill=True),
+))
+
+_WINDOW = View((
+    Col("mode", "mode"), Col("perspective", "perspective"),
+    Col("window_start_ns", "window start", "UTC", kind="utc"), Col("window_end_ns", "window end", "UTC", kind="utc"),
+    Col("window_s", "window", "s"), Col("attempted", "attempted"), Col("succeeded", "succeeded"),
+    Col("failed", "failed"), Col("cancelled", "cancelled"), Col("slo_passing", "slo passing"),
+    Col("not_finished_in_window", "not finished in window"),
+    Col("requests_crossing_boundary", "requests crossing a bound"),
+    Col("request_throughput_rps", "request throughput", "req/s"),
+    Col("observed_goodput_rps", "goodput", "req/s"), Col("error_rate", "error rate", "fraction", kind="fraction"),
+    Col("output_tokens", "output tokens", "tok"), Col("output_tokens_per_s", "output throughput", "tok/s"),
+    Col("slo_ttft_ms", "SLO TTFT", "ms", kind="ms"), Col("slo_tpot_ms", "SLO TPOT", "ms", kind="ms"),
+    Col("slo_e2e_ms", "SLO E2E", "ms", kind="ms"),
+    Col("token_counting_rule", "tokens counted"), Col("request_counting_rule", "requests counted"),
+), transpose=True)
+
+_PHASES = View((
+    Col("request_span_id", "request span", cut=True),
+    Col("ttft_ms", "TTFT", "ms", kind="ms"),
+    Col("network_in_ms", "net in", "ms", kind="ms", rank=2),
+    Col("gateway_overhead_ms", "gateway", "ms", kind="ms", rank=3),
+    Col("tokenize_ms", "tokenize", "ms", kind="ms", rank=3),
+    Col("queue_ms", "queue", "ms", kind="ms", rank=1),
+    Col("prefill_ms", "prefill", "ms", kind="ms", rank=1),
+    Col("first_emit_ms", "1st emit", "ms", kind="ms", rank=3),
+    Col("network_out_ms", "net out", "ms", kind="ms", rank=2),
+    Col("network_round_trip_ms", "net rtt", "ms", kind="ms", rank=4),
+    Col("residual_ms", "residual", "ms", kind="ms", rank=3),
+    Col("clock_pair_verdict", "clocks", rank=5),
+    Col("cross_clock_reason", "why no network figure", rank=6, cut=True, fill=True),
+    Col("null_reason", "why empty", rank=7, cut=True, fill=True),
+))
+
+_SKEW_RULES = View((
+    Col("rule", "rule"),
+    Col("span_name", "span", rank=2),
+    Col("span_id", "span id", rank=1),
+    Col("magnitude_ms", "by", "ms", kind="ms"),
+    Col("finding", "finding"),
+    Col("trace_id", "trace", rank=3),
+    Col("detail", "detail", rank=4, cut=True, fill=True),
+))
+
+_SKEW_OFFSETS = View((
+    Col("client_domain", "client clock", cut=True),
+    Col("server_domain", "server clock", cut=True),
+    Col("requests", "requests", kind="count", rank=2),
+    Col("offset_min_ms", "offset min", "ms", kind="ms"),
+    Col("offset_max_ms", "offset max", "ms", kind="ms"),
+    Col("verdict", "verdict"),
+    Col("assumed_offset_ms", "assumed", "ms", kind="ms", rank=1),
+    Col("assumed_offset_within_bounds", "in bounds", rank=1),
+))
+
+_STEPS = View((
+    Col("step", "step", kind="count"),
+    Col("start_ns", "start", "UTC", kind="utc", rank=3),
+    Col("step_ms", "step", "ms", kind="ms"),
+    Col("schedule_ms", "sched", "ms", kind="ms", rank=4),
+    Col("batch_size", "batch", "seq", kind="count"),
+    Col("scheduled_tokens", "sched", "tok", kind="count"),
+    Col("prefill_tokens", "prefill", "tok", kind="count"),
+    Col("decode_tokens", "decode", "tok", kind="count", rank=1),
+    Col("waiting", "waiting", "seq", kind="count", rank=2),
+    Col("kv_blocks_used", "KV used", "blocks", kind="count", rank=2),
+    Col("kv_used_fraction", "KV used", "fraction", kind="fraction", rank=1),
+    Col("null_reason", "why empty", rank=5, cut=True, fill=True),
+), group_by="clock_domain", group_title=_domain_title("step"))
+
+def _step_line(row: Mapping[str, Any]) -> str | None:
+    """steps_summary's least-squares line as people read it, or that it does not hold
+    (steps_summary.sql leaves its slope NULL below $min_fit_steps / $min_fit_r2)."""
+    slope, fixed = row.get("ms_per_scheduled_token"), row.get("fixed_ms")
+    if slope is not None and fixed is not None:
+        return f"{fixed:.1f} + {slope:.3g} x tok"
+    reason = str(row.get("null_reason") or "")
+    if reason.startswith("fit does not hold"):
+        return "no fit: few steps" if "min_fit_steps" in reason else "no fit: r2 too low"
+    return None
+
+
+_STEPS_SUMMARY = View((
+    Col("grouping", "group by"),
+    Col("group_label", "group"),
+    Col("steps", "steps", kind="count"),
+    Col("step_ms_mean", "mean", "ms", kind="ms", rank=2),
+    Col("step_ms_p50", "p50", "ms", kind="ms"),
+    Col("step_ms_p90", "p90", "ms", kind="ms", rank=3),
+    Col("step_ms_p99", "p99", "ms", kind="ms"),
+    Col("step_ms_max", "max", "ms", kind="ms", rank=3),
+    Col("ms_per_scheduled_token", "step ms = fixed", "+ ms/tok x tok", value=_step_line),
+    Col("fit_r2", "r2", kind="fraction"),
+    Col("null_reason", "why no line", rank=1, cut=True, fill=True),
+))
+
+_STALLS = View((
+    Col("request_span_id", "request span", cut=True),
+    Col("token_index", "token", "#", kind="count"),
+    Col("itl_ms", "ITL", "ms", kind="ms"),
+    Col("step", "step", kind="count"),
+    Col("step_ms", "step", "ms", kind="ms"),
+    Col("batch_size", "batch", "seq", kind="count"),
+    Col("prefill_tokens", "prefill", "tok", kind="count"),
+    Col("between_steps_ms", "between", "ms", kind="ms", rank=1),
+    Col("emit_ns", "emitted", "UTC", kind="utc", rank=3),
+    Col("null_reason", "why empty", rank=4, cut=True, fill=True),
+), group_by="clock_domain", group_title=_domain_title("gap"))
+
+_STALLS_GROUPS = View((
+    Col("grouping", "group by"),
+    Col("group_label", "group"),
+    Col("gaps", "gaps", kind="count"),
+    Col("requests", "requests", kind="count", rank=2),
+    Col("itl_mean_ms", "mean", "ms", kind="ms", rank=1),
+    Col("itl_p50_ms", "p50", "ms", kind="ms"),
+    Col("itl_p90_ms", "p90", "ms", kind="ms"),
+    Col("itl_p99_ms", "p99", "ms", kind="ms"),
+    Col("itl_max_ms", "max", "ms", kind="ms"),
+    Col("step_ms_mean", "step", "ms", kind="ms", rank=3),
+    Col("null_reason", "why empty", rank=4, cut=True, fill=True),
+))
+
+_STALLS_SLOWEST = View((
+    Col("request_span_id", "request span", cut=True),
+    Col("gap_rank", "rank", kind="count"),
+    Col("token_index", "token", "#", kind="count"),
+    Col("itl_ms", "ITL", "ms", kind="ms"),
+    Col("step", "step", kind="count"),
+    Col("batch_size", "batch", "seq", kind="count"),
+    Col("shared_prefill_tokens", "prefill", "tok", kind="count"),
+    Col("largest_shared_prefill_request_span_id", "largest prefill span", rank=1),
+    Col("null_reason", "why empty", rank=2, cut=True, fill=True),
+))
+
+#: query name -> its human view
+VIEWS: dict[str, View] = {
+    "requests": _REQUESTS, "itl": _ITL, "summary": _SUMMARY, "window": _WINDOW, "phases": _PHASES,
+    "skew_rules": _SKEW_RULES, "skew_offsets": _SKEW_OFFSETS, "steps": _STEPS, "steps_summary": _STEPS_SUMMARY,
+    "stalls": _STALLS, "stalls_groups": _STALLS_GROUPS, "stalls_slowest": _STALLS_SLOWEST,
+}
+
+
+def view_for(query: str, columns: Sequence[str]) -> View:
+    """The view of ``query``, else one of its columns as they come."""
+    return VIEWS.get(query) or auto_view(columns)
+
+
+def echo_human(query: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, notes: Sequence[str] = (),
+               chosen: Sequence[str] | None = None, columns_flag: bool = True) -> None:
+    """Print the human view of one query's rows at the terminal's width (stdout)."""
+    import click
+
+    from analyzer.cli._human import render, terminal_width
+
+    for line in render(view_for(query, columns), columns, rows, width=terminal_width(), chosen=chosen,
+                       notes=notes, columns_flag=columns_flag):
+        click.echo(line)
