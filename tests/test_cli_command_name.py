@@ -21,9 +21,9 @@ def test_bare_name_when_the_environment_is_on_path(monkeypatch) -> None:
 
 def test_the_scripts_path_when_it_is_not_and_it_runs_as_printed(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", f"/usr/bin{os.pathsep}/bin")  # as after the README's commands
-    monkeypatch.chdir(SCRIPT.parent.parent.parent)  # the folder holding .venv (the checkout)
+    monkeypatch.chdir(Path(sys.prefix).parent)  # the folder holding .venv (the checkout)
     printed = tokentrace_command()
-    assert printed == str(SCRIPT.relative_to(Path.cwd())) == f"{SCRIPT.parent.parent.name}/bin/tokentrace"
+    assert printed == str(SCRIPT.relative_to(Path.cwd())) == f"{Path(sys.prefix).name}/bin/tokentrace"
     done = subprocess.run(shlex.split(printed) + ["requests", "--help"], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0 and "Usage: tokentrace requests" in done.stdout, done.stderr
