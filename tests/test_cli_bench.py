@@ -257,6 +257,8 @@ def test_bench_allow_failures_exits_0_and_json_lists_every_failure(runner, flaky
     assert [(f["index"], f["client_request_id"], f["response_id"], f["http_status"]) for f in report["failures"]] == [
         (0, "t-0", "chatcmpl-flaky0", 200), (1, "t-1", None, 503)]
     assert report["failures"][0]["error"] == "ReadTimeout" and report["failures"][0]["waited_s"] >= 0.5
+    assert report["request_ids"] == [{"index": i, "client_request_id": f"t-{i}", "response_id": rid}
+                                     for i, rid in enumerate(["chatcmpl-flaky0", None, "chatcmpl-flaky2"])]
     assert "Error: 2 of 3 requests failed" in as_json.stderr
 
 

@@ -156,6 +156,8 @@ def bench_command(url, n_requests, concurrency, rate_per_s, api_key, model, prom
             summary.update({"url": url, "model": model, "mode": mode, "requests_sent": len(results),
                             "requests_asked": n_requests, "stopped_by": signals.received,
                             "request_id_prefix": prefix,
+                            "request_ids": [{"index": r.index, "client_request_id": r.client_request_id,
+                                             "response_id": r.response_id} for r in results],
                             "failures": [{"index": r.index, "client_request_id": r.client_request_id,
                                           "response_id": r.response_id, "http_status": r.status_code,
                                           "error": r.error, "chunks": r.chunks, "waited_s": r.waited_s}
