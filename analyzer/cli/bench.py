@@ -136,7 +136,7 @@ def bench_command(url, n_requests, concurrency, rate_per_s, api_key, model, prom
     say(f"bench: {len(results)} requests to {url} ({model}), {mode}")
     say(f"  {completed} completed, {len(failed)} failed" + (f", {cancelled} cancelled by the stop" if cancelled else "")
         + "; HTTP status: " + ", ".join(f"{k}={v}" for k, v in sorted(by_status.items())))
-    shown = failed if len(failed) <= 20 else failed[:20]
+    shown = failed[:20]
     for r in shown:
         for line in describe_failure(r, timeout_s).splitlines():
             say(f"  {line}")
