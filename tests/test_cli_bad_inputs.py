@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from analyzer.cli import cli
+from data_paths import SAMPLES
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
 TRACES = SAMPLES / "python_sdk_otlp_json_file_exporter.jsonl"
 VLLM = SAMPLES / "vllm_benchmark_serving_sharegpt_qps04_llm-k8s.json"
 SEED_CSV = Path(__file__).resolve().parents[1] / "analyzer" / "examples" / "request-timeline.csv"

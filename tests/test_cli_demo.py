@@ -24,6 +24,14 @@ def test_demo_tiny_end_to_end(runner, tmp_path: Path) -> None:
     for title in ("Per-request metrics", "Window summary", "Clock skew check"):
         assert title in text
     assert f"tokentrace requests --db {out / 'traces.duckdb'}" in text
+    # The hints run as printed (issue 30 item 3): bare `tokentrace` only when it is on PATH.
+    hints = text.split("Query them:\n")[1].splitlines()
+    import shlex
+    import subprocess
+
+    done = subprocess.run(shlex.split(hints[0]), capture_output=True, text=True, timeout=120)
+    assert hints[0].split()[1:] == ["requests", "--db", str(out / "traces.duckdb")]
+    assert done.returncode == 0 and "Per-request metrics" not in done.stderr and done.stdout.strip(), done.stderr
     # The demo ends with the HTML report of its own database.
     page = (out / "report.html").read_text()
     assert f"HTML report   {out / 'report.html'}" in text

@@ -7,8 +7,8 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from analyzer.cli import cli
+from data_paths import SAMPLES
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
 
 
 def test_export_then_load_back(tmp_path):

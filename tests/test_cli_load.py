@@ -8,8 +8,8 @@ import duckdb
 from click.testing import CliRunner
 
 from analyzer.cli import cli
+from data_paths import SAMPLES
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
 
 
 def test_load_prints_per_file_accounting(tmp_path):

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from analyzer.cli import cli
 from analyzer.db.dbfile import DatabaseFileError, check_database_path, describe_file
 from analyzer.db.store import connect
+from data_paths import SAMPLES
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
 TRACES = SAMPLES / "python_sdk_otlp_json_file_exporter.jsonl"
 
 

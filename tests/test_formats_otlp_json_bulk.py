@@ -20,8 +20,8 @@ from analyzer.db.store import connect
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from ingest import generate  # noqa: E402
 from test_load_properties import EDITS, SETTINGS, _db_spans, _expected, corrupt, spans  # noqa: E402
+from data_paths import SAMPLES
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
 SDK_LINE = (SAMPLES / "python_sdk_otlp_json_file_exporter.jsonl").read_text()
 TABLES = {"spans": "* EXCLUDE (load_id)", "span_events": "*", "span_links": "*", "rejects": "* EXCLUDE (load_id)",
           "loads": "* EXCLUDE (load_id, loaded_at_ns)"}  # fmt: skip

@@ -10,8 +10,8 @@ from analyzer.formats.otlp_proto import write_length_prefixed
 from analyzer.formats.writers import to_otlp_proto
 from analyzer.formats.load import LoadError, load_paths
 from analyzer.db.store import connect
+from data_paths import SAMPLES
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
 COLS = "* EXCLUDE (load_id)"
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from analyzer.formats.load import LoadError, load_paths
 from analyzer.db.store import connect
+from data_paths import SAMPLES
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
 SDK = SAMPLES / "python_sdk_otlp_json_file_exporter.jsonl"
 MULTI = SAMPLES / "jaegerui_otlp_multi_line.jsonl"
 

@@ -8,8 +8,8 @@ import pytest
 
 from analyzer.formats.load import LoadError, load_paths
 from analyzer.db.store import connect
+from data_paths import SAMPLES
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "samples"
 
 
 def _load(name: str, lenient: bool = True):

@@ -1,5 +1,5 @@
 """``tokentrace pull`` against a loopback server replaying real Jaeger answers from
-../shared/samples (api_v3 ``{"result": ...}`` and the old ``/api/traces`` document)."""
+tests/data/samples (api_v3 ``{"result": ...}`` and the old ``/api/traces`` document)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The adapters on what real tools wrote (issue 19): ../shared/samples/real/ (vLLM 0.32,
+"""The adapters on what real tools wrote (issue 19): tests/data/samples/real/ (vLLM 0.32,
 SGLang 0.5.23, openai-v2 2.4b0; provenance in its README.md) and tests/data/real/ (OpenLLMetry
 0.62.4 and AIPerf 0.13 against tokentrace serve; README.md beside each). Exact counts and values."""
 
@@ -13,9 +13,9 @@ import pytest
 from analyzer.formats.load import load_paths
 from analyzer.query.runner import run_query
 from analyzer.db.store import connect
+from data_paths import CAPTURES, REAL
 
-REAL = Path(__file__).resolve().parents[2] / "shared" / "samples" / "real"
-DATA = Path(__file__).resolve().parent / "data" / "real"
+DATA = CAPTURES
 
 
 def _db(*paths: Path):

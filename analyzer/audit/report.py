@@ -44,11 +44,30 @@ def _first_json_line(path: Path) -> Any:
         return None
 
 
+def _is_trace_document(doc: Any) -> bool:
+    """An OTLP traces document (optionally Jaeger api_v3-wrapped) or a Jaeger trace document."""
+    if isinstance(doc, dict) and isinstance(doc.get("result"), dict):
+        doc = doc["result"]
+    if isinstance(doc, dict) and ("resourceSpans" in doc or "resource_spans" in doc):
+        return True
+    data = doc.get("data") if isinstance(doc, dict) else None
+    return isinstance(data, list) and bool(data) and isinstance(data[0], dict) and "spans" in data[0] \
+        and "traceID" in data[0]
+
+
+def _trace_file_error(path: Path) -> AuditInputError:
+    return AuditInputError(f"{path}: a trace file (spans), not a latency report: load it with tokentrace load "
+                           f"{path} --db traces.duckdb, then audit a report against those traces with "
+                           "tokentrace audit REPORT --db traces.duckdb")
+
+
 def refuse_per_request_file(path: Path) -> None:
     """AuditInputError naming the report a per-request records file belongs with and the flag
     (--individual), for AIPerf's profile_export.jsonl and LLMPerf's *_individual_responses.json
-    given as the report."""
+    given as the report; and naming a trace file (OTLP JSON lines, Jaeger JSON) as one."""
     first = _first_json_line(path)
+    if _is_trace_document(first):
+        raise _trace_file_error(path)
     if isinstance(first, dict) and isinstance(first.get("metadata"), dict) and isinstance(first.get("metrics"), dict):
         beside = path.with_name("profile_export_aiperf.json")
         summary = str(beside) if beside.is_file() else "profile_export_aiperf.json (the summary AIPerf wrote beside it)"
@@ -60,6 +79,8 @@ def refuse_per_request_file(path: Path) -> None:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             return
+    if _is_trace_document(data):
+        raise _trace_file_error(path)
     if isinstance(data, list) and data and isinstance(data[0], dict) and \
             {"end_to_end_latency_s", "ttft_s"} <= set(data[0]):
         name = path.name
@@ -82,6 +103,8 @@ def detect_kind(path: str | Path) -> str:
     kind = _looks_like(data)
     if kind is not None:
         return kind
+    if _is_trace_document(data):
+        raise _trace_file_error(path)
     if isinstance(data, dict):
         from analyzer.audit.claims_file import FIGURES
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import secrets
+import sys
 import threading
 
 import click
@@ -43,29 +45,47 @@ __all__ = ["bench_command"]
                    "ttft_ms/tpot_ms/e2e_ms as {mean, p50, p90, p99}) on stdout, for scripts.")
 @click.option("--shutdown-grace-s", type=click.FloatRange(min=0), default=5.0, show_default=True,
               help="On SIGTERM/SIGINT: send nothing more; requests in flight get this long, then are cancelled.")
+@click.option("--request-id-prefix", default=None, metavar="TEXT",
+              help="Request i is sent with X-Request-ID TEXT{i} (its client_request_id; default: "
+                   "bench-<8 random hex digits>-, new for every run).")
+@click.option("--allow-failures", is_flag=True,
+              help="Exit 0 even when requests failed (default: exit 1 when any request failed).")
 def bench_command(url, n_requests, concurrency, rate_per_s, api_key, model, prompt, max_tokens, temperature,
                   clock_offset_ms, seed, timeout_s, otlp_json, db_path, service_name, ignore_eos, output_format,
-                  shutdown_grace_s) -> None:
+                  shutdown_grace_s, request_id_prefix, allow_failures) -> None:
     """Send streaming chat requests under traced CLIENT spans and summarize them with SQL.
 
     Each request is a `chat {model}` CLIENT span with a tokentrace.chunk event per received
     chunk; traceparent is propagated, so a traced server's spans join the same traces. The
     summary comes from queries/requests.sql and queries/window.sql (client perspective).
 
+    On a terminal, one line shows progress while it runs (done, failed, in flight, to send,
+    tokens/s). Each request carries an X-Request-ID (--request-id-prefix): the summary lists
+    every request's response_id and client_request_id (queries/requests.sql's names; the
+    same ids `tokentrace requests` shows once the server's spans are loaded) and names every
+    failed request with its ids, HTTP status or exception, and the seconds it waited.
+
+    Exit status: 0 when every request completed; 1 when any request failed (an HTTP status
+    other than 200, a network error or timeout, a stream cut short), after the summary;
+    --allow-failures exits 0 all the same.
+
     SIGTERM and SIGINT stop it gracefully: nothing more is sent, requests in flight get
     --shutdown-grace-s, the spans are flushed and one line gives their export counts; the
-    summary covers what was sent.
+    summary covers what was sent (requests cancelled by the stop are not failures).
 
     \b
     Example:
       tokentrace bench --url http://127.0.0.1:8000 --requests 20 --concurrency 4
       tokentrace bench --url http://127.0.0.1:8000 --requests 50 --rate 5 --otlp-json bench.jsonl
       tokentrace bench --url http://127.0.0.1:8000 --requests 32 --concurrency 8 --ignore-eos --format json
+      tokentrace bench --url http://127.0.0.1:8000 --requests 100 --rate 20 --allow-failures
     """
     import httpx
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+    from analyzer.cli.bench_progress import BenchProgress, describe_failure, is_failed
     from analyzer.cli.demo import print_query_results
+    from analyzer.cli.options import emit_rows
     from analyzer.verbs.demo import REQUEST_COLUMNS, summary_queries
     from analyzer.formats.sdk_spans import rows_from_sdk_spans
     from analyzer.db.store import connect, insert_rows
@@ -90,28 +110,38 @@ def bench_command(url, n_requests, concurrency, rate_per_s, api_key, model, prom
     text = prompt or SEED_PROMPT
     stop = threading.Event()
     as_json = output_format == "json"
-    with StopSignals(lambda _name: stop.set()) as signals:
+    prefix = f"bench-{secrets.token_hex(4)}-" if request_id_prefix is None else request_id_prefix
+    progress = BenchProgress(n_requests, sys.stderr, enabled=sys.stderr.isatty())
+    with StopSignals(lambda _name: stop.set()) as signals, progress:
         results = run_load_sync(
             url, lambda _i: chat_body(model, text, max_tokens=max_tokens, temperature=temperature,
                                       ignore_eos=ignore_eos),
             requests=n_requests, concurrency=concurrency, rate_per_s=rate_per_s, seed=seed, api_key=api_key,
             clock_offset_ns=round(clock_offset_ms * 1e6), timeout_s=timeout_s, tracer_provider=provider,
-            stop=stop, grace_s=shutdown_grace_s)
+            stop=stop, grace_s=shutdown_grace_s, request_id_for=lambda i: f"{prefix}{i}",
+            on_send=progress.on_send, on_chunk=progress.on_chunk, on_result=progress.on_result)
     counts = shutdown_tracing(provider, timeout_s=10.0)
     by_status: dict[str, int] = {}
     for r in results:
         key = str(r.status_code) if r.status_code is not None else "no response"
         by_status[key] = by_status.get(key, 0) + 1
+    failed = [r for r in results if is_failed(r)]
+    cancelled = sum(1 for r in results if r.finish_reason == "cancelled")
+    completed = sum(1 for r in results if r.completed)
     mode = f"concurrency {concurrency}" if concurrency else f"Poisson rate {rate_per_s:g}/s (seed {seed})"
     say = (lambda line: click.echo(line, err=True)) if as_json else click.echo
     if signals.received:
         say(f"bench: stopped on {signals.received} after sending {len(results)} of {n_requests} requests; "
             f"{export_summary(counts)}")
-    say(f"bench: {len(results)} requests to {url} ({model}), {mode}; HTTP status: "
-        + ", ".join(f"{k}={v}" for k, v in sorted(by_status.items())))
-    errors = [r for r in results if r.error]
-    for r in errors[:3]:
-        say(f"  request {r.index}: {r.error}")
+    say(f"bench: {len(results)} requests to {url} ({model}), {mode}")
+    say(f"  {completed} completed, {len(failed)} failed" + (f", {cancelled} cancelled by the stop" if cancelled else "")
+        + "; HTTP status: " + ", ".join(f"{k}={v}" for k, v in sorted(by_status.items())))
+    shown = failed[:20]
+    for r in shown:
+        for line in describe_failure(r, timeout_s).splitlines():
+            say(f"  {line}")
+    if len(failed) > len(shown):
+        say(f"  ... and {len(failed) - len(shown)} more failed requests (--format json lists every one)")
     con = connect(db_path)
     try:
         spans, events, links = rows_from_sdk_spans(memory.get_finished_spans())
@@ -124,11 +154,27 @@ def bench_command(url, n_requests, concurrency, rate_per_s, api_key, model, prom
 
             summary = bench_summary(con, by_status)
             summary.update({"url": url, "model": model, "mode": mode, "requests_sent": len(results),
-                            "requests_asked": n_requests, "stopped_by": signals.received})
+                            "requests_asked": n_requests, "stopped_by": signals.received,
+                            "request_id_prefix": prefix,
+                            "request_ids": [{"index": r.index, "client_request_id": r.client_request_id,
+                                             "response_id": r.response_id} for r in results],
+                            "failures": [{"index": r.index, "client_request_id": r.client_request_id,
+                                          "response_id": r.response_id, "http_status": r.status_code,
+                                          "error": r.error, "chunks": r.chunks, "waited_s": r.waited_s}
+                                         for r in failed]})
             click.echo(json.dumps(summary, indent=2))
         else:
-            print_query_results(summary_queries(con, perspective="client", skew=False), REQUEST_COLUMNS)
+            results_by_query = summary_queries(con, perspective="client", skew=False)
+            print_query_results(results_by_query, REQUEST_COLUMNS)
+            requests_result = results_by_query["requests"]
+            keep = [requests_result.columns.index(c) for c in ("request", "response_id", "client_request_id")]
+            click.echo("\nRequest ids (queries/requests.sql; X-Request-ID = client_request_id)")
+            emit_rows([requests_result.columns[i] for i in keep],
+                      [tuple(row[i] for i in keep) for row in requests_result.rows], "table")
     finally:
         con.close()
     if otlp_json:
         say(f"\nclient spans: {otlp_json}")
+    if failed and not allow_failures:
+        raise UserError(f"{len(failed)} of {len(results)} requests failed (listed above)",
+                        hint="--allow-failures exits 0 when failures are expected")

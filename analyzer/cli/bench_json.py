@@ -12,6 +12,10 @@ queries/summary.sql (distributions over succeeded requests). Keys (units in the 
 - ``ttft_ms``, ``tpot_ms``, ``e2e_ms``, ``itl_ms``: ``{"mean", "p50", "p90", "p99", "count"}``
   from summary.sql (None values when no request had the figure: see ``null_reasons``).
 - ``http_status``: responses per HTTP status ("no response" for network errors).
+- ``failures`` (added by bench.py): every failed request, ``{index, client_request_id,
+  response_id, http_status, error, chunks, waited_s}`` (waited_s: seconds from send to the
+  failure); ``request_id_prefix``: the X-Request-ID prefix (request i sent PREFIX{i});
+  ``request_ids``: every request sent, ``{index, client_request_id, response_id}``.
 """
 
 from __future__ import annotations

@@ -95,8 +95,10 @@ def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int
       tokentrace demo --tiny --out /tmp/tt --requests 4 --max-tokens 16
       tokentrace requests --db tokentrace-demo/traces.duckdb
     """
+    import shlex
     import signal
 
+    from analyzer.cli.command_name import tokentrace_command
     from analyzer.verbs.demo import REQUEST_COLUMNS, DemoOptions, DemoStopped, run_demo
     from analyzer.formats.load import LoadError
 
@@ -120,7 +122,7 @@ def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int
         raise UserError(f"demo: {exc}") from None
     except DemoStopped as stopped:
         files = " ".join(str(p) for p in stopped.paths)
-        hint = f"; load what was written: tokentrace load {files} --db DB" if stopped.sent else ""
+        hint = f"; load what was written: {tokentrace_command()} load {files} --db DB" if stopped.sent else ""
         click.echo(f"tokentrace demo: {stopped}{hint}", err=True)
         sys.exit(128 + signal.Signals[stopped.signal_name].value)
     ok = sum(1 for r in result.client_results if r.completed)
@@ -137,10 +139,12 @@ def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int
     click.echo(f"  database      {db}")
     if result.report_path is not None:
         click.echo(f"  HTML report   {result.report_path}")
+    tt = tokentrace_command()  # runs as printed: .venv/bin/tokentrace unless the venv is on PATH
     click.echo("Query them:")
+    q = shlex.quote
     for verb in ("requests", "phases", "itl", "window", "skew"):
-        click.echo(f"  tokentrace {verb} --db {db}")
-    click.echo(f"  tokentrace report --db {db} --html {db.parent / 'report.html'}")
+        click.echo(f"  {tt} {verb} --db {q(str(db))}")
+    click.echo(f"  {tt} report --db {q(str(db))} --html {q(str(db.parent / 'report.html'))}")
     click.echo("View them in Jaeger (OTLP over HTTP on :4318, UI on :16686):")
     click.echo("  docker run --rm -p 16686:16686 -p 4318:4318 jaegertracing/jaeger:2.14.1   (or: docker compose up, docs/jaeger.md)")
-    click.echo(f"  OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318 tokentrace demo --out {result.db_path.parent}")
+    click.echo(f"  OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318 {tt} demo --out {q(str(result.db_path.parent))}")

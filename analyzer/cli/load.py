@@ -133,9 +133,10 @@ def load(paths: tuple[str, ...], db_path: str, lenient: bool, input_format: str,
             con.close()
             if created:
                 _remove_if_empty(db_path)
-            raise UserError(str(e), hint=e.hint) from None
+            raise UserError(str(e), hint=_report_hint(e) or e.hint) from None
         if not quiet:
             _print_report(report, reasons_summary)
+        _say_unreadable_tails(con, report)
         if not no_derive:
             _derive(con, db_path, quiet)
     finally:
@@ -156,6 +157,50 @@ def _print_report(report, reasons_summary) -> None:  # noqa: ANN001
             f"total: {report.total('spans_read')} spans read, {report.total('spans_loaded')} loaded, "
             f"{report.total('duplicates_identical')} duplicates, {report.total('rejected')} rejected (load {report.load_id})"
         )
+
+
+def _report_hint(error) -> str | None:  # noqa: ANN001
+    """For a file that holds no traces but is a benchmark report tokentrace audit reads (vLLM,
+    AIPerf, LLMPerf ...): the audit command, instead of --lenient (which would load nothing)."""
+    if error.reason != "not_traces":
+        return None
+    path = Path(error.file)
+    try:
+        if not path.is_file() or path.stat().st_size > 64 << 20:
+            return None
+        from analyzer.audit import detect_kind
+        from analyzer.audit.inputs import AuditInputError
+
+        kind = detect_kind(path)
+    except (AuditInputError, OSError, ValueError):
+        return None
+    names = {"vllm": "a vLLM bench", "vllm-nightly": "a vLLM nightly benchmark", "aiperf": "an AIPerf",
+             "llmperf": "an LLMPerf"}
+    if kind not in names:
+        return None
+    import shlex
+
+    from analyzer.cli.command_name import tokentrace_command
+
+    return (f"this is {names[kind]} report, not traces: check it with "
+            f"{tokentrace_command()} audit {shlex.quote(error.file)}")
+
+
+def _say_unreadable_tails(con, report) -> None:  # noqa: ANN001
+    """One line on stderr per file whose end could not be read (a last line or message cut
+    short: a file copied while being written, or truncated), naming where: nothing lost silently."""
+    for f in report.files:
+        if not f.incomplete_last_line:
+            continue
+        rows = con.execute("SELECT line, raw FROM rejects WHERE load_id = ? AND file = ? "
+                           "AND reason = 'incomplete_last_line' ORDER BY line", [report.load_id, f.file]).fetchall()
+        for line, raw in rows:
+            proto = f.format.startswith("otlp_proto")
+            size = len(raw) // 2 if proto and raw else len((raw or "").encode())
+            what = (f"message {line} is cut short ({size:,} bytes of it)" if proto else
+                    f"line {line} ({size:,} bytes) ends without a newline and is not complete JSON")
+            click.echo(f"{f.file}:{line}: unreadable tail: {what}; its spans were not loaded (a file truncated, "
+                       "or copied while being written; the raw bytes are in the rejects table)", err=True)
 
 
 def _derive(con, db_path: str, quiet: bool) -> None:  # noqa: ANN001

@@ -10,6 +10,32 @@ from analyzer.cli.options import UserError
 __all__ = ["serve_command"]
 
 
+def _bind_error(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be bound now (one line naming the port), or None. Checked before
+    the model loads, so a busy port is one Error line at once, not uvicorn's log after it."""
+    import errno
+    import socket
+
+    if port == 0:
+        return None
+    try:
+        family, kind, proto, _name, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        return f"--host {host}: cannot be resolved ({exc.strerror})"
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: TIME_WAIT is no conflict
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return (f"--port {port}: {host}:{port} is already in use (another process listens there); "
+                        "stop it or give another --port (0 = any free port)")
+            if exc.errno == errno.EACCES:
+                return f"--port {port}: permission denied binding {host}:{port} (ports below 1024 need privileges)"
+            return f"--host {host} --port {port}: cannot bind ({exc.strerror})"
+    return None
+
+
 @cli.command("serve")
 @click.option("--model", "model_spec", required=True, metavar="PATH|smollm2|tiny",
               help="A local HuggingFace model folder, smollm2 (SmolLM2-135M-Instruct) or tiny (random, for tests).")
@@ -79,6 +105,9 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
     keys = frozenset(k for raw in api_keys for k in raw.split() if k)
     if not keys and not is_loopback(host):
         raise UserError(f"--host {host} is not a loopback address: give --api-key (or $TOKENTRACE_API_KEYS)")
+    problem = _bind_error(host, port)
+    if problem is not None:
+        raise UserError(problem)
     try:
         DecodeSpanPolicy.parse(decode_spans)
         provider = local_tracer_provider(service_name, json_path=otlp_json)

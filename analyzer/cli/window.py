@@ -16,8 +16,11 @@ MODES = ("closed_cohort", "steady_state")
 
 def _validate(params: dict[str, Any]) -> None:
     mode = params.get("mode", "closed_cohort")
-    if mode not in MODES:
-        raise UserError(f"mode {mode!r}: expected closed_cohort or steady_state (see docs/metrics.md)")
+    if mode not in MODES:  # name the flag it came from: --mode, else --param mode=...
+        ctx = click.get_current_context(silent=True)
+        given = (f"--mode {mode!r}" if ctx is not None and ctx.params.get("mode") == mode
+                 else f"mode {mode!r} (--param mode={mode})")
+        raise UserError(f"{given}: expected closed_cohort or steady_state (see docs/metrics.md)")
     start, end = params.get("window_start_ns"), params.get("window_end_ns")
     if start is not None and end is not None and end <= start:
         raise UserError(f"window end {end} ns is not after its start {start} ns")
