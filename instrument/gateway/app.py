@@ -70,6 +70,8 @@ class GatewaySettings:
     engine_options: dict[str, Any] = field(default_factory=dict)
     # At shutdown, how long the engine lets running sequences finish before cancelling them, s.
     shutdown_grace_s: float = 5.0
+    # GET /metrics (Prometheus text) and, when OTEL_* asks, OTLP metrics (instrument/gateway/metrics.py).
+    metrics: bool = True
 
 
 class _Rejected(Exception):
@@ -111,8 +113,18 @@ class Gateway:
             engine = create_engine(settings.engine, handle, tracer_provider, decode_spans=settings.decode_spans,
                                    kv_budget_bytes=settings.budgets.kv_budget_bytes, **settings.engine_options)
         self.engine = engine
+        self.metrics = None
+        if settings.metrics:
+            from instrument.gateway.metrics import ServerMetrics
+
+            self.metrics = ServerMetrics(engine, resource=getattr(tracer_provider, "resource", None))
+            if hasattr(engine, "metrics"):
+                engine.metrics = self.metrics
         budgets = dataclasses.replace(settings.budgets, kv_budget_bytes=engine.kv_capacity_bytes)
-        self.admission = AdmissionController(budgets, handle.kv_bytes_per_token, kv_bytes_for=engine.kv_reservation_bytes)
+        self.admission = AdmissionController(
+            budgets, handle.kv_bytes_per_token, kv_bytes_for=engine.kv_reservation_bytes,
+            kv_reserve=getattr(engine, "kv_admission", "reserve") == "reserve",
+            waiting=(lambda: engine.requests_waiting) if hasattr(engine, "requests_waiting") else None)
         self.rate_limiter = RateLimiter(settings.rate_limit_rps, settings.rate_limit_burst)
         self.eos_ids = set(handle.eos_ids)
         self._wakers: dict[Any, LoopWaker] = {}
@@ -200,7 +212,7 @@ class Gateway:
             raise
         loop = asyncio.get_running_loop()
         state = RequestState(request_id, span, self.tracer, self.admission, ticket, gen, len(input_ids), loop,
-                             waker=self._waker(loop))
+                             waker=self._waker(loop), metrics=self.metrics, arrival_ns=arrival_ns)
         engine = self.engine
         state.job = EngineRequest(request_id, input_ids, gen.sampling, trace.set_span_in_context(span),
                                   state.on_token_threadsafe, state.on_done_threadsafe)
@@ -262,6 +274,8 @@ def create_app(handle: ModelHandle, tracer_provider: Any, settings: GatewaySetti
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
         gateway.engine.close(gateway.settings.shutdown_grace_s)
+        if gateway.metrics is not None:
+            gateway.metrics.shutdown()
 
     app = FastAPI(title="tokentrace gateway", lifespan=lifespan)
     app.state.gateway = gateway
@@ -311,6 +325,16 @@ def create_app(handle: ModelHandle, tracer_provider: Any, settings: GatewaySetti
             message, code = str(exc.detail), None
         return JSONResponse(sse.error_body(message, error_type="invalid_request_error", code=code),
                             status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        """Prometheus text exposition of the server's metrics (docs/gateway.md, "Metrics")."""
+        if gateway.metrics is None:
+            return JSONResponse(sse.error_body("metrics are off (GatewaySettings.metrics)",
+                                               error_type="invalid_request_error", code="not_found"), 404)
+        from instrument.gateway.metrics import PROMETHEUS_CONTENT_TYPE
+
+        return Response(gateway.metrics.prometheus_text(), media_type=PROMETHEUS_CONTENT_TYPE)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
