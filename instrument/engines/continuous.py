@@ -177,6 +177,11 @@ class ContinuousEngine:
         return max(0, self._submitted - self._started)
 
     @property
+    def kv_blocks_used(self) -> int:
+        """KV blocks some sequence holds now, each shared block once (read from the cache)."""
+        return self.tap.blocks_used()
+
+    @property
     def requests_running(self) -> int:
         """Requests the scheduler runs (admitted, not finished, not preempted)."""
         return max(0, len(self._live) - self.requests_waiting)
@@ -256,7 +261,7 @@ class ContinuousEngine:
                 if record is not None and record.waiting:
                     self._start(record, s, start_ns)
             if metrics is not None:
-                metrics.step_scheduled(len(sequences), blocks_used)
+                metrics.step_scheduled(len(sequences))
             return
         g = self.geometry
         prefill_tokens = sum(s.tokens for s in sequences if s.prefill)
@@ -264,7 +269,7 @@ class ContinuousEngine:
                          prefill_tokens, blocks_used, g.blocks_total, g.block_tokens, waiting,
                          sum(1 for s in sequences if s.prefill), self.tap.blocks_cached())
         if metrics is not None:
-            metrics.step_scheduled(len(sequences), blocks_used)
+            metrics.step_scheduled(len(sequences))
         self._current = rec
         self._current_traced = False
         live = self._live

@@ -18,13 +18,15 @@ global one) with two readers:
 Instruments (docs/gateway.md, "Metrics", has the table with the Prometheus names):
 
 - GenAI semconv server histograms, seconds, the semconv bucket boundaries, attributes
-  ``gen_ai.operation.name``, ``gen_ai.request.model``, ``gen_ai.response.model``,
-  ``gen_ai.system`` and, on a failed request's duration, ``error.type``:
+  ``gen_ai.operation.name``, ``gen_ai.request.model``, ``gen_ai.system`` and, on a failed
+  request's duration, ``error.type``:
   ``gen_ai.server.time_to_first_token``, ``gen_ai.server.time_per_output_token``,
   ``gen_ai.server.request.duration``. Recorded once per request when it ends, on the
-  event loop (never on the engine's thread).
+  event loop (never on the engine's thread). TTFT: arrival at the gateway .. the first
+  token (streaming: its chunk handed to the server; otherwise: its arrival on the event
+  loop); TPOT: (last token - first token) / (output tokens - 1), for 2+ output tokens.
 - The engine's own: requests running / waiting, KV blocks used / total (observable gauges
-  read at collection, from counters the engine keeps), prefix-cache query / hit tokens and
+  read at collection from the engine's own counters and cache), prefix-cache query / hit tokens and
   preemptions (counters), step duration and batch size (histograms, one record each per
   engine step on the engine's thread: benchmarks/engine_throughput.py ``--metrics`` measures it).
 """
@@ -67,14 +69,22 @@ def otlp_metrics_requested(environ: Any = None) -> bool:
 
 
 def _otlp_metric_exporter(environ: Any) -> Any:
+    """The OTLP metric exporter ``environ`` asks for (endpoint: the metrics one as is, else
+    the base one with ``/v1/metrics`` for HTTP; headers and timeout: the SDK's variables)."""
     protocol = (environ.get(ENV_METRICS_PROTOCOL) or environ.get(ENV_PROTOCOL) or "http/protobuf").lower()
+    endpoint = environ.get(ENV_METRICS_ENDPOINT)
+    base = environ.get(ENV_ENDPOINT)
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-    elif protocol == "http/protobuf":
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter  # type: ignore[assignment]
-    else:
+
+        return OTLPMetricExporter(endpoint=endpoint or base or None)
+    if protocol != "http/protobuf":
         raise ValueError(f"{ENV_METRICS_PROTOCOL}: unsupported OTLP protocol {protocol!r} (expected grpc or http/protobuf)")
-    return OTLPMetricExporter()  # endpoint, headers, timeout: from the OTEL_EXPORTER_OTLP_* variables
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HTTPExporter
+
+    if endpoint is None and base:
+        endpoint = base.rstrip("/") + "/v1/metrics"
+    return HTTPExporter(endpoint=endpoint)
 
 
 class ServerMetrics:
@@ -114,7 +124,9 @@ class ServerMetrics:
         if resource is not None:
             kwargs["resource"] = resource
         self.provider = MeterProvider(**kwargs)
-        meter = self.provider.get_meter(SCOPE)
+        from instrument.tracing import CONTRACT_VERSION
+
+        meter = self.provider.get_meter(SCOPE, CONTRACT_VERSION)
         self.ttft = meter.create_histogram("gen_ai.server.time_to_first_token", unit="s",
                                            description="Time to generate the first token of a request")
         self.tpot = meter.create_histogram("gen_ai.server.time_per_output_token", unit="s",
@@ -131,7 +143,6 @@ class ServerMetrics:
                                                    description="Prompt tokens looked up in the prefix cache")
         self.prefix_hits = meter.create_counter("tokentrace.engine.prefix_cache.hits", unit="{token}",
                                                 description="Prompt tokens served from the prefix cache")
-        self.kv_blocks_used = 0  # the last step's, each shared block once
         # Counters are listed from 0 (a Prometheus reader tells "none yet" from "not exported").
         for counter in (self.prefix_queries, self.prefix_hits):
             counter.add(0)
@@ -148,7 +159,7 @@ class ServerMetrics:
                                       unit="{request}", description="Requests waiting to be scheduled")
         geometry = getattr(engine, "geometry", None)
         if geometry is not None:
-            meter.create_observable_gauge("tokentrace.engine.kv.blocks_used", gauge(lambda: self.kv_blocks_used),
+            meter.create_observable_gauge("tokentrace.engine.kv.blocks_used", gauge(lambda: engine.kv_blocks_used),
                                           unit="{block}", description="KV blocks held by sequences (shared once)")
             meter.create_observable_gauge("tokentrace.engine.kv.blocks_total", gauge(lambda: geometry.blocks_total),
                                           unit="{block}", description="KV blocks in the paged cache")
@@ -166,8 +177,7 @@ class ServerMetrics:
                 self.tpot.record((last_token_ns - first_token_ns) / 1e9 / (output_tokens - 1), attributes)
 
     # --- engine hooks (the engine's thread) -----------------------------------------------------
-    def step_scheduled(self, batch_size: int, blocks_used: int) -> None:
-        self.kv_blocks_used = blocks_used
+    def step_scheduled(self, batch_size: int) -> None:
         self.batch_size.record(batch_size)
 
     def step_done(self, duration_s: float) -> None:
@@ -186,6 +196,10 @@ class ServerMetrics:
         from prometheus_client import generate_latest
 
         return generate_latest(self.registry)
+
+    def force_flush(self, timeout_ms: int = 10_000) -> bool:
+        """Export what the OTLP reader holds now (True without an OTLP reader)."""
+        return self.provider.force_flush(timeout_ms)
 
     def shutdown(self) -> None:
         self.provider.shutdown()

@@ -273,7 +273,7 @@ class RequestState:
         self.chunk_index += 1
         if visible:
             self.output_tokens += tokens
-            if tokens:
+            if tokens and self.gen.stream:  # whole responses stamp their tokens as they arrive
                 at = self._pending_chunks[-1][3]
                 if self.first_token_ns is None:
                     self.first_token_ns = at

@@ -140,6 +140,10 @@ async def _whole_body(gateway: Any, request: Request, state: RequestState, heade
                 state.abandon("cancelled")
                 return Response(status_code=499, headers=headers)
             continue
+        if items[0][0] == "token":  # token times for the server metrics (TTFT, TPOT), once per batch
+            state.last_token_ns = now_wall_ns()
+            if state.first_token_ns is None:
+                state.first_token_ns = state.last_token_ns
         for kind, value, logprobs in items:
             if kind == "done":
                 result = value
