@@ -164,6 +164,11 @@ def test_a_full_cache_preempts_traces_it_and_the_text_is_unchanged(handle: Model
             # the recompute prefills the prompt and the tokens generated before the preemption
             assert recomputed[0].attributes["tokentrace.kv.bytes"] > prefills[0].attributes["tokentrace.kv.bytes"]
             assert gw.attributes["tokentrace.generated_tokens"] == max_tokens
+            # decode step k keeps its token number: the steps a recompute prefill stood for
+            # (it emitted their token) have no decode span, every other step has one
+            steps = [d.attributes["tokentrace.step"] for d in served.children(gw, "decode")]
+            assert len(steps) == len(set(steps)) and set(steps) < set(range(1, max_tokens))
+            assert len(steps) == max_tokens - 1 - len(recomputed)
         assert served.engine.health()["kv_blocks_used"] == 0
 
 

@@ -103,6 +103,7 @@ class SequenceRecord:
     preempted: int = 0  # times the scheduler preempted it
     preemptions: list[tuple[int, int, str]] = field(default_factory=list)  # (at ns, blocks freed, mode)
     queue_expired: bool = False  # ended because it waited longer than max_queue_wait_s
+    recomputed_steps: list[int] = field(default_factory=list)  # decode steps k a recompute prefill emitted
 
     @property
     def last_blocks(self) -> int | None:
@@ -157,8 +158,12 @@ def write_sequence_spans(writer: Any, record: SequenceRecord, layout: KVLayout |
     steps = tuple(record.decode)
     starts = (0, *(rec.start_ns for rec in steps))  # index k = decode step k
     ends = (0, *(rec.end_ns for rec in steps))
+    kept = policy.steps(len(steps) + 1)
+    if record.recomputed_steps:  # the recompute prefill's span stands for these steps
+        skipped = set(record.recomputed_steps)
+        kept = [k for k in kept if k not in skipped]  # type: ignore[assignment]
     writer.write_steps(
-        "decode", parent, policy.steps(len(steps) + 1),
+        "decode", parent, kept,
         functools.partial(_decode_attributes, steps, tuple(record.decode_blocks), tuple(record.decode_context),
                           per_token, layout, bytes_per_block),
         starts, 0, ends,

@@ -282,6 +282,11 @@ class ContinuousEngine:
                 self._start(record, s, start_ns)
             if s.prefill:
                 record.prefill.append((rec, s.tokens, s.blocks, s.context_tokens, record.preempted > 0))
+                if s.emits and record.emitted:  # a recompute that ends emits token k + 1: step k has no
+                    record.recomputed_steps.append(len(record.decode) + 1)  # decode span (docs/spans.md)
+                    record.decode.append(rec)
+                    record.decode_blocks.append(s.blocks)
+                    record.decode_context.append(s.context_tokens)
             else:
                 record.decode.append(rec)
                 record.decode_blocks.append(s.blocks)

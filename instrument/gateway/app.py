@@ -114,11 +114,18 @@ class Gateway:
                                    kv_budget_bytes=settings.budgets.kv_budget_bytes, **settings.engine_options)
         self.engine = engine
         self.metrics = None
+        self.metrics_off_reason = "metrics are off (GatewaySettings.metrics=False)"
         if settings.metrics:
             from instrument.gateway.metrics import ServerMetrics
 
-            self.metrics = ServerMetrics(engine, resource=getattr(tracer_provider, "resource", None))
-            if hasattr(engine, "metrics"):
+            try:
+                self.metrics = ServerMetrics(engine, resource=getattr(tracer_provider, "resource", None))
+            except ImportError as exc:  # an install without the server extra's Prometheus exporter
+                self.metrics_off_reason = f"metrics need pip install 'tokentrace[server]' ({exc})"
+                import logging
+
+                logging.getLogger("tokentrace.gateway").warning("GET /metrics disabled: %s", self.metrics_off_reason)
+            if self.metrics is not None and hasattr(engine, "metrics"):
                 engine.metrics = self.metrics
         budgets = dataclasses.replace(settings.budgets, kv_budget_bytes=engine.kv_capacity_bytes)
         self.admission = AdmissionController(
@@ -330,8 +337,8 @@ def create_app(handle: ModelHandle, tracer_provider: Any, settings: GatewaySetti
     async def metrics() -> Response:
         """Prometheus text exposition of the server's metrics (docs/gateway.md, "Metrics")."""
         if gateway.metrics is None:
-            return JSONResponse(sse.error_body("metrics are off (GatewaySettings.metrics)",
-                                               error_type="invalid_request_error", code="not_found"), 404)
+            return JSONResponse(sse.error_body(gateway.metrics_off_reason, error_type="invalid_request_error",
+                                               code="not_found"), 404)
         from instrument.gateway.metrics import PROMETHEUS_CONTENT_TYPE
 
         return Response(gateway.metrics.prometheus_text(), media_type=PROMETHEUS_CONTENT_TYPE)
