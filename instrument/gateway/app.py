@@ -333,7 +333,7 @@ def create_app(handle: ModelHandle, tracer_provider: Any, settings: GatewaySetti
         return JSONResponse(sse.error_body(message, error_type="invalid_request_error", code=code),
                             status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])  # HEAD: AIPerf's reachability probe
     async def metrics() -> Response:
         """Prometheus text exposition of the server's metrics (docs/gateway.md, "Metrics")."""
         if gateway.metrics is None:
