@@ -238,6 +238,7 @@ def test_metrics_parse_as_prometheus_text_and_count_the_requests(handle: ModelHa
         served.wait_idle()
         assert all(r.completed for r in results)
         families = _metrics(served)
+        assert httpx.head(served.url + "/metrics", timeout=TIMEOUT_S).status_code == 200  # AIPerf's probe
         ttft = families["gen_ai_server_time_to_first_token_seconds"]
         assert ttft.type == "histogram"
         (count,) = [s for s in ttft.samples if s.name.endswith("_count")]
