@@ -89,6 +89,10 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
     from instrument.gateway.admission import AdmissionBudgets
     from instrument.gateway.server import is_loopback
 
+    if engine_name != "continuous" and (max_queue_wait_s is not None or not prefix_caching):
+        flag = "--max-queue-wait-s" if max_queue_wait_s is not None else "--no-prefix-caching"
+        raise UserError(f"{flag} applies to --engine continuous only (the sequential engine has one job queue "
+                        "and no prefix cache)")
     keys = frozenset(k for raw in api_keys for k in raw.split() if k)
     if not keys and not is_loopback(host):
         raise UserError(f"--host {host} is not a loopback address: give --api-key (or $TOKENTRACE_API_KEYS)")
