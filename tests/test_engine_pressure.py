@@ -22,6 +22,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from analyzer.formats.sdk_spans import rows_from_sdk_spans  # noqa: E402
+from analyzer.queries import install_views, run_query  # noqa: E402
+from analyzer.store import connect, insert_rows  # noqa: E402
 from instrument.client import chat_body, stream_chat  # noqa: E402
 from instrument.gateway.admission import AdmissionBudgets  # noqa: E402
 from instrument.gateway.app import GatewaySettings, create_app  # noqa: E402
@@ -205,6 +208,22 @@ def test_the_same_long_prompt_twice_reads_the_prefix_cache(handle: ModelHandle) 
         families = _metrics(served)
         assert _value(families, "tokentrace_engine_prefix_cache_hits") == 2 * cached
         assert _value(families, "tokentrace_engine_prefix_cache_queries") == 3 * prompt_tokens
+        # the analyzer: the token share of hits in summary and window, TTFT split by hit
+        con = connect()
+        try:
+            insert_rows(con, *rows_from_sdk_spans(served.exporter.get_finished_spans()))
+            install_views(con)
+            summary = {r["metric"]: r for r in run_query(con, "summary", {"perspective": "server"}).dicts()}
+            share = 2 * cached / (3 * prompt_tokens)
+            assert summary["prefix_cache_hit_share"]["mean"] == pytest.approx(share)
+            assert summary["prefix_cache_hit_share"]["count"] == 3
+            assert summary["ttft_ms_prefix_cache_hit"]["count"] == 2
+            assert summary["ttft_ms_prefix_cache_miss"]["count"] == 1
+            (window,) = run_query(con, "window", {"perspective": "server"}).dicts()
+            assert window["prefix_cache_hit_share"] == pytest.approx(share)
+            assert window["prefix_cache_hit_requests"] == 2 and window["prefix_cache_note"] is None
+        finally:
+            con.close()
 
 
 def test_no_prefix_caching_turns_it_off(handle: ModelHandle) -> None:
