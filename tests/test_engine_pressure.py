@@ -309,17 +309,25 @@ def test_a_wait_past_max_queue_wait_s_gets_503_with_retry_after(handle: ModelHan
                 deadline = time.monotonic() + TIMEOUT_S
                 while served.engine.requests_running == 0 and time.monotonic() < deadline:
                     await asyncio.sleep(0.005)
-                waiting = await http.post(served.url + "/v1/chat/completions",
-                                          json=chat_body("tiny", longer, max_tokens=4, stream=False))
-                return [await task, waiting]
-        ran, waited = asyncio.run(asyncio.wait_for(go(), TIMEOUT_S))
+                waiting = await asyncio.gather(*(
+                    http.post(served.url + "/v1/chat/completions", json=chat_body("tiny", longer, max_tokens=4,
+                                                                                 stream=stream))
+                    for stream in (False, True)))
+                return [await task, *waiting]
+        ran, *waited = asyncio.run(asyncio.wait_for(go(), TIMEOUT_S))
         served.wait_idle()
         assert ran.status_code == 200
-        assert waited.status_code == 503 and int(waited.headers["retry-after"]) >= 1
-        assert waited.json()["error"]["code"] == "queue_wait_exceeded"
+        for response in waited:  # streamed too: its status line waits for the engine to schedule it
+            assert response.status_code == 503 and int(response.headers["retry-after"]) >= 1
+            assert response.json()["error"]["code"] == "queue_wait_exceeded"
         assert served.engine.requests_waiting == 0 and served.engine.health()["kv_blocks_used"] == 0
-        (gw,) = [g for g in served.spans("gateway") if g.attributes["http.response.status_code"] == 503]
-        assert gw.attributes["error.type"] == "QueueWaitExceeded"
-        assert not served.children(gw, "prefill"), "it never ran"
-        (queue,) = served.children(gw, "queue")
-        assert (queue.end_time - queue.start_time) / 1e9 >= 0.2
+        refused = [g for g in served.spans("gateway") if g.attributes["http.response.status_code"] == 503]
+        assert len(refused) == 2
+        for gw in refused:
+            assert gw.attributes["error.type"] == "QueueWaitExceeded"
+            assert not served.children(gw, "prefill"), "it never ran"
+            (queue,) = served.children(gw, "queue")
+            assert (queue.end_time - queue.start_time) / 1e9 >= 0.2
+        # a streamed request that is scheduled in time streams as usual
+        (streamed,) = _run(served.url, [chat_body("tiny", "hi", max_tokens=4)], 1)
+        assert streamed.completed and streamed.output_tokens == 4 or streamed.finish_reason == "stop"

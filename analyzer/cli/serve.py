@@ -50,7 +50,8 @@ __all__ = ["serve_command"]
                    "usage.prompt_tokens_details.cached_tokens says how many tokens).")
 @click.option("--max-queue-wait-s", type=click.FloatRange(min=0, min_open=True), default=None,
               help="continuous: a request not scheduled within this many seconds gets 503 + Retry-After "
-                   "(streaming: an error event); default: wait up to the request timeout.")
+                   "(a streamed one's status line waits for its scheduling); default: wait up to the "
+                   "request timeout.")
 @click.option("--shutdown-grace-s", type=click.FloatRange(min=0), default=5.0, show_default=True,
               help="On SIGTERM/SIGINT: seconds in-flight requests may take to finish before they are cancelled.")
 @click.option("--decode-spans", default="all", show_default=True, metavar="all|every:N|none",

@@ -68,6 +68,9 @@ class EngineRequest:
     - ``on_token(token_id, logprobs)``: each generated token in order (``logprobs`` None
       unless ``params.logprobs``); the last call comes before ``on_done``.
     - ``on_done(result)``: exactly once.
+    - ``on_started()``: optional; when the engine's scheduler first runs the sequence (the
+      continuous engine calls it; the gateway waits for it before answering a streamed
+      request under ``max_queue_wait_s``).
     """
 
     request_id: str
@@ -77,6 +80,7 @@ class EngineRequest:
     on_token: Callable[[int, TokenLogprobs | None], None]
     on_done: Callable[[EngineResult], None]
     enqueued_ns: int = field(default_factory=now_wall_ns)
+    on_started: Callable[[], None] | None = None
 
 
 class Engine(Protocol):

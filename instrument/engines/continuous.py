@@ -299,6 +299,8 @@ class ContinuousEngine:
         if record.admitted_ns is None:
             record.admitted_ns = start_ns
             record.cached_tokens = s.context_tokens - s.tokens  # a reused prefix is not computed
+            if record.request.on_started is not None:
+                record.request.on_started()
             if self.metrics is not None:
                 self.metrics.prefix_cache_queried(len(record.request.input_ids), record.cached_tokens)
 

@@ -28,7 +28,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from instrument.clock import now_wall_ns
 from instrument.gateway import sse
 from instrument.gateway.admission import AdmissionBudgets, AdmissionController, AdmissionRefused, RateLimiter
-from instrument.engines.base import EngineRequest
+from instrument.engines.base import EngineRequest, QueueWaitExceeded
 from instrument.gateway import responses
 from instrument.gateway.request_state import LoopWaker, RequestState, log_request
 from instrument.gateway.validation import ValidationError, validate_request
@@ -224,11 +224,59 @@ class Gateway:
         state.job = EngineRequest(request_id, input_ids, gen.sampling, trace.set_span_in_context(span),
                                   state.on_token_threadsafe, state.on_done_threadsafe)
         state.cancel_engine = lambda: engine.cancel(request_id)
+        started = self._watch_start(state, loop) if gen.stream else None
         engine.submit(state.job)
+        if started is not None:
+            refused = await self._await_start(state, started, headers)
+            if refused is not None:
+                return refused
         if gen.stream:
             return StreamingResponse(self._stream(state), media_type="text/event-stream",
                                      headers={**headers, "Cache-Control": "no-cache"})
         return await self._whole(request, state, headers)
+
+    def _watch_start(self, state: RequestState, loop: asyncio.AbstractEventLoop) -> asyncio.Future | None:
+        """Under the engine's ``max_queue_wait_s``, a streamed request's status line waits until
+        the engine schedules it (or ends it), so that a queue-wait timeout can still be a 503."""
+        if getattr(self.engine, "max_queue_wait_s", None) is None:
+            return None
+        started: asyncio.Future = loop.create_future()
+
+        def resolve() -> None:
+            if not started.done():
+                started.set_result(None)
+
+        job, on_done = state.job, state.job.on_done
+        job.on_started = lambda: loop.call_soon_threadsafe(resolve)
+
+        def done(result: Any) -> None:
+            on_done(result)
+            loop.call_soon_threadsafe(resolve)
+
+        job.on_done = done
+        return started
+
+    async def _await_start(self, state: RequestState, started: asyncio.Future,
+                           headers: dict[str, str]) -> Response | None:
+        """Wait for the engine to schedule the request; a 503 + Retry-After response when it
+        ended waiting in the queue (QueueWaitExceeded), else None (stream as usual)."""
+        try:
+            await asyncio.wait_for(started, self.settings.request_timeout_s)
+        except asyncio.TimeoutError:
+            state.abandon("error", "timeout")
+            return JSONResponse(sse.error_body("generation timed out", error_type="server_error"), 504, headers)
+        except asyncio.CancelledError:
+            state.abandon("cancelled")
+            raise
+        for i, (kind, value, _) in enumerate(state.inbox):
+            if kind == "done" and isinstance(value.error, QueueWaitExceeded):
+                del state.inbox[i]
+                state.finalize(value, finish_reason="error", generated_tokens=value.generated_tokens,
+                               http_status=503)
+                return JSONResponse(sse.error_body(str(value.error), error_type="server_overloaded",
+                                                   code="queue_wait_exceeded"), 503,
+                                    {**headers, "Retry-After": str(value.error.retry_after_s)})
+        return None
 
     def _waker(self, loop: asyncio.AbstractEventLoop) -> LoopWaker:
         waker = self._wakers.get(loop)
