@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import threading
 import time
 from typing import Any
@@ -100,7 +101,7 @@ class ContinuousEngine:
             raise ValueError(f"--max-queue-wait-s must be > 0, got {max_queue_wait_s:g}")
         self.prefix_caching = prefix_caching
         self.max_queue_wait_s = max_queue_wait_s
-        self.metrics = metrics  # EngineMetrics or None (instrument/engines/engine_metrics.py)
+        self.metrics = metrics  # the gateway's ServerMetrics hooks (instrument/gateway/metrics.py) or None
         self._eos_ids = sorted(handle.eos_ids)
         # Requests waiting to be scheduled = submitted - started: each counter is written by
         # one thread only (submit: the gateway's loop; started: the engine's thread).
@@ -370,7 +371,7 @@ class ContinuousEngine:
             if record.queue_expired:
                 self._finish(request_id, "error", at_ns, QueueWaitExceeded(
                     f"not scheduled within --max-queue-wait-s {self.max_queue_wait_s:g} s "
-                    f"({self.requests_waiting} requests waiting)", retry_after_s=max(1, round(self.max_queue_wait_s))))
+                    f"({self.requests_waiting} requests waiting)", retry_after_s=max(1, math.ceil(self.max_queue_wait_s))))
             else:
                 self._finish(request_id, "cancelled", at_ns)
 
