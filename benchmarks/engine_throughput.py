@@ -26,6 +26,10 @@ gateway   The continuous engine behind the gateway (a ``tokentrace serve`` subpr
           to the first / last token handed back), one request at a time, sides alternating.
           Goals: TTFT added <= 5 ms, E2E ratio <= 1.05.
 
+stepcost  The continuous engine's decode step against a bare forward + sampling of the same
+          batch on the same model, interleaved (benchmarks/engine_step_cost.py; --batch,
+          --max-tokens, --rounds). Goal: step <= 1.2x bare.
+
 Usage (needs the ``bench`` extra's packages only through the project's own extras)::
 
     .venv/bin/python benchmarks/engine_throughput.py --model tiny
@@ -409,7 +413,7 @@ def main() -> None:
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     out: dict[str, Any] = {"model": args.model, "load_average_start": _load()}
     handle = None
-    if any(s in sections for s in ("tracing", "gateway", "startup")):
+    if any(s in sections for s in ("tracing", "gateway", "startup", "stepcost")):
         import torch
 
         from instrument.model_handle import load_model_handle
@@ -427,6 +431,10 @@ def main() -> None:
             out["gateway"] = section_gateway(args, handle)
         elif section == "startup":
             out["startup"] = section_startup(args, handle)
+        elif section == "stepcost":  # the engine step against a bare forward + sampling (engine_step_cost.py)
+            from engine_step_cost import section_stepcost
+
+            out["stepcost"] = section_stepcost(args, handle)
         else:
             raise SystemExit(f"--sections: unknown section {section!r}")
         out[section]["seconds"] = round(time.monotonic() - started, 1)

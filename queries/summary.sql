@@ -9,6 +9,12 @@
 --   have no row for a perspective without any gap (every counted request has at most one
 --   chunk), and NULL statistics with a reason when gaps exist but none has a value. Per-request values come from view
 --   request_metrics, gaps from view request_gap_times.
+--   Prefix cache (engines that report gen_ai.usage.cache_read.input_tokens, e.g. tokentrace's
+--   continuous engine): ttft_ms_prefix_cache_hit / ttft_ms_prefix_cache_miss are the TTFT
+--   distribution over the requests with cached_tokens > 0 / = 0 (no row for a perspective
+--   without such a request, as itl_*); prefix_cache_hit_share is one figure in mean: cached
+--   prompt tokens / input tokens over the requests reporting both (count those requests,
+--   null_count the others), NULL with its reason when none reports cached tokens.
 -- param: $perspective VARCHAR default NULL -- client, server or engine; NULL = every perspective
 -- param: $include_unsuccessful BOOLEAN default false -- also count failed and cancelled requests (default: succeeded only, as vLLM's benchmark)
 -- units: ttft_ms, tpot_ms, e2e_ms, itl_ms, itl_per_token_ms milliseconds; *_per_second tokens
@@ -32,7 +38,9 @@ metrics (metric_order, metric, unit) AS (
     VALUES (1, 'ttft_ms', 'ms'), (2, 'tpot_ms', 'ms/token'), (3, 'e2e_ms', 'ms'),
            (4, 'itl_ms', 'ms per chunk gap'), (5, 'itl_per_token_ms', 'ms per token'),
            (6, 'decode_output_tokens_per_second', 'tokens/s'),
-           (7, 'whole_request_output_tokens_per_second', 'tokens/s')
+           (7, 'whole_request_output_tokens_per_second', 'tokens/s'),
+           (8, 'ttft_ms_prefix_cache_hit', 'ms'), (9, 'ttft_ms_prefix_cache_miss', 'ms'),
+           (10, 'prefix_cache_hit_share', 'fraction of input tokens')
 ),
 -- one (perspective, metric number, value) row per known-or-NULL per-request figure
 vals AS (
@@ -45,6 +53,22 @@ vals AS (
     SELECT perspective, 6, decode_output_tokens_per_second FROM req
     UNION ALL
     SELECT perspective, 7, whole_request_output_tokens_per_second FROM req
+    UNION ALL
+    SELECT perspective, 8, ttft_ms FROM req WHERE cached_tokens > 0
+    UNION ALL
+    SELECT perspective, 9, ttft_ms FROM req WHERE cached_tokens = 0
+),
+-- the token share: one ratio of sums per perspective, over the requests that report both
+cache_share AS (
+    SELECT
+        10 AS metric_order,
+        perspective,
+        count(*) FILTER (WHERE cached_tokens IS NOT NULL AND input_tokens > 0) AS count,
+        count(*) - count(*) FILTER (WHERE cached_tokens IS NOT NULL AND input_tokens > 0) AS null_count,
+        sum(cached_tokens) FILTER (WHERE input_tokens > 0)
+            / sum(input_tokens) FILTER (WHERE cached_tokens IS NOT NULL AND input_tokens > 0) AS mean
+    FROM req
+    GROUP BY perspective
 ),
 -- the four percentiles in one pass (one sorted copy of the values, not four)
 request_distributions AS (
@@ -96,6 +120,10 @@ distributions AS (
     SELECT 5, perspective, per_token_count, gaps - per_token_count, per_token_mean,
            per_token_std_pop, per_token_min, per_token_percentiles, per_token_max
     FROM gap_aggregates
+    UNION ALL
+    SELECT metric_order, perspective, count, null_count, CAST(mean AS DOUBLE), CAST(NULL AS DOUBLE),
+           CAST(NULL AS DOUBLE), CAST(NULL AS DOUBLE[]), CAST(NULL AS DOUBLE)
+    FROM cache_share
 )
 SELECT
     metric,
@@ -112,7 +140,9 @@ SELECT
     percentiles[4] AS p99,
     max,
     'linear' AS interpolation,
-    CASE WHEN count = 0 THEN 'no known value of ' || metric END AS null_reason
+    CASE WHEN count = 0 AND metric_order = 10
+         THEN 'no request reports prefix-cache tokens (gen_ai.usage.cache_read.input_tokens)'
+         WHEN count = 0 THEN 'no known value of ' || metric END AS null_reason
 FROM distributions
 JOIN metrics USING (metric_order)
 ORDER BY metric_order, perspective;

@@ -18,6 +18,10 @@
 --   (output_tokens_basis: gen_ai.usage.output_tokens, gen_ai.usage.completion_tokens, chunk
 --   events, ...); request_counting_rule says what attempted counts and which requests a
 --   source cannot show (vLLM: no span for aborted or rejected requests).
+--   Prefix cache: prefix_cache_hit_share = cached prompt tokens / input tokens over the
+--   counted requests that report both (gen_ai.usage.cache_read.input_tokens, e.g. tokentrace's
+--   continuous engine), prefix_cache_hit_requests those with cached_tokens > 0;
+--   prefix_cache_note says why the share is NULL.
 -- param: $window_start_ns BIGINT default NULL -- window start (inclusive); NULL = earliest s
 -- param: $window_end_ns BIGINT default NULL -- window end (inclusive); NULL = latest request end
 -- param: $mode VARCHAR default 'closed_cohort' -- closed_cohort or steady_state
@@ -29,7 +33,7 @@
 -- param: $cancelled_as_failed BOOLEAN default false -- count cancelled requests as failed
 -- units: *_ns nanoseconds since the Unix epoch on the chosen perspective's clock; window_s
 --   seconds; *_rps requests per second; output_tokens_per_s tokens per second; error_rate a
---   fraction (0.02 = 2 %).
+--   fraction (0.02 = 2 %); prefix_cache_hit_share a fraction of input tokens.
 WITH ranked AS (
     SELECT
         *,
@@ -52,6 +56,8 @@ req AS (
         CASE WHEN outcome = 'succeeded' THEN coalesce(e_ns, end_ns) ELSE end_ns END AS completion_ns,
         output_tokens,
         output_tokens_basis,
+        input_tokens,
+        cached_tokens,
         source,
         visible_chunks,
         ttft_ms,
@@ -111,7 +117,11 @@ totals AS (
         nullif(array_to_string(list_sort(list_distinct(list(output_tokens_basis) FILTER (WHERE tokens_count))), ', '), '')
             AS output_tokens_bases,
         count(*) FILTER (WHERE tokens_count AND visible_chunks = 0 AND output_tokens > 0) AS requests_without_chunks,
-        count(*) FILTER (WHERE source = 'vllm') AS vllm_requests
+        count(*) FILTER (WHERE source = 'vllm') AS vllm_requests,
+        count(*) FILTER (WHERE cached_tokens IS NOT NULL AND input_tokens > 0) AS cache_reporting_requests,
+        count(*) FILTER (WHERE cached_tokens > 0) AS cache_hit_requests,
+        sum(cached_tokens) FILTER (WHERE input_tokens > 0) AS cached_prompt_tokens,
+        sum(input_tokens) FILTER (WHERE cached_tokens IS NOT NULL AND input_tokens > 0) AS cache_reporting_input_tokens
     FROM counted
 )
 SELECT
@@ -163,6 +173,12 @@ SELECT
             ELSE '' END AS request_counting_rule,
     $slo_ttft_ms AS slo_ttft_ms,
     $slo_tpot_ms AS slo_tpot_ms,
-    $slo_e2e_ms AS slo_e2e_ms
+    $slo_e2e_ms AS slo_e2e_ms,
+    CASE WHEN t.cache_reporting_requests > 0
+         THEN t.cached_prompt_tokens / CAST(t.cache_reporting_input_tokens AS DOUBLE) END AS prefix_cache_hit_share,
+    t.cache_hit_requests AS prefix_cache_hit_requests,
+    CASE WHEN t.cache_reporting_requests = 0
+         THEN 'no counted request reports prefix-cache tokens (gen_ai.usage.cache_read.input_tokens)' END
+        AS prefix_cache_note
 FROM totals t, bounds b
 WHERE $mode IN ('closed_cohort', 'steady_state');

@@ -201,23 +201,20 @@ def test_disconnect_frees_the_sequence_within_one_step(handle: ModelHandle) -> N
         served.stop()
 
 
-def test_burst_over_the_budgets_gets_429_and_loses_nothing(handle: ModelHandle) -> None:
+def test_burst_over_the_kv_cache_waits_and_loses_nothing(handle: ModelHandle) -> None:
     per_block = 16 * handle.kv_bytes_per_token
-    # 6 blocks of KV; each request reserves ceil((prompt + 32) / 16) = 3 blocks: two fit at once.
+    # 6 blocks of KV; each request can come to hold ceil((prompt + 32) / 16) = 3 blocks. Blocks
+    # are allocated as sequences grow: what does not fit waits (or is preempted), none is refused.
     served = Served(handle, GatewaySettings(engine="continuous", budgets=AdmissionBudgets(kv_budget_bytes=6 * per_block)))
     client_provider, _ = _provider()
     try:
         results = _concurrent(served.url, [chat_body("tiny", "hi", max_tokens=32) for _ in range(8)],
                               get_tracer(client_provider))
         served.wait_idle()
-        completed = [r for r in results if r.completed]
-        refused = [r for r in results if r.status_code == 429]
-        assert completed and refused and len(completed) + len(refused) == 8
-        assert all(r.retry_after_s is not None for r in refused)
+        assert all(r.completed for r in results), [(r.status_code, r.error) for r in results]
         gateway = served.spans("gateway")
-        assert len(gateway) == 8
-        codes = {g.attributes.get("error.type") for g in gateway if g.attributes["http.response.status_code"] == 429}
-        assert codes == {"over_kv_budget"}
+        assert len(gateway) == 8 and all(g.attributes["http.response.status_code"] == 200 for g in gateway)
+        assert max(q.attributes["tokentrace.queue.depth"] for q in served.spans("queue")) > 0
         assert served.app.state.gateway.admission.kv_bytes_in_flight == 0
         assert served.engine.kv_capacity_bytes == 6 * per_block
     finally:

@@ -52,13 +52,15 @@ def _bind_error(host: str, port: int) -> str | None:
               help="Requests per second per API key (429 + Retry-After above); default unlimited.")
 @click.option("--rate-limit-burst", type=click.IntRange(min=1), default=None, help="Burst size of the rate limit.")
 @click.option("--max-queued-requests", type=click.IntRange(min=1), default=64, show_default=True,
-              help="Sequence budget: requests queued or running (429 above).")
+              help="Admission queue bound: requests waiting or running (429 + Retry-After above).")
 @click.option("--max-queued-tokens", type=click.IntRange(min=1), default=None,
               help="Token budget: sum of input + max_tokens over requests in flight (429 above).")
 @click.option("--kv-budget-bytes", type=click.IntRange(min=1), default=None,
-              help="KV budget, bytes. continuous: the paged cache's size (default: min(512 MiB, 32768 tokens)), "
-                   "requests reserve whole blocks for input + max_tokens; sequential: worst-case logical KV bytes "
-                   "(kv_bytes_per_token x (input + max_tokens)) in flight (default: none).")
+              help="KV budget, bytes. continuous: the paged cache's size (default: min(512 MiB, 32768 tokens)); "
+                   "blocks are allocated as sequences grow, a request that does not fit waits in the queue, "
+                   "running ones are preempted (recomputed) when the cache runs out, and only a request whose "
+                   "input + max_tokens exceeds the whole cache gets 400; sequential: worst-case logical KV bytes "
+                   "(kv_bytes_per_token x (input + max_tokens)) in flight, 429 above (default: none).")
 @click.option("--engine", "engine_name", type=click.Choice(["continuous", "sequential"]), default="continuous",
               show_default=True,
               help="continuous: transformers' continuous batching (paged KV cache, batched steps); "
@@ -69,6 +71,13 @@ def _bind_error(host: str, port: int) -> str | None:
               help="continuous: tokens one engine step may compute (longer prompts are prefilled in chunks).")
 @click.option("--max-batch-size", type=click.IntRange(min=1), default=64, show_default=True,
               help="continuous: sequences one engine step may hold.")
+@click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True,
+              help="continuous: share the KV blocks of identical prompt prefixes (a hit skips their prefill; "
+                   "usage.prompt_tokens_details.cached_tokens says how many tokens).")
+@click.option("--max-queue-wait-s", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="continuous: a request not scheduled within this many seconds gets 503 + Retry-After "
+                   "(a streamed one's status line waits for its scheduling); default: wait up to the "
+                   "request timeout.")
 @click.option("--shutdown-grace-s", type=click.FloatRange(min=0), default=5.0, show_default=True,
               help="On SIGTERM/SIGINT: seconds in-flight requests may take to finish before they are cancelled.")
 @click.option("--decode-spans", default="all", show_default=True, metavar="all|every:N|none",
@@ -78,20 +87,25 @@ def _bind_error(host: str, port: int) -> str | None:
 @click.option("--service-name", default="tokentrace-gateway", show_default=True, help="service.name of the spans.")
 def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_limit, rate_limit_rps,
                   rate_limit_burst, max_queued_requests, max_queued_tokens, kv_budget_bytes, engine_name,
-                  kv_block_tokens, max_batch_tokens, max_batch_size, shutdown_grace_s, decode_spans,
+                  kv_block_tokens, max_batch_tokens, max_batch_size, prefix_caching, max_queue_wait_s,
+                  shutdown_grace_s, decode_spans,
                   otlp_json, service_name) -> None:
     """Serve /v1/chat/completions and /v1/completions (streaming or not), /v1/models and /health,
     with a traced `gateway` SERVER span per request.
 
     Spans go to --otlp-json and, when OTEL_EXPORTER_OTLP_ENDPOINT is set, over OTLP. One JSON
-    log line per request on stderr (id, tokens, queue wait, status). Errors: 400 with the
-    bad field, 401, 413, 429 with Retry-After (rate limit or over a budget). SIGTERM and
+    log line per request on stderr (id, tokens, queue wait, status). GET /metrics serves
+    Prometheus text (GenAI semconv TTFT / TPOT / duration histograms, queue, KV, prefix
+    cache, preemptions); OTEL_METRICS_EXPORTER=otlp (or OTEL_EXPORTER_OTLP_ENDPOINT) also
+    sends them over OTLP. Errors: 400 with the bad field, 401, 413, 429 with Retry-After
+    (rate limit or the admission queue full), 503 with Retry-After (--max-queue-wait-s). SIGTERM and
     SIGINT stop it gracefully: no new requests, in-flight ones finish within
     --shutdown-grace-s (then are cancelled), spans are flushed and their counts printed.
 
     \b
     Example:
       tokentrace serve --model smollm2 --otlp-json server-spans.jsonl
+      tokentrace serve --model smollm2 --kv-budget-bytes 35389440 --max-queue-wait-s 30
       tokentrace serve --model tiny --engine sequential --port 0
       tokentrace serve --model ./my-model --host 0.0.0.0 --api-key "$KEY" --kv-budget-bytes 2000000000
     """
@@ -102,6 +116,10 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
     from instrument.gateway.admission import AdmissionBudgets
     from instrument.gateway.server import is_loopback
 
+    if engine_name != "continuous" and (max_queue_wait_s is not None or not prefix_caching):
+        flag = "--max-queue-wait-s" if max_queue_wait_s is not None else "--no-prefix-caching"
+        raise UserError(f"{flag} applies to --engine continuous only (the sequential engine has one job queue "
+                        "and no prefix cache)")
     keys = frozenset(k for raw in api_keys for k in raw.split() if k)
     if not keys and not is_loopback(host):
         raise UserError(f"--host {host} is not a loopback address: give --api-key (or $TOKENTRACE_API_KEYS)")
@@ -125,7 +143,8 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
     except ValueError as exc:
         raise UserError(str(exc)) from None
     engine_options = ({"kv_block_tokens": kv_block_tokens, "max_batch_tokens": max_batch_tokens,
-                       "max_batch_size": max_batch_size} if engine_name == "continuous" else {})
+                       "max_batch_size": max_batch_size, "prefix_caching": prefix_caching,
+                       "max_queue_wait_s": max_queue_wait_s} if engine_name == "continuous" else {})
     settings = GatewaySettings(
         api_keys=keys, max_body_bytes=max_body_bytes, max_tokens_limit=max_tokens_limit,
         rate_limit_rps=rate_limit_rps, rate_limit_burst=rate_limit_burst, decode_spans=decode_spans,

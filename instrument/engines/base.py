@@ -28,7 +28,7 @@ from opentelemetry.context import Context
 from instrument.clock import now_wall_ns
 from instrument.sampling import SamplingParams, TokenLogprobs
 
-__all__ = ["Engine", "EngineRequest", "EngineResult", "SamplingParams", "TokenLogprobs"]
+__all__ = ["Engine", "EngineRequest", "EngineResult", "QueueWaitExceeded", "SamplingParams", "TokenLogprobs"]
 
 
 @dataclass
@@ -47,6 +47,18 @@ class EngineResult:
     generated_tokens: int = 0
     error: BaseException | None = None
     kv_physical_bytes: int | None = None  # paged engines: whole blocks held at the end, bytes
+    cached_tokens: int | None = None  # prompt tokens served from the prefix cache (None: no prefix cache)
+    kv_shared_bytes: int | None = None  # of kv_physical_bytes, the blocks taken from the prefix cache, bytes
+    preemptions: int = 0  # times the engine preempted the sequence (its KV freed and recomputed)
+
+
+class QueueWaitExceeded(Exception):
+    """The request waited longer than the engine's ``max_queue_wait_s`` to be scheduled
+    (the gateway answers 503 with ``Retry-After: retry_after_s``)."""
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 @dataclass
@@ -56,6 +68,9 @@ class EngineRequest:
     - ``on_token(token_id, logprobs)``: each generated token in order (``logprobs`` None
       unless ``params.logprobs``); the last call comes before ``on_done``.
     - ``on_done(result)``: exactly once.
+    - ``on_started()``: optional; when the engine's scheduler first runs the sequence (the
+      continuous engine calls it; the gateway waits for it before answering a streamed
+      request under ``max_queue_wait_s``).
     """
 
     request_id: str
@@ -65,6 +80,7 @@ class EngineRequest:
     on_token: Callable[[int, TokenLogprobs | None], None]
     on_done: Callable[[EngineResult], None]
     enqueued_ns: int = field(default_factory=now_wall_ns)
+    on_started: Callable[[], None] | None = None
 
 
 class Engine(Protocol):
@@ -78,8 +94,22 @@ class Engine(Protocol):
     def cancel(self, request_id: str) -> None:
         """Stop a sequence within one engine step (no-op when it already ended)."""
 
+    #: ``reserve``: each request reserves ``kv_reservation_bytes`` of the KV budget while in
+    #: flight (admission refuses what does not fit now); ``paged``: blocks are allocated as
+    #: sequences grow and a request that does not fit waits in the engine's queue (admission
+    #: refuses only what could never fit).
+    kv_admission: str
+
+    @property
+    def requests_waiting(self) -> int:
+        """Requests submitted and waiting to be scheduled (what vLLM calls the queue)."""
+
+    @property
+    def requests_running(self) -> int:
+        """Requests the engine runs now."""
+
     def kv_reservation_bytes(self, input_tokens: int, max_tokens: int) -> int:
-        """KV bytes one request of this size reserves against :attr:`kv_capacity_bytes`."""
+        """KV bytes one request of this size can come to hold (checked against :attr:`kv_capacity_bytes`)."""
 
     @property
     def kv_capacity_bytes(self) -> int | None:

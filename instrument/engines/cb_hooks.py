@@ -18,6 +18,16 @@ three things the public API does not give, and takes them here, on the manager's
    manager is built greedy, so it picks exactly that token.
 3. **Outputs without copies.** Finished and failed sequences reach the manager's output
    router; :class:`EngineOutputRouter` hands them to the listener instead of a queue.
+4. **Preemptions.** When the paged cache cannot hold the next tokens of the running
+   sequences, the batch processor's ``offloading_manager.offload_requests()`` evicts the
+   newest starved ones (with ``cpu_offload_space=0``, the default here, a *soft reset*: the
+   blocks are freed and an equivalent request, prompt + generated tokens, is queued again to
+   be prefilled from scratch; vLLM's "recompute"). :class:`StepTap` wraps it and reports each
+   evicted sequence with the blocks its block table held.
+5. **Prefix cache accounting.** With block sharing on, a block no running sequence holds but
+   whose content is hashed stays out of the free pool (``ledger.cached_blocks``) until
+   memory pressure evicts it; :meth:`StepTap.blocks_cached` counts them, so that
+   ``blocks_used`` counts every block some sequence holds exactly once.
 
 Everything here was read on transformers ``TESTED_TRANSFORMERS`` (tests/test_engine_continuous.py
 pins it): another version may rename any of it, so :func:`check_version` refuses to run on
@@ -37,11 +47,14 @@ from transformers.generation.continuous_batching.requests import RequestStatus
 from instrument.clock import now_wall_ns
 from instrument.sampling import SequenceSampler, TokenLogprobs, draw_tokens, one_hot_scores
 
-__all__ = ["TESTED_TRANSFORMERS", "EngineOutputRouter", "RowSampler", "ScheduledSequence", "StepListener",
+__all__ = ["PREEMPT_RECOMPUTE", "TESTED_TRANSFORMERS", "EngineOutputRouter", "RowSampler", "ScheduledSequence",
+           "StepListener",
            "StepTap", "build_manager", "cache_geometry", "check_version", "start_manager", "wake"]
 
 TESTED_TRANSFORMERS = "5.24.0"
 FULL_ATTENTION = "full_attention"
+PREEMPT_RECOMPUTE = "recompute"  # soft reset: blocks freed, prompt + generated tokens prefilled again
+PREEMPT_CPU_OFFLOAD = "cpu_offload"  # blocks copied to the CPU swap pool (not used here: cpu_offload_space=0)
 
 
 def check_version() -> None:
@@ -77,10 +90,11 @@ def cache_geometry(manager: Any) -> CacheGeometry:
 
 
 def build_manager(model: Any, *, eos_ids: list[int], block_tokens: int, num_blocks: int, max_batch_tokens: int,
-                  max_requests_per_batch: int, sampler: RowSampler) -> Any:
+                  max_requests_per_batch: int, sampler: RowSampler, prefix_caching: bool = True) -> Any:
     """A manager for ``model`` sized as asked (not by the machine's free memory), greedy (the
-    sampler chooses), synchronous steps, no prefix sharing, with ``sampler`` as its only logits
-    processor and its batch processor already built (the loop is not started)."""
+    sampler chooses), synchronous steps, block sharing (prefix caching) as ``prefix_caching``
+    says, no CPU swap pool (a preempted sequence is recomputed), with ``sampler`` as its only
+    logits processor and its batch processor already built (the loop is not started)."""
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
@@ -92,8 +106,8 @@ def build_manager(model: Any, *, eos_ids: list[int], block_tokens: int, num_bloc
         page_size=block_tokens, num_blocks=num_blocks, max_batch_tokens=max_batch_tokens,
         max_requests_per_batch=max_requests_per_batch, max_blocks_per_request=0,
         # Synchronous steps: a step's tokens belong to the step that computed them.
-        use_async_batching=False, allow_block_sharing=False, auto_switch_to_flash=False,
-        max_memory_percent=0.9,
+        use_async_batching=False, allow_block_sharing=prefix_caching, auto_switch_to_flash=False,
+        max_memory_percent=0.9, cpu_offload_space=0.0,
     )
     manager = model.init_continuous_batching(generation_config=generation_config, continuous_batching_config=cb_config)
     processors = manager.logit_processor
@@ -127,8 +141,13 @@ class StepListener(Protocol):
         """Before the scheduler runs (hand over cancellations)."""
 
     def on_scheduled(self, start_ns: int, forward_start_ns: int, sequences: list[ScheduledSequence],
-                     blocks_free: int, waiting: int) -> None:
-        """A step was scheduled and is about to run."""
+                     blocks_used: int, waiting: int) -> None:
+        """A step was scheduled and is about to run (``blocks_used``: blocks some sequence holds,
+        each counted once however many share it)."""
+
+    def on_preempted(self, request_id: str, at_ns: int, blocks: int, mode: str) -> None:
+        """The scheduler evicted a running sequence that held ``blocks`` blocks (``mode``:
+        ``recompute`` or ``cpu_offload``); it waits to be scheduled again."""
 
     def on_idle(self) -> None:
         """The scheduler found nothing to run."""
@@ -163,8 +182,28 @@ class StepTap:
         self._allocator = processor.cache.cache_allocators[FULL_ATTENTION]
         self._pool = processor.cache.pool
         self._scheduler = processor.scheduler
+        self._ledger = self._allocator.ledger
         self._scheduled: list[ScheduledSequence] = []
         prepare, update = processor.prepare_next_batch, processor.update_batch
+        offloader = processor.offloading_manager
+        offload = offloader.offload_requests
+        scheduler, block_table = self._scheduler, self._allocator.block_table
+
+        def offload_requests() -> bool:
+            # Runs inside prepare_next_batch, only when the cache could not hold a step (rare):
+            # which starved sequences go back to waiting, and what their block tables held.
+            held = {state.request_id: len(block_table.get(state.request_id, ())) for state, _ in
+                    scheduler.starved_requests}
+            done = offload()
+            at_ns = now_wall_ns()
+            for request_id, blocks in held.items():
+                state = scheduler.waiting_requests.get(request_id)
+                if state is not None:
+                    mode = PREEMPT_CPU_OFFLOAD if state.is_cpu_offloaded else PREEMPT_RECOMPUTE
+                    listener.on_preempted(request_id, at_ns, blocks, mode)
+            return done
+
+        offloader.offload_requests = offload_requests
         events = None
         if device_time and torch.cuda.is_available() and manager.model.device.type == "cuda":
             events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
@@ -177,7 +216,7 @@ class StepTap:
                 listener.on_idle()
                 return False
             self._scheduled = scheduled = self._read_batch()
-            listener.on_scheduled(start_ns, now_wall_ns(), scheduled, self.blocks_free(),
+            listener.on_scheduled(start_ns, now_wall_ns(), scheduled, self.blocks_used(),
                                   len(self._scheduler.waiting_requests))
             if events is not None:
                 events[0].record(stream)
@@ -218,6 +257,14 @@ class StepTap:
         """Blocks no sequence holds: free sectors' blocks plus the free blocks of the allocator."""
         allocator = self._allocator
         return self._pool.num_free_sectors * allocator.blocks_per_sector + self._pool.count_free_blocks(allocator.index)
+
+    def blocks_cached(self) -> int:
+        """Blocks no sequence holds, kept for their hashed content (prefix cache; 0 with sharing off)."""
+        return len(self._ledger.cached_blocks)
+
+    def blocks_used(self) -> int:
+        """Blocks some sequence holds, each counted once (a shared block is one block)."""
+        return self._allocator.num_blocks - self.blocks_free() - self.blocks_cached()
 
     def blocks_held(self, request_id: str) -> int:
         """Blocks in ``request_id``'s block table now (0 once freed)."""

@@ -30,6 +30,7 @@ from instrument.sampling import SequenceSampler, TokenLogprobs
 __all__ = ["EngineTraceWriter", "SequenceRecord", "StepRecord", "write_sequence_spans"]
 
 STEP_SPAN = "engine_step"
+PREEMPTION_EVENT = "tokentrace.preemption"
 ENGINE_SPAN = "engine"
 
 
@@ -49,6 +50,7 @@ class StepRecord:
     kv_block_tokens: int
     waiting: int  # sequences the scheduler left waiting
     prefill_sequences: int = 0  # sequences that computed prompt tokens in the step
+    kv_blocks_cached: int = 0  # blocks no sequence holds, kept for the prefix cache
     end_ns: int = 0  # tokens handed over
     device_ns: int | None = None  # CUDA time of the step's forward and sampling, ns (CUDA only)
 
@@ -63,6 +65,7 @@ class StepRecord:
             "tokentrace.batch.waiting": self.waiting,
             "tokentrace.kv.blocks_used": self.kv_blocks_used,
             "tokentrace.kv.blocks_total": self.kv_blocks_total,
+            "tokentrace.kv.blocks_cached": self.kv_blocks_cached,
             "tokentrace.kv.block_tokens": self.kv_block_tokens,
             "tokentrace.engine.schedule_ns": self.forward_start_ns - self.start_ns,
             **({"tokentrace.device_ns": self.device_ns} if self.device_ns is not None else {}),
@@ -86,15 +89,21 @@ class SequenceRecord:
     request: EngineRequest
     sampler: SequenceSampler
     admitted_ns: int | None = None
-    cached_tokens: int = 0
-    # (step, tokens computed, blocks held, context tokens after the step), one per prefill chunk
-    prefill: list[tuple[StepRecord, int, int, int]] = field(default_factory=list)
+    cached_tokens: int = 0  # prompt tokens whose blocks came from the prefix cache at the first schedule
+    # (step, tokens computed, blocks held, context tokens after the step, recompute after a
+    # preemption), one per prefill chunk
+    prefill: list[tuple[StepRecord, int, int, int, bool]] = field(default_factory=list)
     decode: list[StepRecord] = field(default_factory=list)  # decode step k = decode[k - 1]
     decode_blocks: list[int] = field(default_factory=list)
     decode_context: list[int] = field(default_factory=list)
     emitted: int = 0  # tokens handed to the request
     pending_logprobs: TokenLogprobs | None = None
     cancel_requested: bool = False
+    waiting: bool = True  # not running: not yet scheduled, or preempted and not scheduled again
+    preempted: int = 0  # times the scheduler preempted it
+    preemptions: list[tuple[int, int, str]] = field(default_factory=list)  # (at ns, blocks freed, mode)
+    queue_expired: bool = False  # ended because it waited longer than max_queue_wait_s
+    recomputed_steps: list[int] = field(default_factory=list)  # decode steps k a recompute prefill emitted
 
     @property
     def last_blocks(self) -> int | None:
@@ -107,8 +116,16 @@ class SequenceRecord:
 def write_sequence_spans(writer: Any, record: SequenceRecord, layout: KVLayout | None, layout_name: str,
                          bytes_per_block: int, policy: DecodeSpanPolicy) -> None:
     """The sequence's ``prefill`` span per prefill chunk and ``decode`` span per decode step
-    (those ``policy`` keeps), children of the request's parent context."""
+    (those ``policy`` keeps), children of the request's parent context, and one
+    ``tokentrace.preemption`` event per preemption on the request's span (the gateway span)."""
     parent = record.request.parent_context
+    if record.preemptions:
+        request_span = trace.get_current_span(parent)
+        for at_ns, blocks, mode in record.preemptions:
+            request_span.add_event(PREEMPTION_EVENT, {
+                "tokentrace.preemption.reason": "kv_cache_full", "tokentrace.preemption.mode": mode,
+                "tokentrace.kv.blocks_freed": blocks, "tokentrace.kv.bytes_freed": blocks * bytes_per_block,
+            }, timestamp=at_ns)
     per_token = layout.kv_bytes_per_token if layout is not None else None
     kv_inputs: dict[str, Any] = {"tokentrace.kv.layout": layout_name}
     if layout is not None:
@@ -117,7 +134,8 @@ def write_sequence_spans(writer: Any, record: SequenceRecord, layout: KVLayout |
             "tokentrace.kv.head_dim": layout.head_dim, "tokentrace.kv.dtype": layout.dtype,
             "tokentrace.kv.bytes_per_token": layout.kv_bytes_per_token,
         })
-    for index, (rec, tokens, blocks, context) in enumerate(record.prefill):
+    block_tokens = record.prefill[0][0].kv_block_tokens if record.prefill else 1
+    for index, (rec, tokens, blocks, context, recompute) in enumerate(record.prefill):
         attributes = dict(kv_inputs)
         attributes.update(_step_attributes(rec))
         attributes.update({
@@ -127,6 +145,11 @@ def write_sequence_spans(writer: Any, record: SequenceRecord, layout: KVLayout |
             "tokentrace.prefill.chunk": index,
             "tokentrace.kv.physical_bytes": blocks * bytes_per_block,
         })
+        if index == 0:
+            attributes["gen_ai.usage.cache_read.input_tokens"] = record.cached_tokens
+            attributes["tokentrace.kv.shared_bytes"] = record.cached_tokens // block_tokens * bytes_per_block
+        if recompute:
+            attributes["tokentrace.prefill.recompute"] = True
         if layout is not None:
             attributes["tokentrace.kv.bytes"] = layout.kv_bytes(context)
         writer.write("prefill", parent, attributes, rec.start_ns, rec.end_ns)
@@ -135,8 +158,12 @@ def write_sequence_spans(writer: Any, record: SequenceRecord, layout: KVLayout |
     steps = tuple(record.decode)
     starts = (0, *(rec.start_ns for rec in steps))  # index k = decode step k
     ends = (0, *(rec.end_ns for rec in steps))
+    kept = policy.steps(len(steps) + 1)
+    if record.recomputed_steps:  # the recompute prefill's span stands for these steps
+        skipped = set(record.recomputed_steps)
+        kept = [k for k in kept if k not in skipped]  # type: ignore[assignment]
     writer.write_steps(
-        "decode", parent, policy.steps(len(steps) + 1),
+        "decode", parent, kept,
         functools.partial(_decode_attributes, steps, tuple(record.decode_blocks), tuple(record.decode_context),
                           per_token, layout, bytes_per_block),
         starts, 0, ends,

@@ -15,7 +15,9 @@ the manager's generation thread (hooks, callbacks, span writing).
 
 from __future__ import annotations
 
+import collections
 import logging
+import math
 import threading
 import time
 from typing import Any
@@ -23,7 +25,7 @@ from typing import Any
 from instrument import kv
 from instrument.clock import now_wall_ns
 from instrument.engines import cb_hooks
-from instrument.engines.base import EngineRequest, EngineResult
+from instrument.engines.base import EngineRequest, EngineResult, QueueWaitExceeded
 from instrument.engines.cb_spans import EngineTraceWriter, SequenceRecord, StepRecord, write_sequence_spans
 from instrument.generate_spans import DecodeSpanPolicy
 from instrument.model_handle import ModelHandle
@@ -42,7 +44,16 @@ class ContinuousEngine:
     """transformers' continuous batching behind the engine interface (module docstring).
 
     - ``kv_budget_bytes``: size of the paged KV cache, bytes (whole blocks; default: the
-      smaller of 512 MiB and 32,768 tokens). Requests are admitted against it by whole blocks.
+      smaller of 512 MiB and 32,768 tokens). Blocks are allocated as a sequence grows; a
+      request that does not fit the blocks free waits in the scheduler's queue, and when
+      running sequences outgrow the cache the newest is preempted (its blocks freed, its
+      prompt + generated tokens prefilled again later). Only a request whose input +
+      max_tokens could never fit the whole cache is refused (``kv_reservation_bytes``).
+    - ``prefix_caching``: share the blocks of identical prompt prefixes (transformers' block
+      sharing; a hit skips their prefill), default on.
+    - ``max_queue_wait_s``: a request not scheduled within this many seconds of its
+      submission ends with :class:`QueueWaitExceeded` (the gateway answers 503 with
+      Retry-After); None (default) waits as long as the request's own timeout.
     - ``kv_block_tokens``: tokens per KV block (page), default 16.
     - ``max_batch_tokens``: tokens one step may compute (longer prompts are prefilled in
       chunks of at most this many), default 512.
@@ -65,7 +76,8 @@ class ContinuousEngine:
     def __init__(self, handle: ModelHandle, tracer_provider: Any, *, decode_spans: str = "all",
                  kv_budget_bytes: int | None = None, kv_block_tokens: int = 16, max_batch_tokens: int = 512,
                  max_batch_size: int = 64, steps_per_engine_trace: int = 1000, warmup: bool = True,
-                 device_time: bool | None = None) -> None:
+                 device_time: bool | None = None, prefix_caching: bool = True,
+                 max_queue_wait_s: float | None = None, metrics: Any = None) -> None:
         cb_hooks.check_version()
         model = handle.model
         self.handle = handle
@@ -85,7 +97,18 @@ class ContinuousEngine:
         if blocks < 1:
             raise ValueError(f"--kv-budget-bytes {kv_budget_bytes}: smaller than one KV block "
                              f"({kv_block_tokens} tokens x {self.layout.kv_bytes_per_token} bytes = {bytes_per_block} bytes)")
+        if max_queue_wait_s is not None and max_queue_wait_s <= 0:
+            raise ValueError(f"--max-queue-wait-s must be > 0, got {max_queue_wait_s:g}")
+        self.prefix_caching = prefix_caching
+        self.max_queue_wait_s = max_queue_wait_s
+        self.metrics = metrics  # the gateway's ServerMetrics hooks (instrument/gateway/metrics.py) or None
         self._eos_ids = sorted(handle.eos_ids)
+        # Requests waiting to be scheduled = submitted - started: each counter is written by
+        # one thread only (submit: the gateway's loop; started: the engine's thread).
+        self._submitted = 0
+        self._started = 0
+        self._deadlines: collections.deque[tuple[float, str]] = collections.deque()  # (monotonic s, id), FIFO
+        self.preemptions = 0
         self._live: dict[str, SequenceRecord] = {}
         self._cancels: list[str] = []
         self._cancelling: list[str] = []
@@ -104,7 +127,8 @@ class ContinuousEngine:
         started = time.perf_counter()
         self.manager = cb_hooks.build_manager(
             model, eos_ids=self._eos_ids, block_tokens=kv_block_tokens, num_blocks=blocks,
-            max_batch_tokens=max_batch_tokens, max_requests_per_batch=max_batch_size, sampler=self.sampler)
+            max_batch_tokens=max_batch_tokens, max_requests_per_batch=max_batch_size, sampler=self.sampler,
+            prefix_caching=prefix_caching)
         self.geometry = cb_hooks.cache_geometry(self.manager)
         if self.geometry.bytes_per_block != bytes_per_block:
             raise ValueError(f"continuous engine: the paged cache holds {self.geometry.bytes_per_block} bytes per "
@@ -122,6 +146,9 @@ class ContinuousEngine:
         record = SequenceRecord(request, SequenceSampler(params, self._eos_ids, request.input_ids,
                                                          self.handle.vocab_size, device=self.handle.model.device))
         self._live[request.request_id] = record
+        self._submitted += 1
+        if self.max_queue_wait_s is not None:
+            self._deadlines.append((time.monotonic() + self.max_queue_wait_s, request.request_id))
         accepted = None
         if self._accepting:
             accepted = self.manager.add_request(
@@ -140,8 +167,29 @@ class ContinuousEngine:
             self._cancels.append(request_id)
         cb_hooks.wake(self.manager)
 
+    #: KV is not reserved per request at admission: blocks are allocated as sequences grow,
+    #: and a request that does not fit waits in the scheduler's queue (the admission
+    #: controller then only refuses what could never fit, and bounds requests in flight).
+    kv_admission = "paged"
+
+    @property
+    def requests_waiting(self) -> int:
+        """Requests submitted and not (or no longer: preempted) running: waiting to be scheduled."""
+        return max(0, self._submitted - self._started)
+
+    @property
+    def kv_blocks_used(self) -> int:
+        """KV blocks some sequence holds now, each shared block once (read from the cache)."""
+        return self.tap.blocks_used()
+
+    @property
+    def requests_running(self) -> int:
+        """Requests the scheduler runs (admitted, not finished, not preempted)."""
+        return max(0, len(self._live) - self.requests_waiting)
+
     def kv_reservation_bytes(self, input_tokens: int, max_tokens: int) -> int:
-        """Whole blocks for input + max_tokens tokens (what the sequence can come to hold), bytes."""
+        """Whole blocks for input + max_tokens tokens (what the sequence can come to hold), bytes:
+        a request over the cache's capacity can never run (answered 400)."""
         g = self.geometry
         return -(-(input_tokens + max_tokens) // g.block_tokens) * g.bytes_per_block
 
@@ -153,7 +201,10 @@ class ContinuousEngine:
         g = self.geometry
         return {"name": self.name, "ready": self.ready and self.manager.is_running(), "steps": self._step,
                 "sequences": len(self._live), "kv_blocks_total": g.blocks_total,
-                "kv_blocks_used": g.blocks_total - self.tap.blocks_free(), "kv_block_tokens": g.block_tokens,
+                "kv_blocks_used": self.tap.blocks_used(), "kv_blocks_cached": self.tap.blocks_cached(),
+                "kv_block_tokens": g.block_tokens, "prefix_caching": self.prefix_caching,
+                "requests_waiting": self.requests_waiting, "requests_running": self.requests_running,
+                "preemptions": self.preemptions,
                 "kv_bytes_per_block": g.bytes_per_block, "build_s": round(self.build_s, 3),
                 "warmup_s": round(self.warmup_s, 3)}
 
@@ -177,27 +228,49 @@ class ContinuousEngine:
     def before_schedule(self) -> None:
         with self._lock:
             cancels, self._cancels = self._cancels, []
+        deadlines = self._deadlines
+        if deadlines and deadlines[0][0] <= time.monotonic():
+            cancels.extend(self._expire_waits(time.monotonic()))
         for request_id in cancels:
             self.manager.cancel_request(request_id)
         self._cancelling = cancels  # the scheduler drops them in the prepare that follows
 
-    def on_scheduled(self, start_ns: int, forward_start_ns: int, sequences: list[Any], blocks_free: int,
+    def _expire_waits(self, now_s: float) -> list[str]:
+        """Requests whose queue wait passed ``max_queue_wait_s`` and are still waiting: marked to
+        end with :class:`QueueWaitExceeded` (FIFO deadlines: only the head is looked at)."""
+        expired = []
+        deadlines, live = self._deadlines, self._live
+        while deadlines and deadlines[0][0] <= now_s:
+            _, request_id = deadlines.popleft()
+            record = live.get(request_id)
+            if record is not None and record.admitted_ns is None and not record.cancel_requested:
+                record.cancel_requested = True
+                record.queue_expired = True
+                expired.append(request_id)
+        return expired
+
+    def on_scheduled(self, start_ns: int, forward_start_ns: int, sequences: list[Any], blocks_used: int,
                      waiting: int) -> None:
         self._finish_cancelled(start_ns)
         self._step += 1
+        metrics = self.metrics
         if not self.tracing:
             self._current = None
             live = self._live
             for s in sequences:
                 record = live.get(s.request_id)
-                if record is not None and record.admitted_ns is None:
-                    record.admitted_ns = start_ns
+                if record is not None and record.waiting:
+                    self._start(record, s, start_ns)
+            if metrics is not None:
+                metrics.step_scheduled(len(sequences))
             return
         g = self.geometry
         prefill_tokens = sum(s.tokens for s in sequences if s.prefill)
         rec = StepRecord(self._step, start_ns, forward_start_ns, len(sequences), sum(s.tokens for s in sequences),
-                         prefill_tokens, g.blocks_total - blocks_free, g.blocks_total, g.block_tokens, waiting,
-                         sum(1 for s in sequences if s.prefill))
+                         prefill_tokens, blocks_used, g.blocks_total, g.block_tokens, waiting,
+                         sum(1 for s in sequences if s.prefill), self.tap.blocks_cached())
+        if metrics is not None:
+            metrics.step_scheduled(len(sequences))
         self._current = rec
         self._current_traced = False
         live = self._live
@@ -206,15 +279,44 @@ class ContinuousEngine:
             if record is None:
                 continue
             self._current_traced = True
-            if record.admitted_ns is None:
-                record.admitted_ns = start_ns
-                record.cached_tokens = s.context_tokens - s.tokens  # a reused prefix is not computed
+            if record.waiting:
+                self._start(record, s, start_ns)
             if s.prefill:
-                record.prefill.append((rec, s.tokens, s.blocks, s.context_tokens))
+                record.prefill.append((rec, s.tokens, s.blocks, s.context_tokens, record.preempted > 0))
+                if s.emits and record.emitted:  # a recompute that ends emits token k + 1: step k has no
+                    record.recomputed_steps.append(len(record.decode) + 1)  # decode span (docs/spans.md)
+                    record.decode.append(rec)
+                    record.decode_blocks.append(s.blocks)
+                    record.decode_context.append(s.context_tokens)
             else:
                 record.decode.append(rec)
                 record.decode_blocks.append(s.blocks)
                 record.decode_context.append(s.context_tokens)
+
+    def _start(self, record: SequenceRecord, s: Any, start_ns: int) -> None:
+        """The scheduler runs ``record`` for the first time (or again after a preemption)."""
+        record.waiting = False
+        self._started += 1
+        if record.admitted_ns is None:
+            record.admitted_ns = start_ns
+            record.cached_tokens = s.context_tokens - s.tokens  # a reused prefix is not computed
+            if record.request.on_started is not None:
+                record.request.on_started()
+            if self.metrics is not None:
+                self.metrics.prefix_cache_queried(len(record.request.input_ids), record.cached_tokens)
+
+    def on_preempted(self, request_id: str, at_ns: int, blocks: int, mode: str) -> None:
+        self.preemptions += 1
+        if self.metrics is not None:
+            self.metrics.preempted(mode)
+        record = self._live.get(request_id)
+        if record is None:
+            return
+        record.preempted += 1
+        record.preemptions.append((at_ns, blocks, mode))
+        if not record.waiting:
+            record.waiting = True
+            self._started -= 1
 
     def on_idle(self) -> None:
         self._finish_cancelled(now_wall_ns())
@@ -225,6 +327,8 @@ class ContinuousEngine:
         if rec is not None:
             rec.end_ns = end_ns
             rec.device_ns = self.tap.device_ns
+            if self.metrics is not None:
+                self.metrics.step_done((end_ns - rec.start_ns) / 1e9)
         self._current = None
         live = self._live
         for seq, token, finished in emitted:
@@ -261,13 +365,23 @@ class ContinuousEngine:
     def _finish_cancelled(self, at_ns: int) -> None:
         cancelling, self._cancelling = self._cancelling, []
         for request_id in cancelling:
-            if request_id in self._live:
+            record = self._live.get(request_id)
+            if record is None:
+                continue
+            if record.queue_expired:
+                self._finish(request_id, "error", at_ns, QueueWaitExceeded(
+                    f"not scheduled within --max-queue-wait-s {self.max_queue_wait_s:g} s "
+                    f"({self.requests_waiting} requests waiting)", retry_after_s=max(1, math.ceil(self.max_queue_wait_s))))
+            else:
                 self._finish(request_id, "cancelled", at_ns)
 
     def _finish(self, request_id: str, reason: str, at_ns: int, error: BaseException | None = None) -> None:
         record = self._live.pop(request_id, None)
         if record is None:
             return
+        if record.waiting:  # it never ran (or was preempted and never ran again): no longer waiting
+            record.waiting = False
+            self._started += 1
         if record.prefill or record.decode:
             try:
                 write_sequence_spans(self.writer, record, self.layout, self.layout_name,
@@ -275,9 +389,13 @@ class ContinuousEngine:
             except Exception:  # pragma: no cover - a span bug must not leave the request hanging
                 LOGGER.exception("writing the spans of %s failed", request_id)
         blocks = record.last_blocks
+        bytes_per_block = self.geometry.bytes_per_block
+        shared_blocks = record.cached_tokens // self.geometry.block_tokens
         result = EngineResult(record.admitted_ns if record.admitted_ns is not None else at_ns, reason, record.emitted,
-                              error=error, kv_physical_bytes=blocks * self.geometry.bytes_per_block
-                              if blocks is not None else None)
+                              error=error, kv_physical_bytes=blocks * bytes_per_block if blocks is not None else None,
+                              cached_tokens=record.cached_tokens if record.admitted_ns is not None else 0,
+                              kv_shared_bytes=shared_blocks * bytes_per_block if blocks is not None else None,
+                              preemptions=record.preempted)
         try:
             record.request.on_done(result)
         except Exception:  # pragma: no cover - a callback bug must not kill the loop

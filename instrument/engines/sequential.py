@@ -61,6 +61,20 @@ class SequentialEngine:
         if flag is not None:
             flag.set()
 
+    #: Each request reserves its worst-case logical KV while in flight (admission refuses
+    #: what does not fit the budget now): ``generate`` keeps a contiguous cache per sequence.
+    kv_admission = "reserve"
+
+    @property
+    def requests_waiting(self) -> int:
+        """Requests queued behind the one running."""
+        return self._jobs.qsize()
+
+    @property
+    def requests_running(self) -> int:
+        """1 while a sequence runs, else 0."""
+        return 1 if self._running is not None else 0
+
     def kv_reservation_bytes(self, input_tokens: int, max_tokens: int) -> int:
         """Worst-case logical KV bytes (the seed's formula) for input + max_tokens tokens."""
         return (self.handle.kv_bytes_per_token or 0) * (input_tokens + max_tokens)

@@ -1,13 +1,24 @@
 """Admission control (token, sequence and KV-memory budgets) and per-key rate limits.
 
-Both fail fast: an over-budget request is refused at once (the app answers 429 with
+The admission queue is bounded: a request over ``max_queued_requests`` (requests in flight,
+waiting + running) or the token budget is refused at once (the app answers 429 with
 ``Retry-After``) rather than waiting without bound. Thread-safe; pure Python.
 
-KV bytes per request are sized for the worst case it was admitted with, by the engine's
-rule (``Engine.kv_reservation_bytes``): the sequential engine reserves the logical figure
-``kv_bytes_per_token x (input_tokens + max_tokens)`` (instrument/kv.py's formula), the
-continuous engine the paged cache's whole blocks for those tokens. Released when the request
-ends (completed, failed or cancelled).
+KV memory depends on the engine (``Engine.kv_admission``):
+
+- ``reserve`` (the sequential engine): each request reserves its worst case while in flight,
+  the logical figure ``kv_bytes_per_token x (input_tokens + max_tokens)`` (instrument/kv.py's
+  formula); a request that does not fit the KV left now is refused (429). Released when the
+  request ends (completed, failed or cancelled).
+- ``paged`` (the continuous engine): nothing is reserved. The engine allocates blocks as a
+  sequence grows; a request that does not fit the blocks free waits in the engine's queue
+  (still counted against ``max_queued_requests``), and the engine preempts a running
+  sequence when the cache runs out mid-generation. Only a request whose input + max_tokens
+  could never fit the whole cache is refused (400).
+
+Queue depth (``Ticket.queue_depth``, the ``queue`` span's ``tokentrace.queue.depth``) is what
+a vLLM user reads as such: requests waiting to be scheduled when this one arrived (the
+engine's count), not requests in flight (``Ticket.requests_in_flight``).
 """
 
 from __future__ import annotations
@@ -25,9 +36,10 @@ __all__ = ["AdmissionBudgets", "AdmissionController", "AdmissionRefused", "Ticke
 class AdmissionBudgets:
     """Limits over every admitted request not yet finished (queued or running). None = unlimited.
 
-    - ``max_queued_requests``: sequences in flight (queued + running).
+    - ``max_queued_requests``: sequences in flight (waiting + running).
     - ``max_queued_tokens``: sum of ``input_tokens + max_tokens`` over requests in flight.
-    - ``kv_budget_bytes``: sum of worst-case logical KV bytes over requests in flight.
+    - ``kv_budget_bytes``: the KV budget, bytes: with ``kv_reserve``, the sum of worst-case
+      KV bytes over requests in flight; without, the most one request may come to hold.
     """
 
     max_queued_requests: int | None = 64
@@ -51,24 +63,30 @@ class Ticket:
     """What one admitted request holds until :meth:`AdmissionController.release`."""
 
     tokens: int
-    kv_bytes: int
-    queue_depth: int
-    tokens_ahead: int
+    kv_bytes: int  # reserved (0 when the engine allocates KV as sequences grow)
+    queue_depth: int  # requests waiting to be scheduled when this one was admitted
+    tokens_ahead: int  # input + max_tokens of the requests in flight then
+    requests_in_flight: int = 0  # requests admitted and not finished then (waiting + running)
     released: bool = False
 
 
 class AdmissionController:
     """Counts requests, tokens and KV bytes in flight against :class:`AdmissionBudgets`.
 
-    ``kv_bytes_for(input_tokens, max_tokens)`` (bytes) is the engine's reservation rule;
-    without it, the logical formula with ``kv_bytes_per_token``.
+    ``kv_bytes_for(input_tokens, max_tokens)`` (bytes) is the engine's worst-case rule;
+    without it, the logical formula with ``kv_bytes_per_token``. ``kv_reserve``: whether a
+    request reserves that much while in flight (module docstring). ``waiting()``: requests
+    waiting to be scheduled now (the engine's count; None: those in flight).
     """
 
     def __init__(self, budgets: AdmissionBudgets, kv_bytes_per_token: int | None = None, *,
-                 kv_bytes_for: Callable[[int, int], int] | None = None) -> None:
+                 kv_bytes_for: Callable[[int, int], int] | None = None, kv_reserve: bool = True,
+                 waiting: Callable[[], int] | None = None) -> None:
         self.budgets = budgets
         self.kv_bytes_per_token = kv_bytes_per_token
         self._kv_bytes_for = kv_bytes_for
+        self.kv_reserve = kv_reserve
+        self._waiting = waiting
         self._lock = threading.Lock()
         self.requests_in_flight = 0
         self.tokens_in_flight = 0
@@ -101,6 +119,8 @@ class AdmissionController:
                     f"server busy: {self.requests_in_flight} requests in flight (limit {b.max_queued_requests})",
                     budget="requests",
                 )
+            if not self.kv_reserve:
+                kv_bytes = 0  # the engine allocates KV as sequences grow (module docstring)
             if b.max_queued_tokens is not None and self.tokens_in_flight + tokens > b.max_queued_tokens:
                 raise AdmissionRefused(
                     f"server busy: {self.tokens_in_flight} tokens in flight + {tokens} exceeds the token budget "
@@ -111,7 +131,9 @@ class AdmissionController:
                     f"server busy: {self.kv_bytes_in_flight} KV bytes in flight + {kv_bytes} exceeds the KV budget "
                     f"{b.kv_budget_bytes} bytes", budget="kv",
                 )
-            ticket = Ticket(tokens, kv_bytes, queue_depth=self.requests_in_flight, tokens_ahead=self.tokens_in_flight)
+            waiting = self._waiting() if self._waiting is not None else self.requests_in_flight
+            ticket = Ticket(tokens, kv_bytes, queue_depth=waiting, tokens_ahead=self.tokens_in_flight,
+                            requests_in_flight=self.requests_in_flight)
             self.requests_in_flight += 1
             self.tokens_in_flight += tokens
             self.kv_bytes_in_flight += kv_bytes

@@ -28,7 +28,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from instrument.clock import now_wall_ns
 from instrument.gateway import sse
 from instrument.gateway.admission import AdmissionBudgets, AdmissionController, AdmissionRefused, RateLimiter
-from instrument.engines.base import EngineRequest
+from instrument.engines.base import EngineRequest, QueueWaitExceeded
 from instrument.gateway import responses
 from instrument.gateway.request_state import LoopWaker, RequestState, log_request
 from instrument.gateway.validation import ValidationError, validate_request
@@ -70,6 +70,8 @@ class GatewaySettings:
     engine_options: dict[str, Any] = field(default_factory=dict)
     # At shutdown, how long the engine lets running sequences finish before cancelling them, s.
     shutdown_grace_s: float = 5.0
+    # GET /metrics (Prometheus text) and, when OTEL_* asks, OTLP metrics (instrument/gateway/metrics.py).
+    metrics: bool = True
 
 
 class _Rejected(Exception):
@@ -111,8 +113,25 @@ class Gateway:
             engine = create_engine(settings.engine, handle, tracer_provider, decode_spans=settings.decode_spans,
                                    kv_budget_bytes=settings.budgets.kv_budget_bytes, **settings.engine_options)
         self.engine = engine
+        self.metrics = None
+        self.metrics_off_reason = "metrics are off (GatewaySettings.metrics=False)"
+        if settings.metrics:
+            from instrument.gateway.metrics import ServerMetrics
+
+            try:
+                self.metrics = ServerMetrics(engine, resource=getattr(tracer_provider, "resource", None))
+            except ImportError as exc:  # an install without the server extra's Prometheus exporter
+                self.metrics_off_reason = f"metrics need pip install 'tokentrace[server]' ({exc})"
+                import logging
+
+                logging.getLogger("tokentrace.gateway").warning("GET /metrics disabled: %s", self.metrics_off_reason)
+            if self.metrics is not None and hasattr(engine, "metrics"):
+                engine.metrics = self.metrics
         budgets = dataclasses.replace(settings.budgets, kv_budget_bytes=engine.kv_capacity_bytes)
-        self.admission = AdmissionController(budgets, handle.kv_bytes_per_token, kv_bytes_for=engine.kv_reservation_bytes)
+        self.admission = AdmissionController(
+            budgets, handle.kv_bytes_per_token, kv_bytes_for=engine.kv_reservation_bytes,
+            kv_reserve=getattr(engine, "kv_admission", "reserve") == "reserve",
+            waiting=(lambda: engine.requests_waiting) if hasattr(engine, "requests_waiting") else None)
         self.rate_limiter = RateLimiter(settings.rate_limit_rps, settings.rate_limit_burst)
         self.eos_ids = set(handle.eos_ids)
         self._wakers: dict[Any, LoopWaker] = {}
@@ -200,16 +219,65 @@ class Gateway:
             raise
         loop = asyncio.get_running_loop()
         state = RequestState(request_id, span, self.tracer, self.admission, ticket, gen, len(input_ids), loop,
-                             waker=self._waker(loop), client_request_id=client_request_id)
+                             waker=self._waker(loop), client_request_id=client_request_id,
+                             metrics=self.metrics, arrival_ns=arrival_ns)
         engine = self.engine
         state.job = EngineRequest(request_id, input_ids, gen.sampling, trace.set_span_in_context(span),
                                   state.on_token_threadsafe, state.on_done_threadsafe)
         state.cancel_engine = lambda: engine.cancel(request_id)
+        started = self._watch_start(state, loop) if gen.stream else None
         engine.submit(state.job)
+        if started is not None:
+            refused = await self._await_start(state, started, headers)
+            if refused is not None:
+                return refused
         if gen.stream:
             return StreamingResponse(self._stream(state), media_type="text/event-stream",
                                      headers={**headers, "Cache-Control": "no-cache"})
         return await self._whole(request, state, headers)
+
+    def _watch_start(self, state: RequestState, loop: asyncio.AbstractEventLoop) -> asyncio.Future | None:
+        """Under the engine's ``max_queue_wait_s``, a streamed request's status line waits until
+        the engine schedules it (or ends it), so that a queue-wait timeout can still be a 503."""
+        if getattr(self.engine, "max_queue_wait_s", None) is None:
+            return None
+        started: asyncio.Future = loop.create_future()
+
+        def resolve() -> None:
+            if not started.done():
+                started.set_result(None)
+
+        job, on_done = state.job, state.job.on_done
+        job.on_started = lambda: loop.call_soon_threadsafe(resolve)
+
+        def done(result: Any) -> None:
+            on_done(result)
+            loop.call_soon_threadsafe(resolve)
+
+        job.on_done = done
+        return started
+
+    async def _await_start(self, state: RequestState, started: asyncio.Future,
+                           headers: dict[str, str]) -> Response | None:
+        """Wait for the engine to schedule the request; a 503 + Retry-After response when it
+        ended waiting in the queue (QueueWaitExceeded), else None (stream as usual)."""
+        try:
+            await asyncio.wait_for(started, self.settings.request_timeout_s)
+        except asyncio.TimeoutError:
+            state.abandon("error", "timeout")
+            return JSONResponse(sse.error_body("generation timed out", error_type="server_error"), 504, headers)
+        except asyncio.CancelledError:
+            state.abandon("cancelled")
+            raise
+        for i, (kind, value, _) in enumerate(state.inbox):
+            if kind == "done" and isinstance(value.error, QueueWaitExceeded):
+                del state.inbox[i]
+                state.finalize(value, finish_reason="error", generated_tokens=value.generated_tokens,
+                               http_status=503)
+                return JSONResponse(sse.error_body(str(value.error), error_type="server_overloaded",
+                                                   code="queue_wait_exceeded"), 503,
+                                    {**headers, "Retry-After": str(value.error.retry_after_s)})
+        return None
 
     def _waker(self, loop: asyncio.AbstractEventLoop) -> LoopWaker:
         waker = self._wakers.get(loop)
@@ -263,6 +331,8 @@ def create_app(handle: ModelHandle, tracer_provider: Any, settings: GatewaySetti
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
         gateway.engine.close(gateway.settings.shutdown_grace_s)
+        if gateway.metrics is not None:
+            gateway.metrics.shutdown()
 
     app = FastAPI(title="tokentrace gateway", lifespan=lifespan)
     app.state.gateway = gateway
@@ -312,6 +382,16 @@ def create_app(handle: ModelHandle, tracer_provider: Any, settings: GatewaySetti
             message, code = str(exc.detail), None
         return JSONResponse(sse.error_body(message, error_type="invalid_request_error", code=code),
                             status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.api_route("/metrics", methods=["GET", "HEAD"])  # HEAD: AIPerf's reachability probe
+    async def metrics() -> Response:
+        """Prometheus text exposition of the server's metrics (docs/gateway.md, "Metrics")."""
+        if gateway.metrics is None:
+            return JSONResponse(sse.error_body(gateway.metrics_off_reason, error_type="invalid_request_error",
+                                               code="not_found"), 404)
+        from instrument.gateway.metrics import PROMETHEUS_CONTENT_TYPE
+
+        return Response(gateway.metrics.prometheus_text(), media_type=PROMETHEUS_CONTENT_TYPE)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

@@ -156,6 +156,10 @@ class RequestState:
     abandoned_error_type: str | None = None  # e.g. "timeout"
     finished: bool = False
     response_started: bool = False  # the response path is running (its finally guarantees an ending)
+    metrics: Any = None  # ServerMetrics (instrument/gateway/metrics.py): request histograms at the end
+    arrival_ns: int = 0  # the gateway span's start, ns since the epoch
+    first_token_ns: int | None = None  # the first chunk with visible tokens was handed to the server
+    last_token_ns: int | None = None  # the last one
 
     # --- engine thread -> loop -------------------------------------------------------
     def on_token_threadsafe(self, token_id: int, logprobs: TokenLogprobs | None = None) -> None:
@@ -270,6 +274,11 @@ class RequestState:
         self.chunk_index += 1
         if visible:
             self.output_tokens += tokens
+            if tokens and self.gen.stream:  # whole responses stamp their tokens as they arrive
+                at = self._pending_chunks[-1][3]
+                if self.first_token_ns is None:
+                    self.first_token_ns = at
+                self.last_token_ns = at
 
     def flush_chunk_events(self) -> None:
         """Put the recorded ``tokentrace.chunk`` events on the gateway span (in chunk order)."""
@@ -278,6 +287,11 @@ class RequestState:
         for index, tokens, visible, at_ns in pending:
             add_event(CHUNK_EVENT, {"tokentrace.chunk.index": index, "tokentrace.chunk.tokens": tokens,
                                     "tokentrace.chunk.visible": visible}, timestamp=at_ns)
+
+    def metric_attributes(self) -> dict[str, Any]:
+        """The GenAI semconv attributes of the server metrics (low cardinality)."""
+        return {"gen_ai.operation.name": self.gen.operation, "gen_ai.request.model": self.gen.model,
+                "gen_ai.system": "tokentrace"}
 
     # --- the one ending --------------------------------------------------------------
     def finalize(
@@ -304,7 +318,8 @@ class RequestState:
             queue_span = self.tracer.start_span(
                 "queue", context=trace.set_span_in_context(self.span), kind=SpanKind.INTERNAL,
                 attributes={"tokentrace.queue.depth": self.ticket.queue_depth,
-                            "tokentrace.queue.tokens_ahead": self.ticket.tokens_ahead},
+                            "tokentrace.queue.tokens_ahead": self.ticket.tokens_ahead,
+                            "tokentrace.queue.requests_in_flight": self.ticket.requests_in_flight},
                 start_time=job.enqueued_ns,
             )
             queue_span.end(end_time=max(result.admitted_ns, job.enqueued_ns))
@@ -318,6 +333,10 @@ class RequestState:
         })
         if result.kv_physical_bytes is not None:
             span.set_attribute("tokentrace.kv.physical_bytes", result.kv_physical_bytes)
+        if result.kv_shared_bytes is not None:
+            span.set_attribute("tokentrace.kv.shared_bytes", result.kv_shared_bytes)
+        if result.cached_tokens is not None:
+            span.set_attribute("gen_ai.usage.cache_read.input_tokens", result.cached_tokens)
         error_type = None
         if finish_reason == "cancelled":
             error_type = "cancelled"
@@ -331,6 +350,10 @@ class RequestState:
         if error_type is not None:
             span.set_attribute("error.type", error_type)
         span.end(end_time=end_ns)
+        if self.metrics is not None:
+            self.metrics.record_request(self.metric_attributes(), start_ns=self.arrival_ns,
+                                        first_token_ns=self.first_token_ns, last_token_ns=self.last_token_ns,
+                                        output_tokens=self.output_tokens, end_ns=end_ns, error_type=error_type)
         queue_wait_ms = (result.admitted_ns - job.enqueued_ns) / 1e6 if job is not None else None
         log_request({
             "event": "request", "id": self.request_id, "client_request_id": self.client_request_id,

@@ -16,7 +16,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from instrument.clock import now_wall_ns
-from instrument.engines.base import EngineResult
+from instrument.engines.base import EngineResult, QueueWaitExceeded
 from instrument.gateway import sse
 from instrument.gateway.choice_text import ChoiceText, completion_logprobs
 from instrument.gateway.request_state import RequestState
@@ -99,7 +99,8 @@ async def stream_body(gateway: Any, state: RequestState) -> AsyncIterator[bytes]
             if gen.include_usage:
                 sent_ns = now_wall_ns()
                 yield sse.sse_line(sse.usage_chunk(gen.operation, rid, created, model,
-                                                   sse.usage(state.input_tokens, choice.completion_tokens)))
+                                                   sse.usage(state.input_tokens, choice.completion_tokens,
+                                                             result.cached_tokens)))
                 state.chunk_written(0, False, sent_ns)
         # The response is complete when the last bytes are handed to the server: stamped
         # before the write, so server times never pass the client's receipt of them.
@@ -139,6 +140,10 @@ async def _whole_body(gateway: Any, request: Request, state: RequestState, heade
                 state.abandon("cancelled")
                 return Response(status_code=499, headers=headers)
             continue
+        if items[0][0] == "token":  # token times for the server metrics (TTFT, TPOT), once per batch
+            state.last_token_ns = now_wall_ns()
+            if state.first_token_ns is None:
+                state.first_token_ns = state.last_token_ns
         for kind, value, logprobs in items:
             if kind == "done":
                 result = value
@@ -153,6 +158,11 @@ async def _whole_body(gateway: Any, request: Request, state: RequestState, heade
             state.stop_generation()
     generated = result.generated_tokens
     finish = _finish_reason(choice, result)
+    if finish == "error" and isinstance(result.error, QueueWaitExceeded):
+        state.finalize(result, finish_reason="error", generated_tokens=generated, http_status=503)
+        return JSONResponse(sse.error_body(str(result.error), error_type="server_overloaded",
+                                           code="queue_wait_exceeded"), 503,
+                            {**headers, "Retry-After": str(result.error.retry_after_s)})
     if finish == "error":
         state.finalize(result, finish_reason="error", generated_tokens=generated, http_status=500)
         return JSONResponse(sse.error_body(f"generation failed: {result.error}", error_type="server_error"),
@@ -163,7 +173,8 @@ async def _whole_body(gateway: Any, request: Request, state: RequestState, heade
     if gen.logprobs:
         logprobs_obj = {"content": entries} if gen.operation == "chat" else completion_logprobs(entries, 0)
     body = sse.full_response(gen.operation, state.request_id, int(time.time()), gateway.handle.model_id,
-                             choice.text, finish, sse.usage(state.input_tokens, choice.completion_tokens),
+                             choice.text, finish, sse.usage(state.input_tokens, choice.completion_tokens,
+                                                            result.cached_tokens),
                              logprobs=logprobs_obj)
     state.finalize(result, finish_reason=finish, generated_tokens=generated)
     return JSONResponse(body, headers=headers)

@@ -76,9 +76,14 @@ def finish_chunk(operation: str, request_id: str, created_s: int, model: str, fi
     return out
 
 
-def usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
-    """OpenAI's usage object (tokens)."""
-    return {"prompt_tokens": input_tokens, "completion_tokens": output_tokens, "total_tokens": input_tokens + output_tokens}
+def usage(input_tokens: int, output_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage object (tokens); ``cached_tokens`` (prompt tokens served from the prefix
+    cache) as ``prompt_tokens_details.cached_tokens`` when the engine has a prefix cache."""
+    out: dict[str, Any] = {"prompt_tokens": input_tokens, "completion_tokens": output_tokens,
+                           "total_tokens": input_tokens + output_tokens}
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out
 
 
 def usage_chunk(operation: str, request_id: str, created_s: int, model: str, usage_obj: dict[str, int]) -> dict[str, Any]:

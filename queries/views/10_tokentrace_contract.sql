@@ -118,6 +118,9 @@ phase_spans AS (
     UNION ALL
     SELECT trace_id, parent_span_id, name, start_ns, end_ns, attr_int, attr_str
     FROM spans WHERE scope_name = 'tokentrace' AND name = 'prefill'
+          -- a prefill recomputing a preempted sequence (after its first decode steps) is not
+          -- part of the prompt's prefill: prefill_end_ns stays the first prefill's end
+          AND NOT coalesce(attr_bool['tokentrace.prefill.recompute'], false)
 ),
 phase AS (
     SELECT trace_id, parent_span_id,
@@ -129,7 +132,9 @@ phase AS (
            max(CASE WHEN name = 'prefill' THEN end_ns END) AS prefill_end_ns,
            max(CASE WHEN name = 'prefill' THEN attr_int['tokentrace.kv.bytes_per_token'] END) AS kv_bytes_per_token,
            max(CASE WHEN name = 'prefill' THEN attr_int['tokentrace.kv.bytes'] END) AS prompt_kv_bytes,
-           max(CASE WHEN name = 'prefill' THEN attr_str['tokentrace.kv.layout'] END) AS kv_layout
+           max(CASE WHEN name = 'prefill' THEN attr_str['tokentrace.kv.layout'] END) AS kv_layout,
+           -- the continuous engine's prefix-cache hit (first prefill chunk only), tokens
+           max(CASE WHEN name = 'prefill' THEN attr_int['gen_ai.usage.cache_read.input_tokens'] END) AS cached_tokens
     FROM phase_spans
     GROUP BY trace_id, parent_span_id
 ),
@@ -162,6 +167,9 @@ SELECT
     -- Newest GenAI names first; the deprecated prompt_tokens / completion_tokens are read too.
     coalesce(p.attr_int['gen_ai.usage.input_tokens'], p.attr_int['gen_ai.usage.prompt_tokens'],
              sv.attr_int['gen_ai.usage.input_tokens'], sv.attr_int['gen_ai.usage.prompt_tokens']) AS input_tokens,
+    -- prompt tokens served from a prefix cache (OTel GenAI semconv name); NULL: not reported
+    coalesce(p.attr_int['gen_ai.usage.cache_read.input_tokens'], sv.attr_int['gen_ai.usage.cache_read.input_tokens'],
+             ph.cached_tokens) AS cached_tokens,
     coalesce(p.attr_int['gen_ai.usage.output_tokens'], p.attr_int['gen_ai.usage.completion_tokens'],
              sv.attr_int['gen_ai.usage.output_tokens'], sv.attr_int['gen_ai.usage.completion_tokens'],
              CASE WHEN p.dropped_events_count = 0 THEN coalesce(ca.visible_chunk_tokens, 0) END) AS output_tokens,

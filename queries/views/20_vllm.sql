@@ -70,6 +70,7 @@ SELECT
     v.start_ns + v.e2e_ns AS e_ns,
     v.end_ns,
     v.prompt_tokens AS input_tokens,
+    CAST(NULL AS BIGINT) AS cached_tokens,  -- llm_request carries no prefix-cache figure
     v.completion_tokens AS output_tokens,
     v.completion_tokens AS generated_tokens,
     CAST(0 AS BIGINT) AS visible_chunks,

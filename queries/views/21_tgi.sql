@@ -158,6 +158,7 @@ SELECT
     coalesce(r.last_ns, r.start_ns + r.total_ns) AS e_ns,
     r.end_ns,
     CAST(NULL AS BIGINT) AS input_tokens,
+    CAST(NULL AS BIGINT) AS cached_tokens,
     coalesce(r.generations,
              CAST(round(r.inference_ns / nullif(r.per_token_ns, 0)) AS BIGINT)) AS output_tokens,
     coalesce(r.generations,

@@ -113,6 +113,7 @@ SELECT
     CASE WHEN st.decode_traced THEN ch.last_ns END AS e_ns,
     r.end_ns,
     r.prompt_tokens AS input_tokens,
+    r.cached_tokens,
     coalesce(r.completion_tokens, CASE WHEN st.decode_traced THEN ch.tokens END) AS output_tokens,
     coalesce(r.completion_tokens, CASE WHEN st.decode_traced THEN ch.tokens END) AS generated_tokens,
     coalesce(ch.tokens, CAST(0 AS BIGINT)) AS visible_chunks,

@@ -243,7 +243,8 @@ server AS (
            x.attr_str['error.type'] AS error_type,
            coalesce(x.attr_str['gen_ai.response.id'], x.attr_str['gen_ai.request.id']) AS response_id,
            x.attr_str['tokentrace.client_request_id'] AS client_request_id,
-           x.dropped_events_count
+           x.dropped_events_count,
+           x.attr_int['gen_ai.usage.cache_read.input_tokens'] AS cached_tokens
     FROM genai_client_request_spans r
     JOIN spans x ON x.trace_id = r.trace_id AND x.span_id = r.server_span_id
 ),
@@ -253,7 +254,7 @@ facts AS (
         sv.start_ns AS sv_start_ns, sv.end_ns AS sv_end_ns, sv.clock_domain AS sv_clock_domain,
         sv.status_code AS sv_status_code, sv.name AS sv_name, sv.scope_name AS sv_scope,
         sv.response_id AS sv_response_id, sv.client_request_id AS sv_client_request_id,
-        sv.finish_reason AS sv_finish_reason, sv.error_type AS sv_error_type,
+        sv.finish_reason AS sv_finish_reason, sv.error_type AS sv_error_type, sv.cached_tokens AS sv_cached_tokens,
         CASE WHEN sv.dropped_events_count = 0 THEN sf.first_ns END AS sv_first_chunk_ns,
         b.basis, b.received_chunks, b.written_chunks,
         coalesce(r.input_tokens_new, r.input_tokens_old, sv.input_tokens) AS input_tokens,
@@ -297,6 +298,7 @@ SELECT
     r.e_ns,
     r.end_ns,
     r.input_tokens,
+    r.sv_cached_tokens AS cached_tokens,
     r.output_tokens,
     CAST(NULL AS BIGINT) AS generated_tokens,
     coalesce(r.chunks, CAST(0 AS BIGINT)) AS visible_chunks,

@@ -29,6 +29,7 @@ SELECT
     e_ns,
     end_ns,
     input_tokens,
+    cached_tokens,  -- prompt tokens served from a prefix cache; NULL: the source reports none
     output_tokens,
     generated_tokens,
     visible_chunks,
