@@ -33,6 +33,7 @@ Exit status 0 when every check passes, 1 otherwise, 2 without CUDA (and no --cpu
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
@@ -162,12 +163,13 @@ def tracing_cost_gpu(model: Any, batches: list[int], tokens: int, rounds: int, p
                              generator=generator).tolist() for i in range(8)]
     load_start = tracing_cost.load_average()
     result = tracing_cost.section_engine(_handle(model), batches, tokens, rounds, max_batch_tokens=4096,
-                                         prompts=prompts, capture=True)
+                                         prompts=prompts, capture=True, unfreeze=False)
     spans = result.pop("captured_spans", [])
     print(f"tracing cost on {torch.cuda.get_device_name()}, {tokens} tokens/sequence, {rounds} rounds/side (ABBA)")
     print(tracing_cost.engine_table(result))
     if spans:
         print(tracing_cost.encode_table(tracing_cost.section_encode(spans)))
+    gc.unfreeze()
     print(f"load average: start {load_start}, end {tracing_cost.load_average()}")
     return [] if result["batches"] else ["tracing cost: no batch measured"]
 
@@ -179,11 +181,12 @@ def tracing_cost_cpu_fallback() -> int:
     from instrument.model_handle import load_model_handle
 
     print("gpu_instrument_check: no CUDA; --cpu-fallback: tracing cost on the tiny model on the CPU")
-    result = tracing_cost.section_engine(load_model_handle("tiny"), [8, 16], 8, 1, capture=True)
+    result = tracing_cost.section_engine(load_model_handle("tiny"), [8, 16], 8, 1, capture=True, unfreeze=False)
     spans = result.pop("captured_spans", [])
     print(tracing_cost.engine_table(result))
     if spans:
         print(tracing_cost.encode_table(tracing_cost.section_encode(spans)))
+    gc.unfreeze()
     return 0 if result["batches"] else 1
 
 
