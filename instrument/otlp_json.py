@@ -12,6 +12,11 @@ prints it: default values omitted). Going through the protobuf message and
 holds the GIL between the engine's steps; the direct build costs ~10 µs
 (tests/test_otlp_json_encoder.py checks both give the same object for every span shape the
 instrument writes; :func:`spans_to_otlp_json_via_protobuf` is the reference).
+
+The exporter writes an export batch as several lines (:func:`encode_lines`): slices of at
+most 64 spans or 256 span events, each one ``json.dumps`` call of well under a millisecond.
+One call for a whole 512-span batch held the GIL for 5-10 ms at a time, stalling the engine
+thread mid-step (docs/gateway.md, "Tracing cost").
 """
 
 from __future__ import annotations
@@ -188,24 +193,29 @@ def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
     call, not once per span: the SDK's ``Resource.__hash__`` JSON-dumps the attributes
     (~3 µs a span)."""
     groups: list[tuple[Any, dict[int, tuple[Any, list[dict[str, Any]]]]]] = []
-    resource_slot: dict[int, int] = {}  # id(resource object) -> index in groups
+    # id(object) -> (the object, kept alive so that its id is not reused in this call, its group)
+    resource_slot: dict[int, tuple[Any, int]] = {}
     resource_by_value: dict[Any, int] = {}  # hashed once per distinct object
-    scope_key: dict[int, int] = {}  # id(scope object) -> id of the first equal scope seen
+    scope_key: dict[int, tuple[Any, int]] = {}  # -> id of the first equal scope seen
     scope_by_value: dict[Any, int] = {}
     for span in spans:
         resource = span.resource
-        slot = resource_slot.get(id(resource))
-        if slot is None:
+        found = resource_slot.get(id(resource))
+        if found is None:
             slot = resource_by_value.get(resource)
             if slot is None:
                 slot = resource_by_value[resource] = len(groups)
                 groups.append((resource, {}))
-            resource_slot[id(resource)] = slot
+            resource_slot[id(resource)] = (resource, slot)
+        else:
+            slot = found[1]
         scope = span.instrumentation_scope or None
-        key = scope_key.get(id(scope))
-        if key is None:
+        found = scope_key.get(id(scope))
+        if found is None:
             key = scope_by_value.setdefault(scope, id(scope))
-            scope_key[id(scope)] = key
+            scope_key[id(scope)] = (scope, key)
+        else:
+            key = found[1]
         scopes = groups[slot][1]
         entry_of_scope = scopes.get(key)
         if entry_of_scope is None:
