@@ -1,4 +1,4 @@
-"""What tracing costs per generated token: the continuous engine traced vs untraced (issue #27).
+"""Tracing cost per generated token, continuous engine traced vs untraced (issue #27).
 
 Two sections, one run:
 
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="example: python benchmarks/tracing_cost.py --quick --json cost.json")
     parser.add_argument("--model", default="tiny", help="tiny, smollm2 or a local model folder (default tiny)")
-    parser.add_argument("--sections", default="engine,encode", help="engine,encode (encode needs engine)")
+    parser.add_argument("--sections", default="engine,encode", help="engine,encode (default both; engine always runs: encode reads its spans)")
     parser.add_argument("--batches", default="8,32,64,128", type=lambda s: [int(x) for x in s.split(",") if x],
                         help="sequences per round (default 8,32,64,128)")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per sequence (default 64)")
