@@ -1,4 +1,4 @@
-"""Tracing cost per generated token: the continuous engine, traced vs untraced (#27).
+"""Tracing cost per generated token, continuous engine traced vs untraced (#27).
 
 Two sections, one run:
 
