@@ -237,9 +237,9 @@ def spans_to_otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
     return {"resourceSpans": resource_spans} if resource_spans else {}
 
 
-# Bounds of one json.dumps call (benchmarks/tracing_cost.py, "encode"): ~10 µs a decode span and
-# ~1.5 µs a chunk event on this project's 2-core box, so a slice of 64 spans or 256 events
-# stays well under a millisecond of GIL-holding C code (a whole 512-span batch took 5.6-8 ms).
+# Bounds of one json.dumps call (benchmarks/tracing_cost.py, "encode"): on this project's
+# loaded 2-core box the largest 64-span slice of a 512-span batch the engine wrote took
+# 0.6-0.9 ms of GIL-holding C code, the whole batch in one call 5-10 ms.
 DEFAULT_SLICE_SPANS = 64
 DEFAULT_SLICE_EVENTS = 256
 _EVENTS_MARK = f"tokentrace-events-{uuid.uuid4().hex}"
