@@ -12,8 +12,10 @@ curve     Both engines as real servers (subprocesses, spans to OTLP-JSON files),
           concurrency 8 at least 3x lower.
 tracing   The continuous engine in this process with its tracing on and off
           (``ContinuousEngine.tracing``), rounds interleaved: each round submits --batch
-          sequences at once and waits for all, then flushes the span processor (OTLP-JSON file
-          exporter), so the export thread's encoding is inside the round. Time per engine step
+          sequences at once (each with a ``gateway`` span as its parent, as the gateway passes
+          it) and waits for all, then flushes the span processor (OTLP-JSON file exporter), so
+          the export thread's encoding is inside the round. Per generated token, engine
+          thread vs process CPU and GIL pressure: benchmarks/tracing_cost.py. Time per engine step
           = round wall time / steps. Goal: tracing adds <= 2 % to engine step time.
 startup   Where a manager's start-up time goes: transformers' defaults (the cache sized to a share
           of the machine's free memory) against tokentrace's sizing (the KV budget): the
@@ -191,11 +193,12 @@ def section_curve(args: argparse.Namespace) -> dict[str, Any]:
 # --- tracing cost ----------------------------------------------------------------------------
 def section_tracing(args: argparse.Namespace, handle: Any) -> dict[str, Any]:
     from opentelemetry import trace
+    from opentelemetry.trace import SpanKind
 
     from instrument.engines.base import EngineRequest
     from instrument.engines.continuous import ContinuousEngine
     from instrument.sampling import SamplingParams
-    from instrument.tracing import setup_tracing
+    from instrument.tracing import get_tracer, setup_tracing
 
     spans = Path(tempfile.mkdtemp(prefix="tt-trace-cost-")) / "spans.jsonl"
     provider = setup_tracing("engine-throughput", exporter="otlp_json", json_path=str(spans))
@@ -203,6 +206,7 @@ def section_tracing(args: argparse.Namespace, handle: Any) -> dict[str, Any]:
     # default, the export thread's encoding can hold the GIL for 5 ms between two steps
     sys.setswitchinterval(args.switch_interval_s)
     engine = ContinuousEngine(handle, provider)
+    tracer = get_tracer(provider)
     prompts = [handle.tokenize([{"role": "user", "content": p}], None) for p in PROMPTS]
 
     def one_round() -> tuple[float, int]:
@@ -217,9 +221,14 @@ def section_tracing(args: argparse.Namespace, handle: Any) -> dict[str, Any]:
         steps0 = engine._step
         started = time.perf_counter()
         for i in range(args.batch):
+            # A valid parent, as the gateway passes it (instrument/gateway/app.py): its recording
+            # ``gateway`` span. An invalid parent sends decode spans down the span writer's
+            # eager path (~12x the lazy one), which production never takes.
+            gateway = tracer.start_span("gateway", kind=SpanKind.SERVER)
             engine.submit(EngineRequest(f"r{time.perf_counter_ns()}-{i}", prompts[i % len(prompts)],
                                         SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True),
-                                        trace.set_span_in_context(trace.INVALID_SPAN), lambda t, lp: None, finished))
+                                        trace.set_span_in_context(gateway), lambda t, lp: None,
+                                        lambda result, span=gateway: (span.end(), finished(result))))
         if not done.wait(600):
             raise RuntimeError("a tracing round did not finish")
         provider.force_flush()

@@ -46,6 +46,8 @@ def _handle(model: Any) -> Any:
 
 
 def _round(engine: Any, prompts: list[list[int]], tokens: int, flush: Any) -> tuple[float, int]:
+    from opentelemetry.trace import SpanKind
+
     from instrument.engines.base import EngineRequest
     from instrument.sampling import SamplingParams
 
@@ -60,9 +62,13 @@ def _round(engine: Any, prompts: list[list[int]], tokens: int, flush: Any) -> tu
     steps0 = engine._step
     started = time.perf_counter()
     for i, ids in enumerate(prompts):
+        # a valid parent, as the gateway passes it: its recording ``gateway`` span (an invalid
+        # parent would send decode spans down the span writer's slow eager path)
+        gateway = engine.tracer.start_span("gateway", kind=SpanKind.SERVER)
         engine.submit(EngineRequest(f"gpu-{time.perf_counter_ns()}-{i}", ids,
                                     SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True),
-                                    trace.set_span_in_context(trace.INVALID_SPAN), lambda t, lp: None, finished))
+                                    trace.set_span_in_context(gateway), lambda t, lp: None,
+                                    lambda result, span=gateway: (span.end(), finished(result))))
     if not done.wait(300):
         raise RuntimeError("a round of the continuous engine did not finish in 300 s")
     flush()

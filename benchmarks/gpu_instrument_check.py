@@ -16,13 +16,24 @@ event time per engine step, the batching contract, and its tracing cost on GPU
 (``--no-continuous`` skips it). The whole script is sized to finish in under 8 minutes on one
 H100/H200 (defaults; about 3 minutes of it is the model build and warm-up).
 
+Then what tracing costs per generated token on the GPU (benchmarks/tracing_cost.py, issue #27
+item 6): the continuous engine at batch 64 and 128 (``--tc-batches``), ABBA rounds traced vs
+untraced, each sequence under a recording ``gateway`` span, OTLP-JSON lines behind the SDK's
+batch processor: (a) engine-thread CPU, (b) process CPU, (c) exporter-process CPU, (d) probe
+thread p99 wake-up delay, with the issue's goals (reported; not a pass/fail check, since the
+goals are for the finished pipeline). ``--no-tracing-cost`` skips it; ``--tracing-cost-only``
+runs only it.
+
 Run on a CUDA machine:  python benchmarks/gpu_instrument_check.py [--tokens 128] [--reps 9]
-Exit status 0 when every check passes, 1 otherwise, 2 without CUDA.
+Without CUDA, ``--cpu-fallback`` runs the tracing-cost part on the tiny model on the CPU
+(batch 8 and 16, a few tokens: the wiring, not GPU figures).
+Exit status 0 when every check passes, 1 otherwise, 2 without CUDA (and no --cpu-fallback).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
@@ -142,6 +153,43 @@ def check_spans(model: Any, input_ids: Any, tokens: int) -> list[str]:
     return failures
 
 
+def tracing_cost_gpu(model: Any, batches: list[int], tokens: int, rounds: int, prompt_tokens: int) -> list[str]:
+    """Issue #27 item 6: (a)-(d) per generated token on the GPU (benchmarks/tracing_cost.py)."""
+    import tracing_cost
+    from gpu_continuous_check import _handle
+
+    generator = torch.Generator(device="cpu").manual_seed(2)
+    prompts = [torch.randint(3, int(model.config.vocab_size), (max(8, prompt_tokens // (1 + i % 4)),),
+                             generator=generator).tolist() for i in range(8)]
+    load_start = tracing_cost.load_average()
+    result = tracing_cost.section_engine(_handle(model), batches, tokens, rounds, max_batch_tokens=4096,
+                                         prompts=prompts, capture=True, unfreeze=False)
+    spans = result.pop("captured_spans", [])
+    print(f"tracing cost on {torch.cuda.get_device_name()}, {tokens} tokens/sequence, {rounds} rounds/side (ABBA)")
+    print(tracing_cost.engine_table(result))
+    if spans:
+        print(tracing_cost.encode_table(tracing_cost.section_encode(spans)))
+    gc.unfreeze()
+    print(f"load average: start {load_start}, end {tracing_cost.load_average()}")
+    return [] if result["batches"] else ["tracing cost: no batch measured"]
+
+
+def tracing_cost_cpu_fallback() -> int:
+    """The tracing-cost part on the tiny model on the CPU (wiring check without CUDA)."""
+    import tracing_cost
+
+    from instrument.model_handle import load_model_handle
+
+    print("gpu_instrument_check: no CUDA; --cpu-fallback: tracing cost on the tiny model on the CPU")
+    result = tracing_cost.section_engine(load_model_handle("tiny"), [8, 16], 8, 1, capture=True, unfreeze=False)
+    spans = result.pop("captured_spans", [])
+    print(tracing_cost.engine_table(result))
+    if spans:
+        print(tracing_cost.encode_table(tracing_cost.section_encode(spans)))
+    gc.unfreeze()
+    return 0 if result["batches"] else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", type=int, default=128)
@@ -151,9 +199,21 @@ def main() -> int:
                         help="also check the continuous engine (default on)")
     parser.add_argument("--cb-sequences", type=int, default=16, help="continuous: sequences per round")
     parser.add_argument("--cb-rounds", type=int, default=6, help="continuous: rounds per tracing mode")
+    parser.add_argument("--tracing-cost", action=argparse.BooleanOptionalAction, default=True,
+                        help="also measure tracing cost per token (benchmarks/tracing_cost.py; default on)")
+    parser.add_argument("--tracing-cost-only", action="store_true", help="run only the tracing-cost part")
+    parser.add_argument("--tc-batches", default="64,128", type=lambda s: [int(x) for x in s.split(",") if x],
+                        help="tracing cost: sequences per round (default 64,128)")
+    parser.add_argument("--tc-tokens", type=int, default=64, help="tracing cost: tokens per sequence (default 64)")
+    parser.add_argument("--tc-rounds", type=int, default=4, help="tracing cost: ABBA rounds per side (default 4)")
+    parser.add_argument("--cpu-fallback", action="store_true",
+                        help="without CUDA: run the tracing-cost part on the tiny model on the CPU")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        print("gpu_instrument_check: CUDA is not available; run this on a GPU machine", file=sys.stderr)
+        if args.cpu_fallback:
+            return tracing_cost_cpu_fallback()
+        print("gpu_instrument_check: CUDA is not available; run this on a GPU machine "
+              "(or --cpu-fallback)", file=sys.stderr)
         return 2
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
     model = build_llama_1b()
@@ -161,17 +221,21 @@ def main() -> int:
     print(f"model: {params / 1e9:.2f} B parameters, bf16")
     generator = torch.Generator(device="cpu").manual_seed(0)
     input_ids = torch.randint(3, 32000, (1, args.prompt_tokens), generator=generator).to("cuda")
-    with torch.inference_mode():
-        failures = check_spans(model, input_ids, args.tokens)
-        for device_time in (True, False):
-            r = overhead(model, input_ids, args.tokens, args.reps, device_time)
-            print(f"device_time={device_time}: plain {r['plain_ms']:.1f} ms, traced {r['traced_ms']:.1f} ms, "
-                  f"added {r['added_us_per_step']:+.2f} µs/decode step, ratio {r['ratio']:.4f}")
-    if args.continuous:
-        from gpu_continuous_check import check_continuous
+    failures: list[str] = []
+    if not args.tracing_cost_only:
+        with torch.inference_mode():
+            failures += check_spans(model, input_ids, args.tokens)
+            for device_time in (True, False):
+                r = overhead(model, input_ids, args.tokens, args.reps, device_time)
+                print(f"device_time={device_time}: plain {r['plain_ms']:.1f} ms, traced {r['traced_ms']:.1f} ms, "
+                      f"added {r['added_us_per_step']:+.2f} µs/decode step, ratio {r['ratio']:.4f}")
+        if args.continuous:
+            from gpu_continuous_check import check_continuous
 
-        failures += check_continuous(model, tokens=args.tokens, sequences=args.cb_sequences,
-                                     prompt_tokens=args.prompt_tokens, rounds=args.cb_rounds)
+            failures += check_continuous(model, tokens=args.tokens, sequences=args.cb_sequences,
+                                         prompt_tokens=args.prompt_tokens, rounds=args.cb_rounds)
+    if args.tracing_cost or args.tracing_cost_only:
+        failures += tracing_cost_gpu(model, args.tc_batches, args.tc_tokens, args.tc_rounds, args.prompt_tokens)
     for failure in failures:
         print("FAIL:", failure)
     print("all checks passed" if not failures else f"{len(failures)} checks failed")

@@ -46,6 +46,7 @@ from opentelemetry.sdk.trace.export import (
 )
 
 __all__ = [
+    "HashOnceResource",
     "SCOPE_NAME",
     "CONTRACT_VERSION",
     "DEFAULT_SERVICE_NAME",
@@ -128,6 +129,24 @@ def _otlp_exporter(protocol: str, endpoint: str | None) -> SpanExporter:
     return HttpExporter(endpoint=endpoint)
 
 
+class HashOnceResource(Resource):
+    """A ``Resource`` that computes its hash once. The SDK's ``Resource.__hash__`` JSON-dumps
+    the attributes on every call (~3 µs), and the SDK's OTLP encoder groups every exported span
+    by its resource, hashing it once per span; a resource is immutable (its attributes are
+    an immutable ``BoundedAttributes``), so one hash serves its life. Equality, ``merge`` and
+    everything else are the SDK's (public API only: no SDK internals read)."""
+
+    def __init__(self, attributes: Mapping[str, object], schema_url: str | None = None) -> None:
+        super().__init__(attributes, schema_url)  # type: ignore[arg-type]
+        self._hash_once = Resource.__hash__(self)
+
+    def __hash__(self) -> int:
+        return self._hash_once
+
+    def __eq__(self, other: object) -> bool:
+        return Resource.__eq__(self, other)
+
+
 def _resource(
     service_name: str | None, instance_id: str | None, extra: Mapping[str, object] | None
 ) -> Resource:
@@ -145,7 +164,8 @@ def _resource(
         defaults["service.instance.id"] = str(uuid.uuid4())
     if "host.name" not in found:
         defaults["host.name"] = socket.gethostname()
-    return resource.merge(Resource(defaults)) if defaults else resource
+    merged = resource.merge(Resource(defaults)) if defaults else resource
+    return HashOnceResource(merged.attributes, merged.schema_url)
 
 
 def _event_limit(span_event_limit: int | None) -> int:

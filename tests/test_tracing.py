@@ -235,3 +235,34 @@ def test_global_provider_is_left_alone():
     before = trace.get_tracer_provider()
     setup_tracing(exporter="none")
     assert trace.get_tracer_provider() is before
+
+
+def test_the_providers_resource_hashes_once_and_groups_like_the_sdks():
+    """setup_tracing's resource keeps its hash (the SDK's OTLP encoder hashes the resource of
+    every span it groups): same hash and equality as a plain SDK Resource, both ways, so the
+    SDK's encoder still groups its spans with an equal plain resource's."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from instrument.tracing import HashOnceResource
+
+    provider = setup_tracing(exporter="none", batch=False, resource_attributes={"deployment.environment": "t"})
+    resource = provider.resource
+    assert isinstance(resource, HashOnceResource)
+    plain = Resource(dict(resource.attributes), resource.schema_url)
+    assert type(plain) is Resource
+    assert hash(resource) == hash(plain) == Resource.__hash__(resource)
+    assert resource == plain and plain == resource and resource != Resource({"service.name": "other"})
+    assert resource.merge(Resource({"x": 1})).attributes["x"] == 1
+    memory = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    other_memory = InMemorySpanExporter()
+    other = TracerProvider(resource=plain)
+    other.add_span_processor(SimpleSpanProcessor(other_memory))
+    get_tracer(provider).start_span("a").end()
+    get_tracer(other).start_span("b").end()
+    message = encode_spans(list(memory.get_finished_spans()) + list(other_memory.get_finished_spans()))
+    assert len(message.resource_spans) == 1
+    assert sorted(s.name for ss in message.resource_spans[0].scope_spans for s in ss.spans) == ["a", "b"]
