@@ -200,7 +200,7 @@ def test_headline_numbers_are_the_seed_request() -> None:
     assert '<div class="v">3,915 / 3,915 ms</div>' in glance
     assert "meeting TTFT ≤ 200 ms" in glance
     assert '<div class="v">0 of 1</div>' in glance  # errors
-    assert "no prefill span carries tokentrace.cached_tokens" in glance
+    assert "no counted request reports prefix-cache tokens" in glance
     assert "window 2026-01-01T00:00:00.000Z to" in glance
     run_summary = page[page.index(">Run summary<"):page.index(">Distributions<")]
     assert "2026-01-01T00:00:00.000Z" in run_summary and "1767225600000000000 ns since the epoch" in run_summary
@@ -208,7 +208,10 @@ def test_headline_numbers_are_the_seed_request() -> None:
 
 
 def test_cache_hits_of_the_continuous_capture() -> None:
-    row = run_query(_continuous_db(), "report/cache_hits").dicts()[0]
-    # five requests, each one's first prefill span records tokentrace.cached_tokens = 0 (no prefix reuse)
-    assert row == {"requests_recorded": 5, "cache_hit_requests": 0, "cached_prompt_tokens": 0,
-                   "cached_token_fraction": 0.0, "null_reason": None}
+    """The continuous capture (contract v1) records tokentrace.cached_tokens = 0 on each request's
+    first prefill span: window's prefix-cache columns read it (no reuse), and the card says so."""
+    window = run_query(_continuous_db(), "window").dicts()[0]
+    assert (window["prefix_cache_hit_requests"], window["prefix_cache_hit_share"], window["prefix_cache_note"]) == (0, 0.0, None)
+    glance = build_report(_continuous_db(), ReportInputs())
+    glance = glance[glance.index(">At a glance<"):glance.index(">Run summary<")]
+    assert '<div class="v">0 requests</div>' in glance and "0 % of prompt tokens from the cache" in glance

@@ -168,8 +168,7 @@ def build_report(con: duckdb.DuckDBPyConnection, inputs: ReportInputs) -> str:
     window = run_query(con, "window", inputs.window_params, views=False).dicts()[0]
     summary = _optional(con, "summary")
     summary_rows = summary.dicts() if summary is not None else []
-    cache = _optional(con, "report/cache_hits")
-    sections.append(headline_html(window, summary_rows, cache.dicts()[0] if cache is not None else None, _fmt))
+    sections.append(headline_html(window, summary_rows, _fmt))
     shown_window = {k: v for k, v in window.items()
                     if k not in ("window_start_utc", "window_end_utc", "token_counting_rule", "request_counting_rule")}
     sections.append(

@@ -2,8 +2,7 @@
 
 TTFT, TPOT and E2E p50 / p99 (queries/summary.sql, succeeded requests, from the best
 perspective present: client, else server, else engine), request and output-token
-throughput, goodput and errors (queries/window.sql) and prompt-cache hits
-(queries/report/cache_hits.sql). Every figure is a value those queries returned; this module
+throughput, goodput, errors and prefix-cache hits (queries/window.sql). Every figure is a value those queries returned; this module
 only chooses and formats them. NULL figures print an em dash with the query's reason.
 """
 
@@ -32,8 +31,7 @@ def _headline_perspective(summary: Sequence[Mapping[str, Any]]) -> str | None:
     return next((p for p in HEADLINE_PERSPECTIVES if p in present), None)
 
 
-def headline_html(window: Mapping[str, Any], summary: Sequence[Mapping[str, Any]], cache: Mapping[str, Any] | None,
-                  fmt: Callable[[Any], str]) -> str:
+def headline_html(window: Mapping[str, Any], summary: Sequence[Mapping[str, Any]], fmt: Callable[[Any], str]) -> str:
     """The "At a glance" section: a grid of cards, then one line saying what they count."""
     perspective = _headline_perspective(summary)
     cards = []
@@ -58,14 +56,13 @@ def headline_html(window: Mapping[str, Any], summary: Sequence[Mapping[str, Any]
     cards.append(_card("Errors", f"{errors:,} of {attempted:,}",
                        f"{window.get('failed') or 0:,} failed, {window.get('cancelled') or 0:,} cancelled; "
                        f"error rate {fmt(rate * 100) + ' %' if rate is not None else '—'}"))
-    if cache is None or cache.get("null_reason"):
-        why = (cache or {}).get("null_reason") or "queries/report/cache_hits.sql not installed"
+    share = window.get("prefix_cache_hit_share")
+    if share is None:
+        why = window.get("prefix_cache_note") or "no counted request reports prefix-cache tokens"
         cards.append(_card("Cache hits", "—", html.escape(str(why))))
     else:
-        fraction = cache.get("cached_token_fraction")
-        cards.append(_card("Cache hits", f"{cache['cache_hit_requests']:,} of {cache['requests_recorded']:,}",
-                           f"requests reusing a cached prompt prefix; "
-                           f"{fmt(fraction * 100) + ' %' if fraction is not None else '—'} of prompt tokens cached"))
+        cards.append(_card("Cache hits", f"{window.get('prefix_cache_hit_requests') or 0:,} requests",
+                           f"reused a cached prompt prefix; {fmt(share * 100)} % of prompt tokens from the cache"))
     start, end = window.get("window_start_ns"), window.get("window_end_ns")
     span = (f"window {utc_ms_text(start)} to {utc_ms_text(end)} ({fmt(window.get('window_s'))} s, UTC)"
             if start is not None and end is not None else "no window (no request)")
@@ -74,5 +71,5 @@ def headline_html(window: Mapping[str, Any], summary: Sequence[Mapping[str, Any]
         f'<div class="cards">{"".join(cards)}</div>'
         f'<p class="note">Latencies: succeeded requests (queries/summary.sql), p50 and p99 by linear '
         f"interpolation. Throughput, goodput and errors: queries/window.sql, mode {fmt(window.get('mode'))}, "
-        f"{span}. Cache hits: queries/report/cache_hits.sql. Definitions: docs/metrics.md.</p>"
+        f"{span}. Cache hits: window.sql's prefix_cache_* columns. Definitions: docs/metrics.md.</p>"
     )

@@ -134,7 +134,10 @@ phase AS (
            max(CASE WHEN name = 'prefill' THEN attr_int['tokentrace.kv.bytes'] END) AS prompt_kv_bytes,
            max(CASE WHEN name = 'prefill' THEN attr_str['tokentrace.kv.layout'] END) AS kv_layout,
            -- the continuous engine's prefix-cache hit (first prefill chunk only), tokens
-           max(CASE WHEN name = 'prefill' THEN attr_int['gen_ai.usage.cache_read.input_tokens'] END) AS cached_tokens
+           -- contract v2 writes the semconv name on the first prefill span; v1 wrote only
+           -- tokentrace.cached_tokens there (0 on later chunks)
+           max(CASE WHEN name = 'prefill' THEN coalesce(attr_int['gen_ai.usage.cache_read.input_tokens'],
+                                                          attr_int['tokentrace.cached_tokens']) END) AS cached_tokens
     FROM phase_spans
     GROUP BY trace_id, parent_span_id
 ),
