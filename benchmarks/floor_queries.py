@@ -83,7 +83,9 @@ facts AS (
                AS generated_tokens,
            coalesce(json_extract_string(p.attr_json['gen_ai.response.finish_reasons'], '$[0]'),
                     json_extract_string(sv.attr_json['gen_ai.response.finish_reasons'], '$[0]')) AS finish_reason,
-           coalesce(p.attr_bool['tokentrace.synthetic'], false) AS synthetic
+           coalesce(p.attr_bool['tokentrace.synthetic'], false) AS synthetic,
+           coalesce(p.attr_int['gen_ai.usage.cache_read.input_tokens'],
+                    sv.attr_int['gen_ai.usage.cache_read.input_tokens']) AS cached_tokens
     FROM persp r
     JOIN cand p ON p.trace_id = r.trace_id AND p.span_id = r.p_id
     LEFT JOIN cand sv ON sv.trace_id = r.trace_id AND sv.span_id = r.sv_id
@@ -193,21 +195,33 @@ vals AS (
     CROSS JOIN (VALUES (4), (5)) m (k)
     UNION ALL SELECT perspective, 6, decode_output_tokens_per_second FROM ok
     UNION ALL SELECT perspective, 7, whole_request_output_tokens_per_second FROM ok
+    UNION ALL SELECT perspective, 8, ttft_ms FROM ok WHERE cached_tokens > 0
+    UNION ALL SELECT perspective, 9, ttft_ms FROM ok WHERE cached_tokens = 0
 ),
 names (metric_order, metric, unit) AS (
     VALUES (1, 'ttft_ms', 'ms'), (2, 'tpot_ms', 'ms/token'), (3, 'e2e_ms', 'ms'), (4, 'itl_ms', 'ms per chunk gap'),
            (5, 'itl_per_token_ms', 'ms per token'), (6, 'decode_output_tokens_per_second', 'tokens/s'),
-           (7, 'whole_request_output_tokens_per_second', 'tokens/s')
+           (7, 'whole_request_output_tokens_per_second', 'tokens/s'), (8, 'ttft_ms_prefix_cache_hit', 'ms'),
+           (9, 'ttft_ms_prefix_cache_miss', 'ms'), (10, 'prefix_cache_hit_share', 'fraction of input tokens')
 ),
 d AS (
     SELECT metric_order, perspective, count(value) AS count, count(*) - count(value) AS null_count, avg(value) AS mean,
            stddev_pop(value) AS std_pop, min(value) AS min, quantile_cont(value, [0.5, 0.9, 0.95, 0.99]) AS q,
            max(value) AS max
     FROM vals GROUP BY metric_order, perspective
+    UNION ALL
+    SELECT 10, perspective, count(*) FILTER (WHERE cached_tokens IS NOT NULL AND input_tokens > 0),
+           count(*) FILTER (WHERE NOT (cached_tokens IS NOT NULL AND input_tokens > 0)),
+           sum(cached_tokens) FILTER (WHERE input_tokens > 0)
+               / sum(input_tokens) FILTER (WHERE cached_tokens IS NOT NULL AND input_tokens > 0),
+           NULL, NULL, NULL, NULL
+    FROM ok GROUP BY perspective
 )
 SELECT metric, perspective, unit, count, null_count, mean, std_pop, min, q[1] AS p50, q[2] AS p90, q[3] AS p95,
        q[4] AS p99, max, 'linear' AS interpolation,
-       CASE WHEN count = 0 THEN 'no known value of ' || metric END AS null_reason
+       CASE WHEN count = 0 AND metric_order = 10
+            THEN 'no request reports prefix-cache tokens (gen_ai.usage.cache_read.input_tokens)'
+            WHEN count = 0 THEN 'no known value of ' || metric END AS null_reason
 FROM d JOIN names USING (metric_order)
 ORDER BY metric_order, perspective
 """
