@@ -9,7 +9,7 @@ import click
 from analyzer.cli.group import cli
 import json
 
-from analyzer.cli.options import UserError, emit_rows, to_jsonable
+from analyzer.cli.options import UserError, to_jsonable
 
 KIND_CHOICES = ["auto", "vllm", "vllm-nightly", "aiperf", "llmperf", "claims", "tokentrace"]
 
@@ -62,9 +62,23 @@ def audit_command(report, kind, individual, db_path, model_config, output_format
     if output_format == "json":
         click.echo(json.dumps([to_jsonable(f.to_dict()) for f in findings], indent=2))
     else:
-        rows = [(f.check, f.verdict, f.detail) for f in findings]
-        emit_rows(["check", "verdict", "detail"], rows, "table")
+        _echo_findings(findings)
         counts = {v: sum(f.verdict == v for f in findings) for v in ("pass", "fail", "cannot_check")}
         click.echo(f"{counts['pass']} pass, {counts['fail']} fail, {counts['cannot_check']} cannot_check")
     if any(f.verdict == "fail" for f in findings):
         sys.exit(1)
+
+
+def _echo_findings(findings: list) -> None:
+    """One finding a block, fitted to the terminal (80 columns off a terminal): the verdict and
+    the check's name on a line, the detail wrapped beneath it, never cut (a verdict must
+    survive a look at its reasons; --format json has every number)."""
+    import textwrap
+
+    from analyzer.cli._human import terminal_width
+
+    width = terminal_width()
+    for f in findings:
+        click.echo(f"{f.verdict.upper():<13} {f.check}")
+        for line in textwrap.wrap(str(f.detail or ""), width - 4, break_long_words=True, break_on_hyphens=False):
+            click.echo(f"    {line}")

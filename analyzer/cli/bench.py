@@ -86,7 +86,7 @@ def bench_command(url, n_requests, concurrency, rate_per_s, api_key, model, prom
     from analyzer.cli.bench_progress import BenchProgress, describe_failure, is_failed
     from analyzer.cli.demo import print_query_results
     from analyzer.cli.options import emit_rows
-    from analyzer.verbs.demo import REQUEST_COLUMNS, summary_queries
+    from analyzer.verbs.demo import summary_queries
     from analyzer.formats.sdk_spans import rows_from_sdk_spans
     from analyzer.db.store import connect, insert_rows
     from instrument.client import SEED_PROMPT, chat_body, local_tracer_provider, run_load_sync
@@ -165,7 +165,7 @@ def bench_command(url, n_requests, concurrency, rate_per_s, api_key, model, prom
             click.echo(json.dumps(summary, indent=2))
         else:
             results_by_query = summary_queries(con, perspective="client", skew=False)
-            print_query_results(results_by_query, REQUEST_COLUMNS)
+            print_query_results(results_by_query)
             requests_result = results_by_query["requests"]
             keep = [requests_result.columns.index(c) for c in ("request", "response_id", "client_request_id")]
             click.echo("\nRequest ids (queries/requests.sql; X-Request-ID = client_request_id)")

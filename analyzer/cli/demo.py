@@ -11,25 +11,23 @@ from typing import Any, Iterator
 import click
 
 from analyzer.cli.group import cli
-from analyzer.cli.options import UserError, emit_rows
+from analyzer.cli.options import UserError
 
 __all__ = ["demo_command", "print_query_results"]
 
 
-def print_query_results(results: dict[str, Any], columns: tuple[str, ...] | None = None) -> None:
-    """Print requests (selected ``columns``), window and skew_offsets results as tables."""
+def print_query_results(results: dict[str, Any]) -> None:
+    """Print the requests, window and skew_offsets results in each query's human view (the one
+    ``tokentrace requests`` / ``window`` / ``skew`` print: fitted to the terminal, rounded,
+    UTC times, the id a user can find again)."""
+    from analyzer.cli._views import echo_human
+
     titles = {"requests": "Per-request metrics (queries/requests.sql)",
               "window": "Window summary (queries/window.sql, closed cohort)",
               "skew_offsets": "Clock skew check (queries/skew_offsets.sql: server clock - client clock)"}
     for name, result in results.items():
         click.echo(f"\n{titles.get(name, name)}")
-        cols, rows = result.columns, result.rows
-        if name == "requests" and columns:
-            keep = [cols.index(c) for c in columns if c in cols]
-            cols, rows = [cols[i] for i in keep], [tuple(r[i] for i in keep) for r in rows]
-        elif name == "window":  # one row: print it as name/value pairs
-            cols, rows = ["metric", "value"], [(c, v) for c, v in zip(result.columns, result.rows[0])] if rows else []
-        emit_rows(cols, rows, "table")
+        echo_human(name, result.columns, result.rows, columns_flag=False)
 
 
 @contextmanager
@@ -99,7 +97,7 @@ def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int
     import signal
 
     from analyzer.cli.command_name import tokentrace_command
-    from analyzer.verbs.demo import REQUEST_COLUMNS, DemoOptions, DemoStopped, run_demo
+    from analyzer.verbs.demo import DemoOptions, DemoStopped, run_demo
     from analyzer.formats.load import LoadError
 
     if tiny and model not in (None, "tiny"):
@@ -131,7 +129,7 @@ def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int
     seed = result.client_results[0] if result.client_results else None
     if seed is not None and seed.text:
         click.echo(f"seed request answer ({seed.output_tokens} tokens): {seed.text[:300]!r}")
-    print_query_results(result.queries, REQUEST_COLUMNS)
+    print_query_results(result.queries)
     db = result.db_path
     click.echo("\nFiles:")
     click.echo(f"  client spans  {result.client_spans_path}")

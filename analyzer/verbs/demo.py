@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["DEMO_PROMPTS", "DemoOptions", "DemoResult", "DemoStopped", "REQUEST_COLUMNS", "REQUEST_ID_CHARS", "StepLog", "model_step",
+__all__ = ["DEMO_PROMPTS", "DemoOptions", "DemoResult", "DemoStopped", "REQUEST_ID_CHARS", "StepLog", "model_step",
            "run_demo", "summary_queries", "with_short_request_id"]
 
 DEMO_PROMPTS = (
@@ -32,13 +32,10 @@ DEMO_PROMPTS = (
     "Is the Arashiyama bamboo grove accessible by wheelchair?",
 )
 
-# The per-request columns the demo and bench print (queries/requests.sql has more). `request`
-# is a short request id (the last REQUEST_ID_CHARS hex digits of request_span_id: the end of an
-# id is what differs when an id generator counts up): a request's client and server rows share
-# it, so they pair up by eye.
+# `request` (bench's "Request ids" table) is a short request id: the last REQUEST_ID_CHARS hex
+# digits of request_span_id (the end of an id is what differs when an id generator counts up);
+# a request's client and server rows share it, so they pair up by eye.
 REQUEST_ID_CHARS = 8
-REQUEST_COLUMNS = ("request", "perspective", "finish_reason", "input_tokens", "output_tokens", "ttft_ms", "tpot_ms", "e2e_ms",
-                   "decode_output_tokens_per_second", "stop_kv_bytes", "null_reason")
 
 
 @dataclass
