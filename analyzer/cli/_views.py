@@ -79,6 +79,8 @@ _METRIC_LABELS = {
     "ttft_ms": "TTFT ms", "tpot_ms": "TPOT ms", "e2e_ms": "E2E ms", "itl_ms": "ITL ms/gap",
     "itl_per_token_ms": "ITL ms/token", "decode_output_tokens_per_second": "decode tok/s",
     "whole_request_output_tokens_per_second": "request tok/s",
+    "ttft_ms_prefix_cache_hit": "TTFT ms cache hit", "ttft_ms_prefix_cache_miss": "TTFT ms no hit",
+    "prefix_cache_hit_share": "cached input frac",
 }
 
 _SUMMARY = View((

@@ -124,11 +124,16 @@ def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int
         click.echo(f"tokentrace demo: {stopped}{hint}", err=True)
         sys.exit(128 + signal.Signals[stopped.signal_name].value)
     ok = sum(1 for r in result.client_results if r.completed)
-    click.echo(f"tokentrace demo: {result.model_id} served at {result.url}; {len(result.client_results)} requests "
-               f"sent, {ok} completed; {result.spans_loaded} spans loaded")
+    import textwrap
+
+    from analyzer.cli._human import terminal_width
+
+    click.echo(f"tokentrace demo: {result.model_id} served at {result.url}")
+    click.echo(f"{len(result.client_results)} requests sent, {ok} completed; {result.spans_loaded} spans loaded")
     seed = result.client_results[0] if result.client_results else None
     if seed is not None and seed.text:
-        click.echo(f"seed request answer ({seed.output_tokens} tokens): {seed.text[:300]!r}")
+        click.echo(textwrap.fill(f"seed request answer ({seed.output_tokens} tokens): {seed.text[:300]!r}",
+                                 terminal_width(), subsequent_indent="  "))
     print_query_results(result.queries)
     db = result.db_path
     click.echo("\nFiles:")
