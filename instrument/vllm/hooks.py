@@ -112,10 +112,11 @@ class StepFacts:
 class StepTap:
     """Per-step capture for one engine-core process (one scheduler); see the module docstring."""
 
-    def __init__(self, consume: Any, pool_size: int = 4096) -> None:
+    def __init__(self, consume: Any, pool_size: int = 1024) -> None:
         self._consume = consume  # called with each filled StepFacts, on the engine thread: must only enqueue
         self._pool: queue.SimpleQueue[StepFacts] = queue.SimpleQueue()
-        self._pool_size = pool_size
+        self._pool_size = pool_size  # records allocated at most (grown on demand)
+        self._allocated = 0
         self._capacity = 0
         self._geometry: tuple[int, int, int] | None = None
         self._arrivals: list[tuple[str, float, Any, int]] = []
@@ -131,19 +132,22 @@ class StepTap:
             group = sched.kv_cache_config.kv_cache_groups[0]
             spec = group.kv_cache_spec
             self._geometry = (spec.block_size, spec.page_size_bytes * len(group.layer_names),
-                              sched.kv_cache_manager.block_pool.num_gpu_blocks)
+                              sched.kv_cache_manager.block_pool.num_gpu_blocks - 1)
         return self._geometry
 
     def _take(self, sched: Any) -> StepFacts | None:
-        if self._capacity == 0:
-            self._capacity = max(int(sched.max_num_running_reqs), 1)
-            for _ in range(self._pool_size):
-                self._pool.put(StepFacts(self._capacity))
+        """A free record; a new one while fewer than ``pool_size`` exist; else None (counted)."""
         try:
             return self._pool.get_nowait()
         except queue.Empty:
-            self.dropped_steps += 1
-            return None
+            pass
+        if self._allocated < self._pool_size:
+            if self._capacity == 0:
+                self._capacity = max(int(sched.max_num_running_reqs), 1)
+            self._allocated += 1
+            return StepFacts(self._capacity)
+        self.dropped_steps += 1
+        return None
 
     def recycle(self, facts: StepFacts) -> None:
         """Give a consumed record back to the pool (any thread)."""
@@ -155,10 +159,11 @@ class StepTap:
 
     # -- hooks (engine thread) ------------------------------------------------------------
     def after_schedule(self, sched: Any, out: Any, start_ns: int) -> None:
+        sched_end_ns = now_wall_ns()
         facts = self._take(sched)
         if facts is None:
             return
-        facts.step, facts.start_ns, facts.sched_end_ns = sched.current_step, start_ns, now_wall_ns()
+        facts.step, facts.start_ns, facts.sched_end_ns = sched.current_step, start_ns, sched_end_ns
         requests = sched.requests
         blocks_of = sched.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
         i = 0

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections import deque
 from typing import Any
 
 from opentelemetry import trace
@@ -76,6 +77,10 @@ class SpanBuilder:
         self.steps_per_engine_trace = steps_per_engine_trace
         self.on_idle = on_idle
         self.live: dict[str, _Request] = {}
+        # requests that ended recently: a step scheduled before the end was known (vLLM's async
+        # scheduling, an abort between schedule and output) still names them
+        self._ended: set[str] = set()
+        self._ended_order: deque[str] = deque()
         self._engine: Any = None
         self._engine_context: Context | None = None
         self._engine_first = self._engine_last = self._engine_steps = 0
@@ -123,9 +128,15 @@ class SpanBuilder:
             "tokentrace.batch.tokens": batch_tokens, "tokentrace.batch.prefill_tokens": prefill_tokens,
         }
         per_token = facts.bytes_per_block // facts.block_tokens if facts.block_tokens else 0
+        discarded_tokens = discarded_sequences = 0
         for i in range(n):
             rec = self.live.get(facts.req_ids[i])  # type: ignore[arg-type]
-            if rec is None:
+            if rec is None:  # ended before this step's output: computed, delivered to no one
+                discarded_tokens += facts.tokens[i]
+                discarded_sequences += 1
+                if facts.req_ids[i] not in self._ended:
+                    log.warning("tokentrace: engine step %d names request %s it never saw arrive",
+                                facts.step, facts.req_ids[i])
                 continue
             if not rec.queued:
                 rec.queued = True
@@ -156,12 +167,18 @@ class SpanBuilder:
             if facts.sampled[i]:
                 rec.generated += facts.sampled[i]
                 rec.emits.append((facts.end_ns, facts.sampled[i]))
+        step_attributes["tokentrace.batch.discarded_tokens"] = discarded_tokens
+        step_attributes["tokentrace.batch.discarded_sequences"] = discarded_sequences
         self._engine_step(facts, step_attributes, prefill_sequences=sum(1 for i in range(n) if facts.prefill[i]))
 
     def _finish(self, req_id: str, status: int, end_ns: int) -> None:
         rec = self.live.pop(req_id, None)
         if rec is None:
             return
+        self._ended.add(req_id)
+        self._ended_order.append(req_id)
+        if len(self._ended_order) > 65536:
+            self._ended.discard(self._ended_order.popleft())
         reason = _FINISH.get(status, "stop")
         last = len(rec.emits) - 1
         for index, (time_ns, tokens) in enumerate(rec.emits):
