@@ -71,3 +71,51 @@ def test_external_request_id() -> None:
 
     assert external_request_id("chatcmpl-tt-plugin-3-1a2b3c4d") == "chatcmpl-tt-plugin-3"
     assert external_request_id("chatcmpl-abc") == "chatcmpl-abc"
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    from analyzer.db.store import connect
+    from analyzer.formats.load import load_paths
+
+    con = connect()
+    load_paths(con, [str(RUN / "tokentrace.jsonl"), str(RUN / "vllm" / "otlp-traces.jsonl")])
+    yield con
+    con.close()
+
+
+def test_analyzer_merges_engine_and_server_perspectives(loaded) -> None:
+    from analyzer.query.runner import run_query
+
+    rows = run_query(loaded, "requests").dicts()
+    engine = {r["response_id"]: r for r in rows if r["perspective"] == "engine"}
+    server = {r["response_id"]: r for r in rows if r["perspective"] == "server"}
+    assert len(engine) == 10 and len(server) == 9  # vLLM writes no llm_request for the abort
+    assert engine["chatcmpl-tt-plugin-7"]["finish_reason"] == "cancelled"
+    assert engine["chatcmpl-tt-plugin-7"]["outcome"] == "cancelled"
+    for rid, s in server.items():
+        e = engine[rid]
+        # one request, two perspectives: same identity, same token counts
+        assert (e["trace_id"], e["request_span_id"]) == (s["trace_id"], s["request_span_id"])
+        assert (e["input_tokens"], e["output_tokens"]) == (s["input_tokens"], s["output_tokens"])
+        assert e["tpot_ms"] == pytest.approx(s["tpot_ms"], abs=2.0)  # two processes, one host clock
+    notes = {rid: e["request_id_note"] for rid, e in engine.items()}
+    assert "merged with llm_request by trace" in notes["chatcmpl-tt-plugin-0"]
+    assert "merged with llm_request by request id" in notes["chatcmpl-tt-plugin-repeat-1"]
+    assert "no llm_request" in notes["chatcmpl-tt-plugin-7"]
+
+
+def test_itl_steps_stalls_on_the_plugin_spans(loaded) -> None:
+    from analyzer.query.runner import run_query
+
+    itl = run_query(loaded, "itl", {"perspective": "engine"}).dicts()
+    assert len(itl) == 9 * 11  # 9 requests of 12 visible tokens; the aborted one has 1 token, no gap
+    steps = run_query(loaded, "steps").dicts()
+    assert len(steps) == 37 and sum(s["scheduled_tokens"] for s in steps) == sum(
+        s["prefill_tokens"] + s["decode_tokens"] for s in steps)
+    stalls = run_query(loaded, "stalls").dicts()
+    assert len(stalls) == 99 and all(g["null_reason"] is None and g["step"] is not None for g in stalls)
+    # every token gap maps to the engine step that produced it: gap = loop time + step time
+    for g in stalls:
+        if g["itl_ms"] is not None:
+            assert g["itl_ms"] == pytest.approx(g["between_steps_ms"] + g["step_ms"], abs=1e-6)
