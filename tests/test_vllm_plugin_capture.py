@@ -119,3 +119,10 @@ def test_itl_steps_stalls_on_the_plugin_spans(loaded) -> None:
     for g in stalls:
         if g["itl_ms"] is not None:
             assert g["itl_ms"] == pytest.approx(g["between_steps_ms"] + g["step_ms"], abs=1e-6)
+
+
+def test_request_sources_name_the_plugin_for_the_engine_rows(loaded) -> None:
+    rows = loaded.execute("SELECT perspective, signature, count(*) FROM request_sources "
+                          "WHERE source = 'vllm' GROUP BY ALL ORDER BY ALL").fetchall()
+    assert [(p, n) for p, _, n in rows] == [("engine", 10), ("server", 9)]
+    assert "engine_request" in rows[0][1] and "llm_request" in rows[1][1]
