@@ -125,6 +125,13 @@ class StepTap:
         self._finished: list[tuple[str, int, int]] = []
         self._in_update = False
         self.dropped_steps = 0
+        self.failed = False  # a hook raised: tracing stops, vLLM goes on (one log line)
+
+    def fail(self) -> None:
+        """A hook raised (vLLM state this module did not expect): log it once, stop tracing."""
+        if not self.failed:
+            self.failed = True
+            log.exception("tokentrace: the vLLM hooks failed; tracing stops, vLLM runs on untraced")
 
     # -- geometry -------------------------------------------------------------------------
     def geometry(self, sched: Any) -> tuple[int, int, int]:
@@ -260,8 +267,11 @@ def install(tap: StepTap) -> bool:
     def traced_schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
         start = now_wall_ns()
         out = schedule(self, *args, **kwargs)
-        if out.total_num_scheduled_tokens > 0:
-            tap.after_schedule(self, out, start)
+        if out.total_num_scheduled_tokens > 0 and not tap.failed:
+            try:
+                tap.after_schedule(self, out, start)
+            except Exception:
+                tap.fail()
         return out
 
     def traced_update(self: Any, scheduler_output: Any, model_runner_output: Any) -> Any:
@@ -270,24 +280,44 @@ def install(tap: StepTap) -> bool:
             result = update(self, scheduler_output, model_runner_output)
         finally:
             tap._in_update = False
-        tap.after_update(scheduler_output, model_runner_output)
+        if not tap.failed:
+            try:
+                tap.after_update(scheduler_output, model_runner_output)
+            except Exception:
+                tap.fail()
         return result
 
     def traced_preempt(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        tap.on_preempt(self, request)
+        if not tap.failed:
+            try:
+                tap.on_preempt(self, request)
+            except Exception:
+                tap.fail()
         return preempt(self, request, *args, **kwargs)
 
     def traced_free(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        tap.on_free(request)
+        if not tap.failed:
+            try:
+                tap.on_free(request)
+            except Exception:
+                tap.fail()
         return free(self, request, *args, **kwargs)
 
     def traced_add(self: Any, request: Any) -> Any:
-        tap.on_add(request)
+        if not tap.failed:
+            try:
+                tap.on_add(request)
+            except Exception:
+                tap.fail()
         return add(self, request)
 
     def traced_finish(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = finish(self, *args, **kwargs)
-        tap.flush_events(self)
+        if not tap.failed:
+            try:
+                tap.flush_events(self)
+            except Exception:
+                tap.fail()
         return result
 
     Scheduler.schedule = traced_schedule
