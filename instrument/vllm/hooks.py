@@ -183,10 +183,10 @@ class StepTap:
             facts.req_ids[i] = req_id
             facts.tokens[i] = scheduled
             facts.computed[i] = before
-            if before < req.num_prompt_tokens:
+            if req.num_preemptions and before < req.num_tokens - 1:
+                facts.prefill[i] = 2  # recomputing what a preemption freed (prefix-cache hits skipped)
+            elif before < req.num_prompt_tokens:
                 facts.prefill[i] = 1
-            elif req.num_preemptions and before < req.num_tokens - 1:
-                facts.prefill[i] = 2
             else:
                 facts.prefill[i] = 0
             held = blocks_of.get(req_id)
@@ -198,6 +198,10 @@ class StepTap:
         for new in out.scheduled_new_reqs:
             facts.first.append((new.req_id, new.num_computed_tokens))
             hits += new.num_computed_tokens
+        resumed = out.scheduled_cached_reqs.resumed_req_ids  # back after a preemption
+        for req_id in resumed:
+            if req_id in out.num_scheduled_tokens:
+                hits += requests[req_id].num_computed_tokens - out.num_scheduled_tokens[req_id]
         facts.prefix_hit_tokens = hits
         facts.waiting = len(sched.waiting)
         pool = sched.kv_cache_manager.block_pool

@@ -159,8 +159,11 @@ class SpanBuilder:
                 rec.chunks += 1
                 name = "prefill"
             else:
+                # decode step k feeds token k (k = tokens generated so far) and emits token k + 1;
+                # after a recomputed prefill (which emitted a token) k skips that token's step
                 rec.decodes += 1
-                attributes.update({"tokentrace.step": rec.decodes, "tokentrace.context_tokens": facts.computed[i] + tokens})
+                attributes.update({"tokentrace.step": rec.generated,
+                                   "tokentrace.context_tokens": facts.computed[i] + tokens})
                 name = "decode"
             self.tracer.start_span(name, context=rec.context, kind=SpanKind.INTERNAL, start_time=facts.start_ns,
                                    attributes=attributes).end(end_time=facts.end_ns)
