@@ -258,14 +258,19 @@ class VllmRun:
         raise RuntimeError(f"vLLM not ready after {timeout_s:.0f} s")
 
     def stop(self) -> None:
-        """SIGTERM each process group (vLLM first, so its spans reach the collector), then wait."""
+        """SIGTERM vLLM's server process (it stops its engine core), then SIGINT the collector;
+        what is left of a process group after 60 s is killed."""
         for proc in reversed(self.procs):
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGINT if proc is self.procs[0] else signal.SIGTERM)
+                proc.send_signal(signal.SIGINT if proc is self.procs[0] else signal.SIGTERM)
                 try:
                     proc.wait(60)
                 except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(10)
+                    pass
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # leftovers of the group, if any
+            except ProcessLookupError:
+                pass
+            proc.wait(10)
         if hasattr(self, "log"):
             self.log.close()

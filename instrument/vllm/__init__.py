@@ -7,6 +7,10 @@ methods (only the engine-core process ever builds a scheduler, so only there doe
 run) and starts the span pipeline on the first scheduler step. On any other version it logs
 one line and vLLM runs untraced. Calling it twice is harmless.
 
+``TOKENTRACE_VLLM_STATS=FILE``: whenever the engine goes idle, the plugin rewrites FILE with
+its own cost so far (JSON: ``steps``, ``tokens``, ``hook_cpu_ns`` on the engine thread,
+``span_cpu_ns`` on its span thread; benchmarks/vllm_tracing_cost.py reads it).
+
 Spans leave through the standard ``OTEL_*`` variables (instrument/tracing.py) and, when
 ``TOKENTRACE_OTLP_JSON`` names a file, the OTLP/JSON lines exporter (alone, unless
 ``OTEL_TRACES_EXPORTER`` names others too). docs/spans.md "vLLM" has the span contract.
@@ -20,10 +24,11 @@ import os
 import threading
 from typing import Any
 
-__all__ = ["ENV_ENABLE", "ENV_JSON", "register"]
+__all__ = ["ENV_ENABLE", "ENV_JSON", "ENV_STATS", "register"]
 
 ENV_ENABLE = "TOKENTRACE_VLLM_TRACING"
 ENV_JSON = "TOKENTRACE_OTLP_JSON"
+ENV_STATS = "TOKENTRACE_VLLM_STATS"
 log = logging.getLogger("tokentrace.vllm")
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
@@ -67,7 +72,14 @@ def _start_pipeline(facts: Any) -> None:
 
     tap = _state["tap"]
     provider = setup_tracing(exporter=_exporters(), json_path=os.environ.get(ENV_JSON))
-    builder = SpanBuilder(get_tracer(provider), request_id_of=external_request_id, on_idle=provider.force_flush)
+    stats_path = os.environ.get(ENV_STATS)
+
+    def on_idle() -> None:
+        provider.force_flush()
+        if stats_path:
+            _write_stats(stats_path, tap, builder, pipeline)
+
+    builder = SpanBuilder(get_tracer(provider), request_id_of=external_request_id, on_idle=on_idle)
     pipeline = BackgroundSpanPipeline(builder, tap.recycle)
     tap._consume = pipeline.put
     _state["pipeline"], _state["provider"] = pipeline, provider
@@ -81,3 +93,15 @@ def _start_pipeline(facts: Any) -> None:
     atexit.register(close)
     log.info("tokentrace: tracing vLLM scheduler steps (exporters: %s)", ", ".join(_exporters()))
     pipeline.put(facts)
+
+
+def _write_stats(path: str, tap: Any, builder: Any, pipeline: Any) -> None:
+    """The plugin's own cost so far, as JSON (replaced atomically)."""
+    import json
+
+    stats = {"steps": builder.steps, "tokens": builder.tokens, "hook_cpu_ns": tap.hook_cpu_ns,
+             "span_cpu_ns": pipeline.cpu_ns, "dropped_steps": tap.dropped_steps}
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as out:
+        json.dump(stats, out)
+    os.replace(tmp, path)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import time
 from array import array
 from typing import Any
 
@@ -126,6 +127,7 @@ class StepTap:
         self._in_update = False
         self.dropped_steps = 0
         self.failed = False  # a hook raised: tracing stops, vLLM goes on (one log line)
+        self.hook_cpu_ns = 0  # CPU time the engine thread spent in schedule/update hooks, ns
 
     def fail(self) -> None:
         """A hook raised (vLLM state this module did not expect): log it once, stop tracing."""
@@ -272,10 +274,12 @@ def install(tap: StepTap) -> bool:
         start = now_wall_ns()
         out = schedule(self, *args, **kwargs)
         if out.total_num_scheduled_tokens > 0 and not tap.failed:
+            cpu = time.thread_time_ns()
             try:
                 tap.after_schedule(self, out, start)
             except Exception:
                 tap.fail()
+            tap.hook_cpu_ns += time.thread_time_ns() - cpu
         return out
 
     def traced_update(self: Any, scheduler_output: Any, model_runner_output: Any) -> Any:
@@ -285,10 +289,12 @@ def install(tap: StepTap) -> bool:
         finally:
             tap._in_update = False
         if not tap.failed:
+            cpu = time.thread_time_ns()
             try:
                 tap.after_update(scheduler_output, model_runner_output)
             except Exception:
                 tap.fail()
+            tap.hook_cpu_ns += time.thread_time_ns() - cpu
         return result
 
     def traced_preempt(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from typing import Any
 
@@ -36,6 +37,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from instrument.span_writer import span_writer_for
 from instrument.vllm.hooks import FINISHED_ABORTED, FINISHED_ERROR, FINISHED_LENGTH, StepFacts
 
 __all__ = ["BackgroundSpanPipeline", "SpanBuilder"]
@@ -73,6 +75,7 @@ class SpanBuilder:
     def __init__(self, tracer: trace.Tracer, request_id_of: Any = str, steps_per_engine_trace: int = 1000,
                  on_idle: Any = None) -> None:
         self.tracer = tracer
+        self.writer = span_writer_for(tracer)  # finished spans handed to the processor directly (~5 µs)
         self.request_id_of = request_id_of  # internal id -> the id llm_request carries
         self.steps_per_engine_trace = steps_per_engine_trace
         self.on_idle = on_idle
@@ -85,6 +88,8 @@ class SpanBuilder:
         self._engine_context: Context | None = None
         self._engine_first = self._engine_last = self._engine_steps = 0
         self._engine_end_ns = 0
+        self.steps = 0  # scheduler steps consumed
+        self.tokens = 0  # generated tokens seen (sampled in a step, for a live request)
 
     # -- the seam ---------------------------------------------------------------------------
     def consume(self, facts: StepFacts) -> None:
@@ -96,6 +101,7 @@ class SpanBuilder:
             if rec is not None:
                 rec.cached = cached
         if facts.step >= 0 and facts.n:
+            self.steps += 1
             self._step(facts)
         for req_id, blocks, time_ns in facts.preempted:
             rec = self.live.get(req_id)
@@ -140,8 +146,7 @@ class SpanBuilder:
                 continue
             if not rec.queued:
                 rec.queued = True
-                self.tracer.start_span("queue", context=rec.context, kind=SpanKind.INTERNAL,
-                                       start_time=rec.arrival_ns).end(end_time=facts.start_ns)
+                self.writer.write("queue", rec.context, {}, rec.arrival_ns, facts.start_ns)
             tokens, blocks = facts.tokens[i], facts.blocks[i]
             rec.blocks, rec.block_bytes = blocks, blocks * facts.bytes_per_block
             attributes = dict(step_attributes)
@@ -165,9 +170,9 @@ class SpanBuilder:
                 attributes.update({"tokentrace.step": rec.generated,
                                    "tokentrace.context_tokens": facts.computed[i] + tokens})
                 name = "decode"
-            self.tracer.start_span(name, context=rec.context, kind=SpanKind.INTERNAL, start_time=facts.start_ns,
-                                   attributes=attributes).end(end_time=facts.end_ns)
+            self.writer.write(name, rec.context, attributes, facts.start_ns, facts.end_ns)
             if facts.sampled[i]:
+                self.tokens += facts.sampled[i]
                 rec.generated += facts.sampled[i]
                 rec.emits.append((facts.end_ns, facts.sampled[i]))
         step_attributes["tokentrace.batch.discarded_tokens"] = discarded_tokens
@@ -196,8 +201,7 @@ class SpanBuilder:
             "tokentrace.kv.physical_bytes": rec.block_bytes, "tokentrace.preemptions": rec.preemptions,
         })
         if not rec.queued:  # ended before it was ever scheduled: all of it was queue time
-            self.tracer.start_span("queue", context=rec.context, kind=SpanKind.INTERNAL,
-                                   start_time=rec.arrival_ns).end(end_time=max(end_ns, rec.arrival_ns))
+            self.writer.write("queue", rec.context, {}, rec.arrival_ns, max(end_ns, rec.arrival_ns))
         rec.span.end(end_time=max(end_ns, rec.arrival_ns))
 
     # -- engine steps -------------------------------------------------------------------------
@@ -216,8 +220,7 @@ class SpanBuilder:
             "tokentrace.engine.schedule_ns": facts.sched_end_ns - facts.start_ns,
             "tokentrace.prefix_cache.hit_tokens": facts.prefix_hit_tokens,
         })
-        self.tracer.start_span("engine_step", context=self._engine_context, kind=SpanKind.INTERNAL,
-                               start_time=facts.start_ns, attributes=attributes).end(end_time=facts.end_ns)
+        self.writer.write("engine_step", self._engine_context, attributes, facts.start_ns, facts.end_ns)
         self._engine_last, self._engine_end_ns = facts.step, facts.end_ns
         self._engine_steps += 1
         if self._engine_steps >= self.steps_per_engine_trace:
@@ -241,6 +244,7 @@ class BackgroundSpanPipeline:
         self.recycle = recycle
         self.queue: queue.SimpleQueue[StepFacts | None] = queue.SimpleQueue()
         self.put = self.queue.put  # what the engine thread calls
+        self.cpu_ns = 0  # CPU time this thread spent building spans, ns
         self.thread = threading.Thread(target=self._run, name="tokentrace-vllm-spans", daemon=True)
         self.thread.start()
 
@@ -249,12 +253,14 @@ class BackgroundSpanPipeline:
             facts = self.queue.get()
             if facts is None:
                 return
+            cpu = time.thread_time_ns()
             try:
                 self.builder.consume(facts)
             except Exception:  # a bug here must not take vLLM down; it is logged, with its step
                 log.exception("tokentrace: spans of engine step %s not written", facts.step)
             finally:
                 self.recycle(facts)
+                self.cpu_ns += time.thread_time_ns() - cpu
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Drain the queue, end open spans' engine trace, stop the thread (timeout in seconds)."""
