@@ -145,3 +145,40 @@ def test_request_sources_name_the_plugin_for_the_engine_rows(loaded) -> None:
                           "WHERE source = 'vllm' GROUP BY ALL ORDER BY ALL").fetchall()
     assert [(p, n) for p, _, n in rows] == [("engine", 10), ("server", 9)]
     assert "engine_request" in rows[0][1] and "llm_request" in rows[1][1]
+
+
+def test_builder_on_records_vllm_did_not_make_in_the_saved_runs() -> None:
+    """An abort before the request was ever scheduled, and a step that names a request which
+    had already ended: fed to the span builder as the hooks would send them."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from instrument.tracing import get_tracer
+    from instrument.vllm.hooks import FINISHED_ABORTED, StepFacts
+    from instrument.vllm.spans import SpanBuilder
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    builder = SpanBuilder(get_tracer(provider), request_id_of=lambda rid: rid.rsplit("-", 1)[0])
+    t0 = 1_800_000_000 * 10**9
+    events = StepFacts(4)
+    events.step, events.end_ns = -1, t0 + 5_000_000
+    events.arrivals.append(("chatcmpl-a-1234abcd", t0 / 1e9, None, 20))
+    events.finished.append(("chatcmpl-a-1234abcd", FINISHED_ABORTED, t0 + 5_000_000))
+    builder.consume(events)
+    step = StepFacts(4)
+    step.step, step.n, step.start_ns, step.end_ns = 7, 1, t0 + 6_000_000, t0 + 9_000_000
+    step.block_tokens, step.bytes_per_block = 16, 16 * 100
+    step.req_ids[0], step.tokens[0], step.prefill[0], step.sampled[0] = "chatcmpl-a-1234abcd", 20, 1, 1
+    builder.consume(step)
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    request = spans["engine_request"]
+    assert request.attributes["gen_ai.request.id"] == "chatcmpl-a"
+    assert request.attributes["gen_ai.response.finish_reasons"] == ("cancelled",)
+    assert request.attributes["tokentrace.generated_tokens"] == 0
+    assert (spans["queue"].start_time, spans["queue"].end_time) == (t0, t0 + 5_000_000)
+    assert "prefill" not in spans and "decode" not in spans
+    assert spans["engine_step"].attributes["tokentrace.batch.discarded_tokens"] == 20
+    assert spans["engine_step"].attributes["tokentrace.batch.discarded_sequences"] == 1
