@@ -25,7 +25,7 @@ process, which is the only process that builds one):
 What the engine thread does per step is O(scheduled requests) integer stores into a
 preallocated :class:`StepFacts` taken from a fixed pool (no span, dict or string made per
 token; one tuple per request on arrival and at its end); the filled record goes to a
-consumer (``consume(facts)``) through a ``queue.SimpleQueue`` and comes back to the pool
+consumer (``consume(facts)``) (an append to a deque) and comes back to the pool
 when the consumer calls :meth:`StepTap.recycle`. When the pool is empty the step is counted
 as dropped (logged at shutdown), never silently lost.
 
