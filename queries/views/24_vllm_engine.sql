@@ -53,7 +53,7 @@ SELECT
     e.attr_int['gen_ai.usage.input_tokens'] AS input_tokens,
     e.attr_int['gen_ai.usage.output_tokens'] AS output_tokens,
     e.attr_int['tokentrace.generated_tokens'] AS generated_tokens,
-    e.attr_int['tokentrace.cached_tokens'] AS cached_tokens,
+    coalesce(e.attr_int['gen_ai.usage.cache_read.input_tokens'], e.attr_int['tokentrace.cached_tokens']) AS cached_tokens,
     e.attr_int['tokentrace.kv.physical_bytes'] AS physical_kv_bytes,
     json_extract_string(e.attr_json['gen_ai.response.finish_reasons'], '$[0]') AS finish_reason,
     e.attr_str['error.type'] AS error_type
@@ -104,6 +104,7 @@ SELECT
     CASE WHEN r.dropped_events_count = 0 THEN a.e_ns END AS e_ns,
     r.end_ns,
     r.input_tokens,
+    r.cached_tokens,  -- prompt tokens vLLM's prefix cache served (the plugin's engine_request span)
     r.output_tokens,
     r.generated_tokens,
     coalesce(a.visible_chunks, 0) AS visible_chunks,
