@@ -47,6 +47,12 @@ LOGGER = logging.getLogger("tokentrace.engine")
 DEFAULT_KV_BUDGET_BYTES = 512 * 2**20  # without --kv-budget-bytes: at most this much paged cache...
 DEFAULT_KV_CACHE_TOKENS = 32_768  # ...and at most this many tokens (the attention mask grows with it)
 SPAN_EXPORT_CHOICES = ("inline", "process")
+# --span-export process: the records go out when this many bytes are packed or this long after
+# the last send (and when the engine goes idle or stops). A send wakes the exporter process:
+# ~40 µs of engine-thread CPU each on a 2-core box, against ~3 µs for a send to a busy
+# reader (benchmarks/record_transport.py): one wake-up per ~50 ms instead of per step.
+RECORDS_FLUSH_BYTES = 32 * 1024
+RECORDS_FLUSH_NS = 50_000_000
 
 
 class ContinuousEngine:
@@ -142,6 +148,7 @@ class ContinuousEngine:
         self.records: Any = None  # RecordWriter (span_export="process")
         self.exporter: Any = None  # ExporterProcess (span_export="process")
         self._units = 0  # spans the packed, unsent records stand for
+        self._records_sent_ns = 0  # when the records last went out
         if span_export == "process":
             self._start_exporter(tracer_provider, bytes_per_block, decode_spans, steps_per_engine_trace)
         self.sampler = cb_hooks.RowSampler(self)
@@ -191,6 +198,7 @@ class ContinuousEngine:
         if records is not None and records.pending():
             units, self._units = self._units, 0
             self.exporter.send(records.take(), units)
+            self._records_sent_ns = now_wall_ns()
 
     # --- the Engine interface -------------------------------------------------------------
     def submit(self, request: EngineRequest) -> None:
@@ -361,27 +369,21 @@ class ContinuousEngine:
         scheduled sequence (an OPEN first for a sequence's first schedule); no spans, no dicts.
         A step with no traced sequence (warm-up only) gets no entry, as it gets no span inline."""
         records, live = self.records, self._live
-        begun = False
-        traced = 0
+        records.reserve_step()
+        pack = records.sequence
+        traced = tokens = prefill_tokens = prefill_sequences = 0
         for s in sequences:
+            tokens += s.tokens
+            if s.prefill:
+                prefill_tokens += s.tokens
+                prefill_sequences += 1
             record = live.get(s.request_id)
             if record is None:
                 continue
-            if not begun:
-                g = self.geometry
-                prefill_tokens = prefill_sequences = tokens = 0
-                for q in sequences:
-                    tokens += q.tokens
-                    if q.prefill:
-                        prefill_tokens += q.tokens
-                        prefill_sequences += 1
-                records.begin_step(self._step, start_ns, forward_start_ns, len(sequences), tokens, prefill_tokens,
-                                   prefill_sequences, waiting, blocks_used, g.blocks_total, self.tap.blocks_cached(),
-                                   g.block_tokens)
-                begun = True
             if record.waiting:
                 self._start(record, s, start_ns)
-            if not record.slot:
+            slot = record.slot
+            if not slot:
                 record.slot = slot = records.new_slot()
                 parent = trace.get_current_span(record.request.parent_context).get_span_context()
                 records.open_sequence(slot, parent.trace_id, parent.span_id, parent.trace_flags, record.cached_tokens,
@@ -390,10 +392,17 @@ class ContinuousEngine:
                 flags = 1 | (2 if record.preempted > 0 else 0) | (4 if s.emits and record.emitted else 0)
             else:
                 flags = 0
-            records.sequence(record.slot, s.tokens, s.blocks, s.context_tokens, flags)
+            pack(slot, s.tokens, s.blocks, s.context_tokens, flags)
             record.blocks_now = s.blocks
             traced += 1
-        self._units += traced + begun  # one span per scheduled sequence and one engine_step span
+        if not traced:
+            records.cancel_step()
+            return
+        g = self.geometry
+        records.fill_step(self._step, start_ns, forward_start_ns, len(sequences), tokens, prefill_tokens,
+                          prefill_sequences, waiting, blocks_used, g.blocks_total, self.tap.blocks_cached(),
+                          g.block_tokens)
+        self._units += traced + 1  # one span per scheduled sequence and one engine_step span
 
     def _start(self, record: SequenceRecord, s: Any, start_ns: int) -> None:
         """The scheduler runs ``record`` for the first time (or again after a preemption)."""
@@ -457,7 +466,8 @@ class ContinuousEngine:
                 self._finish(seq.request_id, "stop" if stop else "length", end_ns)
         if rec is not None and self._current_traced:  # a step with only warm-up sequences gets no span
             self.engine_traces.step(rec)
-        if records is not None:
+        if records is not None and (records.pending() >= RECORDS_FLUSH_BYTES
+                                    or end_ns - self._records_sent_ns >= RECORDS_FLUSH_NS):
             self._flush_records()
 
     def on_output(self, request_id: str, error: str | None) -> None:

@@ -86,10 +86,10 @@ def _child_main(sock: socket.socket, control: _Control, settings: dict[str, Any]
     buf = bytearray(_RECV_BYTES)
     sock.settimeout(0.1)
 
-    def report(final: bool = False) -> None:
+    def report(final: bool = False, flushed: int | None = None) -> None:
         counts = [c.as_dict() for c in export_health(provider)]
         control.send({"counts": counts, "received": received, "malformed": malformed,
-                      "unknown_slots": builder.unknown_slots, "final": final})
+                      "unknown_slots": builder.unknown_slots, "final": final, "flushed": flushed})
 
     def drain(blocking: bool) -> bool:
         nonlocal received, malformed
@@ -116,6 +116,13 @@ def _child_main(sock: socket.socket, control: _Control, settings: dict[str, Any]
                 order = control.recv()
             except EOFError:  # the serving process is gone: flush what came and leave
                 order = {"stop": 5.0}
+            if "flush" in order:  # everything sent before the order, built and exported
+                while drain(False):
+                    pass
+                provider.force_flush(int(order["timeout_ms"]))
+                report(flushed=order["flush"])
+                last = time.monotonic()
+                continue
             stop_timeout = float(order.get("stop", 5.0))
         if time.monotonic() - last >= REPORT_EVERY_S:
             report()
@@ -157,6 +164,8 @@ class ExporterProcess:
         self._report: dict[str, Any] = {"counts": [], "received": 0}
         self._lock = threading.Lock()
         self._stopped = False
+        self._flushes = 0
+        self._flushed = threading.Condition()
         self._monitor = threading.Thread(target=self._watch, name="tokentrace-exporter-watch", daemon=True)
         self._monitor.start()
 
@@ -168,7 +177,7 @@ class ExporterProcess:
             self.dropped_messages += 1
             return False
         try:
-            self._sock.send(units.to_bytes(4, "little") + message)
+            self._sock.sendmsg((units.to_bytes(4, "little"), message))  # one packet, no joined copy
         except BlockingIOError:
             self.dropped_units += units
             self.dropped_messages += 1
@@ -197,6 +206,9 @@ class ExporterProcess:
                 if self._control.poll(0.2):
                     report = self._control.recv()
                     self._report = report
+                    if report.get("flushed") is not None:
+                        with self._flushed:
+                            self._flushed.notify_all()
                     if report.get("final"):
                         return
             except (EOFError, OSError, ValueError):
@@ -220,6 +232,18 @@ class ExporterProcess:
                                first.failed, first.dropped + lost, first.pending + pending_extra,
                                first.batches_exported, first.batches_failed, note)
         return rows
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until the child has built and exported every message sent so far (benchmarks,
+        tests; serving never calls this). False on timeout or a dead child."""
+        if self.dead or self._stopped:
+            return False
+        self._flushes += 1
+        n = self._flushes
+        with self._flushed:
+            self._control.send({"flush": n, "timeout_ms": int(timeout_s * 1000)})
+            return self._flushed.wait_for(lambda: self._report.get("flushed") == n or self.dead, timeout_s) \
+                and not self.dead
 
     def health(self) -> dict[str, Any]:
         """For /health: alive or not, and what was dropped on the way."""

@@ -27,10 +27,10 @@ kind  name      fields (struct format after the kind byte)
 
 A slot is a number the record writer gives a sequence, never reused in one process.
 Engines write records through :class:`RecordWriter` only (the continuous engine here, the
-vLLM hooks of #28 later): ``open_sequence`` / ``begin_step`` / ``sequence`` /
-``finish_step`` / ``end_sequence`` / ``idle``; ``take()`` hands back the packed bytes.
-Per scheduled sequence the engine thread pays one ``struct.pack_into`` (~0.3 µs); per step
-one header and one send (benchmarks/record_transport.py).
+vLLM hooks of #28 later): ``open_sequence`` / ``begin_step`` (or ``reserve_step`` +
+``fill_step``) / ``sequence`` / ``finish_step`` / ``end_sequence`` / ``idle``; ``take()``
+hands back the packed bytes, one message of one or more steps. Per scheduled sequence the
+engine thread pays one ``struct.pack_into`` (~0.3 µs hot); per step one header.
 """
 
 from __future__ import annotations
@@ -109,6 +109,29 @@ class RecordWriter:
                         scheduled_tokens, prefill_tokens, prefill_sequences, waiting, blocks_used, blocks_total,
                         blocks_cached, block_tokens, -1)
         self._pos += _STEP.size
+
+    def reserve_step(self) -> None:
+        """Room for a STEP entry here, filled by :meth:`fill_step` once the engine has summed
+        the step's sequences in the same loop that writes their SEQ entries (one pass per
+        step), or given back by :meth:`cancel_step` when no entry followed."""
+        self._room(_STEP.size)
+        self._step_at = self._pos
+        self._pos += _STEP.size
+
+    def fill_step(self, step: int, start_ns: int, forward_start_ns: int, batch_size: int, scheduled_tokens: int,
+                  prefill_tokens: int, prefill_sequences: int, waiting: int, blocks_used: int, blocks_total: int,
+                  blocks_cached: int, block_tokens: int) -> None:
+        """The reserved STEP entry's fields (as :meth:`begin_step`)."""
+        self.step_start_ns = start_ns
+        _STEP.pack_into(self._buf, self._step_at, STEP, step, start_ns, forward_start_ns, 0, batch_size,
+                        scheduled_tokens, prefill_tokens, prefill_sequences, waiting, blocks_used, blocks_total,
+                        blocks_cached, block_tokens, -1)
+
+    def cancel_step(self) -> None:
+        """Give back the reserved STEP entry (nothing may have been written after it)."""
+        if self._step_at >= 0:
+            self._pos = self._step_at
+            self._step_at = -1
 
     def sequence(self, slot: int, tokens: int, blocks: int, context_tokens: int, flags: int) -> None:
         if self._pos + _SEQ.size > len(self._buf):
