@@ -171,3 +171,89 @@ def test_serving_goes_on_when_the_exporter_process_dies(handle: ModelHandle, tmp
     assert final.submitted == final.exported + final.failed + final.dropped + final.pending
     gateway_row = [c for c in counts if not c.name.startswith("exporter-process")]
     assert sum(c.exported for c in gateway_row) == 4 * 3, "the gateway's own spans (gateway, tokenize, queue)"
+
+
+class _OtlpSink:
+    """A real OTLP/HTTP endpoint on 127.0.0.1 that answers every export after ``delay_s``."""
+
+    def __init__(self, delay_s: float) -> None:
+        import http.server
+        import threading
+
+        sink = self
+        self.delay_s = delay_s
+        self.posts: list[float] = []  # perf_counter when each export arrived
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                sink.posts.append(time.perf_counter())
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                time.sleep(sink.delay_s)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _chunk_gaps(handle: ModelHandle, sink: _OtlpSink, streams: int = 2, tokens: int = 48) -> tuple[list[float], float]:
+    """Seconds between consecutive streamed chunks (all streams), and when the last arrived."""
+    provider = setup_tracing("tokentrace-gateway", exporter=["otlp"], endpoint=sink.url, protocol="http/protobuf")
+    app = create_app(handle, provider, GatewaySettings(engine="continuous", max_tokens_limit=512,
+                                                       engine_options={"span_export": "process"}))
+    server = ServerThread(app).start()
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": tokens,
+            "stream": True, "ignore_eos": True}
+
+    async def one(http: httpx.AsyncClient) -> list[float]:
+        times = []
+        async with http.stream("POST", server.url + "/v1/chat/completions", json=body) as response:
+            assert response.status_code == 200
+            async for line in response.aiter_lines():
+                if line.startswith("data: {"):
+                    times.append(time.perf_counter())
+        return times
+
+    async def go() -> list[list[float]]:
+        async with httpx.AsyncClient(timeout=TIMEOUT_S) as http:
+            return await asyncio.gather(*(one(http) for _ in range(streams)))
+
+    try:
+        per_stream = asyncio.run(asyncio.wait_for(go(), TIMEOUT_S))
+    finally:
+        server.stop()
+        provider.shutdown()
+    gaps = [b - a for times in per_stream for a, b in zip(times, times[1:])]
+    return gaps, max(t[-1] for t in per_stream)
+
+
+def test_a_slow_otlp_endpoint_never_delays_a_token(handle: ModelHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exports every 50 ms (OTEL_BSP_SCHEDULE_DELAY) to an endpoint that takes 1 s to answer
+    each, from both processes: the streams' chunk gaps stay those of a prompt endpoint."""
+    import statistics
+
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "5")
+    fast, slow = _OtlpSink(0.0), _OtlpSink(1.0)
+    try:
+        fast_gaps, _ = _chunk_gaps(handle, fast)
+        slow_gaps, last_chunk = _chunk_gaps(handle, slow)
+    finally:
+        fast.stop()
+        slow.stop()
+    assert fast.posts and slow.posts
+    assert min(slow.posts) < last_chunk, "an export was under way while tokens streamed"
+    assert max(slow_gaps) < 0.5, f"a chunk waited {max(slow_gaps):.3f} s: the 1 s export blocked it"
+    assert statistics.median(slow_gaps) <= 3 * statistics.median(fast_gaps) + 0.005, (
+        statistics.median(slow_gaps), statistics.median(fast_gaps))

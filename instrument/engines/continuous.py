@@ -186,7 +186,8 @@ class ContinuousEngine:
             raise ValueError("--span-export process: the tracer provider must come from setup_tracing with "
                              "exporters given by name (another process makes them again)")
         self.exporter = ExporterProcess(dict(tracer_provider.resource.attributes), list(settings["exporters"]),
-                                        settings["json_path"])
+                                        settings["json_path"], endpoint=settings["endpoint"],
+                                        protocol=settings["protocol"])
         self.records = RecordWriter()
         self.records.meta(layout_meta(self.layout, self.layout_name, bytes_per_block, decode_spans, steps_per_trace))
         self._flush_records()

@@ -78,8 +78,9 @@ def _child_main(sock: socket.socket, control: _Control, settings: dict[str, Any]
     from instrument.tracing import setup_tracing
 
     attrs = dict(settings["resource"])
-    provider = setup_tracing(str(attrs.pop("service.name", "tokentrace")), exporter=settings["exporters"],
-                             json_path=settings.get("json_path"), instance_id=attrs.pop("service.instance.id", None),
+    provider = setup_tracing(str(attrs.pop("service.name", "tokentrace")), exporter=settings["exporters"] or ["none"],
+                             json_path=settings.get("json_path"), endpoint=settings.get("endpoint"),
+                             protocol=settings.get("protocol"), instance_id=attrs.pop("service.instance.id", None),
                              resource_attributes=attrs)
     builder = SpanBuilder(provider)
     received = malformed = 0
@@ -141,7 +142,7 @@ class ExporterProcess:
     """The parent's side: the socket the engine thread sends on, the child, its counts."""
 
     def __init__(self, resource_attributes: dict[str, Any], exporters: list[str], json_path: str | None = None,
-                 name: str = "exporter-process") -> None:
+                 name: str = "exporter-process", endpoint: str | None = None, protocol: str | None = None) -> None:
         self.name = name
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         parent_sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
@@ -151,7 +152,7 @@ class ExporterProcess:
         control, child_control = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._control = _Control(control)
         settings = {"resource": {k: v for k, v in resource_attributes.items()}, "exporters": list(exporters),
-                    "json_path": json_path, "records_fd": child_sock.fileno(), "control_fd": child_control.fileno()}
+                    "json_path": json_path, "endpoint": endpoint, "protocol": protocol, "records_fd": child_sock.fileno(), "control_fd": child_control.fileno()}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "instrument.records.exporter_process", json.dumps(settings)],
             pass_fds=(child_sock.fileno(), child_control.fileno()), start_new_session=True)
