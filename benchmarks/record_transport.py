@@ -2,10 +2,15 @@
 ring, a multiprocessing pipe, or a non-blocking AF_UNIX datagram socket.
 
 For each transport, one sender thread (standing in for the engine thread) sends
-``--records`` step records of ``--batch`` sequences (the size instrument/records/format.py
-packs: 64 B of step header + 17 B per sequence) to a reader in another process, and prints
-the sender's thread CPU per record (µs, what the engine thread would pay), the records/s
-the pair sustains, and how many the sender had to drop (a full buffer: it never waits).
+``--records`` step records of ``--batch`` sequences (about the size instrument/records/format.py
+packs: 64 B + 17 B per sequence) as fast as it can to a reader in another process, and
+prints the sender's thread CPU per record (µs, what the engine thread would pay), records
+offered per second until the reader has drained (offered, not delivered, where some were
+dropped), and how many the sender dropped at a full buffer (it never waits; the pipe cannot
+drop: it blocks). A sender this fast outruns any Python reader; an engine sends at most a few
+thousand steps a second. Not measured here: a send that wakes a sleeping reader costs the
+sender far more (~40 µs of engine-thread CPU in benchmarks/tracing_cost.py on a 2-core box),
+which is why the engine sends its records every 32 KiB / 50 ms, not every step.
 
 Usage: python benchmarks/record_transport.py [--records 20000] [--batch 64]
 """
