@@ -227,8 +227,8 @@ class Harness:
         engine = self.engine
         engine.on_scheduled = self._timed("on_scheduled", engine.on_scheduled)
         engine.engine_traces.step = self._timed("engine_step_span", engine.engine_traces.step)
-        if engine.records is not None:  # --span-export process: the step's one send (the step bucket)
-            engine._flush_records = self._timed("engine_step_span", engine._flush_records)
+        if engine.records is not None:  # --span-export process: the records' sends (the step bucket)
+            engine.records.flush = self._timed("engine_step_span", engine.records.flush)
         engine.engine_traces.close = self._timed("engine_trace_close", engine.engine_traces.close)
         self._write_sequence_spans = continuous.write_sequence_spans
         continuous.write_sequence_spans = self._timed("sequence_spans", continuous.write_sequence_spans)

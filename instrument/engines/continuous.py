@@ -10,9 +10,10 @@ one ``decode`` span per decode step, each naming the engine step it ran in, plus
 ``engine_step`` span per step in traces of the engine's own (instrument/engines/cb_spans.py).
 
 With ``span_export="process"`` (``serve --span-export process``) the engine thread writes
-none of these spans: per step it packs one compact record (instrument/records/format.py)
-and sends it to a span exporter process (instrument/records/exporter_process.py), which
-builds the same spans with the same code and exports them.
+none of these spans: per step it packs one compact record (instrument/engines/cb_records.py,
+instrument/records/format.py) for a span exporter process
+(instrument/records/exporter_process.py), which builds the same spans with the same code
+and exports them.
 
 Threads: ``submit`` / ``cancel`` come from the gateway's event loop; everything else runs on
 the manager's generation thread (hooks, callbacks, span writing or record packing).
@@ -27,8 +28,6 @@ import threading
 import time
 from typing import Any
 
-from opentelemetry import trace
-
 from instrument import kv
 from instrument.clock import now_wall_ns
 from instrument.engines import cb_hooks
@@ -39,7 +38,7 @@ from instrument.generate_spans import DecodeSpanPolicy
 from instrument.model_handle import ModelHandle
 from instrument.sampling import SequenceSampler, TokenLogprobs
 from instrument.span_writer import span_writer_for
-from instrument.tracing import exporter_settings, get_tracer
+from instrument.tracing import get_tracer
 
 __all__ = ["ContinuousEngine", "DEFAULT_KV_BUDGET_BYTES", "DEFAULT_KV_CACHE_TOKENS", "SPAN_EXPORT_CHOICES"]
 
@@ -47,12 +46,6 @@ LOGGER = logging.getLogger("tokentrace.engine")
 DEFAULT_KV_BUDGET_BYTES = 512 * 2**20  # without --kv-budget-bytes: at most this much paged cache...
 DEFAULT_KV_CACHE_TOKENS = 32_768  # ...and at most this many tokens (the attention mask grows with it)
 SPAN_EXPORT_CHOICES = ("inline", "process")
-# --span-export process: the records go out when this many bytes are packed or this long after
-# the last send (and when the engine goes idle or stops). A send wakes the exporter process:
-# ~40 µs of engine-thread CPU each on a 2-core box, against ~3 µs for a send to a busy
-# reader (benchmarks/record_transport.py): one wake-up per ~50 ms instead of per step.
-RECORDS_FLUSH_BYTES = 32 * 1024
-RECORDS_FLUSH_NS = 50_000_000
 
 
 class ContinuousEngine:
@@ -145,12 +138,14 @@ class ContinuousEngine:
         self.writer = span_writer_for(self.tracer)
         self.engine_traces = EngineTraceWriter(self.tracer, self.writer, steps_per_engine_trace)
         self.span_export = span_export
-        self.records: Any = None  # RecordWriter (span_export="process")
-        self.exporter: Any = None  # ExporterProcess (span_export="process")
-        self._units = 0  # spans the packed, unsent records stand for
-        self._records_sent_ns = 0  # when the records last went out
+        self.records: Any = None  # cb_records.StepRecordSink (span_export="process")
+        self.exporter: Any = None  # its ExporterProcess
         if span_export == "process":
-            self._start_exporter(tracer_provider, bytes_per_block, decode_spans, steps_per_engine_trace)
+            from instrument.engines.cb_records import StepRecordSink
+
+            self.records = StepRecordSink(tracer_provider, self.layout, self.layout_name, bytes_per_block,
+                                          decode_spans, steps_per_engine_trace)
+            self.exporter = self.records.exporter
         self.sampler = cb_hooks.RowSampler(self)
         started = time.perf_counter()
         self.manager = cb_hooks.build_manager(
@@ -172,34 +167,6 @@ class ContinuousEngine:
                 self.exporter.stop(1.0)
             raise
         self.ready = True
-
-    def _start_exporter(self, tracer_provider: Any, bytes_per_block: int, decode_spans: str,
-                        steps_per_trace: int) -> None:
-        """The span exporter process, with ``tracer_provider``'s resource and exporters."""
-        from instrument.export_health import add_counts_source
-        from instrument.records.exporter_process import ExporterProcess
-        from instrument.records.format import RecordWriter
-        from instrument.records.span_builder import layout_meta
-
-        settings = exporter_settings(tracer_provider)
-        if settings is None or settings["extra_exporters"]:
-            raise ValueError("--span-export process: the tracer provider must come from setup_tracing with "
-                             "exporters given by name (another process makes them again)")
-        self.exporter = ExporterProcess(dict(tracer_provider.resource.attributes), list(settings["exporters"]),
-                                        settings["json_path"], endpoint=settings["endpoint"],
-                                        protocol=settings["protocol"])
-        self.records = RecordWriter()
-        self.records.meta(layout_meta(self.layout, self.layout_name, bytes_per_block, decode_spans, steps_per_trace))
-        self._flush_records()
-        add_counts_source(tracer_provider, self.exporter.counts)
-
-    def _flush_records(self) -> None:
-        """Send what the record writer holds (one message; never waits)."""
-        records = self.records
-        if records is not None and records.pending():
-            units, self._units = self._units, 0
-            self.exporter.send(records.take(), units)
-            self._records_sent_ns = now_wall_ns()
 
     # --- the Engine interface -------------------------------------------------------------
     def submit(self, request: EngineRequest) -> None:
@@ -285,10 +252,8 @@ class ContinuousEngine:
         for request_id in list(self._live):  # the loop is gone: nothing will end these any more
             self._finish(request_id, "cancelled", now_wall_ns())
         self.engine_traces.close()
-        if self.exporter is not None:
-            self.records.idle()
-            self._flush_records()
-            self.exporter.stop(10.0)
+        if self.records is not None:
+            self.records.close(10.0)
 
     # --- hooks (the manager's thread) -------------------------------------------------------
     def before_schedule(self) -> None:
@@ -331,7 +296,8 @@ class ContinuousEngine:
                 metrics.step_scheduled(len(sequences))
             return
         if self.records is not None:
-            self._record_step(start_ns, forward_start_ns, sequences, blocks_used, waiting)
+            self.records.step(self._step, start_ns, forward_start_ns, sequences, self._live, self._start, blocks_used,
+                              waiting, self.geometry, self.tap.blocks_cached)
             if metrics is not None:
                 metrics.step_scheduled(len(sequences))
             return
@@ -364,47 +330,6 @@ class ContinuousEngine:
                 record.decode_blocks.append(s.blocks)
                 record.decode_context.append(s.context_tokens)
 
-    def _record_step(self, start_ns: int, forward_start_ns: int, sequences: list[Any], blocks_used: int,
-                     waiting: int) -> None:
-        """``on_scheduled`` for ``span_export="process"``: one STEP entry and one SEQ entry per
-        scheduled sequence (an OPEN first for a sequence's first schedule); no spans, no dicts.
-        A step with no traced sequence (warm-up only) gets no entry, as it gets no span inline."""
-        records, live = self.records, self._live
-        records.reserve_step()
-        pack = records.sequence
-        traced = tokens = prefill_tokens = prefill_sequences = 0
-        for s in sequences:
-            tokens += s.tokens
-            if s.prefill:
-                prefill_tokens += s.tokens
-                prefill_sequences += 1
-            record = live.get(s.request_id)
-            if record is None:
-                continue
-            if record.waiting:
-                self._start(record, s, start_ns)
-            slot = record.slot
-            if not slot:
-                record.slot = slot = records.new_slot()
-                parent = trace.get_current_span(record.request.parent_context).get_span_context()
-                records.open_sequence(slot, parent.trace_id, parent.span_id, parent.trace_flags, record.cached_tokens,
-                                      parent.trace_state.to_header() if parent.trace_state else "")
-            if s.prefill:
-                flags = 1 | (2 if record.preempted > 0 else 0) | (4 if s.emits and record.emitted else 0)
-            else:
-                flags = 0
-            pack(slot, s.tokens, s.blocks, s.context_tokens, flags)
-            record.blocks_now = s.blocks
-            traced += 1
-        if not traced:
-            records.cancel_step()
-            return
-        g = self.geometry
-        records.fill_step(self._step, start_ns, forward_start_ns, len(sequences), tokens, prefill_tokens,
-                          prefill_sequences, waiting, blocks_used, g.blocks_total, self.tap.blocks_cached(),
-                          g.block_tokens)
-        self._units += traced + 1  # one span per scheduled sequence and one engine_step span
-
     def _start(self, record: SequenceRecord, s: Any, start_ns: int) -> None:
         """The scheduler runs ``record`` for the first time (or again after a preemption)."""
         record.waiting = False
@@ -435,14 +360,13 @@ class ContinuousEngine:
         self.engine_traces.close()
         if self.records is not None:
             self.records.idle()
-            self._flush_records()
 
     def on_step_done(self, end_ns: int, emitted: list[tuple[Any, int, bool]]) -> None:
         records = self.records
-        if records is not None and records.step_open:
-            records.finish_step(end_ns, self.tap.device_ns)
-            if self.metrics is not None:
-                self.metrics.step_done((end_ns - records.step_start_ns) / 1e9)
+        if records is not None:
+            step_start_ns = records.step_done(end_ns, self.tap.device_ns)
+            if step_start_ns is not None and self.metrics is not None:
+                self.metrics.step_done((end_ns - step_start_ns) / 1e9)
         rec = self._current
         if rec is not None:
             rec.end_ns = end_ns
@@ -467,9 +391,8 @@ class ContinuousEngine:
                 self._finish(seq.request_id, "stop" if stop else "length", end_ns)
         if rec is not None and self._current_traced:  # a step with only warm-up sequences gets no span
             self.engine_traces.step(rec)
-        if records is not None and (records.pending() >= RECORDS_FLUSH_BYTES
-                                    or end_ns - self._records_sent_ns >= RECORDS_FLUSH_NS):
-            self._flush_records()
+        if records is not None:
+            records.after_step(end_ns)
 
     def on_output(self, request_id: str, error: str | None) -> None:
         if error is not None and request_id in self._live:
