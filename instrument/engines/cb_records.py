@@ -47,6 +47,7 @@ class StepRecordSink:
         self.writer = RecordWriter()
         self.units = 0  # spans the packed, unsent records stand for
         self.sent_ns = 0  # when the records last went out
+        self.busy = False  # a step was recorded since the last IDLE entry
         self.writer.meta(layout_meta(layout, layout_name, bytes_per_block, decode_spans, steps_per_trace))
         self.flush()
         add_counts_source(tracer_provider, self.exporter.counts)
@@ -91,6 +92,7 @@ class StepRecordSink:
         records.fill_step(step, start_ns, forward_start_ns, len(sequences), tokens, prefill_tokens, prefill_sequences,
                           waiting, blocks_used, geometry.blocks_total, blocks_cached(), geometry.block_tokens)
         self.units += traced + 1  # one span per scheduled sequence and one engine_step span
+        self.busy = True
 
     def step_done(self, end_ns: int, device_ns: int | None) -> int | None:
         """The open step's end; its start (ns), or None when the step got no entry."""
@@ -105,13 +107,18 @@ class StepRecordSink:
 
     def after_step(self, end_ns: int) -> None:
         """Send when enough is packed or enough time went by."""
-        if self.writer.pending() >= FLUSH_BYTES or end_ns - self.sent_ns >= FLUSH_NS:
+        pending = self.writer.pending()
+        if pending and (pending >= FLUSH_BYTES or end_ns - self.sent_ns >= FLUSH_NS):
             self.flush()
 
     def idle(self) -> None:
-        """The engine went idle: the open engine trace ends; send now."""
-        self.writer.idle()
-        self.flush()
+        """The engine went idle: the open engine trace ends; send now (nothing when no step
+        was recorded since the last idle, e.g. with the engine's tracing off)."""
+        if self.busy:
+            self.writer.idle()
+            self.busy = False
+        if self.writer.pending():
+            self.flush()
 
     def flush(self) -> None:
         """Send what is packed (one message; never waits)."""
