@@ -125,8 +125,9 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
                                         or span_export != "inline"):
         flag = ("--max-queue-wait-s" if max_queue_wait_s is not None else "--no-prefix-caching" if not prefix_caching
                 else "--span-export process")
-        raise UserError(f"{flag} applies to --engine continuous only (the sequential engine has one job queue "
-                        "and no prefix cache)")
+        why = ("it writes no step records" if flag == "--span-export process"
+               else "the sequential engine has one job queue and no prefix cache")
+        raise UserError(f"{flag} applies to --engine continuous only ({why})")
     keys = frozenset(k for raw in api_keys for k in raw.split() if k)
     if not keys and not is_loopback(host):
         raise UserError(f"--host {host} is not a loopback address: give --api-key (or $TOKENTRACE_API_KEYS)")
