@@ -1,10 +1,13 @@
 """The span exporter process: step records in, spans out, never in the serving process's way.
 
-Transport (measured by benchmarks/record_transport.py, docs/gateway.md "Step records"): an
-``AF_UNIX`` ``SOCK_SEQPACKET`` socket pair. The serving process sends one message per
-engine step with a non-blocking ``send`` (~0.8 µs for a batch-64 record); a full socket
-buffer (4 MiB asked, several thousand steps) raises instead of waiting, and the message is
-dropped and counted there. Messages keep their boundaries, and a dead reader makes the next
+Transport (measured by benchmarks/record_transport.py; docs/gateway.md, "Step records and
+the span exporter process"): an
+``AF_UNIX`` ``SOCK_SEQPACKET`` socket pair. The serving process sends one message of one or
+more steps' records (instrument/engines/cb_records.py: every 32 KiB / 50 ms and when the
+engine goes idle) with a non-blocking ``sendmsg`` (~0.8 µs for a batch-64 record to a busy
+reader; waking a sleeping one costs ~40 µs here); a full socket buffer (4 MiB asked,
+thousands of steps) raises instead of waiting, and the message is dropped and counted there.
+A message starts with a u32: the spans its records stand for (for the loss count). Messages keep their boundaries, and a dead reader makes the next
 send fail, so a dead exporter is noticed on the engine thread at no cost. A shared-memory
 ring was cheaper per record (0.3 µs) but needs polling in the reader and its own death
 detection; a multiprocessing pipe blocks when full.

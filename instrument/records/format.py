@@ -1,7 +1,7 @@
 """The step-record format: engine-neutral, packed with ``struct`` into a preallocated buffer.
 
 What crosses from the serving process to the exporter process is a sequence of *messages*
-(one datagram each, normally one per engine step). A message is a run of *entries*, each
+(one socket packet each, holding one or more engine steps). A message is a run of *entries*, each
 starting with a one-byte kind; integers are little-endian, times are ns since the epoch
 (instrument/clock.py), counts are sequences, tokens and KV blocks.
 
