@@ -183,7 +183,8 @@ class Harness:
     """One continuous engine, one traced provider, the gateway stand-in and the probe."""
 
     def __init__(self, handle: Any, provider: Any, *, max_batch_size: int, max_batch_tokens: int,
-                 probe_interval_s: float, prompts: list[list[int]] | None = None) -> None:
+                 probe_interval_s: float, prompts: list[list[int]] | None = None,
+                 span_export: str = "inline") -> None:
         from instrument.engines.continuous import ContinuousEngine
         from instrument.tracing import get_tracer
 
@@ -191,7 +192,7 @@ class Harness:
         self.provider = provider
         self.tracer = get_tracer(provider)
         self.engine = ContinuousEngine(handle, provider, max_batch_size=max_batch_size,
-                                       max_batch_tokens=max_batch_tokens)
+                                       max_batch_tokens=max_batch_tokens, span_export=span_export)
         self.gateway = GatewayStandIn()
         self.probe = Probe(probe_interval_s)
         self.prompts = prompts or [handle.tokenize([{"role": "user", "content": p}], None) for p in PROMPTS]
@@ -226,6 +227,8 @@ class Harness:
         engine = self.engine
         engine.on_scheduled = self._timed("on_scheduled", engine.on_scheduled)
         engine.engine_traces.step = self._timed("engine_step_span", engine.engine_traces.step)
+        if engine.records is not None:  # --span-export process: the records' sends (the step bucket)
+            engine.records.flush = self._timed("engine_step_span", engine.records.flush)
         engine.engine_traces.close = self._timed("engine_trace_close", engine.engine_traces.close)
         self._write_sequence_spans = continuous.write_sequence_spans
         continuous.write_sequence_spans = self._timed("sequence_spans", continuous.write_sequence_spans)
@@ -293,6 +296,8 @@ class Harness:
         steps = engine.health()["steps"] - steps0
         if traced:
             self.provider.force_flush()
+            if engine.exporter is not None and not engine.exporter.flush(300):
+                raise RuntimeError("the span exporter process did not flush within 300 s")
         cpu1, child1, wall1 = time.process_time(), children_cpu_s(), time.perf_counter()
         engine_cpu1 = self.engine_thread() if self.engine_thread else None
         self.probe.active = False

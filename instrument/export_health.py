@@ -27,9 +27,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
@@ -188,12 +189,29 @@ class CountingSpanProcessor(SpanProcessor):
         return self.inner.force_flush(timeout_millis)
 
 
+_EXTRA: "weakref.WeakKeyDictionary[Any, list[Callable[[], list[ExportCounts]]]]" = weakref.WeakKeyDictionary()
+
+
+def add_counts_source(provider: Any, source: Callable[[], list[ExportCounts]]) -> None:
+    """Count ``source()`` among ``provider``'s exporters in :func:`export_health` (the span
+    exporter process of instrument/records/exporter_process.py reports this way)."""
+    _EXTRA.setdefault(provider, []).append(source)
+
+
 def export_health(provider: Any) -> list[ExportCounts]:
     """Current counts of every counted exporter of a TracerProvider made by ``setup_tracing``
-    (an empty list for other providers)."""
+    (an empty list for other providers), then those of sources added with
+    :func:`add_counts_source` (another process's exporters)."""
     multi = getattr(provider, "_active_span_processor", None)
     processors = getattr(multi, "_span_processors", ())
-    return [p.counts() for p in processors if isinstance(p, CountingSpanProcessor)]
+    counts = [p.counts() for p in processors if isinstance(p, CountingSpanProcessor)]
+    try:
+        sources = _EXTRA.get(provider, ())
+    except TypeError:
+        sources = ()
+    for source in sources:
+        counts.extend(source())
+    return counts
 
 
 def emit_sampled_spans(processor: SpanProcessor, spans: list[ReadableSpan]) -> None:

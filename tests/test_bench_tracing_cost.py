@@ -72,3 +72,22 @@ def test_engine_section_on_the_tiny_model():
     assert encode["resource_hash_us_per_span_provider_resource"] > 0
     text = TC.engine_table(result)
     assert all(len(line) <= 80 for line in text.splitlines())
+
+
+def test_engine_section_with_the_exporter_process():
+    """--span-export process: the engine thread writes no sequence spans, its sends are timed
+    in the step bucket, and the spans file gets the exporter process's spans."""
+    from instrument.model_handle import load_model_handle
+
+    result = TC.section_engine(load_model_handle("tiny"), [3], 5, 1, log=lambda line: None,
+                               span_export="process")
+    summary = result["batches"]["3"]
+    traced, untraced = summary["rounds"]["traced"][0], summary["rounds"]["untraced"][0]
+    # (c): the exporter process is this process's child (its CPU, in clock ticks of 10 ms, may
+    # round to 0 in a round this small; test_children_cpu_counts_a_live_child_process covers it)
+    assert traced["children_cpu_s"] >= 0 and untraced["children_cpu_s"] >= 0
+    assert traced["hook_sequence_spans_s"] == 0 and traced["hook_engine_step_span_s"] > 0  # the records' sends
+    assert untraced["hook_engine_step_span_s"] == 0
+    assert "captured_spans" not in result and result["spans_file_bytes"] > 0
+    text = TC.engine_table(result)
+    assert all(len(line) <= 80 for line in text.splitlines())

@@ -58,8 +58,10 @@ def _start_serve(http_port: int, *args: str) -> tuple[subprocess.Popen, str, que
             raise AssertionError("serve exited before listening")
 
 
-@pytest.mark.parametrize("engine", ["continuous", "sequential"])
+@pytest.mark.parametrize("engine", ["continuous", "sequential", "continuous-process"])
 def test_sigterm_mid_burst_finishes_requests_and_exports_every_span(tmp_path: Path, engine: str) -> None:
+    """``continuous-process``: --span-export process, the engine's spans flushed by the span
+    exporter process (the shutdown line sums both processes' counts)."""
     out = tmp_path / "traces"
     collect, _grpc, http_port = start_collect(out)
     try:
@@ -70,7 +72,9 @@ def test_sigterm_mid_burst_finishes_requests_and_exports_every_span(tmp_path: Pa
 
 
 def _sigterm_mid_burst(collect: subprocess.Popen, http_port: int, out: Path, engine: str) -> None:
-    serve, url, lines = _start_serve(http_port, "--engine", engine, "--shutdown-grace-s", "20")
+    extra = ("--span-export", "process") if engine.endswith("-process") else ()
+    serve, url, lines = _start_serve(http_port, "--engine", engine.removesuffix("-process"), "--shutdown-grace-s", "20",
+                                     *extra)
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 40, "stream": True,
             "stream_options": {"include_usage": True}}
     first_chunks = threading.Semaphore(0)
@@ -128,3 +132,6 @@ def _sigterm_mid_burst(collect: subprocess.Popen, http_port: int, out: Path, eng
     generated = [next(a["value"]["intValue"] for a in g["attributes"] if a["key"] == "tokentrace.generated_tokens")
                  for g in gateway]
     assert len(decode) == sum(int(g) - 1 for g in generated)  # G - 1 decode spans per request
+    if extra:  # the exporter process's spans: same resource, and it is gone
+        assert len({s["name"] for s in spans} & {"engine_step", "engine", "prefill"}) == 3
+        assert "exporter-process:" in stopped

@@ -82,13 +82,17 @@ def _bind_error(host: str, port: int) -> str | None:
               help="On SIGTERM/SIGINT: seconds in-flight requests may take to finish before they are cancelled.")
 @click.option("--decode-spans", default="all", show_default=True, metavar="all|every:N|none",
               help="Which decode steps get a span (chunk events are always kept).")
+@click.option("--span-export", type=click.Choice(["inline", "process"]), default="inline", show_default=True,
+              help="continuous: inline writes the engine's prefill/decode/engine_step spans on the engine "
+                   "thread; process packs one compact record per step and a span exporter process builds "
+                   "and exports them (same spans; docs/gateway.md, \"Tracing cost\").")
 @click.option("--otlp-json", "otlp_json", default=None, metavar="PATH",
               help="Append the server's spans to this OTLP-JSON lines file.")
 @click.option("--service-name", default="tokentrace-gateway", show_default=True, help="service.name of the spans.")
 def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_limit, rate_limit_rps,
                   rate_limit_burst, max_queued_requests, max_queued_tokens, kv_budget_bytes, engine_name,
                   kv_block_tokens, max_batch_tokens, max_batch_size, prefix_caching, max_queue_wait_s,
-                  shutdown_grace_s, decode_spans,
+                  shutdown_grace_s, decode_spans, span_export,
                   otlp_json, service_name) -> None:
     """Serve /v1/chat/completions and /v1/completions (streaming or not), /v1/models and /health,
     with a traced `gateway` SERVER span per request.
@@ -107,6 +111,7 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
       tokentrace serve --model smollm2 --otlp-json server-spans.jsonl
       tokentrace serve --model smollm2 --kv-budget-bytes 35389440 --max-queue-wait-s 30
       tokentrace serve --model tiny --engine sequential --port 0
+      tokentrace serve --model smollm2 --span-export process --otlp-json spans.jsonl
       tokentrace serve --model ./my-model --host 0.0.0.0 --api-key "$KEY" --kv-budget-bytes 2000000000
     """
     import logging
@@ -116,10 +121,13 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
     from instrument.gateway.admission import AdmissionBudgets
     from instrument.gateway.server import is_loopback
 
-    if engine_name != "continuous" and (max_queue_wait_s is not None or not prefix_caching):
-        flag = "--max-queue-wait-s" if max_queue_wait_s is not None else "--no-prefix-caching"
-        raise UserError(f"{flag} applies to --engine continuous only (the sequential engine has one job queue "
-                        "and no prefix cache)")
+    if engine_name != "continuous" and (max_queue_wait_s is not None or not prefix_caching
+                                        or span_export != "inline"):
+        flag = ("--max-queue-wait-s" if max_queue_wait_s is not None else "--no-prefix-caching" if not prefix_caching
+                else "--span-export process")
+        why = ("it writes no step records" if flag == "--span-export process"
+               else "the sequential engine has one job queue and no prefix cache")
+        raise UserError(f"{flag} applies to --engine continuous only ({why})")
     keys = frozenset(k for raw in api_keys for k in raw.split() if k)
     if not keys and not is_loopback(host):
         raise UserError(f"--host {host} is not a loopback address: give --api-key (or $TOKENTRACE_API_KEYS)")
@@ -144,7 +152,8 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
         raise UserError(str(exc)) from None
     engine_options = ({"kv_block_tokens": kv_block_tokens, "max_batch_tokens": max_batch_tokens,
                        "max_batch_size": max_batch_size, "prefix_caching": prefix_caching,
-                       "max_queue_wait_s": max_queue_wait_s} if engine_name == "continuous" else {})
+                       "max_queue_wait_s": max_queue_wait_s, "span_export": span_export}
+                      if engine_name == "continuous" else {})
     settings = GatewaySettings(
         api_keys=keys, max_body_bytes=max_body_bytes, max_tokens_limit=max_tokens_limit,
         rate_limit_rps=rate_limit_rps, rate_limit_burst=rate_limit_burst, decode_spans=decode_spans,

@@ -27,7 +27,7 @@ from instrument.generate_spans import DecodeSpanPolicy
 from instrument.kv import KVLayout
 from instrument.sampling import SequenceSampler, TokenLogprobs
 
-__all__ = ["EngineTraceWriter", "SequenceRecord", "StepRecord", "write_sequence_spans"]
+__all__ = ["EngineTraceWriter", "SequenceRecord", "StepRecord", "write_preemption_events", "write_sequence_spans"]
 
 STEP_SPAN = "engine_step"
 PREEMPTION_EVENT = "tokentrace.preemption"
@@ -104,13 +104,27 @@ class SequenceRecord:
     preemptions: list[tuple[int, int, str]] = field(default_factory=list)  # (at ns, blocks freed, mode)
     queue_expired: bool = False  # ended because it waited longer than max_queue_wait_s
     recomputed_steps: list[int] = field(default_factory=list)  # decode steps k a recompute prefill emitted
+    slot: int = 0  # its slot in the step records (--span-export process; 0: none yet)
+    blocks_now: int | None = None  # blocks held in the last step it ran in (--span-export process)
 
     @property
     def last_blocks(self) -> int | None:
         """Blocks held in the last step the sequence ran in."""
         if self.decode_blocks:
             return self.decode_blocks[-1]
-        return self.prefill[-1][2] if self.prefill else None
+        return self.prefill[-1][2] if self.prefill else self.blocks_now
+
+
+def write_preemption_events(record: Any, bytes_per_block: int) -> None:
+    """One ``tokentrace.preemption`` event per preemption of ``record`` on the request's span
+    (the gateway span, live in the serving process: written there in both span-export paths)."""
+    if record.preemptions:
+        request_span = trace.get_current_span(record.request.parent_context)
+        for at_ns, blocks, mode in record.preemptions:
+            request_span.add_event(PREEMPTION_EVENT, {
+                "tokentrace.preemption.reason": "kv_cache_full", "tokentrace.preemption.mode": mode,
+                "tokentrace.kv.blocks_freed": blocks, "tokentrace.kv.bytes_freed": blocks * bytes_per_block,
+            }, timestamp=at_ns)
 
 
 def write_sequence_spans(writer: Any, record: SequenceRecord, layout: KVLayout | None, layout_name: str,
@@ -119,13 +133,7 @@ def write_sequence_spans(writer: Any, record: SequenceRecord, layout: KVLayout |
     (those ``policy`` keeps), children of the request's parent context, and one
     ``tokentrace.preemption`` event per preemption on the request's span (the gateway span)."""
     parent = record.request.parent_context
-    if record.preemptions:
-        request_span = trace.get_current_span(parent)
-        for at_ns, blocks, mode in record.preemptions:
-            request_span.add_event(PREEMPTION_EVENT, {
-                "tokentrace.preemption.reason": "kv_cache_full", "tokentrace.preemption.mode": mode,
-                "tokentrace.kv.blocks_freed": blocks, "tokentrace.kv.bytes_freed": blocks * bytes_per_block,
-            }, timestamp=at_ns)
+    write_preemption_events(record, bytes_per_block)
     per_token = layout.kv_bytes_per_token if layout is not None else None
     kv_inputs: dict[str, Any] = {"tokentrace.kv.layout": layout_name}
     if layout is not None:

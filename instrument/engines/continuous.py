@@ -9,8 +9,14 @@ transformers internals) and writes, per sequence, one ``prefill`` span per prefi
 one ``decode`` span per decode step, each naming the engine step it ran in, plus one
 ``engine_step`` span per step in traces of the engine's own (instrument/engines/cb_spans.py).
 
+With ``span_export="process"`` (``serve --span-export process``) the engine thread writes
+none of these spans: per step it packs one compact record (instrument/engines/cb_records.py,
+instrument/records/format.py) for a span exporter process
+(instrument/records/exporter_process.py), which builds the same spans with the same code
+and exports them.
+
 Threads: ``submit`` / ``cancel`` come from the gateway's event loop; everything else runs on
-the manager's generation thread (hooks, callbacks, span writing).
+the manager's generation thread (hooks, callbacks, span writing or record packing).
 """
 
 from __future__ import annotations
@@ -26,18 +32,20 @@ from instrument import kv
 from instrument.clock import now_wall_ns
 from instrument.engines import cb_hooks
 from instrument.engines.base import EngineRequest, EngineResult, QueueWaitExceeded
-from instrument.engines.cb_spans import EngineTraceWriter, SequenceRecord, StepRecord, write_sequence_spans
+from instrument.engines.cb_spans import (EngineTraceWriter, SequenceRecord, StepRecord, write_preemption_events,
+                                        write_sequence_spans)
 from instrument.generate_spans import DecodeSpanPolicy
 from instrument.model_handle import ModelHandle
 from instrument.sampling import SequenceSampler, TokenLogprobs
 from instrument.span_writer import span_writer_for
 from instrument.tracing import get_tracer
 
-__all__ = ["ContinuousEngine", "DEFAULT_KV_BUDGET_BYTES", "DEFAULT_KV_CACHE_TOKENS"]
+__all__ = ["ContinuousEngine", "DEFAULT_KV_BUDGET_BYTES", "DEFAULT_KV_CACHE_TOKENS", "SPAN_EXPORT_CHOICES"]
 
 LOGGER = logging.getLogger("tokentrace.engine")
 DEFAULT_KV_BUDGET_BYTES = 512 * 2**20  # without --kv-budget-bytes: at most this much paged cache...
 DEFAULT_KV_CACHE_TOKENS = 32_768  # ...and at most this many tokens (the attention mask grows with it)
+SPAN_EXPORT_CHOICES = ("inline", "process")
 
 
 class ContinuousEngine:
@@ -64,6 +72,10 @@ class ContinuousEngine:
       one-time kernel set-up).
     - ``device_time``: CUDA event time of each step's forward (``tokentrace.device_ns`` on
       ``engine_step`` spans); default on when the model is on CUDA.
+    - ``span_export``: ``inline`` (default: spans written on the engine thread, exported by
+      ``tracer_provider``) or ``process`` (step records to a span exporter process that
+      makes ``tracer_provider``'s exporters again: it must come from ``setup_tracing``
+      without extra exporter objects).
 
     ``tracing`` (attribute, default True): False keeps token delivery, cancellation and the
     queue time but records no steps and writes no prefill/decode/engine spans — the
@@ -77,7 +89,7 @@ class ContinuousEngine:
                  kv_budget_bytes: int | None = None, kv_block_tokens: int = 16, max_batch_tokens: int = 512,
                  max_batch_size: int = 64, steps_per_engine_trace: int = 1000, warmup: bool = True,
                  device_time: bool | None = None, prefix_caching: bool = True,
-                 max_queue_wait_s: float | None = None, metrics: Any = None) -> None:
+                 max_queue_wait_s: float | None = None, metrics: Any = None, span_export: str = "inline") -> None:
         cb_hooks.check_version()
         model = handle.model
         self.handle = handle
@@ -97,6 +109,8 @@ class ContinuousEngine:
         if blocks < 1:
             raise ValueError(f"--kv-budget-bytes {kv_budget_bytes}: smaller than one KV block "
                              f"({kv_block_tokens} tokens x {self.layout.kv_bytes_per_token} bytes = {bytes_per_block} bytes)")
+        if span_export not in SPAN_EXPORT_CHOICES:
+            raise ValueError(f"--span-export must be one of {', '.join(SPAN_EXPORT_CHOICES)}, got {span_export!r}")
         if max_queue_wait_s is not None and max_queue_wait_s <= 0:
             raise ValueError(f"--max-queue-wait-s must be > 0, got {max_queue_wait_s:g}")
         self.prefix_caching = prefix_caching
@@ -123,6 +137,15 @@ class ContinuousEngine:
         self.tracer = get_tracer(tracer_provider)
         self.writer = span_writer_for(self.tracer)
         self.engine_traces = EngineTraceWriter(self.tracer, self.writer, steps_per_engine_trace)
+        self.span_export = span_export
+        self.records: Any = None  # cb_records.StepRecordSink (span_export="process")
+        self.exporter: Any = None  # its ExporterProcess
+        if span_export == "process":
+            from instrument.engines.cb_records import StepRecordSink
+
+            self.records = StepRecordSink(tracer_provider, self.layout, self.layout_name, bytes_per_block,
+                                          decode_spans, steps_per_engine_trace)
+            self.exporter = self.records.exporter
         self.sampler = cb_hooks.RowSampler(self)
         started = time.perf_counter()
         self.manager = cb_hooks.build_manager(
@@ -137,7 +160,12 @@ class ContinuousEngine:
         self.tap = cb_hooks.StepTap(self.manager, self, device_time=on_cuda if device_time is None else device_time)
         cb_hooks.start_manager(self.manager)
         self.build_s = time.perf_counter() - started
-        self.warmup_s = self._warm_up() if warmup else 0.0
+        try:
+            self.warmup_s = self._warm_up() if warmup else 0.0
+        except BaseException:
+            if self.exporter is not None:
+                self.exporter.stop(1.0)
+            raise
         self.ready = True
 
     # --- the Engine interface -------------------------------------------------------------
@@ -206,7 +234,8 @@ class ContinuousEngine:
                 "requests_waiting": self.requests_waiting, "requests_running": self.requests_running,
                 "preemptions": self.preemptions,
                 "kv_bytes_per_block": g.bytes_per_block, "build_s": round(self.build_s, 3),
-                "warmup_s": round(self.warmup_s, 3)}
+                "warmup_s": round(self.warmup_s, 3), "span_export": self.span_export,
+                **({"exporter_process": self.exporter.health()} if self.exporter is not None else {})}
 
     def close(self, grace_s: float = 5.0) -> None:
         """Let running sequences finish for up to ``grace_s`` s, cancel the rest, stop the loop."""
@@ -223,6 +252,8 @@ class ContinuousEngine:
         for request_id in list(self._live):  # the loop is gone: nothing will end these any more
             self._finish(request_id, "cancelled", now_wall_ns())
         self.engine_traces.close()
+        if self.records is not None:
+            self.records.close(10.0)
 
     # --- hooks (the manager's thread) -------------------------------------------------------
     def before_schedule(self) -> None:
@@ -261,6 +292,12 @@ class ContinuousEngine:
                 record = live.get(s.request_id)
                 if record is not None and record.waiting:
                     self._start(record, s, start_ns)
+            if metrics is not None:
+                metrics.step_scheduled(len(sequences))
+            return
+        if self.records is not None:
+            self.records.step(self._step, start_ns, forward_start_ns, sequences, self._live, self._start, blocks_used,
+                              waiting, self.geometry, self.tap.blocks_cached)
             if metrics is not None:
                 metrics.step_scheduled(len(sequences))
             return
@@ -321,8 +358,15 @@ class ContinuousEngine:
     def on_idle(self) -> None:
         self._finish_cancelled(now_wall_ns())
         self.engine_traces.close()
+        if self.records is not None:
+            self.records.idle()
 
     def on_step_done(self, end_ns: int, emitted: list[tuple[Any, int, bool]]) -> None:
+        records = self.records
+        if records is not None:
+            step_start_ns = records.step_done(end_ns, self.tap.device_ns)
+            if step_start_ns is not None and self.metrics is not None:
+                self.metrics.step_done((end_ns - step_start_ns) / 1e9)
         rec = self._current
         if rec is not None:
             rec.end_ns = end_ns
@@ -347,6 +391,8 @@ class ContinuousEngine:
                 self._finish(seq.request_id, "stop" if stop else "length", end_ns)
         if rec is not None and self._current_traced:  # a step with only warm-up sequences gets no span
             self.engine_traces.step(rec)
+        if records is not None:
+            records.after_step(end_ns)
 
     def on_output(self, request_id: str, error: str | None) -> None:
         if error is not None and request_id in self._live:
@@ -382,7 +428,10 @@ class ContinuousEngine:
         if record.waiting:  # it never ran (or was preempted and never ran again): no longer waiting
             record.waiting = False
             self._started += 1
-        if record.prefill or record.decode:
+        if record.slot:
+            self.records.end_sequence(record.slot)
+            write_preemption_events(record, self.geometry.bytes_per_block)
+        elif record.prefill or record.decode:
             try:
                 write_sequence_spans(self.writer, record, self.layout, self.layout_name,
                                      self.geometry.bytes_per_block, self.policy)

@@ -1,0 +1,288 @@
+"""The span exporter process: step records in, spans out, never in the serving process's way.
+
+Transport (measured by benchmarks/record_transport.py; docs/gateway.md, "Step records and
+the span exporter process"): an
+``AF_UNIX`` ``SOCK_SEQPACKET`` socket pair. The serving process sends one message of one or
+more steps' records (instrument/engines/cb_records.py: every 32 KiB / 50 ms and when the
+engine goes idle) with a non-blocking ``sendmsg`` (~0.8 µs for a batch-64 record to a busy
+reader; waking a sleeping one costs ~40 µs here); a full socket buffer (4 MiB asked,
+thousands of steps) raises instead of waiting, and the message is dropped and counted there.
+A message starts with a u32: the spans its records stand for (for the loss count). Messages keep their boundaries, and a dead reader makes the next
+send fail, so a dead exporter is noticed on the engine thread at no cost. A shared-memory
+ring was cheaper per record (0.3 µs) but needs polling in the reader and its own death
+detection; a multiprocessing pipe blocks when full.
+
+The child (``python -m instrument.records.exporter_process``, a fresh interpreter: none of
+the parent's threads, locks or ``__main__`` come along; the two sockets are passed as file
+descriptors) builds a TracerProvider with the parent's resource and the same exporters (``setup_tracing``: OTLP
+from the ``OTEL_*`` variables it inherits, OTLP-JSON lines), feeds each message to a
+:class:`~instrument.records.span_builder.SpanBuilder`, and every 0.5 s reports its export
+counts on a control socket (JSON messages). ``stop()`` asks it to drain the socket, flush and report; what
+it has not exported by the bound is counted as dropped.
+
+Counts (the shutdown line and /health, through ``export_health.add_counts_source``): the
+child's exporters' submitted / exported / failed / dropped, plus the spans of messages
+that never reached it: dropped at a full socket, or sent after its last report when it
+died. Those spans are estimated on the sending side as one per STEP entry and one per SEQ
+entry (exact for ``--decode-spans all``; engine roots and ``every:N`` differ).
+If the child dies, serving goes on, one error line says tracing stopped, and no restart
+is attempted (sequences in flight would have lost their OPEN entries).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from instrument.export_health import ExportCounts
+
+__all__ = ["ExporterProcess"]
+
+LOGGER = logging.getLogger("tokentrace.export")
+SEND_BUFFER_BYTES = 4 * 2**20
+REPORT_EVERY_S = 0.5
+_RECV_BYTES = 1 << 22
+
+
+class _Control:
+    """JSON messages over a SOCK_SEQPACKET socket (one message per packet)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def send(self, obj: Any) -> None:
+        self.sock.sendall(json.dumps(obj).encode())
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        import select
+
+        return bool(select.select([self.sock], [], [], timeout)[0])
+
+    def recv(self) -> Any:
+        data = self.sock.recv(1 << 20)
+        if not data:
+            raise EOFError("control socket closed")
+        return json.loads(data)
+
+
+def _child_main(sock: socket.socket, control: _Control, settings: dict[str, Any]) -> None:
+    """The exporter process's loop (runs in the child)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop (stop())
+    from instrument.export_health import export_health
+    from instrument.records.span_builder import SpanBuilder
+    from instrument.tracing import setup_tracing
+
+    attrs = dict(settings["resource"])
+    provider = setup_tracing(str(attrs.pop("service.name", "tokentrace")), exporter=settings["exporters"] or ["none"],
+                             json_path=settings.get("json_path"), endpoint=settings.get("endpoint"),
+                             protocol=settings.get("protocol"), instance_id=attrs.pop("service.instance.id", None),
+                             resource_attributes=attrs)
+    builder = SpanBuilder(provider)
+    received = malformed = 0
+    buf = bytearray(_RECV_BYTES)
+    sock.settimeout(0.1)
+
+    def report(final: bool = False, flushed: int | None = None) -> None:
+        counts = [c.as_dict() for c in export_health(provider)]
+        control.send({"counts": counts, "received": received, "malformed": malformed,
+                      "unknown_slots": builder.unknown_slots, "final": final, "flushed": flushed})
+
+    def drain(blocking: bool) -> bool:
+        nonlocal received, malformed
+        try:
+            n = sock.recv_into(buf) if blocking else sock.recv_into(buf, 0, socket.MSG_DONTWAIT)
+        except (socket.timeout, BlockingIOError):
+            return False
+        if n == 0:
+            return False
+        message = memoryview(buf)[:n]
+        try:
+            received += int.from_bytes(message[:4], "little")
+            builder.feed(message[4:])
+        except Exception:  # noqa: BLE001 - one bad message must not stop the exporter
+            malformed += 1
+        return True
+
+    last = time.monotonic()
+    stop_timeout = None
+    while stop_timeout is None:
+        drain(True)
+        if control.poll():
+            try:
+                order = control.recv()
+            except EOFError:  # the serving process is gone: flush what came and leave
+                order = {"stop": 5.0}
+            if "flush" in order:  # everything sent before the order, built and exported
+                while drain(False):
+                    pass
+                provider.force_flush(int(order["timeout_ms"]))
+                report(flushed=order["flush"])
+                last = time.monotonic()
+                continue
+            stop_timeout = float(order.get("stop", 5.0))
+        if time.monotonic() - last >= REPORT_EVERY_S:
+            report()
+            last = time.monotonic()
+    deadline = time.monotonic() + stop_timeout
+    while time.monotonic() < deadline and drain(False):
+        pass
+    builder.close()
+    done = threading.Event()
+    threading.Thread(target=lambda: (provider.shutdown(), done.set()), daemon=True).start()
+    done.wait(max(0.1, deadline - time.monotonic()))
+    report(final=True)
+
+
+class ExporterProcess:
+    """The parent's side: the socket the engine thread sends on, the child, its counts."""
+
+    def __init__(self, resource_attributes: dict[str, Any], exporters: list[str], json_path: str | None = None,
+                 name: str = "exporter-process", endpoint: str | None = None, protocol: str | None = None) -> None:
+        self.name = name
+        parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        parent_sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+        child_sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SEND_BUFFER_BYTES)
+        parent_sock.setblocking(False)
+        self._sock = parent_sock
+        control, child_control = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._control = _Control(control)
+        settings = {"resource": {k: v for k, v in resource_attributes.items()}, "exporters": list(exporters),
+                    "json_path": json_path, "endpoint": endpoint, "protocol": protocol, "records_fd": child_sock.fileno(), "control_fd": child_control.fileno()}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "instrument.records.exporter_process", json.dumps(settings)],
+            pass_fds=(child_sock.fileno(), child_control.fileno()), start_new_session=True)
+        child_sock.close()
+        child_control.close()
+        self.sent_units = 0  # spans the messages sent stand for (see the module docstring)
+        self.dropped_units = 0  # ... and those dropped at a full socket
+        self.dropped_messages = 0
+        self.dead = False
+        self._report: dict[str, Any] = {"counts": [], "received": 0}
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._flushes = 0
+        self._flushed = threading.Condition()
+        self._monitor = threading.Thread(target=self._watch, name="tokentrace-exporter-watch", daemon=True)
+        self._monitor.start()
+
+    # --- the engine thread -----------------------------------------------------------------
+    def send(self, message: memoryview, units: int) -> bool:
+        """Send one message standing for ``units`` spans; never waits. False when dropped."""
+        if self.dead:
+            self.dropped_units += units
+            self.dropped_messages += 1
+            return False
+        try:
+            self._sock.sendmsg((units.to_bytes(4, "little"), message))  # one packet, no joined copy
+        except BlockingIOError:
+            self.dropped_units += units
+            self.dropped_messages += 1
+            return False
+        except OSError:
+            self._died("its socket closed")
+            self.dropped_units += units
+            self.dropped_messages += 1
+            return False
+        self.sent_units += units
+        return True
+
+    # --- monitoring ------------------------------------------------------------------------
+    def _died(self, why: str) -> None:
+        with self._lock:
+            if self.dead or self._stopped:
+                self.dead = self.dead or not self._stopped
+                return
+            self.dead = True
+        LOGGER.error("tokentrace: tracing stopped: the span exporter process (pid %s) %s; serving goes on, "
+                     "the spans of later engine steps are counted as dropped", self.process.pid, why)
+
+    def _watch(self) -> None:
+        while not self._stopped:
+            try:
+                if self._control.poll(0.2):
+                    report = self._control.recv()
+                    self._report = report
+                    if report.get("flushed") is not None:
+                        with self._flushed:
+                            self._flushed.notify_all()
+                    if report.get("final"):
+                        return
+            except (EOFError, OSError, ValueError):
+                pass
+            if self.process.poll() is not None and not self._stopped:
+                self._died(f"exited with code {self.process.returncode}")
+                return
+
+    def counts(self) -> list[ExportCounts]:
+        """The child's exporters' counts, plus spans that never reached it (module docstring)."""
+        report = self._report
+        in_transit = max(0, self.sent_units - int(report.get("received", 0)))
+        lost = self.dropped_units + (in_transit if self.dead or self._stopped else 0)
+        pending_extra = 0 if (self.dead or self._stopped) else in_transit
+        rows = [ExportCounts(**{k: v for k, v in c.items() if k != "lost"}) for c in report.get("counts", [])]
+        if not rows:
+            rows = [ExportCounts(self.name, 0, 0, 0, 0, 0, 0, 0, None)]
+        first = rows[0]
+        note = "exporter process died" if self.dead else first.last_error
+        rows[0] = ExportCounts(f"{self.name}:{first.name}", first.submitted + lost + pending_extra, first.exported,
+                               first.failed, first.dropped + lost, first.pending + pending_extra,
+                               first.batches_exported, first.batches_failed, note)
+        return rows
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until the child has built and exported every message sent so far (benchmarks,
+        tests; serving never calls this). False on timeout or a dead child."""
+        if self.dead or self._stopped:
+            return False
+        self._flushes += 1
+        n = self._flushes
+        with self._flushed:
+            self._control.send({"flush": n, "timeout_ms": int(timeout_s * 1000)})
+            return self._flushed.wait_for(lambda: self._report.get("flushed") == n or self.dead, timeout_s) \
+                and not self.dead
+
+    def health(self) -> dict[str, Any]:
+        """For /health: alive or not, and what was dropped on the way."""
+        return {"pid": self.process.pid, "alive": self.process.poll() is None, "dead": self.dead,
+                "dropped_messages": self.dropped_messages, "dropped_spans": self.dropped_units,
+                "malformed_messages": self._report.get("malformed", 0)}
+
+    def stop(self, timeout_s: float = 10.0) -> list[ExportCounts]:
+        """Ask the child to drain, flush and report within ``timeout_s``; kill it past that."""
+        if not self.dead and self.process.poll() is None:
+            try:
+                self._control.send({"stop": max(0.5, timeout_s - 1.0)})
+            except OSError:
+                pass
+            self._monitor.join(timeout_s)
+        self._stopped = True
+        try:
+            self.process.wait(1.0)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(1.0)
+        self._sock.close()
+        self._control.sock.close()
+        return self.counts()
+
+
+def main(argv: list[str]) -> int:
+    """``python -m instrument.records.exporter_process SETTINGS_JSON`` (started by ExporterProcess)."""
+    settings = json.loads(argv[0])
+    sock = socket.socket(fileno=settings.pop("records_fd"))
+    control = _Control(socket.socket(fileno=settings.pop("control_fd")))
+    _child_main(sock, control, settings)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
+

@@ -1,0 +1,134 @@
+"""Spans from step records (instrument/records/format.py), built in the exporter process.
+
+The builder keeps what the continuous engine keeps on its own thread in the inline path
+(instrument/engines/cb_spans.py): one :class:`StepRecord` per STEP entry, and per slot the
+prefill chunks and decode steps its SEQ entries name. On END it calls the same
+``write_sequence_spans``, and every STEP goes to the same ``EngineTraceWriter``: the span
+contract (docs/spans.md) is written by one piece of code in both paths. What stays in the
+serving process: the ``tokentrace.preemption`` events, which go on the gateway's request
+span (a live span there, rare: one per preemption).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+
+from instrument.engines.cb_spans import EngineTraceWriter, StepRecord, write_sequence_spans
+from instrument.generate_spans import DecodeSpanPolicy
+from instrument.kv import KVLayout
+from instrument.records import format as fmt
+from instrument.span_writer import span_writer_for
+from instrument.tracing import get_tracer
+
+__all__ = ["SpanBuilder", "layout_meta"]
+
+
+def layout_meta(layout: KVLayout | None, layout_name: str, bytes_per_block: int, decode_spans: str,
+                steps_per_trace: int) -> dict[str, Any]:
+    """The META entry's content for an engine (JSON-able)."""
+    return {"layout": dataclasses.asdict(layout) if layout is not None else None, "layout_name": layout_name,
+            "bytes_per_block": bytes_per_block, "decode_spans": decode_spans, "steps_per_trace": steps_per_trace}
+
+
+@dataclass(slots=True)
+class _Request:
+    parent_context: Any
+
+
+@dataclass(slots=True)
+class _Sequence:
+    """What ``write_sequence_spans`` reads of a SequenceRecord."""
+
+    request: _Request
+    cached_tokens: int
+    prefill: list[tuple[StepRecord, int, int, int, bool]] = field(default_factory=list)
+    decode: list[StepRecord] = field(default_factory=list)
+    decode_blocks: list[int] = field(default_factory=list)
+    decode_context: list[int] = field(default_factory=list)
+    recomputed_steps: list[int] = field(default_factory=list)
+    preemptions: tuple[()] = ()
+
+
+class SpanBuilder:
+    """Feeds messages of step records into spans of ``tracer_provider``."""
+
+    def __init__(self, tracer_provider: Any) -> None:
+        self.tracer = get_tracer(tracer_provider)
+        self.writer = span_writer_for(self.tracer)
+        self.engine_traces: EngineTraceWriter | None = None
+        self.layout: KVLayout | None = None
+        self.layout_name = ""
+        self.bytes_per_block = 0
+        self.policy = DecodeSpanPolicy.parse("all")
+        self.sequences: dict[int, _Sequence] = {}
+        self.unknown_slots = 0  # SEQ / END entries of a slot never opened (its OPEN was dropped)
+        self._step: StepRecord | None = None
+
+    def _meta(self, info: dict[str, Any]) -> None:
+        layout = info.get("layout")
+        if layout is not None:
+            layout = KVLayout(**{**layout, "notes": tuple(layout.get("notes") or ())})
+        self.layout, self.layout_name = layout, info["layout_name"]
+        self.bytes_per_block = int(info["bytes_per_block"])
+        self.policy = DecodeSpanPolicy.parse(info["decode_spans"])
+        if self.engine_traces is not None:
+            self.engine_traces.close()
+        self.engine_traces = EngineTraceWriter(self.tracer, self.writer, int(info["steps_per_trace"]))
+
+    def feed(self, message: bytes | memoryview) -> None:
+        """Build the spans one message finishes (raises ValueError on a malformed message)."""
+        sequences = self.sequences
+        for entry in fmt.iter_entries(message):
+            kind = entry[0]
+            if kind == fmt.SEQ:
+                _, slot, tokens, blocks, context, flags = entry
+                seq, rec = sequences.get(slot), self._step
+                if seq is None or rec is None:
+                    self.unknown_slots += 1
+                    continue
+                if flags & fmt.SEQ_PREFILL:
+                    seq.prefill.append((rec, tokens, blocks, context, bool(flags & fmt.SEQ_RECOMPUTE)))
+                    if flags & fmt.SEQ_RECOMPUTE_EMITS:
+                        seq.recomputed_steps.append(len(seq.decode) + 1)
+                        seq.decode.append(rec)
+                        seq.decode_blocks.append(blocks)
+                        seq.decode_context.append(context)
+                else:
+                    seq.decode.append(rec)
+                    seq.decode_blocks.append(blocks)
+                    seq.decode_context.append(context)
+            elif kind == fmt.STEP:
+                (_, step, start, forward, end, batch, tokens, prefill_tokens, prefill_seqs, waiting, used, total,
+                 cached, block_tokens, device) = entry
+                rec = StepRecord(step, start, forward, batch, tokens, prefill_tokens, used, total, block_tokens,
+                                 waiting, prefill_seqs, cached, end, None if device < 0 else device)
+                self._step = rec
+                if self.engine_traces is not None:
+                    self.engine_traces.step(rec)
+            elif kind == fmt.OPEN:
+                _, slot, trace_id, span_id, flags, cached, state = entry
+                parent = SpanContext(trace_id, span_id, is_remote=False, trace_flags=TraceFlags(flags),
+                                     trace_state=TraceState.from_header([state]) if state else None)
+                sequences[slot] = _Sequence(_Request(trace.set_span_in_context(NonRecordingSpan(parent))), cached)
+            elif kind == fmt.END:
+                seq = sequences.pop(entry[1], None)
+                if seq is None:
+                    self.unknown_slots += 1
+                elif seq.prefill or seq.decode:
+                    write_sequence_spans(self.writer, seq, self.layout, self.layout_name, self.bytes_per_block,
+                                         self.policy)
+            elif kind == fmt.IDLE:
+                if self.engine_traces is not None:
+                    self.engine_traces.close()
+            elif kind == fmt.META:
+                self._meta(entry[1])
+
+    def close(self) -> None:
+        """End the open engine trace (shutdown)."""
+        if self.engine_traces is not None:
+            self.engine_traces.close()

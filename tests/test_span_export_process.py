@@ -1,0 +1,259 @@
+"""``--span-export process`` behind the real gateway (#27 items 2-3): the same spans as the
+inline path for one fixed run, and serving that goes on when the exporter process dies.
+
+Real uvicorn servers on 127.0.0.1 with the tiny model; spans go to OTLP-JSON lines files
+(the exporter process makes its exporters again from the provider's settings, so they
+cannot be in-memory objects). Requests run one after another, so that both runs schedule
+the same steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("torch")
+
+import httpx  # noqa: E402
+from opentelemetry.trace import NoOpTracer  # noqa: E402
+
+from instrument.client import chat_body, stream_chat  # noqa: E402
+from instrument.export_health import export_health  # noqa: E402
+from instrument.gateway.app import GatewaySettings, create_app  # noqa: E402
+from instrument.gateway.server import ServerThread  # noqa: E402
+from instrument.model_handle import ModelHandle, load_model_handle  # noqa: E402
+from instrument.tracing import setup_tracing  # noqa: E402
+
+TIMEOUT_S = 60.0
+LONG = "Tell me about the KV cache and paged attention. " * 8  # > 64 tokens: prefilled in chunks
+FIXED_RUN = [("hi", 8), (LONG, 6), (LONG, 5), ("The quick brown fox", 7)]  # the third hits the prefix cache
+TIMING = {"tokentrace.engine.schedule_ns"}  # how long the scheduler took: differs run to run
+
+
+@pytest.fixture(scope="module")
+def handle() -> ModelHandle:
+    return load_model_handle("tiny")
+
+
+def _serve(handle: ModelHandle, path: Path, span_export: str) -> tuple[Any, Any, Any]:
+    provider = setup_tracing("tokentrace-gateway", exporter=["otlp_json"], json_path=path)
+    app = create_app(handle, provider, GatewaySettings(engine="continuous", max_tokens_limit=512, engine_options={
+        "max_batch_tokens": 64, "span_export": span_export}))
+    return provider, app, ServerThread(app).start()
+
+
+def _one_by_one(url: str, run: list[tuple[str, int]]) -> list[Any]:
+    async def go() -> list[Any]:
+        async with httpx.AsyncClient(timeout=TIMEOUT_S) as http:
+            return [await stream_chat(http, url, chat_body("tiny", prompt, max_tokens=n), tracer=NoOpTracer())
+                    for prompt, n in run]
+    return asyncio.run(asyncio.wait_for(go(), TIMEOUT_S * len(run)))
+
+
+def _load(path: Path) -> list[dict[str, Any]]:
+    spans = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        for rs in json.loads(line)["resourceSpans"]:
+            resource = {a["key"]: a["value"] for a in rs["resource"]["attributes"]}
+            for ss in rs["scopeSpans"]:
+                for span in ss["spans"]:
+                    span["_resource"] = resource
+                    span["_scope"] = ss["scope"]
+                    span["_attrs"] = {a["key"]: a["value"] for a in span.get("attributes", [])}
+                    spans.append(span)
+    return spans
+
+
+def _run(handle: ModelHandle, tmp_path: Path, span_export: str) -> list[dict[str, Any]]:
+    path = tmp_path / f"{span_export}.jsonl"
+    provider, app, server = _serve(handle, path, span_export)
+    try:
+        results = _one_by_one(server.url, FIXED_RUN)
+        assert all(r.completed for r in results), [(r.status_code, r.error) for r in results]
+    finally:
+        server.stop()
+        provider.shutdown()
+    counts = export_health(provider)
+    assert sum(c.lost + c.pending for c in counts) == 0, [c.log_line() for c in counts]
+    return _load(path)
+
+
+def _engine_view(spans: list[dict[str, Any]]) -> dict[str, Any]:
+    """The engine's spans of one run, comparable across runs: per request (in order) its
+    prefill and decode spans' attributes, the engine_step spans' attributes, engine steps
+    numbered by rank; plus checks that hold within the run (parents, times, resource)."""
+    steps = sorted((s for s in spans if s["name"] == "engine_step"),
+                   key=lambda s: int(s["_attrs"]["tokentrace.engine.step"]["intValue"]))
+    rank = {s["_attrs"]["tokentrace.engine.step"]["intValue"]: i for i, s in enumerate(steps)}
+    times = {s["_attrs"]["tokentrace.engine.step"]["intValue"]: (s["startTimeUnixNano"], s["endTimeUnixNano"])
+             for s in steps}
+    gateways = sorted((s for s in spans if s["name"] == "gateway"), key=lambda s: int(s["startTimeUnixNano"]))
+    gateway_resource = gateways[0]["_resource"]
+    roots = {s["spanId"]: s for s in spans if s["name"] == "engine"}
+
+    def attrs(span: dict[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in span["_attrs"].items() if k not in TIMING}
+        if "tokentrace.engine.step" in out:
+            out["tokentrace.engine.step"] = rank[out["tokentrace.engine.step"]["intValue"]]
+        return out
+
+    requests = []
+    for gw in gateways:
+        children = [s for s in spans if s.get("parentSpanId") == gw["spanId"] and s["name"] in ("prefill", "decode")]
+        for child in children:
+            assert child["traceId"] == gw["traceId"] and child["kind"] == 1 and not child.get("events")
+            assert child["_resource"] == gateway_resource and child["_scope"] == gw["_scope"]
+            step = child["_attrs"]["tokentrace.engine.step"]["intValue"]
+            assert (child["startTimeUnixNano"], child["endTimeUnixNano"]) == times[step], "the step's times"
+        children.sort(key=lambda s: (s["name"], int(s["_attrs"].get("tokentrace.prefill.chunk", {}).get("intValue", 0)),
+                                     int(s["_attrs"].get("tokentrace.step", {}).get("intValue", 0))))
+        requests.append([(s["name"], attrs(s)) for s in children])
+    for step in steps:
+        root = roots[step["parentSpanId"]]
+        assert step["traceId"] == root["traceId"] and step["_resource"] == gateway_resource
+    return {"requests": requests, "steps": [attrs(s) for s in steps],
+            "root_keys": sorted({k for r in roots.values() for k in r["_attrs"]})}
+
+
+def test_process_export_writes_the_spans_of_the_inline_path(handle: ModelHandle, tmp_path: Path) -> None:
+    inline = _engine_view(_run(handle, tmp_path, "inline"))
+    process = _engine_view(_run(handle, tmp_path, "process"))
+    assert [len(r) for r in inline["requests"]] == [len(r) for r in process["requests"]]
+    assert sum(name == "prefill" for name, _ in inline["requests"][1]) >= 2, "the long prompt is chunked"
+    assert any(a.get("tokentrace.cached_tokens", {}).get("intValue", "0") != "0"
+               for name, a in inline["requests"][2] if name == "prefill"), "the repeat hits the prefix cache"
+    for i, (a, b) in enumerate(zip(inline["requests"], process["requests"])):
+        for (name_a, attrs_a), (name_b, attrs_b) in zip(a, b):
+            assert name_a == name_b
+            assert attrs_a == attrs_b, (i, name_a)
+    assert inline["steps"] == process["steps"]
+    assert inline["root_keys"] == process["root_keys"]
+
+
+def test_serving_goes_on_when_the_exporter_process_dies(handle: ModelHandle, tmp_path: Path,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    provider, app, server = _serve(handle, tmp_path / "killed.jsonl", "process")
+    engine = app.state.gateway.engine
+    try:
+        first = _one_by_one(server.url, FIXED_RUN[:1])
+        assert first[0].completed
+        os.kill(engine.exporter.process.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        with caplog.at_level(logging.ERROR, logger="tokentrace.export"):
+            while not engine.exporter.dead and time.monotonic() < deadline:
+                time.sleep(0.05)
+            after = _one_by_one(server.url, FIXED_RUN[1:])
+        assert engine.exporter.dead
+        assert all(r.completed for r in after), [(r.status_code, r.error) for r in after]
+        health = httpx.get(server.url + "/health", timeout=10).json()
+        stopped = [r.getMessage() for r in caplog.records if "tracing stopped" in r.getMessage()]
+        assert len(stopped) == 1, "said once"
+    finally:
+        server.stop()
+        provider.shutdown()
+    assert health["engine"]["exporter_process"]["dead"] is True
+    assert health["engine"]["exporter_process"]["dropped_spans"] > 0
+    (process_row,) = [c for c in health["export"] if c["name"].startswith("exporter-process")]
+    assert process_row["dropped"] > 0 and process_row["last_error"] == "exporter process died"
+    counts = export_health(provider)
+    (final,) = [c for c in counts if c.name.startswith("exporter-process")]
+    # the requests after the kill: 3 requests x (prefill chunks + decode steps), plus their steps
+    assert final.dropped >= sum(n for _, n in FIXED_RUN[1:])
+    assert final.submitted == final.exported + final.failed + final.dropped + final.pending
+    gateway_row = [c for c in counts if not c.name.startswith("exporter-process")]
+    assert sum(c.exported for c in gateway_row) == 4 * 3, "the gateway's own spans (gateway, tokenize, queue)"
+
+
+class _OtlpSink:
+    """A real OTLP/HTTP endpoint on 127.0.0.1 that answers every export after ``delay_s``."""
+
+    def __init__(self, delay_s: float) -> None:
+        import http.server
+        import threading
+
+        sink = self
+        self.delay_s = delay_s
+        self.posts: list[float] = []  # perf_counter when each export arrived
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                sink.posts.append(time.perf_counter())
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                time.sleep(sink.delay_s)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _chunk_gaps(handle: ModelHandle, sink: _OtlpSink, streams: int = 2, tokens: int = 48) -> tuple[list[float], float]:
+    """Seconds between consecutive streamed chunks (all streams), and when the last arrived."""
+    provider = setup_tracing("tokentrace-gateway", exporter=["otlp"], endpoint=sink.url, protocol="http/protobuf")
+    app = create_app(handle, provider, GatewaySettings(engine="continuous", max_tokens_limit=512,
+                                                       engine_options={"span_export": "process"}))
+    server = ServerThread(app).start()
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": tokens,
+            "stream": True, "ignore_eos": True}
+
+    async def one(http: httpx.AsyncClient) -> list[float]:
+        times = []
+        async with http.stream("POST", server.url + "/v1/chat/completions", json=body) as response:
+            assert response.status_code == 200
+            async for line in response.aiter_lines():
+                if line.startswith("data: {"):
+                    times.append(time.perf_counter())
+        return times
+
+    async def go() -> list[list[float]]:
+        async with httpx.AsyncClient(timeout=TIMEOUT_S) as http:
+            return await asyncio.gather(*(one(http) for _ in range(streams)))
+
+    try:
+        per_stream = asyncio.run(asyncio.wait_for(go(), TIMEOUT_S))
+    finally:
+        server.stop()
+        provider.shutdown()
+    gaps = [b - a for times in per_stream for a, b in zip(times, times[1:])]
+    return gaps, max(t[-1] for t in per_stream)
+
+
+def test_a_slow_otlp_endpoint_never_delays_a_token(handle: ModelHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exports every 50 ms (OTEL_BSP_SCHEDULE_DELAY) to an endpoint that takes 1 s to answer
+    each, from both processes: the streams' chunk gaps stay those of a prompt endpoint."""
+    import statistics
+
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "5")
+    fast, slow = _OtlpSink(0.0), _OtlpSink(1.0)
+    try:
+        fast_gaps, _ = _chunk_gaps(handle, fast)
+        slow_gaps, last_chunk = _chunk_gaps(handle, slow)
+    finally:
+        fast.stop()
+        slow.stop()
+    assert fast.posts and slow.posts
+    assert min(slow.posts) < last_chunk, "an export was under way while tokens streamed"
+    assert max(slow_gaps) < 0.5, f"a chunk waited {max(slow_gaps):.3f} s: the 1 s export blocked it"
+    assert statistics.median(slow_gaps) <= 3 * statistics.median(fast_gaps) + 0.005, (
+        statistics.median(slow_gaps), statistics.median(fast_gaps))
