@@ -156,3 +156,15 @@ def test_every_module_imports_without_the_other_side(package: str, blocked: tupl
     code = f"BLOCKED = {blocked!r}\n" + _BLOCK.replace("{pkg}", package).replace("{{", "{").replace("}}", "}")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert out.stdout.strip() == "ok", (out.stdout + out.stderr)[-3000:]
+
+
+def test_every_package_is_listed_in_pyproject() -> None:
+    """A package missing from pyproject's explicit list would be left out of the wheel."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {_module_name(init) for top in ("analyzer", "instrument") for init in (REPO / top).rglob("__init__.py")
+             if "__pycache__" not in init.parts}
+    assert found <= listed, f"packages missing from pyproject.toml [tool.setuptools] packages: {sorted(found - listed)}"
