@@ -27,7 +27,7 @@ from instrument.generate_spans import DecodeSpanPolicy
 from instrument.kv import KVLayout
 from instrument.sampling import SequenceSampler, TokenLogprobs
 
-__all__ = ["EngineTraceWriter", "SequenceRecord", "StepRecord", "write_preemption_events", "write_sequence_spans"]
+__all__ = ["EngineTraceWriter", "SequenceRecord", "StepRecord", "record_run", "write_preemption_events", "write_sequence_spans"]
 
 STEP_SPAN = "engine_step"
 PREEMPTION_EVENT = "tokentrace.preemption"
@@ -113,6 +113,23 @@ class SequenceRecord:
         if self.decode_blocks:
             return self.decode_blocks[-1]
         return self.prefill[-1][2] if self.prefill else self.blocks_now
+
+
+def record_run(seq: Any, rec: StepRecord, tokens: int, blocks: int, context: int, prefill: bool, recompute: bool,
+               recompute_emits: bool) -> None:
+    """``seq`` (a SequenceRecord, or the exporter process's view of one) ran in step ``rec``:
+    ``tokens`` computed, ``blocks`` held, ``context`` tokens after it. A prefill chunk (``recompute``: after a preemption) is one entry of
+    ``prefill``; a recompute chunk that ends by emitting the next token also stands for
+    that token's decode step (docs/spans.md). The inline path (continuous.py) and the
+    exporter process (instrument/records/span_builder.py) both fill records through here."""
+    if prefill:
+        seq.prefill.append((rec, tokens, blocks, context, recompute))
+        if not recompute_emits:
+            return
+        seq.recomputed_steps.append(len(seq.decode) + 1)
+    seq.decode.append(rec)
+    seq.decode_blocks.append(blocks)
+    seq.decode_context.append(context)
 
 
 def write_preemption_events(record: Any, bytes_per_block: int) -> None:

@@ -32,8 +32,8 @@ from instrument import kv
 from instrument.clock import now_wall_ns
 from instrument.engines import cb_hooks
 from instrument.engines.base import EngineRequest, EngineResult, QueueWaitExceeded
-from instrument.engines.cb_spans import (EngineTraceWriter, SequenceRecord, StepRecord, write_preemption_events,
-                                        write_sequence_spans)
+from instrument.engines.cb_spans import (EngineTraceWriter, SequenceRecord, StepRecord, record_run,
+                                        write_preemption_events, write_sequence_spans)
 from instrument.generate_spans import DecodeSpanPolicy
 from instrument.model_handle import ModelHandle
 from instrument.sampling import SequenceSampler, TokenLogprobs
@@ -318,17 +318,9 @@ class ContinuousEngine:
             self._current_traced = True
             if record.waiting:
                 self._start(record, s, start_ns)
-            if s.prefill:
-                record.prefill.append((rec, s.tokens, s.blocks, s.context_tokens, record.preempted > 0))
-                if s.emits and record.emitted:  # a recompute that ends emits token k + 1: step k has no
-                    record.recomputed_steps.append(len(record.decode) + 1)  # decode span (docs/spans.md)
-                    record.decode.append(rec)
-                    record.decode_blocks.append(s.blocks)
-                    record.decode_context.append(s.context_tokens)
-            else:
-                record.decode.append(rec)
-                record.decode_blocks.append(s.blocks)
-                record.decode_context.append(s.context_tokens)
+            # a recompute that ends emits token k + 1: step k has no decode span (docs/spans.md)
+            record_run(record, rec, s.tokens, s.blocks, s.context_tokens, s.prefill, record.preempted > 0,
+                       s.prefill and s.emits and record.emitted > 0)
 
     def _start(self, record: SequenceRecord, s: Any, start_ns: int) -> None:
         """The scheduler runs ``record`` for the first time (or again after a preemption)."""

@@ -18,7 +18,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
-from instrument.engines.cb_spans import EngineTraceWriter, StepRecord, write_sequence_spans
+from instrument.engines.cb_spans import EngineTraceWriter, StepRecord, record_run, write_sequence_spans
 from instrument.generate_spans import DecodeSpanPolicy
 from instrument.kv import KVLayout
 from instrument.records import format as fmt
@@ -91,17 +91,8 @@ class SpanBuilder:
                 if seq is None or rec is None:
                     self.unknown_slots += 1
                     continue
-                if flags & fmt.SEQ_PREFILL:
-                    seq.prefill.append((rec, tokens, blocks, context, bool(flags & fmt.SEQ_RECOMPUTE)))
-                    if flags & fmt.SEQ_RECOMPUTE_EMITS:
-                        seq.recomputed_steps.append(len(seq.decode) + 1)
-                        seq.decode.append(rec)
-                        seq.decode_blocks.append(blocks)
-                        seq.decode_context.append(context)
-                else:
-                    seq.decode.append(rec)
-                    seq.decode_blocks.append(blocks)
-                    seq.decode_context.append(context)
+                record_run(seq, rec, tokens, blocks, context, bool(flags & fmt.SEQ_PREFILL),
+                           bool(flags & fmt.SEQ_RECOMPUTE), bool(flags & fmt.SEQ_RECOMPUTE_EMITS))
             elif kind == fmt.STEP:
                 (_, step, start, forward, end, batch, tokens, prefill_tokens, prefill_seqs, waiting, used, total,
                  cached, block_tokens, device) = entry
