@@ -330,4 +330,4 @@ def test_a_wait_past_max_queue_wait_s_gets_503_with_retry_after(handle: ModelHan
             assert (queue.end_time - queue.start_time) / 1e9 >= 0.2
         # a streamed request that is scheduled in time streams as usual
         (streamed,) = _run(served.url, [chat_body("tiny", "hi", max_tokens=4)], 1)
-        assert streamed.completed and streamed.output_tokens == 4 or streamed.finish_reason == "stop"
+        assert streamed.completed and (streamed.output_tokens == 4 or streamed.finish_reason == "stop"), streamed

@@ -119,7 +119,7 @@ def check_run(ours: list[Span], theirs: list[Span], client: dict[str, Any]) -> d
             assert llm[0].parent_id == req.parent_id, "engine_request and llm_request are siblings"
         assert llm[0].attrs["gen_ai.usage.completion_tokens"] == usage["completion_tokens"]
     repeated = [r for r in sent if r["kind"] == "repeat"]
-    assert not repeated or (len(repeated) == 2 and repeated[1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0)
+    assert len(repeated) == 2 and repeated[1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, repeated
     # per engine step, the request spans naming it add up to its scheduled tokens and batch size
     steps = {s.attrs["tokentrace.engine.step"]: s for s in ours if s.name == "engine_step"}
     tokens: dict[int, int] = {}

@@ -115,9 +115,17 @@ def note_if_stale(con: duckdb.DuckDBPyConnection, db_path: str | None) -> None:
     from analyzer.query.runner import derived_status
 
     if db_path is not None and derived_status(con) == "stale":
-        click.echo(f"note: {db_path}: its derived tables were built over other data (rows written since "
-                   "tokentrace load, or another tokentrace version); this command derived them again "
-                   f"(`tokentrace load --db {db_path}` rebuilds them)", err=True)
+        import textwrap
+
+        from analyzer.cli._human import terminal_width
+
+        text = (f"{db_path}: its derived tables were built over other data (rows written since "
+                "tokentrace load, or another tokentrace version); this command derived them again "
+                f"(`tokentrace load --db {db_path}` rebuilds them)")
+        # wrapped to the terminal like every note; a path is never cut (it is what a user copies)
+        for line in textwrap.wrap(f"note: {text}", terminal_width(), subsequent_indent="  ",
+                                  break_long_words=False, break_on_hyphens=False):
+            click.echo(line, err=True)
 
 
 def check_trace_id(trace_id: str | None) -> str | None:
