@@ -91,7 +91,7 @@ def test_plugin_spans_hold_the_invariants(vllm_run: Path) -> None:
 
 def test_preemption_is_an_event_and_the_recomputed_prefill_its_own_span(preemption_run: Path) -> None:
     ours, theirs, client = run_spans(preemption_run)
-    counts = check_run(ours, theirs, client)
+    counts = check_run(ours, theirs, client, repeated_prompt=False)
     assert counts["requests"] == 3 and counts["preemptions"] >= 1
 
 

@@ -6,7 +6,7 @@ of verb discovery)."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from analyzer.cli._human import Col, View, auto_view
 
@@ -83,19 +83,33 @@ _METRIC_LABELS = {
     "prefix_cache_hit_share": "cached input frac",
 }
 
+def _summary_figure(key: str) -> Callable[[Mapping[str, Any]], Any]:
+    """A summary statistic as text, by its row's unit: milliseconds to 0.1 ms (as every *_ms
+    column prints), fractions to three decimals, other figures to four significant digits
+    (right-aligned: the column's kind is numeric)."""
+    from analyzer.cli._human import cell_text
+
+    def figure(row: Mapping[str, Any]) -> Any:
+        unit = str(row.get("unit") or "")
+        kind = "ms" if unit.startswith("ms") else "fraction" if unit.startswith("fraction") else "auto"
+        value = row.get(key)
+        return None if value is None else cell_text(value, kind)
+    return figure
+
+
 _SUMMARY = View((
     Col("metric", "metric", value=lambda r: _METRIC_LABELS.get(r.get("metric"), r.get("metric"))),
     Col("perspective", "perspective"),
     Col("count", "n", kind="count"),
     Col("null_count", "empty", kind="count", rank=3),
-    Col("mean", "mean", rank=1),
-    Col("std_pop", "std", rank=4),
-    Col("min", "min", rank=4),
-    Col("p50", "p50"),
-    Col("p90", "p90"),
-    Col("p95", "p95", rank=2),
-    Col("p99", "p99"),
-    Col("max", "max"),
+    Col("mean", "mean", rank=1, kind="ms", value=_summary_figure("mean")),
+    Col("std_pop", "std", rank=4, kind="ms", value=_summary_figure("std_pop")),
+    Col("min", "min", rank=4, kind="ms", value=_summary_figure("min")),
+    Col("p50", "p50", kind="ms", value=_summary_figure("p50")),
+    Col("p90", "p90", kind="ms", value=_summary_figure("p90")),
+    Col("p95", "p95", rank=2, kind="ms", value=_summary_figure("p95")),
+    Col("p99", "p99", kind="ms", value=_summary_figure("p99")),
+    Col("max", "max", kind="ms", value=_summary_figure("max")),
     Col("null_reason", "why empty", rank=5, cut=True, fill=True),
 ))
 

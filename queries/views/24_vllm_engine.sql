@@ -81,7 +81,10 @@ children AS (
            min(CASE WHEN name = 'queue' THEN start_ns END) AS queue_start_ns,
            max(CASE WHEN name = 'queue' THEN end_ns END) AS queue_end_ns,
            min(CASE WHEN name = 'prefill' THEN start_ns END) AS prefill_start_ns,
-           max(CASE WHEN name = 'prefill' THEN end_ns END) AS prefill_end_ns,
+           -- a recompute prefill (after a preemption, past the first decode steps) is not part of
+           -- the prompt's prefill, as in 10_tokentrace_contract.sql
+           max(CASE WHEN name = 'prefill' AND NOT coalesce(attr_bool['tokentrace.prefill.recompute'], false)
+                    THEN end_ns END) AS prefill_end_ns,
            max(CASE WHEN name = 'prefill' THEN attr_int['tokentrace.kv.bytes_per_token'] END) AS kv_bytes_per_token,
            count(*) FILTER (WHERE name = 'decode') AS decode_spans
     FROM spans
