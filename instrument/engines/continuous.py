@@ -119,6 +119,7 @@ class ContinuousEngine:
         self._eos_ids = sorted(handle.eos_ids)
         # Requests waiting to be scheduled = submitted - started: each counter is written by
         # one thread only (submit: the gateway's loop; started: the engine's thread).
+        self._step_start_ns: int | None = None  # start of the step in flight (metrics)
         self._submitted = 0
         self._started = 0
         self._deadlines: collections.deque[tuple[float, str]] = collections.deque()  # (monotonic s, id), FIFO
@@ -184,6 +185,7 @@ class ContinuousEngine:
                 eos_token_id=-1 if params.ignore_eos else self._eos_ids)
         if accepted is None:
             self._live.pop(request.request_id, None)
+            self._submitted -= 1  # never queued: not waiting (requests_waiting = submitted - started)
             request.on_done(EngineResult(now_wall_ns(), "error", error=RuntimeError("the engine is not running")))
 
     def cancel(self, request_id: str) -> None:
@@ -284,6 +286,7 @@ class ContinuousEngine:
                      waiting: int) -> None:
         self._finish_cancelled(start_ns)
         self._step += 1
+        self._step_start_ns = start_ns  # the step-duration metric, traced or not
         metrics = self.metrics
         if not self.tracing:
             self._current = None
@@ -356,15 +359,15 @@ class ContinuousEngine:
     def on_step_done(self, end_ns: int, emitted: list[tuple[Any, int, bool]]) -> None:
         records = self.records
         if records is not None:
-            step_start_ns = records.step_done(end_ns, self.tap.device_ns)
-            if step_start_ns is not None and self.metrics is not None:
-                self.metrics.step_done((end_ns - step_start_ns) / 1e9)
+            records.step_done(end_ns, self.tap.device_ns)
         rec = self._current
         if rec is not None:
             rec.end_ns = end_ns
             rec.device_ns = self.tap.device_ns
-            if self.metrics is not None:
-                self.metrics.step_done((end_ns - rec.start_ns) / 1e9)
+        # one step-duration sample per step that ran, as one batch-size sample (traced or not)
+        if self.metrics is not None and self._step_start_ns is not None:
+            self.metrics.step_done((end_ns - self._step_start_ns) / 1e9)
+        self._step_start_ns = None
         self._current = None
         live = self._live
         for seq, token, finished in emitted:

@@ -31,6 +31,7 @@ is attempted (sequences in flight would have lost their OPEN entries).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -182,12 +183,14 @@ class ExporterProcess:
             return False
         try:
             self._sock.sendmsg((units.to_bytes(4, "little"), message))  # one packet, no joined copy
-        except BlockingIOError:
-            self.dropped_units += units
-            self.dropped_messages += 1
-            return False
-        except OSError:
-            self._died("its socket closed")
+        except OSError as exc:
+            # a full buffer (EAGAIN) or one message over the socket's limit (EMSGSIZE) drops this
+            # message, counted; only a closed or reset socket ends tracing
+            if isinstance(exc, BlockingIOError) or exc.errno in (errno.EMSGSIZE, errno.ENOBUFS):
+                self.dropped_units += units
+                self.dropped_messages += 1
+                return False
+            self._died(f"its socket failed ({errno.errorcode.get(exc.errno or 0, exc.errno)})")
             self.dropped_units += units
             self.dropped_messages += 1
             return False
