@@ -227,3 +227,19 @@ def test_an_entry_of_a_sequence_never_opened_is_counted() -> None:
     builder.close()
     assert builder.unknown_slots == 2
     assert sorted(s.name for s in spans.get_finished_spans()) == ["engine", "engine_step"]
+
+
+def test_a_blob_reaches_its_channel_decoder_and_an_unknown_channel_is_refused() -> None:
+    w = fmt.RecordWriter(capacity=16)
+    w.blob(2, b"\x00" * 40)  # grows the buffer
+    w.idle()
+    entries = list(fmt.iter_entries(bytes(w.take())))
+    assert [e[0] for e in entries] == [fmt.BLOB, fmt.IDLE]
+    assert entries[0][1] == 2 and bytes(entries[0][2]) == b"\x00" * 40
+    truncated = bytes([fmt.BLOB, 2]) + struct.pack("<I", 10) + b"abc"
+    with pytest.raises(ValueError, match="BLOB entry truncated"):
+        list(fmt.iter_entries(truncated))
+    w.blob(200, b"x")
+    provider, _ = _provider()
+    with pytest.raises(ValueError, match="no decoder for BLOB channel 200"):
+        SpanBuilder(provider).feed(bytes(w.take()))

@@ -45,7 +45,7 @@ from typing import Any
 
 from instrument.export_health import ExportCounts
 
-__all__ = ["ExporterProcess"]
+__all__ = ["ExporterProcess", "RecordSender"]
 
 LOGGER = logging.getLogger("tokentrace.export")
 SEND_BUFFER_BYTES = 4 * 2**20
@@ -162,9 +162,8 @@ class ExporterProcess:
             pass_fds=(child_sock.fileno(), child_control.fileno()), start_new_session=True)
         child_sock.close()
         child_control.close()
-        self.sent_units = 0  # spans the messages sent stand for (see the module docstring)
-        self.dropped_units = 0  # ... and those dropped at a full socket
-        self.dropped_messages = 0
+        self._senders: list[RecordSender] = []
+        self._first = self.sender()
         self.dead = False
         self._report: dict[str, Any] = {"counts": [], "received": 0}
         self._lock = threading.Lock()
@@ -174,28 +173,31 @@ class ExporterProcess:
         self._monitor = threading.Thread(target=self._watch, name="tokentrace-exporter-watch", daemon=True)
         self._monitor.start()
 
-    # --- the engine thread -----------------------------------------------------------------
+    # --- the senders ------------------------------------------------------------------------
+    def sender(self) -> "RecordSender":
+        """A sender for one more writing thread (the engine's, the gateway's): its own
+        counters, the same socket (a SEQPACKET send is one atomic message)."""
+        sender = RecordSender(self)
+        self._senders.append(sender)
+        return sender
+
     def send(self, message: memoryview, units: int) -> bool:
-        """Send one message standing for ``units`` spans; never waits. False when dropped."""
-        if self.dead:
-            self.dropped_units += units
-            self.dropped_messages += 1
-            return False
-        try:
-            self._sock.sendmsg((units.to_bytes(4, "little"), message))  # one packet, no joined copy
-        except OSError as exc:
-            # a full buffer (EAGAIN) or one message over the socket's limit (EMSGSIZE) drops this
-            # message, counted; only a closed or reset socket ends tracing
-            if isinstance(exc, BlockingIOError) or exc.errno in (errno.EMSGSIZE, errno.ENOBUFS):
-                self.dropped_units += units
-                self.dropped_messages += 1
-                return False
-            self._died(f"its socket failed ({errno.errorcode.get(exc.errno or 0, exc.errno)})")
-            self.dropped_units += units
-            self.dropped_messages += 1
-            return False
-        self.sent_units += units
-        return True
+        """The first sender's :meth:`RecordSender.send` (the engine thread's)."""
+        return self._first.send(message, units)
+
+    @property
+    def sent_units(self) -> int:
+        """Spans the messages sent stand for, summed over the senders."""
+        return sum(s.sent_units for s in self._senders)
+
+    @property
+    def dropped_units(self) -> int:
+        """Spans of messages dropped on the sending side, summed over the senders."""
+        return sum(s.dropped_units for s in self._senders)
+
+    @property
+    def dropped_messages(self) -> int:
+        return sum(s.dropped_messages for s in self._senders)
 
     # --- monitoring ------------------------------------------------------------------------
     def _died(self, why: str) -> None:
@@ -275,6 +277,38 @@ class ExporterProcess:
         self._sock.close()
         self._control.sock.close()
         return self.counts()
+
+
+class RecordSender:
+    """One writing thread's side of the exporter socket; never waits (see the module docstring)."""
+
+    __slots__ = ("_owner", "sent_units", "dropped_units", "dropped_messages")
+
+    def __init__(self, owner: ExporterProcess) -> None:
+        self._owner = owner
+        self.sent_units = 0  # spans the messages sent stand for
+        self.dropped_units = 0  # ... and those dropped here (full socket, dead exporter)
+        self.dropped_messages = 0
+
+    def send(self, message: bytes | memoryview, units: int) -> bool:
+        """Send one message standing for ``units`` spans; never waits. False when dropped."""
+        owner = self._owner
+        if owner.dead:
+            self.dropped_units += units
+            self.dropped_messages += 1
+            return False
+        try:
+            owner._sock.sendmsg((units.to_bytes(4, "little"), message))  # one packet, no joined copy
+        except OSError as exc:
+            # a full buffer (EAGAIN) or one message over the socket's limit (EMSGSIZE) drops this
+            # message, counted; only a closed or reset socket ends tracing
+            if not (isinstance(exc, BlockingIOError) or exc.errno in (errno.EMSGSIZE, errno.ENOBUFS)):
+                owner._died(f"its socket failed ({errno.errorcode.get(exc.errno or 0, exc.errno)})")
+            self.dropped_units += units
+            self.dropped_messages += 1
+            return False
+        self.sent_units += units
+        return True
 
 
 def main(argv: list[str]) -> int:

@@ -23,6 +23,11 @@ kind  name      fields (struct format after the kind byte)
                 scheduled sequence, belonging to the STEP before it.
 5     END       ``<Q`` slot: the sequence finished; its spans can be built.
 6     IDLE      (nothing): the engine went idle (the open engine trace ends).
+7     BLOB      ``<BI`` channel, length + that many bytes: a payload for the exporter
+                process's decoder of that channel (instrument/records/channels.py), for
+                facts that are not steps of this engine: 1 = vLLM scheduler steps
+                (instrument/vllm/records.py), 2 = spans finished in the serving process
+                and forwarded whole (instrument/records/span_forward.py).
 ====  ========  ==============================================================================
 
 A slot is a number the record writer gives a sequence, never reused in one process.
@@ -39,10 +44,10 @@ import json
 import struct
 from typing import Any, Iterator
 
-__all__ = ["END", "IDLE", "META", "OPEN", "RecordWriter", "SEQ", "STEP", "SEQ_PREFILL", "SEQ_RECOMPUTE",
+__all__ = ["BLOB", "END", "IDLE", "META", "OPEN", "RecordWriter", "SEQ", "STEP", "SEQ_PREFILL", "SEQ_RECOMPUTE",
            "SEQ_RECOMPUTE_EMITS", "iter_entries"]
 
-META, OPEN, STEP, SEQ, END, IDLE = 1, 2, 3, 4, 5, 6
+META, OPEN, STEP, SEQ, END, IDLE, BLOB = 1, 2, 3, 4, 5, 6, 7
 SEQ_PREFILL, SEQ_RECOMPUTE, SEQ_RECOMPUTE_EMITS = 1, 2, 4
 
 _META = struct.Struct("<BI")
@@ -51,6 +56,7 @@ _STEP = struct.Struct("<BQqqqIIIIIIIIIq")
 _SEQ = struct.Struct("<BQIIIB")
 _END = struct.Struct("<BQ")
 _IDLE = struct.Struct("<B")
+_BLOB = struct.Struct("<BBI")
 _END_OFFSET = 1 + 8 + 8 + 8  # the STEP entry's end ns, patched by finish_step
 _DEVICE_OFFSET = _STEP.size - 8
 _MASK64 = (1 << 64) - 1
@@ -159,6 +165,15 @@ class RecordWriter:
         _IDLE.pack_into(self._buf, self._pos, IDLE)
         self._pos += _IDLE.size
 
+    def blob(self, channel: int, data: bytes | bytearray | memoryview) -> None:
+        """One BLOB entry: ``data`` for the exporter process's decoder of ``channel`` (1-255)."""
+        size = len(data)
+        self._room(_BLOB.size + size)
+        _BLOB.pack_into(self._buf, self._pos, BLOB, channel, size)
+        self._pos += _BLOB.size
+        self._buf[self._pos:self._pos + size] = data
+        self._pos += size
+
     @property
     def step_open(self) -> bool:
         return self._step_at >= 0
@@ -177,7 +192,8 @@ class RecordWriter:
 
 def iter_entries(message: bytes | memoryview) -> Iterator[tuple[Any, ...]]:
     """The entries of one message as tuples ``(kind, *fields)``; META yields (META, dict),
-    OPEN yields (OPEN, slot, trace id, span id, flags, cached tokens, trace state str).
+    OPEN yields (OPEN, slot, trace id, span id, flags, cached tokens, trace state str),
+    BLOB yields (BLOB, channel, memoryview of the payload: valid while ``message`` is).
     Raises ValueError on a truncated or unknown entry."""
     buf = memoryview(message)
     pos, n = 0, len(buf)
@@ -202,6 +218,13 @@ def iter_entries(message: bytes | memoryview) -> Iterator[tuple[Any, ...]]:
         elif kind == IDLE:
             yield (IDLE,)
             pos += 1
+        elif kind == BLOB:
+            _, channel, length = _BLOB.unpack_from(buf, pos)
+            pos += _BLOB.size
+            if pos + length > n:
+                raise ValueError(f"step records: BLOB entry truncated at byte {n}")
+            yield (BLOB, channel, buf[pos:pos + length])
+            pos += length
         elif kind == META:
             _, length = _META.unpack_from(buf, pos)
             pos += _META.size

@@ -22,6 +22,7 @@ from instrument.engines.cb_spans import EngineTraceWriter, StepRecord, record_ru
 from instrument.generate_spans import DecodeSpanPolicy
 from instrument.kv import KVLayout
 from instrument.records import format as fmt
+from instrument.records.channels import ChannelDecoder, open_channel
 from instrument.span_writer import span_writer_for
 from instrument.tracing import get_tracer
 
@@ -58,6 +59,8 @@ class SpanBuilder:
     """Feeds messages of step records into spans of ``tracer_provider``."""
 
     def __init__(self, tracer_provider: Any) -> None:
+        self.tracer_provider = tracer_provider
+        self.channels: dict[int, ChannelDecoder] = {}  # BLOB decoders (instrument/records/channels.py)
         self.tracer = get_tracer(tracer_provider)
         self.writer = span_writer_for(self.tracer)
         self.engine_traces: EngineTraceWriter | None = None
@@ -116,10 +119,17 @@ class SpanBuilder:
             elif kind == fmt.IDLE:
                 if self.engine_traces is not None:
                     self.engine_traces.close()
+            elif kind == fmt.BLOB:
+                decoder = self.channels.get(entry[1])
+                if decoder is None:
+                    decoder = self.channels[entry[1]] = open_channel(entry[1], self.tracer_provider)
+                decoder.feed(entry[2])
             elif kind == fmt.META:
                 self._meta(entry[1])
 
     def close(self) -> None:
-        """End the open engine trace (shutdown)."""
+        """End the open engine trace and what every channel decoder holds open (shutdown)."""
         if self.engine_traces is not None:
             self.engine_traces.close()
+        for decoder in self.channels.values():
+            decoder.close()
