@@ -172,6 +172,9 @@ def test_a_full_cache_preempts_traces_it_and_the_text_is_unchanged(handle: Model
             steps = [d.attributes["tokentrace.step"] for d in served.children(gw, "decode")]
             assert len(steps) == len(set(steps)) and set(steps) < set(range(1, max_tokens))
             assert len(steps) == max_tokens - 1 - len(recomputed)
+            # ... and the recompute chunk that emitted says which step it stood for (emitting token k + 1)
+            stood_for = [p.attributes["tokentrace.step"] for p in recomputed if "tokentrace.step" in p.attributes]
+            assert len(stood_for) == len(recomputed) and sorted(steps + stood_for) == list(range(1, max_tokens))
         assert served.engine.health()["kv_blocks_used"] == 0
 
 

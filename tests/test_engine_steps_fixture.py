@@ -195,3 +195,27 @@ def test_a_missing_decode_span_makes_the_next_gap_unknown() -> None:
     assert gaps[5]["itl_ms"] is None and gaps[5]["step"] == 9 and gaps[5]["batch_size"] == 4
     assert gaps[5]["null_reason"].startswith("gap unknown: the previous token's decode span is missing")
     assert gaps[6]["itl_ms"] is not None and gaps[6]["null_reason"] is None
+
+
+@pytest.mark.parametrize("says_step", [True, False])
+def test_a_recompute_prefill_emits_the_token_of_the_step_it_stands_for(says_step: bool) -> None:
+    """After a preemption the recompute prefill emits token k + 1 and decode step k has no
+    span (docs/spans.md): with ``tokentrace.step`` = k on it (written since #28) the gaps on
+    both sides of that token are measured; a file written before says why they are not."""
+    con = _loaded()
+    step_attr = "map_concat(attr_int, MAP {'tokentrace.step': 3::BIGINT})" if says_step else \
+        "map_from_entries(list_filter(map_entries(attr_int), lambda e: e.key <> 'tokentrace.step'))"
+    con.execute(f"""UPDATE spans SET name = 'prefill', attr_int = {step_attr},
+                        attr_bool = map_concat(attr_bool, MAP {{'tokentrace.prefill.recompute': true}})
+                    WHERE name = 'decode' AND parent_span_id = $r AND attr_int['tokentrace.step'] = 3""",
+                {"r": SHORT_REQUEST})
+    gaps = {g["token_index"]: g for g in run_query(con, "stalls").dicts() if g["request_span_id"] == SHORT_REQUEST}
+    untouched = {g["token_index"]: g for g in run_query(_loaded(), "stalls").dicts()
+                 if g["request_span_id"] == SHORT_REQUEST}
+    if says_step:
+        assert gaps.keys() == untouched.keys() and len(gaps) == 15
+        for k in (4, 5):  # the recompute's own token and the one after it
+            assert gaps[k]["itl_ms"] == untouched[k]["itl_ms"] and gaps[k]["null_reason"] is None
+    else:
+        assert 4 not in gaps and gaps[5]["itl_ms"] is None
+        assert gaps[5]["null_reason"].startswith("gap unknown: a recompute prefill after a preemption emitted")

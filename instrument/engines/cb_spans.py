@@ -160,6 +160,8 @@ def write_sequence_spans(writer: Any, record: SequenceRecord, layout: KVLayout |
             "tokentrace.kv.bytes_per_token": layout.kv_bytes_per_token,
         })
     block_tokens = record.prefill[0][0].kv_block_tokens if record.prefill else 1
+    # a recompute chunk that emitted a token stands for decode step k (decode[k - 1] is its step)
+    emitted_by = {id(record.decode[k - 1]): k for k in record.recomputed_steps}
     for index, (rec, tokens, blocks, context, recompute) in enumerate(record.prefill):
         attributes = dict(kv_inputs)
         attributes.update(_step_attributes(rec))
@@ -175,6 +177,8 @@ def write_sequence_spans(writer: Any, record: SequenceRecord, layout: KVLayout |
             attributes["tokentrace.kv.shared_bytes"] = record.cached_tokens // block_tokens * bytes_per_block
         if recompute:
             attributes["tokentrace.prefill.recompute"] = True
+            if id(rec) in emitted_by:  # it emitted token k + 1, as decode step k would have
+                attributes["tokentrace.step"] = emitted_by[id(rec)]
         if layout is not None:
             attributes["tokentrace.kv.bytes"] = layout.kv_bytes(context)
         writer.write("prefill", parent, attributes, rec.start_ns, rec.end_ns)

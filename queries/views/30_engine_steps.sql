@@ -88,8 +88,9 @@ FROM spans
 WHERE scope_name = 'tokentrace' AND name = 'decode' AND attr_int['tokentrace.engine.step'] IS NOT NULL;
 
 -- Every generated token after the first, per request, on the engine's clock: token n's
--- emission is the end of the span that produced it (n = 1: the request's last prefill
--- chunk; n = k + 1: decode step k, whose end is the end of its engine step). The gap before
+-- emission is the end of the span that produced it (n = 1: the request's last prompt
+-- prefill chunk; n = k + 1: decode step k, whose end is the end of its engine step, or the
+-- recompute prefill chunk that stands for decode step k after a preemption). The gap before
 -- token n (itl_ms) ends at its emission, so it maps to exactly one engine step: the one its
 -- decode span names (tokentrace.engine.step), joined on (clock_domain, step). A request
 -- with G generated tokens has G - 1 rows (the final stop token included). steps_in_gap =
@@ -97,17 +98,37 @@ WHERE scope_name = 'tokentrace' AND name = 'decode' AND attr_int['tokentrace.eng
 -- steps); between_steps_ms = the step's start - the previous emission (loop time between
 -- the steps); itl_ms = between_steps_ms + step_ms when the emission is the step's end.
 CREATE OR REPLACE VIEW request_step_gaps AS
-WITH emissions AS (
-    SELECT trace_id, parent_span_id AS request_span_id, max(clock_domain) AS clock_domain, 1 AS token_index,
-           max(end_ns) AS emit_ns, arg_max(attr_int['tokentrace.engine.step'], end_ns) AS step
-    FROM spans
-    WHERE scope_name = 'tokentrace' AND name = 'prefill'
-    GROUP BY trace_id, parent_span_id
-    UNION ALL
+WITH later AS (
+    -- tokens 2.. : decode step k emits token k + 1; so does a recompute prefill chunk that
+    -- emitted a token after a preemption (it carries the k of the decode step it stands for)
     SELECT trace_id, parent_span_id AS request_span_id, clock_domain, attr_int['tokentrace.step'] + 1 AS token_index,
            end_ns AS emit_ns, attr_int['tokentrace.engine.step'] AS step
     FROM spans
-    WHERE scope_name = 'tokentrace' AND name = 'decode'
+    WHERE scope_name = 'tokentrace'
+      AND (name = 'decode' OR (name = 'prefill' AND attr_int['tokentrace.step'] IS NOT NULL))
+),
+first_later AS (
+    SELECT trace_id, request_span_id, min(emit_ns) AS first_ns FROM later GROUP BY trace_id, request_span_id
+),
+-- recompute chunks that do not say which token they emitted (files written before they did)
+silent_recomputes AS (
+    SELECT trace_id, parent_span_id AS request_span_id, end_ns
+    FROM spans
+    WHERE scope_name = 'tokentrace' AND name = 'prefill' AND coalesce(attr_bool['tokentrace.prefill.recompute'], false)
+      AND attr_int['tokentrace.step'] IS NULL
+),
+emissions AS (
+    -- token 1: the end of the last prompt chunk before any later token (a recompute after a
+    -- preemption follows decode steps: it is not the prompt's prefill)
+    SELECT p.trace_id, p.parent_span_id AS request_span_id, max(p.clock_domain) AS clock_domain, 1 AS token_index,
+           max(p.end_ns) AS emit_ns, arg_max(p.attr_int['tokentrace.engine.step'], p.end_ns) AS step
+    FROM spans p
+    LEFT JOIN first_later f ON f.trace_id = p.trace_id AND f.request_span_id = p.parent_span_id
+    WHERE p.scope_name = 'tokentrace' AND p.name = 'prefill' AND p.attr_int['tokentrace.step'] IS NULL
+      AND (f.first_ns IS NULL OR p.end_ns <= f.first_ns)
+    GROUP BY p.trace_id, p.parent_span_id
+    UNION ALL
+    SELECT * FROM later
 ),
 ordered AS (
     SELECT e.*,
@@ -153,6 +174,12 @@ joined AS (
         END AS step_null_reason,
         CASE
             WHEN o.prev_token_index IS NULL THEN 'gap unknown: the request has no prefill span (token 1 emission unknown)'
+            WHEN o.prev_token_index <> o.token_index - 1 AND EXISTS (
+                    SELECT 1 FROM silent_recomputes r
+                    WHERE r.trace_id = o.trace_id AND r.request_span_id = o.request_span_id
+                      AND r.end_ns > o.prev_emit_ns AND r.end_ns < o.emit_ns) THEN
+                'gap unknown: a recompute prefill after a preemption emitted the previous token and does not say '
+                || 'which (no tokentrace.step on it: spans written before tokentrace carried it)'
             WHEN o.prev_token_index <> o.token_index - 1 THEN
                 'gap unknown: the previous token''s decode span is missing (decode_spans every:N, or spans lost)'
         END AS itl_null_reason
