@@ -13,7 +13,11 @@
 -- param: $perspective VARCHAR default NULL -- client, server or engine; NULL = every perspective
 -- param: $trace_id VARCHAR default NULL -- only requests of this trace (32 lowercase hex); NULL = all
 -- units: *_ns nanoseconds since the Unix epoch on the perspective's clock; *_ms milliseconds;
---   *_per_second output tokens per second; *_bytes bytes; *_mib MiB (2^20 bytes).
+--   *_per_second output tokens per second; *_bytes bytes; *_mib MiB (2^20 bytes);
+--   cached_tokens prompt tokens served from a prefix cache (NULL: the source reports none).
+--   physical_kv_bytes: the paged KV blocks the request held at its end x bytes per block
+--   (the engine's figure; prompt_kv / stop_kv are the logical formula). kv_null_reason says
+--   why a KV figure is NULL.
 SELECT
     source,
     perspective,
@@ -38,6 +42,10 @@ SELECT
     prompt_kv_mib,
     stop_kv_bytes,
     stop_kv_mib,
+    cached_tokens,
+    physical_kv_bytes,
+    physical_kv_mib,
+    kv_null_reason,
     synthetic,
     outcome,
     output_tokens_basis,

@@ -127,6 +127,14 @@ def test_analyzer_merges_engine_and_server_perspectives(loaded) -> None:
     cached = dict(loaded.sql("SELECT response_id, cached_tokens FROM request_metrics "
                              "WHERE perspective = 'engine' AND response_id LIKE '%repeat%'").fetchall())
     assert cached == {"chatcmpl-tt-plugin-repeat-0": 0, "chatcmpl-tt-plugin-repeat-1": 384}
+    # ... and in `requests`, with the paged KV vLLM held at the end: whole 128-token blocks
+    # covering the I + G - 1 tokens computed, x 128 x bytes per token (its KV cache spec)
+    for rid, e in engine.items():
+        blocks = -(-(e["input_tokens"] + e["generated_tokens"] - 1) // 128)
+        assert e["physical_kv_bytes"] == blocks * 128 * e["kv_bytes_per_token"] and e["kv_null_reason"] is None, rid
+    assert engine["chatcmpl-tt-plugin-repeat-1"]["physical_kv_bytes"] == 4 * 128 * 23040
+    assert engine["chatcmpl-tt-plugin-repeat-1"]["cached_tokens"] == 384
+    assert all(s["physical_kv_bytes"] is None and "physical KV unknown" in s["kv_null_reason"] for s in server.values())
 
 
 def test_itl_steps_stalls_on_the_plugin_spans(loaded) -> None:

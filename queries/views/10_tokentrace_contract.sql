@@ -207,6 +207,8 @@ SELECT
                                              p.attr_int['tokentrace.generated_tokens']) - 1
               OR (dc.decode_spans > 1 AND dc.decode_spans = dc.last_decode_step)
          THEN dc.stop_kv_bytes END AS stop_kv_bytes,
+    -- paged KV the request's blocks held at its end (blocks x bytes per block; the engine's own figure)
+    coalesce(sv.attr_int['tokentrace.kv.physical_bytes'], p.attr_int['tokentrace.kv.physical_bytes']) AS physical_kv_bytes,
     ph.kv_layout,
     coalesce(dc.decode_spans, 0) AS decode_spans,
     coalesce(p.attr_bool['tokentrace.synthetic'], false) AS synthetic,

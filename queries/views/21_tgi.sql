@@ -185,6 +185,7 @@ SELECT
     CAST(NULL AS BIGINT) AS kv_bytes_per_token,
     CAST(NULL AS BIGINT) AS prompt_kv_bytes,
     CAST(NULL AS BIGINT) AS stop_kv_bytes,
+    CAST(NULL AS BIGINT) AS physical_kv_bytes,
     CAST(NULL AS VARCHAR) AS kv_layout,
     CAST(coalesce(r.decode_steps, 0) AS BIGINT) AS decode_spans,
     false AS synthetic,

@@ -130,7 +130,10 @@ SELECT
     c.prefill_end_ns,
     c.kv_bytes_per_token,
     r.input_tokens * c.kv_bytes_per_token AS prompt_kv_bytes,
-    (r.input_tokens + r.generated_tokens - 1) * c.kv_bytes_per_token AS stop_kv_bytes,
+    -- logical KV after the last decode step (I + G - 1 tokens); none before a first token
+    CASE WHEN r.generated_tokens >= 1 THEN (r.input_tokens + r.generated_tokens - 1) * c.kv_bytes_per_token END
+        AS stop_kv_bytes,
+    r.physical_kv_bytes,  -- vLLM's paged blocks held at the end x bytes per block (its KV cache spec)
     CAST(NULL AS VARCHAR) AS kv_layout,
     coalesce(c.decode_spans, 0) AS decode_spans,
     false AS synthetic,

@@ -58,6 +58,23 @@ SELECT
         AS stop_kv_bytes,
     coalesce(stop_kv_bytes, CASE WHEN decode_spans = 0 AND generated_tokens = 1 THEN prompt_kv_bytes END)
         / 1048576.0 AS stop_kv_mib,
+    physical_kv_bytes,
+    physical_kv_bytes / 1048576.0 AS physical_kv_mib,
+    -- why a KV figure above is NULL (every reason that applies, joined by '; '); NULL: none is
+    nullif(concat_ws('; ',
+        CASE WHEN kv_bytes_per_token IS NULL
+             THEN 'prompt and stop KV unknown: the spans carry no KV bytes per token (' || source
+                  || ' writes no KV layout)'
+             WHEN input_tokens IS NULL THEN 'prompt and stop KV unknown: input token count unknown' END,
+        CASE WHEN kv_bytes_per_token IS NOT NULL AND input_tokens IS NOT NULL
+                  AND stop_kv_bytes IS NULL AND NOT (decode_spans = 0 AND generated_tokens = 1) THEN
+            CASE WHEN coalesce(generated_tokens, 0) < 1 THEN 'stop KV unknown: no generated token'
+                 ELSE 'stop KV unknown: the last decode step has no span (decode_spans every:N, or spans lost)' END
+        END,
+        CASE WHEN physical_kv_bytes IS NULL
+             THEN 'physical KV unknown: no tokentrace.kv.physical_bytes on the spans (written by paged engines: '
+                  || 'tokentrace''s continuous engine and its vLLM plugin)' END
+    ), '') AS kv_null_reason,
     synthetic,
     response_id,
     client_request_id,
