@@ -41,11 +41,14 @@ def audit_command(report, kind, individual, db_path, model_config, output_format
     \b
     Example:
       tokentrace audit benchmark_serving_result.json
-      tokentrace audit llmperf_summary.json --individual llmperf_individual_responses.json
+      tokentrace audit llmperf_summary.json \\
+          --individual llmperf_individual_responses.json
       tokentrace audit claims.yaml --model-config ./config.json --format json
       tokentrace audit claims.yaml --db traces.duckdb
-      tokentrace audit bench.json --db traces.duckdb   # vllm bench --request-id-prefix ids
-      tokentrace audit profile_export_aiperf.json --individual profile_export.jsonl --db traces.duckdb
+      # vllm bench --request-id-prefix ids
+      tokentrace audit bench.json --db traces.duckdb
+      tokentrace audit profile_export_aiperf.json \\
+          --individual profile_export.jsonl --db traces.duckdb
     """
     from pathlib import Path
 

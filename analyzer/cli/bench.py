@@ -76,9 +76,12 @@ def bench_command(url, n_requests, concurrency, rate_per_s, api_key, model, prom
     \b
     Example:
       tokentrace bench --url http://127.0.0.1:8000 --requests 20 --concurrency 4
-      tokentrace bench --url http://127.0.0.1:8000 --requests 50 --rate 5 --otlp-json bench.jsonl
-      tokentrace bench --url http://127.0.0.1:8000 --requests 32 --concurrency 8 --ignore-eos --format json
-      tokentrace bench --url http://127.0.0.1:8000 --requests 100 --rate 20 --allow-failures
+      tokentrace bench --url http://127.0.0.1:8000 --requests 50 --rate 5 \\
+          --otlp-json bench.jsonl
+      tokentrace bench --url http://127.0.0.1:8000 --requests 32 \\
+          --concurrency 8 --ignore-eos --format json
+      tokentrace bench --url http://127.0.0.1:8000 --requests 100 --rate 20 \\
+          --allow-failures
     """
     import httpx
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter

@@ -57,7 +57,8 @@ def collect_command(grpc_addr: str, http_addr: str, out_dir: str, out_format: st
       OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 python my_app.py
       tokentrace load ./traces && tokentrace requests
       tokentrace collect --out ./traces-pq --format parquet --rotate-mb 16
-      tokentrace load ./traces-pq      # or: tokentrace requests --parquet ./traces-pq
+      tokentrace load ./traces-pq
+      tokentrace requests --parquet ./traces-pq   # or read the Parquet directly
     """
     from analyzer.collect.receiver import Receiver, is_loopback
 

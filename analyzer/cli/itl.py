@@ -30,8 +30,10 @@ def itl_command(db_path, parquet_dir, perspective, trace_id, output_format, chos
 
     \b
     Example:
-      tokentrace itl --db traces.duckdb --trace-id 4bf92f3577b34da6a3ce929d0e0e4736
-      tokentrace itl --db traces.duckdb --format csv --columns request_span_id,gap_index,itl_ms
+      tokentrace itl --db traces.duckdb \\
+          --trace-id 4bf92f3577b34da6a3ce929d0e0e4736
+      tokentrace itl --db traces.duckdb --format csv \\
+          --columns request_span_id,gap_index,itl_ms
       tokentrace itl --db traces.duckdb --perspective client --format json
     """
     run_verb("itl", db_path=db_path, parquet_dir=parquet_dir,

@@ -26,7 +26,8 @@ def kv_command(model_config, layers, kv_heads, head_dim, query_heads, kv_dtype, 
     \b
     Example:
       tokentrace kv --model-config ./config.json --tokens 1025 --json
-      tokentrace kv --layers 80 --kv-heads 8 --query-heads 64 --head-dim 128 --kv-dtype bf16
+      tokentrace kv --layers 80 --kv-heads 8 --query-heads 64 --head-dim 128 \\
+          --kv-dtype bf16
     """
     layout = kv_layout_from_flags(model_config, layers, kv_heads, head_dim, query_heads, kv_dtype)
     assert layout is not None

@@ -87,7 +87,8 @@ def load(paths: tuple[str, ...], db_path: str, lenient: bool, input_format: str,
     Example:
       tokentrace load otel-traces.jsonl --db traces.duckdb
       tokentrace load 'dumps/**/*.json.zst' --db traces.duckdb --lenient
-      tokentrace load day1/ --db traces.duckdb --no-derive && tokentrace load day2/ --db traces.duckdb
+      tokentrace load day1/ --db traces.duckdb --no-derive && \\
+          tokentrace load day2/ --db traces.duckdb
     """
     from analyzer.formats.load import LoadError, load_paths, reasons_summary
     from analyzer.db.store import connect

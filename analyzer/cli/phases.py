@@ -33,7 +33,8 @@ def phases_command(db_path, parquet_dir, trace_id, tolerance_ms, assume_offset, 
 
     \b
     Example:
-      tokentrace phases --db traces.duckdb --columns request_span_id,ttft_ms,queue_ms,prefill_ms
+      tokentrace phases --db traces.duckdb \\
+          --columns request_span_id,ttft_ms,queue_ms,prefill_ms
       tokentrace phases --db traces.duckdb
       tokentrace phases --db traces.duckdb --assume-offset skewed-client=35
     """

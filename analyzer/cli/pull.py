@@ -36,7 +36,8 @@ def pull_command(jaeger_url: str, service: str, since: str, limit: int, page_siz
 
     \b
     Example:
-      tokentrace pull --jaeger http://localhost:16686 --service tokentrace-gateway --since 2h --out jaeger.jsonl
+      tokentrace pull --jaeger http://localhost:16686 \\
+          --service tokentrace-gateway --since 2h --out jaeger.jsonl
       tokentrace load jaeger.jsonl && tokentrace requests
     """
     from analyzer.collect.pull import PullError, parse_since, pull_traces

@@ -42,8 +42,10 @@ def report_command(db_path, html_path, request_span_id, audit_json, mode, slo_tt
 
     \b
     Example:
-      tokentrace report --db tokentrace-demo/traces.duckdb --html report.html --slo-ttft-ms 500
-      tokentrace report --db traces.duckdb --html report.html --slo-ttft-ms 500 --slo-tpot-ms 50
+      tokentrace report --db tokentrace-demo/traces.duckdb --html report.html \\
+          --slo-ttft-ms 500
+      tokentrace report --db traces.duckdb --html report.html --slo-ttft-ms 500 \\
+          --slo-tpot-ms 50
     """
     from analyzer.cli._query_verb import open_from_flags
     from analyzer.report import ReportInputs, build_report, load_audit_findings

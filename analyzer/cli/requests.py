@@ -33,9 +33,11 @@ def requests_command(db_path, parquet_dir, perspective, trace_id, output_format,
     \b
     Example:
       tokentrace requests --db traces.duckdb
-      tokentrace requests --db traces.duckdb --columns response_id,client_request_id,ttft_ms
+      tokentrace requests --db traces.duckdb \\
+          --columns response_id,client_request_id,ttft_ms
       tokentrace requests --db traces.duckdb --perspective client --format csv
-      tokentrace requests --parquet dump/ --trace-id 4bf92f3577b34da6a3ce929d0e0e4736
+      tokentrace requests --parquet dump/ \\
+          --trace-id 4bf92f3577b34da6a3ce929d0e0e4736
     """
     run_verb("requests", db_path=db_path, parquet_dir=parquet_dir,
              flags={"perspective": perspective, "trace_id": check_trace_id(trace_id)},

@@ -40,7 +40,8 @@ def skew_command(db_path, parquet_dir, trace_id, tolerance_ms, offset_tolerance_
     \b
     Example:
       tokentrace skew --db traces.duckdb
-      tokentrace skew --db traces.duckdb --assume-offset skewed-client=35 --format json
+      tokentrace skew --db traces.duckdb --assume-offset skewed-client=35 \\
+          --format json
     """
     try:
         offsets = parse_assume_offsets(assume_offset)

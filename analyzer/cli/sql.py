@@ -96,8 +96,11 @@ def sql_command(query, db_path, parquet_dir, output_format, params) -> None:
 
     \b
     Example:
-      tokentrace sql "SELECT perspective, avg(ttft_ms) FROM request_metrics GROUP BY ALL" --db traces.duckdb
-      tokentrace sql "SELECT * FROM request_gaps WHERE itl_ms > \\$ms" --param ms=100 --db traces.duckdb
+      tokentrace sql \\
+          "SELECT perspective, avg(ttft_ms) FROM request_metrics GROUP BY ALL" \\
+          --db traces.duckdb
+      tokentrace sql "SELECT * FROM request_gaps WHERE itl_ms > \\$ms" \\
+          --param ms=100 --db traces.duckdb
     """
     bound = parse_params(params)
     con = open_from_flags(db_path, parquet_dir)

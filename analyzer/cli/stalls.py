@@ -39,7 +39,8 @@ def stalls_command(db_path, parquet_dir, trace_id, clock_domain, per_request, se
     \b
     Example:
       tokentrace stalls --db traces.duckdb --section groups
-      tokentrace stalls --db traces.duckdb --section slowest --per-request 5 --format json
+      tokentrace stalls --db traces.duckdb --section slowest --per-request 5 \\
+          --format json
     """
     common = {"trace_id": check_trace_id(trace_id), "clock_domain": clock_domain}
     run_sections({"gaps": ("stalls", common), "groups": ("stalls_groups", common),

@@ -42,8 +42,8 @@ def timeline_command(csv_path, model_config, layers, kv_heads, head_dim, query_h
 
     \b
     Example (the seed's worked example):
-      tokentrace timeline request-timeline.csv --layers 80 --kv-heads 8 --head-dim 128 \\
-          --kv-dtype bf16 --input-tokens 1025 --output-tokens 150 \\
+      tokentrace timeline request-timeline.csv --layers 80 --kv-heads 8 \\
+          --head-dim 128 --kv-dtype bf16 --input-tokens 1025 --output-tokens 150 \\
           --window-s 10 --attempted 100 --succeeded 98 --slo-passing 95 --json
     """
     from analyzer.audit.claims import check_e2e_claim, check_kv_claim
