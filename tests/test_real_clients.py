@@ -87,6 +87,29 @@ def test_without_a_response_id_the_x_request_id_pairs_them() -> None:
     con.close()
 
 
+def test_an_ambiguous_id_is_not_paired_and_the_note_says_why() -> None:
+    """Two server spans in other traces with the client's response id (a replayed capture
+    loaded twice under new trace ids, say): the stock client span is not paired, and its
+    note says the id is ambiguous, not that no server span carries it."""
+    con = _db("server.jsonl", "openai-v2-stock.jsonl")
+    target = con.execute("SELECT min(c.attr_str['gen_ai.response.id']) FROM spans c JOIN spans s "
+                         "ON s.kind = 'SERVER' AND s.attr_str['gen_ai.response.id'] = c.attr_str['gen_ai.response.id'] "
+                         "AND s.trace_id <> c.trace_id WHERE c.kind = 'CLIENT'").fetchone()[0]
+    con.execute("INSERT INTO spans SELECT * REPLACE (md5(trace_id) AS trace_id) FROM spans "
+                "WHERE kind = 'SERVER' AND attr_str['gen_ai.response.id'] = $id", {"id": target})
+    rows = {r["response_id"]: r for r in _client(run_query(con, "requests").dicts())}
+    note = rows[target]["request_id_note"]
+    assert rows[target]["request_span_id"] == con.execute(
+        "SELECT span_id FROM spans WHERE kind = 'CLIENT' AND attr_str['gen_ai.response.id'] = $id", {"id": target}
+    ).fetchone()[0]  # its own request, not joined to either server span
+    assert "its gen_ai.response.id is ambiguous across traces (2 server span(s) carry it" in note
+    assert "none in another trace" not in note
+    paired = con.execute("SELECT count(*) FILTER (WHERE paired_by = 'gen_ai.response.id') FROM "
+                         "genai_client_request_spans").fetchone()
+    assert paired == (5,)  # the other five stock spans stay paired
+    con.close()
+
+
 def test_window_counts_each_request_once(capture) -> None:
     con, _ = capture
     w = run_query(con, "window").dicts()[0]

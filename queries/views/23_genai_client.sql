@@ -128,6 +128,14 @@ across AS (
     SELECT client_trace_id, client_span_id, trace_id, span_id, paired_by
     FROM matches
     WHERE servers_matched = 1 AND clients_matched = 1
+),
+-- ids that match, but not one to one: not paired, and the note says so (not "none matched")
+ambiguous AS (
+    SELECT client_trace_id, client_span_id, max(servers_matched) AS servers_matched,
+           max(clients_matched) AS clients_matched, min(paired_by) AS matched_by
+    FROM matches
+    GROUP BY client_trace_id, client_span_id
+    HAVING NOT (max(servers_matched) = 1 AND max(clients_matched) = 1)
 )
 SELECT
     CASE WHEN c.attr_str['llm.request.type'] IS NOT NULL
@@ -152,6 +160,9 @@ SELECT
     c.attr_str['error.type'] AS error_type,
     c.response_id,
     c.client_request_id,
+    am.servers_matched AS ambiguous_servers,  -- set only when an id matched, but not one to one
+    am.clients_matched AS ambiguous_clients,
+    am.matched_by AS ambiguous_by,
     c.attr_int['gen_ai.usage.input_tokens'] AS input_tokens_new,
     c.attr_int['gen_ai.usage.prompt_tokens'] AS input_tokens_old,
     c.attr_int['gen_ai.usage.output_tokens'] AS output_tokens_new,
@@ -162,7 +173,8 @@ SELECT
              c.attr_str['llm.response.finish_reason']) AS finish_reason
 FROM client c
 LEFT JOIN nearest n ON n.trace_id = c.trace_id AND n.client_span_id = c.span_id AND n.pick = 1
-LEFT JOIN across a ON a.client_trace_id = c.trace_id AND a.client_span_id = c.span_id;
+LEFT JOIN across a ON a.client_trace_id = c.trace_id AND a.client_span_id = c.span_id
+LEFT JOIN ambiguous am ON am.client_trace_id = c.trace_id AND am.client_span_id = c.span_id AND n.span_id IS NULL;
 
 -- Every chunk event of the client spans, numbered 0.. in time order (k), and the server
 -- span's tokentrace.chunk events: how the client's events are read (see the header).
@@ -334,6 +346,11 @@ SELECT
             || 'separate traces (no traceparent reached the server): paired by ' || r.paired_by
         END,
         CASE
+            WHEN r.server_span_id IS NULL AND r.ambiguous_by IS NOT NULL THEN
+                r.source || ': no server span below the client span in this trace, and its ' || r.ambiguous_by
+                || ' is ambiguous across traces (' || CAST(r.ambiguous_servers AS VARCHAR) || ' server span(s) carry it, '
+                || 'the server span is claimed by ' || CAST(r.ambiguous_clients AS VARCHAR)
+                || ' client span(s)): not paired, counted as its own request'
             WHEN r.server_span_id IS NULL THEN
                 r.source || ': no server span below the client span in this trace (no traceparent sent, or '
                 || 'the server is not traced) and none in another trace with its '
