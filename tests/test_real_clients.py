@@ -205,7 +205,10 @@ def test_client_ttft_below_the_server_ttft_is_never_a_figure() -> None:
     assert [r["null_reason"] for r in rows][0] == (
         "skew_suspect: client TTFT 20.041 ms below the server TTFT 157.043 ms of the same request "
         "(impossible: the client span encloses the server span): the client's s is not the send or its f not the "
-        "first visible output; ttft_ms NULL")
+        "first visible output; ttft_ms NULL; tpot_ms and decode rate NULL too: the client span lasts at least "
+        "as long as the server span, so its s is not late and it is f (which they use) that comes too early")
+    # f read at the role-only chunk: e - f would be too long by the TTFT, so TPOT is no figure either
+    assert all(r["tpot_ms"] is None and r["decode_output_tokens_per_second"] is None for r in rows)
     con.close()
 
 

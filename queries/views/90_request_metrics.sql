@@ -12,6 +12,9 @@
 -- clock: the client's span encloses the server's, so no clock offset explains it) means the
 -- client's s or f is not what it should be (f read at a role-only chunk, a span started late,
 -- a clock ran at another rate): ttft_ms is NULL with that finding in null_reason, never a figure.
+-- When the client span still lasts at least as long as the server span, its s is not late:
+-- f is early, and TPOT / the decode rate (which use e - f) are NULL too, with that reason;
+-- otherwise (a late s) they stand, e - f being untouched by s.
 CREATE OR REPLACE VIEW request_metrics AS
 SELECT
     source,
@@ -43,9 +46,9 @@ SELECT
     END AS outcome,
     CASE WHEN NOT f_below_server THEN (f_ns - s_ns) / 1e6 END AS ttft_ms,
     (e_ns - s_ns) / 1e6 AS e2e_ms,
-    CASE WHEN output_tokens > 1 AND e_ns > f_ns
+    CASE WHEN output_tokens > 1 AND e_ns > f_ns AND NOT f_early
          THEN ((e_ns - s_ns) - (f_ns - s_ns)) / 1e6 / (output_tokens - 1) END AS tpot_ms,
-    CASE WHEN output_tokens > 1 AND e_ns > f_ns
+    CASE WHEN output_tokens > 1 AND e_ns > f_ns AND NOT f_early
          THEN (output_tokens - 1) / ((e_ns - f_ns) / 1e9) END AS decode_output_tokens_per_second,
     CASE WHEN e_ns > s_ns
          THEN output_tokens / ((e_ns - s_ns) / 1e9) END AS whole_request_output_tokens_per_second,
@@ -89,6 +92,9 @@ SELECT
             || ' ms below the server TTFT ' || CAST(round((server_first_chunk_ns - server_start_ns) / 1e6, 3) AS VARCHAR)
             || ' ms of the same request (impossible: the client span encloses the server span): the client''s '
             || 's is not the send or its f not the first visible output; ttft_ms NULL' END,
+        CASE WHEN f_early THEN
+            'tpot_ms and decode rate NULL too: the client span lasts at least as long as the server span, so its s '
+            || 'is not late and it is f (which they use) that comes too early' END,
         CASE WHEN output_tokens IS NULL THEN 'output token count unknown' END,
         CASE WHEN output_tokens <= 1 THEN 'tpot_ms and decode rate need more than one output token' END,
         CASE WHEN output_tokens > 1 AND e_ns <= f_ns
@@ -98,7 +104,11 @@ SELECT
 FROM (
     SELECT *,
            coalesce(perspective = 'client' AND (f_ns - s_ns) < (server_first_chunk_ns - server_start_ns), false)
-               AS f_below_server
+               AS f_below_server,
+           -- ... and the client span is as long as the server's (it encloses it, as it must): s is
+           -- not late, so f is early, and TPOT / the decode rate (e - f) would be too long
+           coalesce(perspective = 'client' AND (f_ns - s_ns) < (server_first_chunk_ns - server_start_ns)
+                    AND (end_ns - s_ns) >= (server_end_ns - server_start_ns), false) AS f_early
     FROM request_facts
 ) facts;
 
