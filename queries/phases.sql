@@ -19,6 +19,8 @@
 -- param: $tolerance_ms DOUBLE default 1.0 -- how far offset bounds may exclude 0 and still be consistent
 -- param: $offset_domains VARCHAR[] default NULL -- domains with an assumed offset (clock_domain or service.name)
 -- param: $offset_ms DOUBLE[] default NULL -- their offsets, ms ahead of the client clock (same order)
+--   response_id / client_request_id: the ids that name the request outside the traces (as
+--   in requests: the id the server returned, the X-Request-ID the client sent).
 -- units: *_ms milliseconds; offsets in ms (server clock minus client clock).
 WITH assumed AS (
     SELECT unnest(CAST($offset_domains AS VARCHAR[])) AS domain,
@@ -36,7 +38,8 @@ other_client AS (
 ),
 joined AS (
     SELECT
-        f.trace_id, f.request_span_id, f.server_clock_domain, f.server_start_ns, f.server_first_chunk_ns,
+        f.trace_id, f.request_span_id, f.response_id, f.client_request_id,
+        f.server_clock_domain, f.server_start_ns, f.server_first_chunk_ns,
         f.tokenize_start_ns, f.tokenize_end_ns, f.queue_start_ns, f.queue_end_ns,
         f.prefill_start_ns, f.prefill_end_ns,
         coalesce(f.client_span_id, c.client_span_id) AS client_span_id,
@@ -117,6 +120,8 @@ parts AS (
 SELECT
     trace_id,
     request_span_id,
+    response_id,
+    client_request_id,
     client_clock_domain AS client_domain,
     server_clock_domain AS server_domain,
     ttft_ms,

@@ -129,7 +129,7 @@ _WINDOW = View((
 ), transpose=True)
 
 _PHASES = View((
-    Col("request_span_id", "request span", cut=True),
+    Col("response_id", "request id", cut=True, value=lambda r: r.get("_request_id", request_id(r))),
     Col("ttft_ms", "TTFT", "ms", kind="ms"),
     Col("network_in_ms", "net in", "ms", kind="ms", rank=2),
     Col("gateway_overhead_ms", "gateway", "ms", kind="ms", rank=3),
@@ -143,7 +143,7 @@ _PHASES = View((
     Col("clock_pair_verdict", "clocks", rank=5),
     Col("cross_clock_reason", "why no network figure", rank=6, cut=True, fill=True),
     Col("null_reason", "why empty", rank=7, cut=True, fill=True),
-))
+), prepare=_unique_request_ids)
 
 _SKEW_RULES = View((
     Col("rule", "rule"),
