@@ -164,7 +164,7 @@ class ContinuousEngine:
         try:
             self.warmup_s = self._warm_up() if warmup else 0.0
         except BaseException:
-            if self.exporter is not None:
+            if self.records is not None and self.records.owns_exporter:
                 self.exporter.stop(1.0)
             raise
         self.ready = True

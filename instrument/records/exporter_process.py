@@ -173,6 +173,21 @@ class ExporterProcess:
         self._monitor = threading.Thread(target=self._watch, name="tokentrace-exporter-watch", daemon=True)
         self._monitor.start()
 
+    @classmethod
+    def for_provider(cls, tracer_provider: Any) -> "ExporterProcess":
+        """The exporter process for a ``setup_tracing`` provider whose exporters were given by
+        name (the child makes them again: same names, OTLP-JSON path, endpoint, protocol,
+        resource). ValueError for any other provider (extra exporter objects, e.g. in-memory,
+        cannot cross a process boundary)."""
+        from instrument.tracing import exporter_settings
+
+        settings = exporter_settings(tracer_provider)
+        if settings is None or settings["extra_exporters"]:
+            raise ValueError("--span-export process: the tracer provider must come from setup_tracing with "
+                             "exporters given by name (another process makes them again)")
+        return cls(dict(tracer_provider.resource.attributes), list(settings["exporters"]), settings["json_path"],
+                   endpoint=settings["endpoint"], protocol=settings["protocol"])
+
     # --- the senders ------------------------------------------------------------------------
     def sender(self) -> "RecordSender":
         """A sender for one more writing thread (the engine's, the gateway's): its own
