@@ -9,7 +9,10 @@ engine   The real continuous engine (instrument/engines/continuous.py) on ``--mo
          stand-in of the gateway's event-loop thread, which keeps one ``tokentrace.chunk``
          event per token and ends the ``queue`` and ``gateway`` spans when the sequence ends.
          Traced rounds use the provider ``tokentrace serve --otlp-json F`` builds (SDK
-         BatchSpanProcessor -> OTLP-JSON lines exporter, instrument/tracing.py); untraced
+         BatchSpanProcessor -> OTLP-JSON lines exporter, instrument/tracing.py; with
+         ``--span-export process`` the exporter is only named there and the stand-in's
+         spans are forwarded, its chunk events as raw tuples, to the span exporter process
+         that also gets the engine's step records, as ``serve`` does it); untraced
          rounds turn the engine's tracing off and pass a non-recording parent (valid ids, no
          spans written anywhere). ``gc.freeze()`` after start-up and a 0.5 ms GIL switch
          interval, as ``serve`` does. At each batch size, rounds are interleaved ABBA; each

@@ -23,8 +23,10 @@ it has not exported by the bound is counted as dropped.
 Counts (the shutdown line and /health, through ``export_health.add_counts_source``): the
 child's exporters' submitted / exported / failed / dropped, plus the spans of messages
 that never reached it: dropped at a full socket, or sent after its last report when it
-died. Those spans are estimated on the sending side as one per STEP entry and one per SEQ
-entry (exact for ``--decode-spans all``; engine roots and ``every:N`` differ).
+died. Each sender says how many spans a message stands for: the engine's step records
+estimate one per STEP entry and one per SEQ entry (exact for ``--decode-spans all``;
+engine roots and ``every:N`` differ), the gateway's forwarded spans
+(instrument/records/span_forward.py) count exactly.
 If the child dies, serving goes on, one error line says tracing stopped, and no restart
 is attempted (sequences in flight would have lost their OPEN entries).
 """
@@ -222,7 +224,7 @@ class ExporterProcess:
                 return
             self.dead = True
         LOGGER.error("tokentrace: tracing stopped: the span exporter process (pid %s) %s; serving goes on, "
-                     "the spans of later engine steps are counted as dropped", self.process.pid, why)
+                     "the spans sent after this are counted as dropped", self.process.pid, why)
 
     def _watch(self) -> None:
         while not self._stopped:
