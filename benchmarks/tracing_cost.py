@@ -87,7 +87,8 @@ def _per_token_us(rounds: list[dict[str, float]], key: str) -> float:
     return statistics.median(r[key] / r["tokens"] * 1e6 for r in rounds)
 
 
-def summarize(batch: int, max_tokens: int, traced: list[dict], untraced: list[dict]) -> dict[str, Any]:
+def summarize(batch: int, max_tokens: int, traced: list[dict], untraced: list[dict],
+              span_export: str = "inline") -> dict[str, Any]:
     """Per generated token medians of one batch size, paired ABBA ratios and the goals."""
     pairs = list(zip(traced, untraced))
     proc_ratio = statistics.median(t["process_cpu_s"] / u["process_cpu_s"] for t, u in pairs)
@@ -127,8 +128,10 @@ def summarize(batch: int, max_tokens: int, traced: list[dict], untraced: list[di
                                                                      "untraced": _per_token_us(untraced, "probe_cpu_s")},
                                        "ratio_paired_median_without_probe": proc_ratio_np},
         "c_exporter_process_cpu_us_per_token": child if child > 0 else None,
-        "c_note": None if child > 0 else ("n/a: the exporter runs inside the serving process "
-                                          "(--span-export inline: its CPU is in b); no child process used CPU"),
+        "c_note": None if child > 0 else (
+            "n/a: the exporter runs inside the serving process (--span-export inline: its CPU is in b); "
+            "no child process used CPU" if span_export == "inline" else
+            "0: below the child-CPU clock's 10 ms tick over these rounds (--span-export process)"),
         "d_probe_p99_ms": {"traced": p99_t, "untraced": p99_u, "added": p99_t - p99_u},
         "wall_s_per_round": {"traced": statistics.median(r["wall_s"] for r in traced),
                              "untraced": statistics.median(r["wall_s"] for r in untraced)},
@@ -181,7 +184,7 @@ def section_engine(handle: Any, batches: list[int], max_tokens: int, rounds: int
             for r in range(rounds):
                 for traced in ((True, False) if r % 2 == 0 else (False, True)):  # ABBA
                     sides[traced].append(harness.round(batch, max_tokens, traced))
-            out["batches"][str(batch)] = summary = summarize(batch, max_tokens, sides[True], sides[False])
+            out["batches"][str(batch)] = summary = summarize(batch, max_tokens, sides[True], sides[False], span_export)
             log(json.dumps({k: v for k, v in summary.items() if k != "rounds"}))
         if capture and span_export == "inline":  # process: the spans are in another process
             memory = InMemorySpanExporter()
