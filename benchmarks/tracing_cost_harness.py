@@ -302,8 +302,14 @@ class Harness:
             raise RuntimeError(f"a round of {batch} sequences did not finish within 900 s")
         steps = engine.health()["steps"] - steps0
         if traced:
-            self.provider.force_flush()
-            if engine.exporter is not None and not engine.exporter.flush(300):
+            # one flush of each pipeline: a forwarding provider's force_flush is the exporter
+            # process's flush (the engine's records included); otherwise the in-process
+            # exporters', then the engine's own exporter process's
+            flushed = self.provider.force_flush(300_000)
+            if self.gateway.forwarder is not None:
+                if not flushed:
+                    raise RuntimeError("the span exporter process did not flush within 300 s")
+            elif engine.exporter is not None and not engine.exporter.flush(300):
                 raise RuntimeError("the span exporter process did not flush within 300 s")
         cpu1, child1, wall1, probe1 = time.process_time(), children_cpu_s(), time.perf_counter(), self.probe.cpu_s
         engine_cpu1 = self.engine_thread() if self.engine_thread else None
