@@ -153,8 +153,10 @@ def check_spans(model: Any, input_ids: Any, tokens: int) -> list[str]:
     return failures
 
 
-def tracing_cost_gpu(model: Any, batches: list[int], tokens: int, rounds: int, prompt_tokens: int) -> list[str]:
-    """Issue #27 item 6: (a)-(d) per generated token on the GPU (benchmarks/tracing_cost.py)."""
+def tracing_cost_gpu(model: Any, batches: list[int], tokens: int, rounds: int, prompt_tokens: int,
+                     span_export: str = "process") -> list[str]:
+    """Issue #27 item 6: (a)-(d) per generated token on the GPU (benchmarks/tracing_cost.py),
+    through ``span_export`` (serve's default with the continuous engine: process)."""
     import tracing_cost
     from gpu_continuous_check import _handle
 
@@ -163,9 +165,10 @@ def tracing_cost_gpu(model: Any, batches: list[int], tokens: int, rounds: int, p
                              generator=generator).tolist() for i in range(8)]
     load_start = tracing_cost.load_average()
     result = tracing_cost.section_engine(_handle(model), batches, tokens, rounds, max_batch_tokens=4096,
-                                         prompts=prompts, capture=True, unfreeze=False)
+                                         prompts=prompts, capture=True, unfreeze=False, span_export=span_export)
     spans = result.pop("captured_spans", [])
-    print(f"tracing cost on {torch.cuda.get_device_name()}, {tokens} tokens/sequence, {rounds} rounds/side (ABBA)")
+    print(f"tracing cost on {torch.cuda.get_device_name()}, {tokens} tokens/sequence, {rounds} rounds/side (ABBA), "
+          f"--span-export {span_export}")
     print(tracing_cost.engine_table(result))
     if spans:
         print(tracing_cost.encode_table(tracing_cost.section_encode(spans)))
@@ -174,14 +177,15 @@ def tracing_cost_gpu(model: Any, batches: list[int], tokens: int, rounds: int, p
     return [] if result["batches"] else ["tracing cost: no batch measured"]
 
 
-def tracing_cost_cpu_fallback() -> int:
+def tracing_cost_cpu_fallback(span_export: str = "process") -> int:
     """The tracing-cost part on the tiny model on the CPU (wiring check without CUDA)."""
     import tracing_cost
 
     from instrument.model_handle import load_model_handle
 
     print("gpu_instrument_check: no CUDA; --cpu-fallback: tracing cost on the tiny model on the CPU")
-    result = tracing_cost.section_engine(load_model_handle("tiny"), [8, 16], 8, 1, capture=True, unfreeze=False)
+    result = tracing_cost.section_engine(load_model_handle("tiny"), [8, 16], 8, 1, capture=True, unfreeze=False,
+                                         span_export=span_export)
     spans = result.pop("captured_spans", [])
     print(tracing_cost.engine_table(result))
     if spans:
@@ -206,12 +210,15 @@ def main() -> int:
                         help="tracing cost: sequences per round (default 64,128)")
     parser.add_argument("--tc-tokens", type=int, default=64, help="tracing cost: tokens per sequence (default 64)")
     parser.add_argument("--tc-rounds", type=int, default=4, help="tracing cost: ABBA rounds per side (default 4)")
+    parser.add_argument("--span-export", choices=("inline", "process"), default="process",
+                        help="tracing cost: the engine's span path (serve's --span-export; default process, "
+                             "serve's default with the continuous engine; inline adds the encode section)")
     parser.add_argument("--cpu-fallback", action="store_true",
                         help="without CUDA: run the tracing-cost part on the tiny model on the CPU")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         if args.cpu_fallback:
-            return tracing_cost_cpu_fallback()
+            return tracing_cost_cpu_fallback(args.span_export)
         print("gpu_instrument_check: CUDA is not available; run this on a GPU machine "
               "(or --cpu-fallback)", file=sys.stderr)
         return 2
@@ -235,7 +242,8 @@ def main() -> int:
             failures += check_continuous(model, tokens=args.tokens, sequences=args.cb_sequences,
                                          prompt_tokens=args.prompt_tokens, rounds=args.cb_rounds)
     if args.tracing_cost or args.tracing_cost_only:
-        failures += tracing_cost_gpu(model, args.tc_batches, args.tc_tokens, args.tc_rounds, args.prompt_tokens)
+        failures += tracing_cost_gpu(model, args.tc_batches, args.tc_tokens, args.tc_rounds, args.prompt_tokens,
+                                     args.span_export)
     for failure in failures:
         print("FAIL:", failure)
     print("all checks passed" if not failures else f"{len(failures)} checks failed")

@@ -9,7 +9,10 @@ engine   The real continuous engine (instrument/engines/continuous.py) on ``--mo
          stand-in of the gateway's event-loop thread, which keeps one ``tokentrace.chunk``
          event per token and ends the ``queue`` and ``gateway`` spans when the sequence ends.
          Traced rounds use the provider ``tokentrace serve --otlp-json F`` builds (SDK
-         BatchSpanProcessor -> OTLP-JSON lines exporter, instrument/tracing.py); untraced
+         BatchSpanProcessor -> OTLP-JSON lines exporter, instrument/tracing.py; with
+         ``--span-export process`` the exporter is only named there and the stand-in's
+         spans are forwarded, its chunk events as raw tuples, to the span exporter process
+         that also gets the engine's step records, as ``serve`` does it); untraced
          rounds turn the engine's tracing off and pass a non-recording parent (valid ids, no
          spans written anywhere). ``gc.freeze()`` after start-up and a 0.5 ms GIL switch
          interval, as ``serve`` does. At each batch size, rounds are interleaved ABBA; each
@@ -25,7 +28,9 @@ engine   The real continuous engine (instrument/engines/continuous.py) on ``--mo
              difference of the thread's whole CPU clock traced - untraced (``diff``; noisy:
              the forward's own CPU varies by more than tracing adds on a loaded box);
          (b) serving-process CPU, all threads (this process: engine, export thread, gateway
-             stand-in, probe), traced vs untraced;
+             stand-in, probe), traced vs untraced; also without the probe thread's own CPU
+             (it runs for the round's wall time, which a traced round stretches while it
+             waits for the export);
          (c) exporter-process CPU: CPU of this process's child processes (live ones from
              /proc, reaped ones from getrusage). With ``--span-export inline`` the exporter
              runs inside the serving process (its CPU is in (b)), so (c) is 0 and printed as
@@ -82,10 +87,15 @@ def _per_token_us(rounds: list[dict[str, float]], key: str) -> float:
     return statistics.median(r[key] / r["tokens"] * 1e6 for r in rounds)
 
 
-def summarize(batch: int, max_tokens: int, traced: list[dict], untraced: list[dict]) -> dict[str, Any]:
+def summarize(batch: int, max_tokens: int, traced: list[dict], untraced: list[dict],
+              span_export: str = "inline") -> dict[str, Any]:
     """Per generated token medians of one batch size, paired ABBA ratios and the goals."""
     pairs = list(zip(traced, untraced))
     proc_ratio = statistics.median(t["process_cpu_s"] / u["process_cpu_s"] for t, u in pairs)
+    # the probe thread is the benchmark's instrument and runs for the round's wall time, which
+    # a traced round stretches (it waits for the export): its CPU left out, the serving work alone
+    proc_ratio_np = statistics.median((t["process_cpu_s"] - t["probe_cpu_s"]) / (u["process_cpu_s"] - u["probe_cpu_s"])
+                                      for t, u in pairs)
     added_engine = [t["engine_cpu_s"] - u["engine_cpu_s"] for t, u in pairs]
     steps = statistics.median(t["steps"] for t in traced)
     tokens = batch * max_tokens
@@ -113,10 +123,15 @@ def summarize(batch: int, max_tokens: int, traced: list[dict], untraced: list[di
                                       "attributed_amortized": attributed_token_us + attributed_step_us * steps / tokens},
         "b_process_cpu_us_per_token": {"traced": _per_token_us(traced, "process_cpu_s"),
                                        "untraced": _per_token_us(untraced, "process_cpu_s"),
-                                       "ratio_paired_median": proc_ratio},
+                                       "ratio_paired_median": proc_ratio,
+                                       "probe_thread_us_per_token": {"traced": _per_token_us(traced, "probe_cpu_s"),
+                                                                     "untraced": _per_token_us(untraced, "probe_cpu_s")},
+                                       "ratio_paired_median_without_probe": proc_ratio_np},
         "c_exporter_process_cpu_us_per_token": child if child > 0 else None,
-        "c_note": None if child > 0 else ("n/a: the exporter runs inside the serving process "
-                                          "(--span-export inline: its CPU is in b); no child process used CPU"),
+        "c_note": None if child > 0 else (
+            "n/a: the exporter runs inside the serving process (--span-export inline: its CPU is in b); "
+            "no child process used CPU" if span_export == "inline" else
+            "0: below the child-CPU clock's 10 ms tick over these rounds (--span-export process)"),
         "d_probe_p99_ms": {"traced": p99_t, "untraced": p99_u, "added": p99_t - p99_u},
         "wall_s_per_round": {"traced": statistics.median(r["wall_s"] for r in traced),
                              "untraced": statistics.median(r["wall_s"] for r in untraced)},
@@ -146,7 +161,14 @@ def section_engine(handle: Any, batches: list[int], max_tokens: int, rounds: int
     from instrument.tracing import setup_tracing
 
     spans_file = Path(tempfile.mkdtemp(prefix="tt-tracing-cost-")) / "spans.jsonl"
-    provider = setup_tracing("tracing-cost", exporter="otlp_json", json_path=str(spans_file))
+    # as `tokentrace serve` builds it: under process the exporters are only named here, and one
+    # span exporter process gets the stand-in gateway's spans and the engine's records
+    provider = setup_tracing("tracing-cost", exporter="otlp_json", json_path=str(spans_file),
+                             make_exporters=span_export == "inline")
+    if span_export == "process":
+        from instrument.records.span_forward import forward_spans
+
+        forward_spans(provider)
     sys.setswitchinterval(switch_interval_s)  # GatewaySettings.gil_switch_interval_s
     harness = Harness(handle, provider, max_batch_size=max(batches), max_batch_tokens=max_batch_tokens,
                       probe_interval_s=probe_interval_s, prompts=prompts, span_export=span_export)
@@ -162,7 +184,7 @@ def section_engine(handle: Any, batches: list[int], max_tokens: int, rounds: int
             for r in range(rounds):
                 for traced in ((True, False) if r % 2 == 0 else (False, True)):  # ABBA
                     sides[traced].append(harness.round(batch, max_tokens, traced))
-            out["batches"][str(batch)] = summary = summarize(batch, max_tokens, sides[True], sides[False])
+            out["batches"][str(batch)] = summary = summarize(batch, max_tokens, sides[True], sides[False], span_export)
             log(json.dumps({k: v for k, v in summary.items() if k != "rounds"}))
         if capture and span_export == "inline":  # process: the spans are in another process
             memory = InMemorySpanExporter()
@@ -280,6 +302,9 @@ def engine_table(result: dict[str, Any]) -> str:
         lines.append(f"{batch:>5} {s['steps_per_round']:>5.0f} {a['attributed_sequence_spans_per_token']:>6.2f} "
                      f"{a['attributed_per_step_us']:>6.1f} {a['added']:>7.1f} {b['traced']:>7.1f} "
                      f"{b['untraced']:>7.1f} {b['ratio_paired_median']:>6.3f} {d['traced']:>6.2f} {d['untraced']:>6.2f}")
+    lines.append("(b) without the probe thread's CPU (it runs for the round's wall time, longer when "
+                 "traced): " + ", ".join(f"batch {batch} {s['b_process_cpu_us_per_token']['ratio_paired_median_without_probe']:.3f}"
+                                        for batch, s in result["batches"].items()))
     notes = {s["c_note"] for s in result["batches"].values() if s["c_note"]}
     lines += [f"(c) exporter process: {note}" for note in sorted(notes)]
     for batch, s in result["batches"].items():

@@ -99,6 +99,7 @@ class Probe:
         self.interval_s = interval_s
         self.delays: list[float] = []
         self.active = False
+        self.cpu_s = 0.0  # this thread's own CPU so far, s (it runs through every round, for its wall time)
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="tracing-cost-probe", daemon=True)
         self.thread.start()
@@ -109,6 +110,7 @@ class Probe:
             start = clock()
             time.sleep(interval)
             late = clock() - start - interval
+            self.cpu_s = time.thread_time()
             if self.active:
                 self.delays.append(late)
 
@@ -128,7 +130,8 @@ class GatewayStandIn:
     (instrument/gateway/request_state.py), the ``queue`` span, the span's end. Tokens arrive
     from the engine thread through a queue (the gateway uses ``call_soon_threadsafe``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, forwarder: Any = None) -> None:
+        self.forwarder = forwarder  # span_forward.SpanForwarder: chunk events kept raw, as the gateway does
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name="tracing-cost-gateway", daemon=True)
         self.thread.start()
@@ -137,6 +140,7 @@ class GatewayStandIn:
         from opentelemetry import trace
 
         from instrument.clock import now_wall_ns
+        from instrument.gateway.request_state import CHUNK_EVENT, CHUNK_KEYS
 
         while True:
             item = self.inbox.get()
@@ -149,10 +153,11 @@ class GatewayStandIn:
             span = state["span"]  # done
             if span is not None:
                 tracer, result = state["tracer"], value
-                add_event = span.add_event
-                for index, at_ns in enumerate(state["chunks"]):
-                    add_event("tokentrace.chunk", {"tokentrace.chunk.index": index, "tokentrace.chunk.tokens": 1,
-                                                   "tokentrace.chunk.visible": True}, timestamp=at_ns)
+                rows = [(index, 1, True, at_ns) for index, at_ns in enumerate(state["chunks"])]
+                if self.forwarder is None or not self.forwarder.defer_events(span, CHUNK_EVENT, CHUNK_KEYS, rows):
+                    add_event = span.add_event
+                    for index, tokens, visible, at_ns in rows:
+                        add_event(CHUNK_EVENT, dict(zip(CHUNK_KEYS, (index, tokens, visible))), timestamp=at_ns)
                 queue_span = tracer.start_span("queue", context=trace.set_span_in_context(span),
                                                start_time=state["enqueued_ns"])
                 queue_span.end(end_time=max(result.admitted_ns, state["enqueued_ns"]))
@@ -193,7 +198,9 @@ class Harness:
         self.tracer = get_tracer(provider)
         self.engine = ContinuousEngine(handle, provider, max_batch_size=max_batch_size,
                                        max_batch_tokens=max_batch_tokens, span_export=span_export)
-        self.gateway = GatewayStandIn()
+        from instrument.records.span_forward import forwarder_of
+
+        self.gateway = GatewayStandIn(forwarder_of(provider))
         self.probe = Probe(probe_interval_s)
         self.prompts = prompts or [handle.tokenize([{"role": "user", "content": p}], None) for p in PROMPTS]
         self.engine_thread: ThreadClock | None = None
@@ -288,17 +295,23 @@ class Harness:
         hooks0, calls0 = dict(self.hook_cpu), dict(self.hook_calls)
         engine_cpu0 = self.engine_thread() if self.engine_thread else None
         steps0 = engine.health()["steps"]
-        cpu0, child0, wall0 = time.process_time(), children_cpu_s(), time.perf_counter()
+        cpu0, child0, wall0, probe0 = time.process_time(), children_cpu_s(), time.perf_counter(), self.probe.cpu_s
         for request in requests:
             engine.submit(request)
         if not done.wait(900):
             raise RuntimeError(f"a round of {batch} sequences did not finish within 900 s")
         steps = engine.health()["steps"] - steps0
         if traced:
-            self.provider.force_flush()
-            if engine.exporter is not None and not engine.exporter.flush(300):
+            # one flush of each pipeline: a forwarding provider's force_flush is the exporter
+            # process's flush (the engine's records included); otherwise the in-process
+            # exporters', then the engine's own exporter process's
+            flushed = self.provider.force_flush(300_000)
+            if self.gateway.forwarder is not None:
+                if not flushed:
+                    raise RuntimeError("the span exporter process did not flush within 300 s")
+            elif engine.exporter is not None and not engine.exporter.flush(300):
                 raise RuntimeError("the span exporter process did not flush within 300 s")
-        cpu1, child1, wall1 = time.process_time(), children_cpu_s(), time.perf_counter()
+        cpu1, child1, wall1, probe1 = time.process_time(), children_cpu_s(), time.perf_counter(), self.probe.cpu_s
         engine_cpu1 = self.engine_thread() if self.engine_thread else None
         self.probe.active = False
         delays = self.probe.take()
@@ -307,6 +320,7 @@ class Harness:
         hooks = {name: self.hook_cpu[name] - hooks0[name]
                  - (self.hook_calls[name] - calls0[name]) * self.wrapper_cost_s for name in HOOKS[:-1]}
         return {**{f"hook_{name}_s": value for name, value in hooks.items()}, "tokens": batch * max_tokens, "steps": steps, "wall_s": wall1 - wall0, "process_cpu_s": cpu1 - cpu0,
+                "probe_cpu_s": probe1 - probe0,
                 "children_cpu_s": child1 - child0,
                 "engine_cpu_s": (engine_cpu1 - engine_cpu0) if engine_cpu0 is not None else float("nan"),
                 "probe_p99_ms": percentile(delays, 0.99) * 1e3, "probe_samples": len(delays)}

@@ -81,9 +81,11 @@ def chat_body(model: str, prompt: str = SEED_PROMPT, *, max_tokens: int = 16, te
 
 
 def local_tracer_provider(service_name: str, *, json_path: str | None = None, span_exporters: Sequence[Any] = (),
-                           batch: bool = True) -> Any:
+                           batch: bool = True, make_exporters: bool = True) -> Any:
     """A provider for client spans: OTLP-JSON lines to ``json_path`` when given, OTLP when
-    ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or the traces endpoint) is set, plus ``span_exporters``."""
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or the traces endpoint) is set, plus ``span_exporters``.
+    ``make_exporters=False``: the exporters are only named (``setup_tracing``), for a span
+    exporter process to make (``serve --span-export process``)."""
     import os
 
     from instrument.tracing import setup_tracing
@@ -94,7 +96,7 @@ def local_tracer_provider(service_name: str, *, json_path: str | None = None, sp
     if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         names.append("otlp")
     return setup_tracing(service_name, exporter=names or ["none"], json_path=json_path,
-                         span_exporters=span_exporters, batch=batch)
+                         span_exporters=span_exporters, batch=batch, make_exporters=make_exporters)
 
 
 def _chunk_content(payload: dict[str, Any]) -> tuple[str | None, str | None]:

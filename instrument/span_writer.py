@@ -309,6 +309,11 @@ class DirectSpanWriter:
         _hand_off(self.processor, spans, sampled=sampled)
         return len(spans)
 
+    def hand_off(self, spans: list[ReadableSpan]) -> None:
+        """Hand already-built finished spans to the tracer's span processors (``on_end``;
+        the span exporter process's forwarded spans, instrument/records/span_forward.py)."""
+        _hand_off(self.processor, spans)
+
 
 class _StepShared:
     """What every decode-step span of one sequence shares (see :class:`_StepSpan`)."""

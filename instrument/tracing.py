@@ -214,6 +214,7 @@ def setup_tracing(
     span_exporters: Sequence[SpanExporter] = (),
     batch: bool = True,
     count_exports: bool = True,
+    make_exporters: bool = True,
 ) -> TracerProvider:
     """A TracerProvider with tokentrace's resource, span limits and exporters (not installed globally).
 
@@ -229,10 +230,18 @@ def setup_tracing(
       SimpleSpanProcessor (synchronous; for scripts and tests).
     - ``count_exports``: wrap each exporter and its processor to count spans exported, failed
       and dropped (``instrument.export_health``; one log line per exporter at shutdown).
+    - ``make_exporters``: False checks and records the exporter settings (``exporter_settings``)
+      but builds no exporter in this process: the span exporter process makes them
+      (``--span-export process``, instrument/records/span_forward.py ``forward_spans``).
     """
     names = _exporter_names(exporter)
     exporters: list[SpanExporter] = []
-    for name in names:
+    if not make_exporters:
+        if "otlp" in names:
+            _protocol(protocol)  # the same error here as when the exporter is made
+        if "otlp_json" in names and json_path is None and _env(ENV_JSON_PATH) is None:
+            raise ValueError(f"the otlp_json exporter needs json_path= or {ENV_JSON_PATH}")
+    for name in names if make_exporters else ():
         if name == "otlp":
             exporters.append(_otlp_exporter(_protocol(protocol), endpoint))
         elif name == "console":

@@ -39,7 +39,8 @@ def _spans_on_disk(out_dir: Path) -> list[dict]:
     return spans
 
 
-def _start_serve(http_port: int, *args: str) -> tuple[subprocess.Popen, str, queue.Queue[str]]:
+def _start_serve(http_port: int, *args: str) -> tuple[subprocess.Popen, str, queue.Queue[str], str]:
+    """The serve process, its URL, its stderr lines to come, and the line saying it listens."""
     env = dict(os.environ, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{http_port}",
                OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf")
     proc = subprocess.Popen([str(TOKENTRACE), "serve", "--model", "tiny", "--port", "0", *args],
@@ -53,15 +54,16 @@ def _start_serve(http_port: int, *args: str) -> tuple[subprocess.Popen, str, que
             raise AssertionError("serve did not start listening in time") from None
         found = re.search(r" on (http://127\.0\.0\.1:\d+) ", line)
         if found:
-            return proc, found.group(1), lines
+            return proc, found.group(1), lines, line
         if line == "":
             raise AssertionError("serve exited before listening")
 
 
-@pytest.mark.parametrize("engine", ["continuous", "sequential", "continuous-process"])
+@pytest.mark.parametrize("engine", ["continuous-inline", "sequential", "continuous"])
 def test_sigterm_mid_burst_finishes_requests_and_exports_every_span(tmp_path: Path, engine: str) -> None:
-    """``continuous-process``: --span-export process, the engine's spans flushed by the span
-    exporter process (the shutdown line sums both processes' counts)."""
+    """``continuous``: the default --span-export process, every span (the engine's from step
+    records, the gateway's forwarded) flushed by the span exporter process, whose counts the
+    shutdown line gives; ``continuous-inline``: --span-export inline, all in the serving process."""
     out = tmp_path / "traces"
     collect, _grpc, http_port = start_collect(out)
     try:
@@ -72,9 +74,10 @@ def test_sigterm_mid_burst_finishes_requests_and_exports_every_span(tmp_path: Pa
 
 
 def _sigterm_mid_burst(collect: subprocess.Popen, http_port: int, out: Path, engine: str) -> None:
-    extra = ("--span-export", "process") if engine.endswith("-process") else ()
-    serve, url, lines = _start_serve(http_port, "--engine", engine.removesuffix("-process"), "--shutdown-grace-s", "20",
+    extra = ("--span-export", "inline") if engine.endswith("-inline") else ()
+    serve, url, lines, listening = _start_serve(http_port, "--engine", engine.removesuffix("-inline"), "--shutdown-grace-s", "20",
                                      *extra)
+    assert f"span export {'process' if engine == 'continuous' else 'inline'})" in listening, listening
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 40, "stream": True,
             "stream_options": {"include_usage": True}}
     first_chunks = threading.Semaphore(0)
@@ -132,6 +135,7 @@ def _sigterm_mid_burst(collect: subprocess.Popen, http_port: int, out: Path, eng
     generated = [next(a["value"]["intValue"] for a in g["attributes"] if a["key"] == "tokentrace.generated_tokens")
                  for g in gateway]
     assert len(decode) == sum(int(g) - 1 for g in generated)  # G - 1 decode spans per request
-    if extra:  # the exporter process's spans: same resource, and it is gone
+    if engine == "continuous":  # every span came through the exporter process, and it is gone
         assert len({s["name"] for s in spans} & {"engine_step", "engine", "prefill"}) == 3
-        assert "exporter-process:" in stopped
+        assert "exporter-process:" in stopped and stopped.count(" [exporter-process:") == 1, stopped
+        assert stopped.count("/") == 1, f"one exporter row, none in the serving process: {stopped}"

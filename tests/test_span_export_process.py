@@ -1,5 +1,6 @@
 """``--span-export process`` behind the real gateway (#27 items 2-3): the same spans as the
-inline path for one fixed run, and serving that goes on when the exporter process dies.
+inline path for one fixed run (the engine's, built from step records, and the gateway's own,
+forwarded whole), and serving that goes on when the exporter process dies.
 
 Real uvicorn servers on 127.0.0.1 with the tiny model; spans go to OTLP-JSON lines files
 (the exporter process makes its exporters again from the provider's settings, so they
@@ -31,6 +32,7 @@ from instrument.export_health import export_health  # noqa: E402
 from instrument.gateway.app import GatewaySettings, create_app  # noqa: E402
 from instrument.gateway.server import ServerThread  # noqa: E402
 from instrument.model_handle import ModelHandle, load_model_handle  # noqa: E402
+from instrument.records.span_forward import forward_spans  # noqa: E402
 from instrument.tracing import setup_tracing  # noqa: E402
 
 TIMEOUT_S = 60.0
@@ -44,8 +46,17 @@ def handle() -> ModelHandle:
     return load_model_handle("tiny")
 
 
+def _provider(span_export: str, **exporters: Any) -> Any:
+    """The provider ``tokentrace serve`` builds: under ``process`` the exporters are only named
+    and one span exporter process gets the gateway's spans and the engine's records."""
+    provider = setup_tracing("tokentrace-gateway", make_exporters=span_export == "inline", **exporters)
+    if span_export == "process":
+        forward_spans(provider)
+    return provider
+
+
 def _serve(handle: ModelHandle, path: Path, span_export: str) -> tuple[Any, Any, Any]:
-    provider = setup_tracing("tokentrace-gateway", exporter=["otlp_json"], json_path=path)
+    provider = _provider(span_export, exporter=["otlp_json"], json_path=path)
     app = create_app(handle, provider, GatewaySettings(engine="continuous", max_tokens_limit=512, engine_options={
         "max_batch_tokens": 64, "span_export": span_export}))
     return provider, app, ServerThread(app).start()
@@ -124,9 +135,56 @@ def _engine_view(spans: list[dict[str, Any]]) -> dict[str, Any]:
             "root_keys": sorted({k for r in roots.values() for k in r["_attrs"]})}
 
 
+RUN_IDS = {"gen_ai.response.id"}  # a fresh id per request
+
+
+def _gateway_view(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The gateway's own spans of one run, comparable across runs: per request (in order) the
+    ``gateway`` span and its ``tokenize`` / ``queue`` children, with kind, status, scope, flags,
+    attributes and events (name, attributes, in order); plus checks that hold within the run
+    (parents, one trace per request, event times inside the span, the resource)."""
+    gateways = sorted((s for s in spans if s["name"] == "gateway"), key=lambda s: int(s["startTimeUnixNano"]))
+    resource = gateways[0]["_resource"]
+    view = []
+    for gw in gateways:
+        assert "parentSpanId" not in gw or not gw["parentSpanId"], "a root: no traceparent was sent"
+        assert gw["_resource"] == resource
+        assert gw["_attrs"]["gen_ai.response.id"]["stringValue"].startswith("chatcmpl-")
+        start, end = int(gw["startTimeUnixNano"]), int(gw["endTimeUnixNano"])
+        events = gw.get("events", [])
+        assert all(start <= int(e["timeUnixNano"]) <= end for e in events)
+        times = [int(e["timeUnixNano"]) for e in events if e["name"] == "tokentrace.chunk"]
+        assert times == sorted(times), "chunk events in the order they were written"
+        children = sorted((s for s in spans if s.get("parentSpanId") == gw["spanId"]
+                           and s["name"] in ("tokenize", "queue")), key=lambda s: s["name"])
+        entry = {}
+        for span in (gw, *children):
+            assert span["traceId"] == gw["traceId"] and span["_resource"] == resource
+            entry[span["name"]] = {
+                "kind": span["kind"], "status": span.get("status", {}), "scope": span["_scope"],
+                "flags": span.get("flags"), "attributes": {k: v for k, v in span["_attrs"].items() if k not in RUN_IDS},
+                "events": [(e["name"], e.get("attributes", [])) for e in span.get("events", [])],
+                "dropped": [span.get(k, 0) for k in ("droppedAttributesCount", "droppedEventsCount")],
+            }
+        view.append(entry)
+    return view
+
+
 def test_process_export_writes_the_spans_of_the_inline_path(handle: ModelHandle, tmp_path: Path) -> None:
-    inline = _engine_view(_run(handle, tmp_path, "inline"))
-    process = _engine_view(_run(handle, tmp_path, "process"))
+    """Engine spans (from step records) and the gateway's own spans (forwarded whole, chunk
+    events as raw tuples) through the span exporter process equal the inline path's."""
+    inline_spans, process_spans = _run(handle, tmp_path, "inline"), _run(handle, tmp_path, "process")
+    inline_gw, process_gw = _gateway_view(inline_spans), _gateway_view(process_spans)
+    assert len(inline_gw) == len(process_gw) == len(FIXED_RUN)
+    for i, (a, b) in enumerate(zip(inline_gw, process_gw)):
+        assert sorted(a) == sorted(b) == ["gateway", "queue", "tokenize"], i
+        for name in a:
+            assert a[name] == b[name], (i, name)
+        chunks = [e for e in b["gateway"]["events"] if e[0] == "tokentrace.chunk"]
+        assert len(chunks) >= FIXED_RUN[i][1], "one chunk event per token at least"
+    assert {k for k in inline_spans[0]["_resource"]} == {k for k in process_spans[0]["_resource"]}
+    inline = _engine_view(inline_spans)
+    process = _engine_view(process_spans)
     assert [len(r) for r in inline["requests"]] == [len(r) for r in process["requests"]]
     assert sum(name == "prefill" for name, _ in inline["requests"][1]) >= 2, "the long prompt is chunked"
     assert any(a.get("tokentrace.cached_tokens", {}).get("intValue", "0") != "0"
@@ -166,11 +224,11 @@ def test_serving_goes_on_when_the_exporter_process_dies(handle: ModelHandle, tmp
     assert process_row["dropped"] > 0 and process_row["last_error"] == "exporter process died"
     counts = export_health(provider)
     (final,) = [c for c in counts if c.name.startswith("exporter-process")]
-    # the requests after the kill: 3 requests x (prefill chunks + decode steps), plus their steps
-    assert final.dropped >= sum(n for _, n in FIXED_RUN[1:])
+    # the requests after the kill: 3 requests x (prefill chunks + decode steps + gateway,
+    # tokenize, queue), plus their steps
+    assert final.dropped >= sum(n for _, n in FIXED_RUN[1:]) + 3 * 3
     assert final.submitted == final.exported + final.failed + final.dropped + final.pending
-    gateway_row = [c for c in counts if not c.name.startswith("exporter-process")]
-    assert sum(c.exported for c in gateway_row) == 4 * 3, "the gateway's own spans (gateway, tokenize, queue)"
+    assert [c.name for c in counts] == [final.name], "nothing is exported from the serving process"
 
 
 class _OtlpSink:
@@ -209,7 +267,7 @@ class _OtlpSink:
 
 def _chunk_gaps(handle: ModelHandle, sink: _OtlpSink, streams: int = 2, tokens: int = 48) -> tuple[list[float], float]:
     """Seconds between consecutive streamed chunks (all streams), and when the last arrived."""
-    provider = setup_tracing("tokentrace-gateway", exporter=["otlp"], endpoint=sink.url, protocol="http/protobuf")
+    provider = _provider("process", exporter=["otlp"], endpoint=sink.url, protocol="http/protobuf")
     app = create_app(handle, provider, GatewaySettings(engine="continuous", max_tokens_limit=512,
                                                        engine_options={"span_export": "process"}))
     server = ServerThread(app).start()
@@ -240,7 +298,7 @@ def _chunk_gaps(handle: ModelHandle, sink: _OtlpSink, streams: int = 2, tokens: 
 
 def test_a_slow_otlp_endpoint_never_delays_a_token(handle: ModelHandle, monkeypatch: pytest.MonkeyPatch) -> None:
     """Exports every 50 ms (OTEL_BSP_SCHEDULE_DELAY) to an endpoint that takes 1 s to answer
-    each, from both processes: the streams' chunk gaps stay those of a prompt endpoint."""
+    each, from the span exporter process: the streams' chunk gaps stay those of a prompt endpoint."""
     import statistics
 
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")

@@ -82,10 +82,13 @@ def _bind_error(host: str, port: int) -> str | None:
               help="On SIGTERM/SIGINT: seconds in-flight requests may take to finish before they are cancelled.")
 @click.option("--decode-spans", default="all", show_default=True, metavar="all|every:N|none",
               help="Which decode steps get a span (chunk events are always kept).")
-@click.option("--span-export", type=click.Choice(["inline", "process"]), default="inline", show_default=True,
-              help="continuous: inline writes the engine's prefill/decode/engine_step spans on the engine "
-                   "thread; process packs one compact record per step and a span exporter process builds "
-                   "and exports them (same spans; docs/gateway.md, \"Tracing cost\").")
+@click.option("--span-export", type=click.Choice(["inline", "process"]), default=None,
+              help="process (default with --engine continuous): the engine packs one compact record per "
+                   "step and the gateway forwards its own finished spans to a span exporter process, which "
+                   "builds and exports every span (nothing is encoded or exported in the serving process); "
+                   "inline (default, and the only choice, with --engine sequential): every span is built "
+                   "and exported in the serving process. Same spans either way (docs/gateway.md, "
+                   "\"Step records and the span exporter process\").")
 @click.option("--otlp-json", "otlp_json", default=None, metavar="PATH",
               help="Append the server's spans to this OTLP-JSON lines file.")
 @click.option("--service-name", default="tokentrace-gateway", show_default=True, help="service.name of the spans.")
@@ -111,7 +114,7 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
       tokentrace serve --model smollm2 --otlp-json server-spans.jsonl
       tokentrace serve --model smollm2 --kv-budget-bytes 35389440 --max-queue-wait-s 30
       tokentrace serve --model tiny --engine sequential --port 0
-      tokentrace serve --model smollm2 --span-export process --otlp-json spans.jsonl
+      tokentrace serve --model smollm2 --span-export inline --otlp-json spans.jsonl
       tokentrace serve --model ./my-model --host 0.0.0.0 --api-key "$KEY" --kv-budget-bytes 2000000000
     """
     import logging
@@ -122,7 +125,7 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
     from instrument.gateway.server import is_loopback
 
     if engine_name != "continuous" and (max_queue_wait_s is not None or not prefix_caching
-                                        or span_export != "inline"):
+                                        or span_export == "process"):
         flag = ("--max-queue-wait-s" if max_queue_wait_s is not None else "--no-prefix-caching" if not prefix_caching
                 else "--span-export process")
         why = ("it writes no step records" if flag == "--span-export process"
@@ -134,9 +137,12 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
     problem = _bind_error(host, port)
     if problem is not None:
         raise UserError(problem)
+    if span_export is None:
+        span_export = "process" if engine_name == "continuous" else "inline"
     try:
         DecodeSpanPolicy.parse(decode_spans)
-        provider = local_tracer_provider(service_name, json_path=otlp_json)
+        # process: the exporters are only named here; the span exporter process makes them
+        provider = local_tracer_provider(service_name, json_path=otlp_json, make_exporters=span_export == "inline")
     except ValueError as exc:
         raise UserError(str(exc)) from None
     try:
@@ -170,6 +176,10 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
     from instrument.shutdown import export_summary, shutdown_tracing
 
     try:
+        if span_export == "process":
+            from instrument.records.span_forward import forward_spans
+
+            forward_spans(provider)  # one span exporter process: the gateway's spans and the engine's records
         app = create_app(handle, provider, settings)
     except ValueError as exc:
         provider.shutdown()
@@ -182,7 +192,8 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
                                            timeout_graceful_shutdown=max(1, round(shutdown_grace_s))))
     server.on_listening = lambda url: click.echo(
         f"tokentrace serve: {handle.model_id} on {url} (engine {engine_name}{': ' + detail if detail else ''}; "
-        f"auth {'on' if keys else 'off'}; KV {handle.kv_bytes_per_token} bytes/token)", err=True)
+        f"auth {'on' if keys else 'off'}; KV {handle.kv_bytes_per_token} bytes/token; span export {span_export})",
+        err=True)
     try:
         server.run()
     finally:

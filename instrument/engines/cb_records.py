@@ -5,7 +5,9 @@
 (an OPEN entry at a sequence's first schedule, an END entry when it ends) packed by
 instrument/records/format.py's ``RecordWriter``, sent to the span exporter process
 (instrument/records/exporter_process.py) every ``FLUSH_BYTES`` or ``FLUSH_NS`` and when
-the engine goes idle or stops. No span, dict or attribute work per token.
+the engine goes idle or stops. No span, dict or attribute work per token. The exporter
+process is the provider's own when ``forward_spans`` started one for it (``serve``: the
+gateway's spans go there too, instrument/records/span_forward.py), else the sink starts one.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from instrument.kv import KVLayout
 from instrument.records.exporter_process import ExporterProcess
 from instrument.records.format import SEQ_PREFILL, SEQ_RECOMPUTE, SEQ_RECOMPUTE_EMITS, RecordWriter
 from instrument.records.span_builder import layout_meta
-from instrument.tracing import exporter_settings
 
 __all__ = ["FLUSH_BYTES", "FLUSH_NS", "StepRecordSink"]
 
@@ -36,21 +37,20 @@ class StepRecordSink:
     def __init__(self, tracer_provider: Any, layout: KVLayout | None, layout_name: str, bytes_per_block: int,
                  decode_spans: str, steps_per_trace: int) -> None:
         from instrument.export_health import add_counts_source
+        from instrument.records.span_forward import exporter_process_of
 
-        settings = exporter_settings(tracer_provider)
-        if settings is None or settings["extra_exporters"]:
-            raise ValueError("--span-export process: the tracer provider must come from setup_tracing with "
-                             "exporters given by name (another process makes them again)")
-        self.exporter = ExporterProcess(dict(tracer_provider.resource.attributes), list(settings["exporters"]),
-                                        settings["json_path"], endpoint=settings["endpoint"],
-                                        protocol=settings["protocol"])
+        shared = exporter_process_of(tracer_provider)  # the serve's one, when its spans are forwarded
+        self.owns_exporter = shared is None
+        self.exporter = ExporterProcess.for_provider(tracer_provider) if shared is None else shared
+        self.sender = self.exporter.sender()
         self.writer = RecordWriter()
         self.units = 0  # spans the packed, unsent records stand for
         self.sent_ns = 0  # when the records last went out
         self.busy = False  # a step was recorded since the last IDLE entry
         self.writer.meta(layout_meta(layout, layout_name, bytes_per_block, decode_spans, steps_per_trace))
         self.flush()
-        add_counts_source(tracer_provider, self.exporter.counts)
+        if self.owns_exporter:
+            add_counts_source(tracer_provider, self.exporter.counts)
 
     def step(self, step: int, start_ns: int, forward_start_ns: int, sequences: list[Any], live: dict[str, Any],
              start: Callable[[Any, Any, int], None], blocks_used: int, waiting: int, geometry: Any,
@@ -124,10 +124,12 @@ class StepRecordSink:
         """Send what is packed (one message; never waits)."""
         if self.writer.pending():
             units, self.units = self.units, 0
-            self.exporter.send(self.writer.take(), units)
+            self.sender.send(self.writer.take(), units)
             self.sent_ns = now_wall_ns()
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Send the last records, let the exporter drain, flush and report within ``timeout_s``."""
+        """Send the last records; an exporter process of its own is then asked to drain, flush
+        and report within ``timeout_s`` (a shared one stops with its provider's shutdown)."""
         self.idle()
-        self.exporter.stop(timeout_s)
+        if self.owns_exporter:
+            self.exporter.stop(timeout_s)

@@ -16,14 +16,15 @@ instrument/records/format.py) for a span exporter process
 and exports them.
 
 Threads: ``submit`` / ``cancel`` come from the gateway's event loop; everything else runs on
-the manager's generation thread (hooks, callbacks, span writing or record packing).
+the manager's generation thread (hooks, callbacks, span writing or record packing). The
+request queue's bookkeeping (waiting / started / preempted, cancellations, queue-wait
+deadlines) is in instrument/engines/cb_queue.py.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-import math
 import threading
 import time
 from typing import Any
@@ -31,7 +32,8 @@ from typing import Any
 from instrument import kv
 from instrument.clock import now_wall_ns
 from instrument.engines import cb_hooks
-from instrument.engines.base import EngineRequest, EngineResult, QueueWaitExceeded
+from instrument.engines.base import EngineRequest, EngineResult
+from instrument.engines.cb_queue import RequestQueue
 from instrument.engines.cb_spans import (EngineTraceWriter, SequenceRecord, StepRecord, record_run,
                                         write_preemption_events, write_sequence_spans)
 from instrument.generate_spans import DecodeSpanPolicy
@@ -48,7 +50,7 @@ DEFAULT_KV_CACHE_TOKENS = 32_768  # ...and at most this many tokens (the attenti
 SPAN_EXPORT_CHOICES = ("inline", "process")
 
 
-class ContinuousEngine:
+class ContinuousEngine(RequestQueue):
     """transformers' continuous batching behind the engine interface (module docstring).
 
     - ``kv_budget_bytes``: size of the paged KV cache, bytes (whole blocks; default: the
@@ -164,7 +166,7 @@ class ContinuousEngine:
         try:
             self.warmup_s = self._warm_up() if warmup else 0.0
         except BaseException:
-            if self.exporter is not None:
+            if self.records is not None and self.records.owns_exporter:
                 self.exporter.stop(1.0)
             raise
         self.ready = True
@@ -188,34 +190,15 @@ class ContinuousEngine:
             self._submitted -= 1  # never queued: not waiting (requests_waiting = submitted - started)
             request.on_done(EngineResult(now_wall_ns(), "error", error=RuntimeError("the engine is not running")))
 
-    def cancel(self, request_id: str) -> None:
-        with self._lock:
-            record = self._live.get(request_id)
-            if record is None or record.cancel_requested:
-                return
-            record.cancel_requested = True
-            self._cancels.append(request_id)
-        cb_hooks.wake(self.manager)
-
     #: KV is not reserved per request at admission: blocks are allocated as sequences grow,
     #: and a request that does not fit waits in the scheduler's queue (the admission
     #: controller then only refuses what could never fit, and bounds requests in flight).
     kv_admission = "paged"
 
     @property
-    def requests_waiting(self) -> int:
-        """Requests submitted and not (or no longer: preempted) running: waiting to be scheduled."""
-        return max(0, self._submitted - self._started)
-
-    @property
     def kv_blocks_used(self) -> int:
         """KV blocks some sequence holds now, each shared block once (read from the cache)."""
         return self.tap.blocks_used()
-
-    @property
-    def requests_running(self) -> int:
-        """Requests the scheduler runs (admitted, not finished, not preempted)."""
-        return max(0, len(self._live) - self.requests_waiting)
 
     def kv_reservation_bytes(self, input_tokens: int, max_tokens: int) -> int:
         """Whole blocks for input + max_tokens tokens (what the sequence can come to hold), bytes:
@@ -258,30 +241,6 @@ class ContinuousEngine:
             self.records.close(10.0)
 
     # --- hooks (the manager's thread) -------------------------------------------------------
-    def before_schedule(self) -> None:
-        with self._lock:
-            cancels, self._cancels = self._cancels, []
-        deadlines = self._deadlines
-        if deadlines and deadlines[0][0] <= time.monotonic():
-            cancels.extend(self._expire_waits(time.monotonic()))
-        for request_id in cancels:
-            self.manager.cancel_request(request_id)
-        self._cancelling = cancels  # the scheduler drops them in the prepare that follows
-
-    def _expire_waits(self, now_s: float) -> list[str]:
-        """Requests whose queue wait passed ``max_queue_wait_s`` and are still waiting: marked to
-        end with :class:`QueueWaitExceeded` (FIFO deadlines: only the head is looked at)."""
-        expired = []
-        deadlines, live = self._deadlines, self._live
-        while deadlines and deadlines[0][0] <= now_s:
-            _, request_id = deadlines.popleft()
-            record = live.get(request_id)
-            if record is not None and record.admitted_ns is None and not record.cancel_requested:
-                record.cancel_requested = True
-                record.queue_expired = True
-                expired.append(request_id)
-        return expired
-
     def on_scheduled(self, start_ns: int, forward_start_ns: int, sequences: list[Any], blocks_used: int,
                      waiting: int) -> None:
         self._finish_cancelled(start_ns)
@@ -324,31 +283,6 @@ class ContinuousEngine:
             # a recompute that ends emits token k + 1: step k has no decode span (docs/spans.md)
             record_run(record, rec, s.tokens, s.blocks, s.context_tokens, s.prefill, record.preempted > 0,
                        s.prefill and s.emits and record.emitted > 0)
-
-    def _start(self, record: SequenceRecord, s: Any, start_ns: int) -> None:
-        """The scheduler runs ``record`` for the first time (or again after a preemption)."""
-        record.waiting = False
-        self._started += 1
-        if record.admitted_ns is None:
-            record.admitted_ns = start_ns
-            record.cached_tokens = s.context_tokens - s.tokens  # a reused prefix is not computed
-            if record.request.on_started is not None:
-                record.request.on_started()
-            if self.metrics is not None:
-                self.metrics.prefix_cache_queried(len(record.request.input_ids), record.cached_tokens)
-
-    def on_preempted(self, request_id: str, at_ns: int, blocks: int, mode: str) -> None:
-        self.preemptions += 1
-        if self.metrics is not None:
-            self.metrics.preempted(mode)
-        record = self._live.get(request_id)
-        if record is None:
-            return
-        record.preempted += 1
-        record.preemptions.append((at_ns, blocks, mode))
-        if not record.waiting:
-            record.waiting = True
-            self._started -= 1
 
     def on_idle(self) -> None:
         self._finish_cancelled(now_wall_ns())
@@ -403,19 +337,6 @@ class ContinuousEngine:
             record.pending_logprobs = logprobs
 
     # --- internals ------------------------------------------------------------------------
-    def _finish_cancelled(self, at_ns: int) -> None:
-        cancelling, self._cancelling = self._cancelling, []
-        for request_id in cancelling:
-            record = self._live.get(request_id)
-            if record is None:
-                continue
-            if record.queue_expired:
-                self._finish(request_id, "error", at_ns, QueueWaitExceeded(
-                    f"not scheduled within --max-queue-wait-s {self.max_queue_wait_s:g} s "
-                    f"({self.requests_waiting} requests waiting)", retry_after_s=max(1, math.ceil(self.max_queue_wait_s))))
-            else:
-                self._finish(request_id, "cancelled", at_ns)
-
     def _finish(self, request_id: str, reason: str, at_ns: int, error: BaseException | None = None) -> None:
         record = self._live.pop(request_id, None)
         if record is None:

@@ -33,6 +33,7 @@ from instrument.gateway import responses
 from instrument.gateway.request_state import LoopWaker, RequestState, log_request
 from instrument.gateway.validation import ValidationError, validate_request
 from instrument.model_handle import ModelHandle
+from instrument.records.span_forward import forwarder_of
 from instrument.tracing import get_tracer, span_event_limit_of
 
 __all__ = ["GatewaySettings", "create_app"]
@@ -101,6 +102,7 @@ class Gateway:
             gc.collect()
             gc.freeze()
         self.tracer = get_tracer(tracer_provider)
+        self.forwarder = forwarder_of(tracer_provider)  # --span-export process: chunk events stay raw
         limit = span_event_limit_of(self.tracer)
         if limit is not None and limit < settings.max_tokens_limit + _EXTRA_CHUNKS:
             raise ValueError(
@@ -220,7 +222,7 @@ class Gateway:
         loop = asyncio.get_running_loop()
         state = RequestState(request_id, span, self.tracer, self.admission, ticket, gen, len(input_ids), loop,
                              waker=self._waker(loop), client_request_id=client_request_id,
-                             metrics=self.metrics, arrival_ns=arrival_ns)
+                             metrics=self.metrics, arrival_ns=arrival_ns, forwarder=self.forwarder)
         engine = self.engine
         state.job = EngineRequest(request_id, input_ids, gen.sampling, trace.set_span_in_context(span),
                                   state.on_token_threadsafe, state.on_done_threadsafe)

@@ -26,9 +26,10 @@ from instrument.gateway.admission import AdmissionController, Ticket
 from instrument.gateway.validation import GenerationRequest
 from instrument.sampling import TokenLogprobs
 
-__all__ = ["CHUNK_EVENT", "Detokenizer", "LoopWaker", "RequestState", "log_request"]
+__all__ = ["CHUNK_EVENT", "CHUNK_KEYS", "Detokenizer", "LoopWaker", "RequestState", "log_request"]
 
 CHUNK_EVENT = "tokentrace.chunk"
+CHUNK_KEYS = ("tokentrace.chunk.index", "tokentrace.chunk.tokens", "tokentrace.chunk.visible")
 ORPHAN_GRACE_S = 2.0  # after the job ends, how long a response that never started may take to start
 LOGGER = logging.getLogger("tokentrace.gateway")
 
@@ -160,6 +161,7 @@ class RequestState:
     arrival_ns: int = 0  # the gateway span's start, ns since the epoch
     first_token_ns: int | None = None  # the first chunk with visible tokens was handed to the server
     last_token_ns: int | None = None  # the last one
+    forwarder: Any = None  # span_forward.SpanForwarder (--span-export process): chunk events kept raw
 
     # --- engine thread -> loop -------------------------------------------------------
     def on_token_threadsafe(self, token_id: int, logprobs: TokenLogprobs | None = None) -> None:
@@ -281,12 +283,16 @@ class RequestState:
                 self.last_token_ns = at
 
     def flush_chunk_events(self) -> None:
-        """Put the recorded ``tokentrace.chunk`` events on the gateway span (in chunk order)."""
+        """Put the recorded ``tokentrace.chunk`` events on the gateway span (in chunk order).
+        With a span forwarder they stay ``(index, tokens, visible, ns)`` tuples, built as events
+        in the span exporter process (instrument/records/span_forward.py)."""
         pending, self._pending_chunks = self._pending_chunks, []
+        if self.forwarder is not None and self.forwarder.defer_events(self.span, CHUNK_EVENT, CHUNK_KEYS, pending):
+            return
         add_event = self.span.add_event
+        index_key, tokens_key, visible_key = CHUNK_KEYS
         for index, tokens, visible, at_ns in pending:
-            add_event(CHUNK_EVENT, {"tokentrace.chunk.index": index, "tokentrace.chunk.tokens": tokens,
-                                    "tokentrace.chunk.visible": visible}, timestamp=at_ns)
+            add_event(CHUNK_EVENT, {index_key: index, tokens_key: tokens, visible_key: visible}, timestamp=at_ns)
 
     def metric_attributes(self) -> dict[str, Any]:
         """The GenAI semconv attributes of the server metrics (low cardinality)."""

@@ -23,8 +23,10 @@ it has not exported by the bound is counted as dropped.
 Counts (the shutdown line and /health, through ``export_health.add_counts_source``): the
 child's exporters' submitted / exported / failed / dropped, plus the spans of messages
 that never reached it: dropped at a full socket, or sent after its last report when it
-died. Those spans are estimated on the sending side as one per STEP entry and one per SEQ
-entry (exact for ``--decode-spans all``; engine roots and ``every:N`` differ).
+died. Each sender says how many spans a message stands for: the engine's step records
+estimate one per STEP entry and one per SEQ entry (exact for ``--decode-spans all``;
+engine roots and ``every:N`` differ), the gateway's forwarded spans
+(instrument/records/span_forward.py) count exactly.
 If the child dies, serving goes on, one error line says tracing stopped, and no restart
 is attempted (sequences in flight would have lost their OPEN entries).
 """
@@ -173,6 +175,21 @@ class ExporterProcess:
         self._monitor = threading.Thread(target=self._watch, name="tokentrace-exporter-watch", daemon=True)
         self._monitor.start()
 
+    @classmethod
+    def for_provider(cls, tracer_provider: Any) -> "ExporterProcess":
+        """The exporter process for a ``setup_tracing`` provider whose exporters were given by
+        name (the child makes them again: same names, OTLP-JSON path, endpoint, protocol,
+        resource). ValueError for any other provider (extra exporter objects, e.g. in-memory,
+        cannot cross a process boundary)."""
+        from instrument.tracing import exporter_settings
+
+        settings = exporter_settings(tracer_provider)
+        if settings is None or settings["extra_exporters"]:
+            raise ValueError("--span-export process: the tracer provider must come from setup_tracing with "
+                             "exporters given by name (another process makes them again)")
+        return cls(dict(tracer_provider.resource.attributes), list(settings["exporters"]), settings["json_path"],
+                   endpoint=settings["endpoint"], protocol=settings["protocol"])
+
     # --- the senders ------------------------------------------------------------------------
     def sender(self) -> "RecordSender":
         """A sender for one more writing thread (the engine's, the gateway's): its own
@@ -207,7 +224,7 @@ class ExporterProcess:
                 return
             self.dead = True
         LOGGER.error("tokentrace: tracing stopped: the span exporter process (pid %s) %s; serving goes on, "
-                     "the spans of later engine steps are counted as dropped", self.process.pid, why)
+                     "the spans sent after this are counted as dropped", self.process.pid, why)
 
     def _watch(self) -> None:
         while not self._stopped:
