@@ -26,3 +26,16 @@ def test_cli_doc_has_a_section_per_verb() -> None:
     doc = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
     documented = set(re.findall(r"^## tokentrace (\S+)", doc, flags=re.M))
     assert documented == set(cli.commands)
+
+
+def test_every_help_fits_80_columns() -> None:
+    """What people read fits a terminal: `tokentrace VERB --help` at 80 columns, examples
+    included (click keeps `\\b` example lines as written, so they are wrapped in the source)."""
+    runner = CliRunner()
+    too_wide = []
+    for name in ["", *sorted(cli.commands)]:
+        result = runner.invoke(cli, [*([name] if name else []), "--help"], terminal_width=80)
+        assert result.exit_code == 0, name
+        too_wide += [f"{name or 'tokentrace'}: {len(line)}: {line}" for line in result.output.splitlines()
+                     if len(line) > 80]
+    assert not too_wide, "\n".join(too_wide)

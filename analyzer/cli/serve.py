@@ -112,10 +112,13 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
     \b
     Example:
       tokentrace serve --model smollm2 --otlp-json server-spans.jsonl
-      tokentrace serve --model smollm2 --kv-budget-bytes 35389440 --max-queue-wait-s 30
+      tokentrace serve --model smollm2 --kv-budget-bytes 35389440 \\
+          --max-queue-wait-s 30
       tokentrace serve --model tiny --engine sequential --port 0
-      tokentrace serve --model smollm2 --span-export inline --otlp-json spans.jsonl
-      tokentrace serve --model ./my-model --host 0.0.0.0 --api-key "$KEY" --kv-budget-bytes 2000000000
+      tokentrace serve --model smollm2 --span-export inline \\
+          --otlp-json spans.jsonl
+      tokentrace serve --model ./my-model --host 0.0.0.0 --api-key "$KEY" \\
+          --kv-budget-bytes 2000000000
     """
     import logging
 
