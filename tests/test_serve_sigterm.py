@@ -81,10 +81,12 @@ def _sigterm_mid_burst(collect: subprocess.Popen, http_port: int, out: Path, eng
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 40, "stream": True,
             "stream_options": {"include_usage": True}}
     first_chunks = threading.Semaphore(0)
+    accepted = threading.Semaphore(0)  # response headers received: the server holds the request
 
     async def one(http: httpx.AsyncClient) -> tuple[int, str | None]:
         finish = None
         async with http.stream("POST", url + "/v1/chat/completions", json=body) as response:
+            accepted.release()
             seen = False
             async for line in response.aiter_lines():
                 if line.startswith("data: {"):
@@ -104,6 +106,9 @@ def _sigterm_mid_burst(collect: subprocess.Popen, http_port: int, out: Path, eng
     sender = threading.Thread(target=lambda: results.extend(asyncio.run(burst())), daemon=True)
     sender.start()
     try:
+        # every request of the burst reached the server (on a busy box the last ones can still be
+        # connecting when the first chunk arrives: a request sent after SIGTERM is not in flight)
+        assert all(accepted.acquire(timeout=60) for _ in range(BURST)), "the burst did not reach the server"
         assert first_chunks.acquire(timeout=60), "no request started streaming"
         serve.send_signal(signal.SIGTERM)  # mid-burst: requests are still streaming
         sender.join(timeout=120)
