@@ -133,6 +133,9 @@ class StepTap:
         self._preempted: list[tuple[str, int, int]] = []
         self._finished: list[tuple[str, int, int]] = []
         self._in_update = False
+        # the record of each scheduled, not yet updated step, by id() of its SchedulerOutput (an
+        # attribute on that object would be pickled to the workers with it on every step)
+        self._open: dict[int, StepFacts] = {}
         self.dropped_steps = 0
         self.failed = False  # a hook raised: tracing stops, vLLM goes on (one log line)
         self.hook_cpu_ns = 0  # CPU time the engine thread spent in schedule/update hooks, ns
@@ -221,13 +224,16 @@ class StepTap:
         facts.kv_total = pool.num_gpu_blocks
         facts.block_tokens, facts.bytes_per_block, _ = self.geometry(sched)
         facts.kv_used = pool.num_gpu_blocks - pool.get_num_free_blocks()
-        out._tokentrace_facts = facts
+        if len(self._open) > 8:  # outputs never updated (an engine error): give them back
+            for stale in self._open.values():
+                self.recycle(stale)
+            self._open.clear()
+        self._open[id(out)] = facts
 
     def after_update(self, sched: Any, out: Any, runner_output: Any) -> None:
-        facts = getattr(out, "_tokentrace_facts", None)
+        facts = self._open.pop(id(out), None)
         if facts is None:
             return
-        out._tokentrace_facts = None
         index = runner_output.req_id_to_index
         sampled = runner_output.sampled_token_ids
         got, tokens = len(sampled), 0
