@@ -209,3 +209,27 @@ def test_through_a_real_exporter_process(tmp_path: Path) -> None:
     assert sorted(a["gen_ai.request.id"] for n, a in spans if n == "engine_request") == \
         ["chatcmpl-a", "chatcmpl-b", "cmpl-c-0", "cmpl-d"]
     assert sum(1 for n, a in spans if n == "decode") == sum(1 for s in direct if s.name == "decode") == 9  # A 4, B 3, C 2
+
+
+def test_a_lost_message_costs_its_spans_and_one_line_per_request(caplog: pytest.LogCaptureFixture) -> None:
+    """The exporter never got the message with the arrivals: later steps still give their
+    engine_step spans (the unknown requests' tokens counted as discarded), with one warning per
+    unknown request, not one per step."""
+    stream, encoder = _stream(), records.Encoder()
+    for facts in stream[:2]:
+        encoder.write(facts)
+    encoder.take()  # lost on the way
+    for facts in stream[2:6]:
+        encoder.write(facts)
+    provider, exporter = _provider()
+    consumer = records.RecordConsumer(provider)
+    with caplog.at_level("WARNING", logger="tokentrace.vllm"):
+        consumer.feed(memoryview(bytes(encoder.take()[0])))
+    consumer.close()
+    spans = exporter.get_finished_spans()
+    steps = [s for s in spans if s.name == "engine_step"]
+    assert [s.attributes["tokentrace.engine.step"] for s in steps] == [2, 3, 4, 5]
+    assert [s.attributes["tokentrace.batch.discarded_sequences"] for s in steps] == [2, 2, 1, 2]
+    warned = [r.getMessage() for r in caplog.records if "never saw arrive" in r.getMessage()]
+    assert warned == ["tokentrace: engine step 2 names request ?slot-1 it never saw arrive",
+                      "tokentrace: engine step 2 names request ?slot-2 it never saw arrive"]

@@ -137,9 +137,10 @@ class SpanBuilder:
             if rec is None:  # ended before this step's output: computed, delivered to no one
                 discarded_tokens += facts.tokens[i]
                 discarded_sequences += 1
-                if facts.req_ids[i] not in self._ended:
+                if facts.req_ids[i] not in self._ended:  # once per request (then counted as ended)
                     log.warning("tokentrace: engine step %d names request %s it never saw arrive",
                                 facts.step, facts.req_ids[i])
+                    self._remember_ended(facts.req_ids[i])  # type: ignore[arg-type]
                 continue
             if not rec.queued:
                 rec.queued = True
@@ -180,10 +181,7 @@ class SpanBuilder:
         rec = self.live.pop(req_id, None)
         if rec is None:
             return
-        self._ended.add(req_id)
-        self._ended_order.append(req_id)
-        if len(self._ended_order) > 65536:
-            self._ended.discard(self._ended_order.popleft())
+        self._remember_ended(req_id)
         reason = _FINISH.get(status, "stop")
         last = len(rec.emits) - 1
         for index, (time_ns, tokens) in enumerate(rec.emits):
@@ -200,6 +198,12 @@ class SpanBuilder:
         if not rec.queued:  # ended before it was ever scheduled: all of it was queue time
             self.writer.write("queue", rec.context, {}, rec.arrival_ns, max(end_ns, rec.arrival_ns))
         rec.span.end(end_time=max(end_ns, rec.arrival_ns))
+
+    def _remember_ended(self, req_id: str) -> None:
+        self._ended.add(req_id)
+        self._ended_order.append(req_id)
+        if len(self._ended_order) > 65536:
+            self._ended.discard(self._ended_order.popleft())
 
     # -- engine steps -------------------------------------------------------------------------
     def _engine_step(self, facts: StepFacts, step_attributes: dict[str, Any], prefill_sequences: int) -> None:
