@@ -10,7 +10,7 @@ harmless.
 No span is built in vLLM's processes. On the first scheduler step the plugin starts tokentrace's
 span exporter process (instrument/records/exporter_process.py, a child of the engine-core
 process); from then on vLLM's engine thread packs each step's facts into compact records
-(instrument/vllm/records.py) and sends them, batched (every 32 KiB / 50 ms and whenever the
+(instrument/vllm/records.py) and sends them, batched (every 32 KiB / 1 s and whenever the
 engine goes idle), as channel-1 BLOB messages on a socket that never blocks; the exporter
 process rebuilds the facts and builds the spans (instrument/vllm/spans.py). At vLLM's
 scheduler shutdown (or process exit) the plugin sends the rest and stops the child within
@@ -19,7 +19,7 @@ one error line, later spans counted as dropped.
 
 ``TOKENTRACE_VLLM_STATS=FILE``: whenever the engine goes idle, the plugin rewrites FILE with
 its own figures so far (JSON: ``steps``, ``tokens`` sampled, ``hook_cpu_ns``: CPU time of its
-hooks on vLLM's engine thread, packing and sending included; ``exporter_pid``; ``sent_spans``,
+hooks on vLLM's engine thread, packing and sending included, timed only when this is set; ``exporter_pid``; ``sent_spans``,
 ``dropped_spans``, ``dropped_messages``; benchmarks/vllm_tracing_cost.py reads it).
 
 Spans leave the exporter process through the standard ``OTEL_*`` variables (instrument/tracing.py;
@@ -62,6 +62,7 @@ def register() -> None:
             log.warning("%s", exc)
             return
         tap = hooks.StepTap(_start_pipeline)
+        tap.measure = bool(os.environ.get(ENV_STATS))
         _state["tap"] = tap
         hooks.install(tap)
 

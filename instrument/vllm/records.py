@@ -6,8 +6,8 @@ the step's output is handed over, :meth:`Encoder.write` packs it, on the same th
 one preallocated buffer (``struct.pack_into`` for the header and each event, one memory copy
 per per-request column: no span, dict or string is made per token). :class:`RecordSink`
 sends the buffer as one BLOB entry of channel 1 (instrument/records/channels.py) to the span
-exporter process (instrument/records/exporter_process.py) every ``FLUSH_BYTES`` /
-``FLUSH_NS`` and when the engine goes idle. There :class:`RecordConsumer` rebuilds each
+exporter process (instrument/records/exporter_process.py) every ``FLUSH_BYTES`` (32 KiB) /
+``FLUSH_NS`` (1 s) and when the engine goes idle. There :class:`RecordConsumer` rebuilds each
 StepFacts and hands it to :meth:`instrument.vllm.spans.SpanBuilder.consume`: the span
 contract (docs/spans.md, "vLLM") is written by that one function, whichever side of the
 socket it runs on.
@@ -50,8 +50,13 @@ __all__ = ["ARRIVE", "FINISH", "FIRST", "FLUSH_BYTES", "FLUSH_NS", "NAME", "PREE
 
 log = logging.getLogger("tokentrace.vllm")
 ARRIVE, NAME, FIRST, PREEMPT, FINISH, STEP = 1, 2, 3, 4, 5, 6
-FLUSH_BYTES = 32 * 1024  # send when this much is packed ...
-FLUSH_NS = 50_000_000  # ... or this long after the last send (and whenever the engine goes idle)
+# send when this much is packed, or this long after the last send, and whenever the engine goes
+# idle. A send that wakes the sleeping exporter costs the engine thread ~40-60 µs here: with a
+# step every ~60 ms (SmolLM2 on 2 shared cores, batch 8), sending every 50 ms was one send per
+# step, 12-16 µs per token; once a second is < 0.5 µs, and spans still reach the SDK's batch
+# processor (5 s between exports by default) well within its delay.
+FLUSH_BYTES = 32 * 1024
+FLUSH_NS = 1_000_000_000
 _ARRIVE = struct.Struct("<BIdIHHH")
 _NAME = struct.Struct("<BIH")
 _FIRST = struct.Struct("<BII")
