@@ -19,7 +19,9 @@ one error line, later spans counted as dropped.
 
 ``TOKENTRACE_VLLM_STATS=FILE``: whenever the engine goes idle, the plugin rewrites FILE with
 its own figures so far (JSON: ``steps``, ``tokens`` sampled, ``hook_cpu_ns``: CPU time of its
-hooks on vLLM's engine thread, packing and sending included, timed only when this is set; ``exporter_pid``; ``sent_spans``,
+hooks on vLLM's engine thread, packing and sending included, timed only when this is set, with
+``schedule_cpu_ns`` and ``send_cpu_ns`` its parts in the schedule hook and in packing and
+sending, ``sends``; ``exporter_pid``; ``sent_spans``,
 ``dropped_spans``, ``dropped_messages``; benchmarks/vllm_tracing_cost.py reads it).
 
 Spans leave the exporter process through the standard ``OTEL_*`` variables (instrument/tracing.py;
@@ -85,20 +87,17 @@ def _start_pipeline(facts: Any, idle: bool) -> None:
 
     tap = _state["tap"]
     try:
-        sink = RecordSink(_exporters(), os.environ.get(ENV_JSON))
+        sink = RecordSink(_exporters(), os.environ.get(ENV_JSON), recycle=tap.recycle)
     except Exception:  # no exporter process: vLLM goes on untraced (one line)
         tap.failed = True
         tap.recycle(facts)
         log.exception("tokentrace: the span exporter process did not start; vLLM runs on untraced")
         return
     stats_path = os.environ.get(ENV_STATS)
-    recycle = tap.recycle
+    sink.measure = bool(stats_path)
 
     def consume(facts: Any, idle: bool) -> None:
-        try:
-            sink.consume(facts, idle)
-        finally:
-            recycle(facts)
+        sink.consume(facts, idle)  # held, packed at the next send, then given back to the pool
         if idle and stats_path:
             _write_stats(stats_path, tap, sink)
 
@@ -124,6 +123,7 @@ def _write_stats(path: str, tap: Any, sink: Any) -> None:
 
     sender = sink.sender
     stats = {"steps": tap.steps, "tokens": tap.tokens, "hook_cpu_ns": tap.hook_cpu_ns,
+             "schedule_cpu_ns": tap.schedule_cpu_ns, "send_cpu_ns": sink.send_cpu_ns, "sends": sink.sends,
              "dropped_steps": tap.dropped_steps, "exporter_pid": sink.exporter.process.pid,
              "sent_spans": sender.sent_units, "dropped_spans": sender.dropped_units,
              "dropped_messages": sender.dropped_messages}

@@ -140,6 +140,7 @@ class StepTap:
         self.failed = False  # a hook raised: tracing stops, vLLM goes on (one log line)
         self.measure = False  # time the hooks with the thread's CPU clock (0.25 µs a read here)
         self.hook_cpu_ns = 0  # CPU time the engine thread spent in schedule/update hooks, ns (measure)
+        self.schedule_cpu_ns = 0  # ... of which in the schedule hook
         self.steps = 0  # scheduler steps recorded
         self.tokens = 0  # tokens sampled in them
         self.on_shutdown: Any = None  # called (once) when vLLM shuts the scheduler down
@@ -304,7 +305,9 @@ def install(tap: StepTap) -> bool:
             except Exception:
                 tap.fail()
             if cpu:
-                tap.hook_cpu_ns += time.thread_time_ns() - cpu
+                spent = time.thread_time_ns() - cpu
+                tap.hook_cpu_ns += spent
+                tap.schedule_cpu_ns += spent
         return out
 
     def traced_update(self: Any, scheduler_output: Any, model_runner_output: Any) -> Any:
