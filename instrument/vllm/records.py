@@ -292,7 +292,7 @@ class RecordConsumer:
 
 
 class RecordSink:
-    """The engine-core process's side: encode each StepFacts, send batches, count, stop.
+    """The engine-core process's side: hold StepFacts, pack and send them in batches, stop.
 
     ``consume(facts, idle)`` runs on vLLM's engine thread (``idle``: no request left in the
     scheduler); it never waits (a full socket drops the message, counted by the sender)."""
@@ -324,7 +324,8 @@ class RecordSink:
 
     def consume(self, facts: StepFacts, idle: bool) -> None:
         """Hold ``facts`` (given back through ``recycle`` once packed); pack and send the held
-        records when the engine goes idle, ``FLUSH_BYTES`` are due or ``FLUSH_NS`` went by."""
+        records when the engine goes idle, ``FLUSH_BYTES`` are due, ``FLUSH_STEPS`` are held or
+        ``FLUSH_NS`` went by since the last send."""
         self.pending.append(facts)
         self.pending_requests += facts.n
         if (idle or 21 * self.pending_requests >= FLUSH_BYTES or len(self.pending) >= FLUSH_STEPS
