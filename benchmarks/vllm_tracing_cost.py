@@ -8,18 +8,22 @@ concurrency:
 
 - output tokens/s (generated tokens / wall time of the load), median over the rounds of
   each side, and the ratio on / off (goal ≥ 0.98);
-- engine-core process CPU time (user + system, /proc/<pid>/stat) per generated token, µs,
-  median per side, and on − off (goal ≤ 2 µs): the scheduler's hooks and the plugin's
-  span-building thread both run in that process.
-
+- engine-core process CPU time per generated token, µs, all its threads (the sum of
+  ``/proc/<pid>/task/*/schedstat``: ns on a CPU, finer than ``/proc/<pid>/stat``'s 10 ms
+  ticks), from the load's start to 0.5 s after its end (the plugin's last send, on idle,
+  included), median per side, and on − off (goal ≤ 2 µs): the plugin's scheduler hooks
+  and its record packing and sending run there; no span is built there;
+- the span exporter process (the plugin's child, where spans are built and exported to an
+  OTLP/JSON lines file in a temporary folder): its CPU per generated token, µs, counted
+  until it stops using CPU (separately: it is not in vLLM's processes, but it shares the
+  machine's cores);
 - the plugin's own CPU per generated token, µs, as it measures itself
-  (``TOKENTRACE_VLLM_STATS``: per-thread CPU clocks): its scheduler hooks on vLLM's engine
-  thread, and its span-building thread. These are exact where the process figures above are
-  not (the engine core's CPU time on a shared 2-core machine varies by 10x between rounds).
+  (``TOKENTRACE_VLLM_STATS``: the engine thread's CPU clock around its hooks, packing and
+  sending included). These are exact where the process figures above are not (the engine
+  core's CPU time on a shared 2-core machine varies by several times between rounds).
 
-The plugin writes its spans to an OTLP/JSON lines file in a temporary folder (encoding and
-file writes included, on the SDK's export thread: in the process CPU, not in the plugin's own
-figures); vLLM's own tracing is off on both sides.
+The load average (1 min) is printed per round: on a shared machine read the figures next to it.
+vLLM's own tracing is off on both sides.
 
 Run:  .venv/bin/python benchmarks/vllm_tracing_cost.py [--rounds 1] [--concurrency 8 32]
       [--max-tokens 16] [--requests-per-stream 2]
@@ -43,7 +47,6 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 PORT = 18767
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _descendants(pid: int) -> list[int]:
@@ -75,8 +78,31 @@ def _engine_core_pid(server_pid: int) -> int:
 
 
 def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
+    """CPU seconds of every live thread of ``pid`` (schedstat: ns on a CPU)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, IndexError, ValueError):  # the thread ended meanwhile
+            continue
+    return total / 1e9
+
+
+def _settled_cpu_s(pid: int, wait_s: float = 20.0) -> float:
+    """``pid``'s CPU seconds once it stops using CPU (two reads 0.5 s apart within 1 ms)."""
+    deadline = time.monotonic() + wait_s
+    last = _cpu_s(pid)
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = _cpu_s(pid)
+        if now - last < 1e-3:
+            return now
+        last = now
+    return last
+
+
+def _load_average() -> float:
+    return os.getloadavg()[0]
 
 
 def _start(model: Path, plugin: bool, spans: Path, log: Path) -> subprocess.Popen[bytes]:
@@ -91,17 +117,20 @@ def _start(model: Path, plugin: bool, spans: Path, log: Path) -> subprocess.Pope
          "--dtype", "bfloat16", "--enforce-eager"],
         stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
     deadline = time.monotonic() + 420
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"vLLM exited ({server.returncode}); see {log}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{PORT}/health", timeout=2).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(2)
-    _stop(server)
-    raise RuntimeError("vLLM not ready after 420 s")
+    try:
+        while time.monotonic() < deadline:
+            if server.poll() is not None:
+                raise RuntimeError(f"vLLM exited ({server.returncode}); see {log}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{PORT}/health", timeout=2).status_code == 200:
+                    return server
+            except httpx.HTTPError:
+                pass
+            time.sleep(2)
+        raise RuntimeError("vLLM not ready after 420 s")
+    except BaseException:  # Ctrl-C included: no server left behind
+        _stop(server)
+        raise
 
 
 def _stop(server: subprocess.Popen[bytes]) -> None:
@@ -164,7 +193,8 @@ def main() -> None:
     model = smollm2_cache_dir()
     order = [False, True, True, False] * args.rounds
     results: dict[tuple[bool, int], list[tuple[float, float]]] = {}
-    own: dict[int, list[tuple[float, float]]] = {}  # concurrency -> (hook, span) µs per token
+    own: dict[int, list[tuple[float, float]]] = {}  # concurrency -> (hooks, exporter process) µs per token
+    loads: list[float] = []
     with tempfile.TemporaryDirectory(prefix="vllm-cost-") as tmp:
         for index, plugin in enumerate(order):
             spans = Path(tmp) / f"spans-{index}.jsonl"
@@ -173,37 +203,45 @@ def main() -> None:
                 core = _engine_core_pid(server.pid)
                 _load(4, 4, args.max_tokens)  # warm-up
                 last = _plugin_stats(spans, 0) if plugin else {}
+                child = int(last["exporter_pid"]) if plugin else 0
                 for concurrency in args.concurrency:
+                    child_before = _settled_cpu_s(child) if plugin else 0.0
                     before = _cpu_s(core)
                     tokens, wall = _load(concurrency, concurrency * args.requests_per_stream, args.max_tokens)
+                    time.sleep(0.5)  # the engine's idle send
                     cpu = _cpu_s(core) - before
+                    load = _load_average()
+                    loads.append(load)
                     results.setdefault((plugin, concurrency), []).append((tokens / wall, cpu / tokens * 1e6))
+                    extra = ""
                     if plugin:
                         now = _plugin_stats(spans, last["tokens"])
                         seen = now["tokens"] - last["tokens"]
+                        child_cpu = _settled_cpu_s(child) - child_before
                         own.setdefault(concurrency, []).append(
-                            ((now["hook_cpu_ns"] - last["hook_cpu_ns"]) / seen / 1e3,
-                             (now["span_cpu_ns"] - last["span_cpu_ns"]) / seen / 1e3))
+                            ((now["hook_cpu_ns"] - last["hook_cpu_ns"]) / seen / 1e3, child_cpu / tokens * 1e6))
+                        extra = f" hooks {own[concurrency][-1][0]:.2f} exp {own[concurrency][-1][1]:.1f}"
+                        if now["dropped_spans"] or now["dropped_steps"]:
+                            print(f"  dropped: {now['dropped_spans']} spans, {now['dropped_steps']} steps")
                         last = now
-                    print(f"round {index + 1}/{len(order)} plugin {'on ' if plugin else 'off'} c={concurrency}: "
-                          f"{tokens / wall:7.1f} tok/s, engine-core CPU {cpu / tokens * 1e6:7.1f} µs/token", flush=True)
+                    print(f"r{index + 1}/{len(order)} {'on ' if plugin else 'off'} c={concurrency}: "
+                          f"{tokens / wall:6.1f} tok/s; µs/token core {cpu / tokens * 1e6:.1f}{extra}; "
+                          f"load {load:.2f}", flush=True)
             finally:
                 _stop(server)
             if plugin and not spans.exists():
                 raise SystemExit("vllm_tracing_cost: the plugin wrote no spans (is it installed in .venv-vllm?)")
-    print(f"\n{'c':>3}  {'off tok/s':>9}  {'on tok/s':>9}  {'ratio':>6}  {'off µs/tok':>10}  {'on µs/tok':>10}  {'added µs':>8}")
+    print(f"\nmedians; µs per generated token; load average (1 min) {min(loads):.2f}-{max(loads):.2f}")
+    print(f"{'c':>3}  {'off tok/s':>9}  {'on tok/s':>9}  {'ratio':>5}  {'core off':>8}  {'core on':>8}  "
+          f"{'added':>6}  {'hooks':>5}  {'exporter':>8}")
     for concurrency in args.concurrency:
         off, on = results[(False, concurrency)], results[(True, concurrency)]
         off_rate, on_rate = statistics.median(r for r, _ in off), statistics.median(r for r, _ in on)
         off_cpu, on_cpu = statistics.median(c for _, c in off), statistics.median(c for _, c in on)
-        print(f"{concurrency:>3}  {off_rate:9.1f}  {on_rate:9.1f}  {on_rate / off_rate:6.3f}  {off_cpu:10.1f}  "
-              f"{on_cpu:10.1f}  {on_cpu - off_cpu:8.1f}")
-    print(f"\nthe plugin's own CPU per generated token (median over the 'on' rounds), µs:")
-    print(f"{'c':>3}  {'engine-thread hooks':>19}  {'span thread':>11}")
-    for concurrency in args.concurrency:
         hooks = statistics.median(h for h, _ in own[concurrency])
-        build = statistics.median(b for _, b in own[concurrency])
-        print(f"{concurrency:>3}  {hooks:19.2f}  {build:11.2f}")
+        child = statistics.median(c for _, c in own[concurrency])
+        print(f"{concurrency:>3}  {off_rate:9.1f}  {on_rate:9.1f}  {on_rate / off_rate:5.3f}  {off_cpu:8.1f}  "
+              f"{on_cpu:8.1f}  {on_cpu - off_cpu:6.1f}  {hooks:5.2f}  {child:8.1f}")
 
 
 if __name__ == "__main__":

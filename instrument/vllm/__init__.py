@@ -4,16 +4,30 @@ vLLM calls :func:`register` in every process it starts (API server, engine core,
 It does nothing unless ``TOKENTRACE_VLLM_TRACING=1``; then, on the vLLM version the hooks
 were checked on (:data:`instrument.vllm.hooks.TESTED_VLLM`), it wraps the V1 scheduler's
 methods (only the engine-core process ever builds a scheduler, so only there does anything
-run) and starts the span pipeline on the first scheduler step. On any other version it logs
-one line and vLLM runs untraced. Calling it twice is harmless.
+run). On any other version it logs one line and vLLM runs untraced. Calling it twice is
+harmless.
+
+No span is built in vLLM's processes. On the first scheduler step the plugin starts tokentrace's
+span exporter process (instrument/records/exporter_process.py, a child of the engine-core
+process); from then on vLLM's engine thread packs each step's facts into compact records
+(instrument/vllm/records.py) and sends them, batched (every 32 KiB / 1 s and whenever the
+engine goes idle), as channel-1 BLOB messages on a socket that never blocks; the exporter
+process rebuilds the facts and builds the spans (instrument/vllm/spans.py). At vLLM's
+scheduler shutdown (or process exit) the plugin sends the rest and stops the child within
+10 s, logging one line with the spans lost if any. A dead exporter process: vLLM goes on,
+one error line, later spans counted as dropped.
 
 ``TOKENTRACE_VLLM_STATS=FILE``: whenever the engine goes idle, the plugin rewrites FILE with
-its own cost so far (JSON: ``steps``, ``tokens``, ``hook_cpu_ns`` on the engine thread,
-``span_cpu_ns`` on its span thread; benchmarks/vllm_tracing_cost.py reads it).
+its own figures so far (JSON: ``steps``, ``tokens`` sampled, ``hook_cpu_ns``: CPU time of its
+hooks on vLLM's engine thread, packing and sending included, timed only when this is set, with
+``schedule_cpu_ns`` and ``send_cpu_ns`` its parts in the schedule hook and in packing and
+sending, ``sends``; ``exporter_pid``; ``sent_spans``,
+``dropped_spans``, ``dropped_messages``; benchmarks/vllm_tracing_cost.py reads it).
 
-Spans leave through the standard ``OTEL_*`` variables (instrument/tracing.py) and, when
-``TOKENTRACE_OTLP_JSON`` names a file, the OTLP/JSON lines exporter (alone, unless
-``OTEL_TRACES_EXPORTER`` names others too). docs/spans.md "vLLM" has the span contract.
+Spans leave the exporter process through the standard ``OTEL_*`` variables (instrument/tracing.py;
+the child inherits the environment) and, when ``TOKENTRACE_OTLP_JSON`` names a file, the
+OTLP/JSON lines exporter (alone, unless ``OTEL_TRACES_EXPORTER`` names others too).
+docs/spans.md "vLLM" has the span contract.
 """
 
 from __future__ import annotations
@@ -50,6 +64,7 @@ def register() -> None:
             log.warning("%s", exc)
             return
         tap = hooks.StepTap(_start_pipeline)
+        tap.measure = bool(os.environ.get(ENV_STATS))
         _state["tap"] = tap
         hooks.install(tap)
 
@@ -64,43 +79,54 @@ def _exporters() -> list[str]:
     return names
 
 
-def _start_pipeline(facts: Any) -> None:
-    """First record: build the tracer provider and pipeline (lazily, in the engine-core process)."""
-    from instrument.tracing import get_tracer, setup_tracing
-    from instrument.vllm.hooks import external_request_id
-    from instrument.vllm.spans import BackgroundSpanPipeline, SpanBuilder
+def _start_pipeline(facts: Any, idle: bool) -> None:
+    """First record: start the span exporter process (lazily, in the engine-core process)."""
+    import multiprocessing.util
+
+    from instrument.vllm.records import RecordSink
 
     tap = _state["tap"]
-    provider = setup_tracing(exporter=_exporters(), json_path=os.environ.get(ENV_JSON))
+    try:
+        sink = RecordSink(_exporters(), os.environ.get(ENV_JSON), recycle=tap.recycle)
+    except Exception:  # no exporter process: vLLM goes on untraced (one line)
+        tap.failed = True
+        tap.recycle(facts)
+        log.exception("tokentrace: the span exporter process did not start; vLLM runs on untraced")
+        return
     stats_path = os.environ.get(ENV_STATS)
+    sink.measure = bool(stats_path)
 
-    def on_idle() -> None:
-        provider.force_flush()
-        if stats_path:
-            _write_stats(stats_path, tap, builder, pipeline)
+    def consume(facts: Any, idle: bool) -> None:
+        sink.consume(facts, idle)  # held, packed at the next send, then given back to the pool
+        if idle and stats_path:
+            _write_stats(stats_path, tap, sink)
 
-    builder = SpanBuilder(get_tracer(provider), request_id_of=external_request_id, on_idle=on_idle)
-    pipeline = BackgroundSpanPipeline(builder, tap.recycle)
-    tap._consume = pipeline.put
-    _state["pipeline"], _state["provider"] = pipeline, provider
+    tap._consume = consume
+    _state["sink"] = sink
 
     def close() -> None:
-        pipeline.close()
+        sink.close()
         if tap.dropped_steps:
             log.warning("tokentrace: %d engine steps not traced (record pool empty)", tap.dropped_steps)
-        provider.shutdown()
 
-    atexit.register(close)
-    log.info("tokentrace: tracing vLLM scheduler steps (exporters: %s)", ", ".join(_exporters()))
-    pipeline.put(facts)
+    tap.on_shutdown = close  # vLLM's scheduler shutdown; atexit and multiprocessing's exit as fallbacks
+    atexit.register(sink.close)
+    multiprocessing.util.Finalize(sink, sink.close, exitpriority=10)
+    log.info("tokentrace: tracing vLLM scheduler steps; spans built in the exporter process pid %d (exporters: %s)",
+             sink.exporter.process.pid, ", ".join(_exporters()))
+    consume(facts, idle)
 
 
-def _write_stats(path: str, tap: Any, builder: Any, pipeline: Any) -> None:
+def _write_stats(path: str, tap: Any, sink: Any) -> None:
     """The plugin's own cost so far, as JSON (replaced atomically)."""
     import json
 
-    stats = {"steps": builder.steps, "tokens": builder.tokens, "hook_cpu_ns": tap.hook_cpu_ns,
-             "span_cpu_ns": pipeline.cpu_ns, "dropped_steps": tap.dropped_steps}
+    sender = sink.sender
+    stats = {"steps": tap.steps, "tokens": tap.tokens, "hook_cpu_ns": tap.hook_cpu_ns,
+             "schedule_cpu_ns": tap.schedule_cpu_ns, "send_cpu_ns": sink.send_cpu_ns, "sends": sink.sends,
+             "dropped_steps": tap.dropped_steps, "exporter_pid": sink.exporter.process.pid,
+             "sent_spans": sender.sent_units, "dropped_spans": sender.dropped_units,
+             "dropped_messages": sender.dropped_messages}
     tmp = f"{path}.tmp"
     with open(tmp, "w") as out:
         json.dump(stats, out)

@@ -21,13 +21,17 @@ process, which is the only process that builds one):
   disconnected or the frontend aborted).
 - ``add_request()``: arrival time (the frontend's wall clock, seconds), ``trace_headers``
   (the W3C context vLLM received), prompt tokens.
+- ``finish_requests()`` (an abort from the frontend, outside a step): the ends it caused go
+  out at once as an events-only record.
+- ``shutdown()``: the plugin's pipeline is closed first (``StepTap.on_shutdown``).
 
 What the engine thread does per step is O(scheduled requests) integer stores into a
-preallocated :class:`StepFacts` taken from a fixed pool (no span, dict or string made per
-token; one tuple per request on arrival and at its end); the filled record goes to a
-consumer (``consume(facts)``) (an append to a deque) and comes back to the pool
-when the consumer calls :meth:`StepTap.recycle`. When the pool is empty the step is counted
-as dropped (logged at shutdown), never silently lost.
+preallocated :class:`StepFacts` taken from a small pool (no span, dict or string made per
+token; one tuple per request on arrival and at its end); when the step's output is handed
+over, the filled record goes to the consumer (``consume(facts, idle)``, still on the engine
+thread: the plugin packs it into bytes, instrument/vllm/records.py, and gives it back with
+:meth:`StepTap.recycle`). When the pool is empty the step is counted as dropped (logged at
+shutdown), never silently lost.
 
 Another vLLM version may rename any of this: :func:`check_version` refuses anything but
 ``TESTED_VLLM`` (tests/test_vllm_plugin.py pins it), and the plugin then logs one line and
@@ -93,18 +97,20 @@ class StepFacts:
 
     __slots__ = ("step", "start_ns", "sched_end_ns", "end_ns", "n", "waiting", "kv_used", "kv_total",
                  "prefix_hit_tokens", "block_tokens", "bytes_per_block", "req_ids", "tokens", "computed", "prefill", "blocks", "sampled",
-                 "arrivals", "first", "preempted", "finished")
+                 "arrivals", "first", "preempted", "finished", "columns")
 
     def __init__(self, capacity: int) -> None:
         self.step = self.start_ns = self.sched_end_ns = self.end_ns = 0
         self.n = self.waiting = self.kv_used = self.kv_total = self.prefix_hit_tokens = 0
         self.block_tokens = self.bytes_per_block = 0  # KV geometry (first KV cache group)
         self.req_ids: list[str | None] = [None] * capacity
-        self.tokens = array("q", bytes(8 * capacity))
-        self.computed = array("q", bytes(8 * capacity))
+        self.tokens = array("I", bytes(4 * capacity))  # u32 columns: instrument/vllm/records.py copies them whole
+        self.computed = array("I", bytes(4 * capacity))
         self.prefill = array("b", bytes(capacity))
-        self.blocks = array("q", bytes(8 * capacity))
-        self.sampled = array("q", bytes(8 * capacity))
+        self.blocks = array("I", bytes(4 * capacity))
+        self.sampled = array("I", bytes(4 * capacity))
+        # byte views of the per-request columns, made once (what the record encoder copies)
+        self.columns = tuple(memoryview(c).cast("B") for c in (self.tokens, self.computed, self.blocks, self.sampled))
         self.arrivals: list[tuple[str, float, Any, int]] = []
         self.first: list[tuple[str, int]] = []
         self.preempted: list[tuple[str, int, int]] = []
@@ -115,7 +121,9 @@ class StepTap:
     """Per-step capture for one engine-core process (one scheduler); see the module docstring."""
 
     def __init__(self, consume: Any, pool_size: int = 1024) -> None:
-        self._consume = consume  # called with each filled StepFacts, on the engine thread: must only enqueue
+        # called as consume(facts, idle) with each filled StepFacts on the engine thread (idle: no
+        # request left in the scheduler); it must not wait, and gives the record back (recycle)
+        self._consume = consume
         self._pool: queue.SimpleQueue[StepFacts] = queue.SimpleQueue()
         self._pool_size = pool_size  # records allocated at most (grown on demand)
         self._allocated = 0
@@ -125,9 +133,17 @@ class StepTap:
         self._preempted: list[tuple[str, int, int]] = []
         self._finished: list[tuple[str, int, int]] = []
         self._in_update = False
+        # the record of each scheduled, not yet updated step, by id() of its SchedulerOutput (an
+        # attribute on that object would be pickled to the workers with it on every step)
+        self._open: dict[int, StepFacts] = {}
         self.dropped_steps = 0
         self.failed = False  # a hook raised: tracing stops, vLLM goes on (one log line)
-        self.hook_cpu_ns = 0  # CPU time the engine thread spent in schedule/update hooks, ns
+        self.measure = False  # time the hooks with the thread's CPU clock (0.25 µs a read here)
+        self.hook_cpu_ns = 0  # CPU time the engine thread spent in schedule/update hooks, ns (measure)
+        self.schedule_cpu_ns = 0  # ... of which in the schedule hook
+        self.steps = 0  # scheduler steps recorded
+        self.tokens = 0  # tokens sampled in them
+        self.on_shutdown: Any = None  # called (once) when vLLM shuts the scheduler down
 
     def fail(self) -> None:
         """A hook raised (vLLM state this module did not expect): log it once, stop tracing."""
@@ -210,21 +226,30 @@ class StepTap:
         facts.kv_total = pool.num_gpu_blocks
         facts.block_tokens, facts.bytes_per_block, _ = self.geometry(sched)
         facts.kv_used = pool.num_gpu_blocks - pool.get_num_free_blocks()
-        out._tokentrace_facts = facts
+        if len(self._open) > 8:  # outputs never updated (an engine error): give them back
+            for stale in self._open.values():
+                self.recycle(stale)
+            self._open.clear()
+        self._open[id(out)] = facts
 
-    def after_update(self, out: Any, runner_output: Any) -> None:
-        facts = getattr(out, "_tokentrace_facts", None)
+    def after_update(self, sched: Any, out: Any, runner_output: Any) -> None:
+        facts = self._open.pop(id(out), None)
         if facts is None:
             return
-        out._tokentrace_facts = None
         index = runner_output.req_id_to_index
         sampled = runner_output.sampled_token_ids
+        got, tokens = len(sampled), 0
+        req_ids, counts = facts.req_ids, facts.sampled
         for i in range(facts.n):
-            j = index.get(facts.req_ids[i])
-            facts.sampled[i] = len(sampled[j]) if j is not None and j < len(sampled) else 0
+            j = index.get(req_ids[i])
+            k = len(sampled[j]) if j is not None and j < got else 0
+            counts[i] = k
+            tokens += k
         facts.end_ns = now_wall_ns()
+        self.steps += 1
+        self.tokens += tokens
         self._attach_events(facts)
-        self._consume(facts)
+        self._consume(facts, not sched.requests)
 
     def _attach_events(self, facts: StepFacts) -> None:
         facts.arrivals, self._arrivals = self._arrivals, facts.arrivals
@@ -241,7 +266,7 @@ class StepTap:
         facts.step, facts.n = -1, 0
         facts.start_ns = facts.sched_end_ns = facts.end_ns = now_wall_ns()
         self._attach_events(facts)
-        self._consume(facts)
+        self._consume(facts, not sched.requests)
 
     def on_add(self, req: Any) -> None:
         self._arrivals.append((req.request_id, req.arrival_time, req.trace_headers, req.num_prompt_tokens))
@@ -268,18 +293,21 @@ def install(tap: StepTap) -> bool:
         return False
     schedule, update = Scheduler.schedule, Scheduler.update_from_output
     preempt, free, add = Scheduler._preempt_request, Scheduler._free_request, Scheduler.add_request
-    finish = Scheduler.finish_requests
+    finish, shutdown = Scheduler.finish_requests, Scheduler.shutdown
 
     def traced_schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
         start = now_wall_ns()
         out = schedule(self, *args, **kwargs)
         if out.total_num_scheduled_tokens > 0 and not tap.failed:
-            cpu = time.thread_time_ns()
+            cpu = time.thread_time_ns() if tap.measure else 0
             try:
                 tap.after_schedule(self, out, start)
             except Exception:
                 tap.fail()
-            tap.hook_cpu_ns += time.thread_time_ns() - cpu
+            if cpu:
+                spent = time.thread_time_ns() - cpu
+                tap.hook_cpu_ns += spent
+                tap.schedule_cpu_ns += spent
         return out
 
     def traced_update(self: Any, scheduler_output: Any, model_runner_output: Any) -> Any:
@@ -289,12 +317,13 @@ def install(tap: StepTap) -> bool:
         finally:
             tap._in_update = False
         if not tap.failed:
-            cpu = time.thread_time_ns()
+            cpu = time.thread_time_ns() if tap.measure else 0
             try:
-                tap.after_update(scheduler_output, model_runner_output)
+                tap.after_update(self, scheduler_output, model_runner_output)
             except Exception:
                 tap.fail()
-            tap.hook_cpu_ns += time.thread_time_ns() - cpu
+            if cpu:
+                tap.hook_cpu_ns += time.thread_time_ns() - cpu
         return result
 
     def traced_preempt(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
@@ -330,12 +359,22 @@ def install(tap: StepTap) -> bool:
                 tap.fail()
         return result
 
+    def traced_shutdown(self: Any, *args: Any, **kwargs: Any) -> Any:
+        callback, tap.on_shutdown = tap.on_shutdown, None
+        if callback is not None:
+            try:
+                callback()
+            except Exception:
+                log.exception("tokentrace: closing the vLLM span pipeline failed")
+        return shutdown(self, *args, **kwargs)
+
     Scheduler.schedule = traced_schedule
     Scheduler.update_from_output = traced_update
     Scheduler._preempt_request = traced_preempt
     Scheduler._free_request = traced_free
     Scheduler.add_request = traced_add
     Scheduler.finish_requests = traced_finish
+    Scheduler.shutdown = traced_shutdown
     setattr(Scheduler, _MARK, tap)
     return True
 

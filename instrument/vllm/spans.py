@@ -1,11 +1,11 @@
-"""Spans from vLLM scheduler step records (docs/spans.md, "vLLM"), built OFF the engine thread.
+"""Spans from vLLM scheduler step records (docs/spans.md, "vLLM"), built OUTSIDE vLLM's processes.
 
 :class:`SpanBuilder.consume` is **the seam**: it takes one engine-neutral
 :class:`~instrument.vllm.hooks.StepFacts` (ints and request ids, no vLLM object) and writes
-the spans it completes. Today it runs on a background thread of the plugin inside vLLM's
-engine-core process (:class:`BackgroundSpanPipeline`); issue #27's exporter process will call
-the same function on records it reads from the engine, and the engine thread will only write
-records.
+the spans it completes. It runs in the span exporter process
+(instrument/records/exporter_process.py), on the StepFacts that
+:class:`~instrument.vllm.records.RecordConsumer` rebuilds from the records vLLM's engine
+thread packed (instrument/vllm/records.py); nothing here runs in vLLM's engine-core process.
 
 Per request (vLLM's request id; trace context = the ``traceparent`` vLLM received):
 
@@ -26,8 +26,6 @@ trace ends when the engine goes idle).
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections import deque
 from typing import Any
 
@@ -39,7 +37,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from instrument.span_writer import span_writer_for
 from instrument.vllm.hooks import FINISHED_ABORTED, FINISHED_ERROR, FINISHED_LENGTH, StepFacts
 
-__all__ = ["BackgroundSpanPipeline", "SpanBuilder"]
+__all__ = ["SpanBuilder"]
 
 log = logging.getLogger("tokentrace.vllm")
 _FINISH = {FINISHED_ABORTED: "cancelled", FINISHED_LENGTH: "length", FINISHED_ERROR: "error"}
@@ -47,7 +45,7 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 
 
 class _Request:
-    """What the builder keeps per live request (off the engine thread)."""
+    """What the builder keeps per live request (in the exporter process)."""
 
     __slots__ = ("span", "context", "arrival_ns", "prompt_tokens", "cached", "queued", "chunks", "decodes",
                  "generated", "emits", "blocks", "block_bytes", "preemptions")
@@ -139,9 +137,10 @@ class SpanBuilder:
             if rec is None:  # ended before this step's output: computed, delivered to no one
                 discarded_tokens += facts.tokens[i]
                 discarded_sequences += 1
-                if facts.req_ids[i] not in self._ended:
+                if facts.req_ids[i] not in self._ended:  # once per request (then counted as ended)
                     log.warning("tokentrace: engine step %d names request %s it never saw arrive",
                                 facts.step, facts.req_ids[i])
+                    self._remember_ended(facts.req_ids[i])  # type: ignore[arg-type]
                 continue
             if not rec.queued:
                 rec.queued = True
@@ -184,10 +183,7 @@ class SpanBuilder:
         rec = self.live.pop(req_id, None)
         if rec is None:
             return
-        self._ended.add(req_id)
-        self._ended_order.append(req_id)
-        if len(self._ended_order) > 65536:
-            self._ended.discard(self._ended_order.popleft())
+        self._remember_ended(req_id)
         reason = _FINISH.get(status, "stop")
         last = len(rec.emits) - 1
         for index, (time_ns, tokens) in enumerate(rec.emits):
@@ -204,6 +200,12 @@ class SpanBuilder:
         if not rec.queued:  # ended before it was ever scheduled: all of it was queue time
             self.writer.write("queue", rec.context, {}, rec.arrival_ns, max(end_ns, rec.arrival_ns))
         rec.span.end(end_time=max(end_ns, rec.arrival_ns))
+
+    def _remember_ended(self, req_id: str) -> None:
+        self._ended.add(req_id)
+        self._ended_order.append(req_id)
+        if len(self._ended_order) > 65536:
+            self._ended.discard(self._ended_order.popleft())
 
     # -- engine steps -------------------------------------------------------------------------
     def _engine_step(self, facts: StepFacts, step_attributes: dict[str, Any], prefill_sequences: int) -> None:
@@ -235,56 +237,3 @@ class SpanBuilder:
                                      "tokentrace.engine.steps": self._engine_steps})
         self._engine.end(end_time=self._engine_end_ns)
         self._engine = self._engine_context = None
-
-
-class BackgroundSpanPipeline:
-    """Step records in, spans out on a daemon thread.
-
-    The engine thread only appends to a deque (no lock, no wake-up system call: waking a
-    blocked consumer on every step cost the engine thread more than the hooks themselves);
-    the span thread drains it every ``poll_s`` seconds (5 ms; 50 ms after a second without
-    records).
-    """
-
-    def __init__(self, builder: SpanBuilder, recycle: Any, poll_s: float = 0.005) -> None:
-        self.builder = builder
-        self.recycle = recycle
-        self.poll_s = poll_s
-        self.records: deque[StepFacts] = deque()
-        self.put = self.records.append  # what the engine thread calls
-        self.cpu_ns = 0  # CPU time this thread spent building spans, ns
-        self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="tokentrace-vllm-spans", daemon=True)
-        self.thread.start()
-
-    def _drain(self) -> bool:
-        """Consume every queued record; True when there was one."""
-        records = self.records
-        if not records:
-            return False
-        cpu = time.thread_time_ns()
-        while records:
-            facts = records.popleft()
-            try:
-                self.builder.consume(facts)
-            except Exception:  # a bug here must not take vLLM down; it is logged, with its step
-                log.exception("tokentrace: spans of engine step %s not written", facts.step)
-            finally:
-                self.recycle(facts)
-        self.cpu_ns += time.thread_time_ns() - cpu
-        return True
-
-    def _run(self) -> None:
-        idle_since = time.monotonic()
-        while not self._stop.is_set():
-            if self._drain():
-                idle_since = time.monotonic()
-            slow = time.monotonic() - idle_since > 1.0
-            self._stop.wait(self.poll_s * (10 if slow else 1))
-        self._drain()
-
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Drain the records, end the open engine trace, stop the thread (timeout in seconds)."""
-        self._stop.set()
-        self.thread.join(timeout_s)
-        self.builder.close_engine_trace()
