@@ -93,6 +93,22 @@ def test_preemption_is_an_event_and_the_recomputed_prefill_its_own_span(preempti
     ours, theirs, client = run_spans(preemption_run)
     counts = check_run(ours, theirs, client, repeated_prompt=False)
     assert counts["requests"] == 3 and counts["preemptions"] >= 1
+    # the recompute chunk that emitted says which decode step it stands for, so every engine
+    # gap of every request is measured, the ones around the recomputed token included
+    emitted = [p for p in ours if p.name == "prefill" and p.attrs.get("tokentrace.prefill.recompute")
+               and "tokentrace.step" in p.attrs]
+    assert emitted  # (a recompute of a request preempted before its first token emits token 1: no step)
+    from analyzer.db.store import connect
+    from analyzer.formats.load import load_paths
+    from analyzer.query.runner import run_query
+
+    con = connect()
+    load_paths(con, [str(preemption_run / "tokentrace.jsonl")])
+    gaps = run_query(con, "stalls").dicts()
+    con.close()
+    generated = sum(s.attrs["tokentrace.generated_tokens"] for s in ours if s.name == "engine_request")
+    assert len(gaps) == generated - 3 and all(g["itl_ms"] is not None for g in gaps), \
+        [g["null_reason"] for g in gaps if g["itl_ms"] is None]
 
 
 def test_stalls_and_steps_run_on_the_result(vllm_run: Path, tmp_path: Path) -> None:

@@ -159,7 +159,7 @@ class SpanBuilder:
                     "gen_ai.usage.cache_read.input_tokens": rec.cached if rec.chunks == 0 else 0,
                     "tokentrace.context_tokens": facts.computed[i] + tokens,
                 })
-                if facts.prefill[i] == 2 and facts.sampled[i]:  # emitted token k + 1, as decode step k would
+                if facts.prefill[i] == 2 and facts.sampled[i] and rec.generated:  # emitted token k + 1, as decode step k would
                     attributes["tokentrace.step"] = rec.generated
                 rec.chunks += 1
                 name = "prefill"
