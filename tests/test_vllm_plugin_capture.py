@@ -22,7 +22,7 @@ RUN = CAPTURE / "load"
 def test_saved_run_holds_the_invariants() -> None:
     ours, theirs, client = run_spans(RUN)
     counts = check_run(ours, theirs, client)
-    assert counts == {"requests": 10, "steps": 38, "discarded_sequences": 1, "decode_spans": 99, "preemptions": 0}
+    assert counts == {"requests": 10, "steps": 37, "discarded_sequences": 1, "decode_spans": 98, "preemptions": 0}
     first, second = (r for r in client["requests"] if r["kind"] == "repeat")
     assert (first["usage"]["prompt_tokens_details"]["cached_tokens"],
             second["usage"]["prompt_tokens_details"]["cached_tokens"]) == (0, 384)
@@ -47,6 +47,20 @@ def test_saved_preemption_run() -> None:
     # other was preempted right after its prefill: 377, 121 recomputed
     assert sorted(recomputes) == [(121, 377, 256), (128, 384, 256)]
     assert max(s["tokentrace.kv.blocks_used"] for s in steps.values()) == 7 == steps[1]["tokentrace.kv.blocks_total"]
+    # each recompute emitted the next token and says which decode step it stands for (k = the
+    # tokens generated before it): the gaps around that token are measured like any other
+    stood_for = sorted(p.attrs["tokentrace.step"] for p in ours
+                       if p.name == "prefill" and p.attrs["tokentrace.prefill.recompute"])
+    assert stood_for == [1, 8]
+    from analyzer.db.store import connect
+    from analyzer.formats.load import load_paths
+    from analyzer.query.runner import run_query
+
+    con = connect()
+    load_paths(con, [str(CAPTURE / "preemption" / "tokentrace.jsonl")])
+    gaps = run_query(con, "stalls").dicts()
+    con.close()
+    assert len(gaps) == 3 * 15 and all(g["itl_ms"] is not None and g["null_reason"] is None for g in gaps)
 
 
 def test_check_run_fails_on_a_missing_decode_span() -> None:
@@ -141,12 +155,14 @@ def test_itl_steps_stalls_on_the_plugin_spans(loaded) -> None:
     from analyzer.query.runner import run_query
 
     itl = run_query(loaded, "itl", {"perspective": "engine"}).dicts()
-    assert len(itl) == 9 * 11  # 9 requests of 12 visible tokens; the aborted one has 1 token, no gap
+    # 8 requests of 12 visible tokens; tt-plugin-4 stopped at its 11th (the stop token, not
+    # shown): 10 visible; the aborted one has 1 token, no gap
+    assert len(itl) == 8 * 11 + 9
     steps = run_query(loaded, "steps").dicts()
-    assert len(steps) == 38 and sum(s["scheduled_tokens"] for s in steps) == sum(
+    assert len(steps) == 37 and sum(s["scheduled_tokens"] for s in steps) == sum(
         s["prefill_tokens"] + s["decode_tokens"] for s in steps)
     stalls = run_query(loaded, "stalls").dicts()
-    assert len(stalls) == 99 and all(g["null_reason"] is None and g["step"] is not None for g in stalls)
+    assert len(stalls) == 98 and all(g["null_reason"] is None and g["step"] is not None for g in stalls)
     # every token gap maps to the engine step that produced it: gap = loop time + step time
     for g in stalls:
         if g["itl_ms"] is not None:

@@ -71,10 +71,21 @@ WHERE c.visible;
 
 CREATE OR REPLACE VIEW vllm_engine_request_facts AS
 WITH chunk_agg AS (
-    SELECT trace_id, request_span_id, min(time_ns) AS f_ns, max(time_ns) AS e_ns,
+    SELECT trace_id, request_span_id, min(time_ns) AS f_ns, max(time_ns) AS last_visible_ns,
            count(*) AS visible_chunks, sum(chunk_tokens) AS visible_chunk_tokens
     FROM vllm_engine_request_chunks
     GROUP BY trace_id, request_span_id
+),
+-- e: the emission of the last generated token, the stop token included. vLLM counts a final
+-- stop token in completion_tokens (O) without showing it (its chunk event is not visible),
+-- and sends its finish chunk when that token is sampled: e there keeps O and e in step
+-- (TPOT = (e - f) / (O - 1) over O - 1 real gaps), as tokentrace's gateway does by writing
+-- its last visible chunk once the stop token came (docs/adapters.md).
+last_token AS (
+    SELECT r.trace_id, r.request_span_id, max(c.time_ns) AS e_ns
+    FROM vllm_engine_request_spans r
+    JOIN tt_chunk_events c ON c.trace_id = r.engine_trace_id AND c.span_id = r.engine_span_id
+    GROUP BY r.trace_id, r.request_span_id
 ),
 children AS (
     SELECT trace_id, parent_span_id,
@@ -104,7 +115,7 @@ SELECT
     CAST(NULL AS VARCHAR) AS client_clock_domain,
     r.start_ns AS s_ns,
     CASE WHEN r.dropped_events_count = 0 THEN a.f_ns END AS f_ns,
-    CASE WHEN r.dropped_events_count = 0 THEN a.e_ns END AS e_ns,
+    CASE WHEN r.dropped_events_count = 0 AND a.f_ns IS NOT NULL THEN t.e_ns END AS e_ns,
     r.end_ns,
     r.input_tokens,
     r.cached_tokens,  -- prompt tokens vLLM's prefix cache served (the plugin's engine_request span)
@@ -155,4 +166,5 @@ SELECT
     END AS null_reason
 FROM vllm_engine_request_spans r
 LEFT JOIN chunk_agg a ON a.trace_id = r.trace_id AND a.request_span_id = r.request_span_id
+LEFT JOIN last_token t ON t.trace_id = r.trace_id AND t.request_span_id = r.request_span_id
 LEFT JOIN children c ON c.trace_id = r.engine_trace_id AND c.parent_span_id = r.engine_span_id;
