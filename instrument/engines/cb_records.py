@@ -19,7 +19,8 @@ from opentelemetry import trace
 from instrument.clock import now_wall_ns
 from instrument.kv import KVLayout
 from instrument.records.exporter_process import ExporterProcess
-from instrument.records.format import SEQ_PREFILL, SEQ_RECOMPUTE, SEQ_RECOMPUTE_EMITS, RecordWriter
+from instrument.records.format import (SEQ, SEQ_PREFILL, SEQ_RECOMPUTE, SEQ_RECOMPUTE_EMITS, SEQ_SIZE, RecordWriter,
+                                      pack_seq)
 from instrument.records.span_builder import layout_meta
 
 __all__ = ["FLUSH_BYTES", "FLUSH_NS", "StepRecordSink"]
@@ -60,7 +61,8 @@ class StepRecordSink:
         hook. A step with no live (traced) sequence gets no entry, as it gets no span inline."""
         records = self.writer
         records.reserve_step()
-        pack = records.sequence
+        count = len(sequences)
+        buf, pos = records.run_buffer(count)  # SEQ entries packed in place, in this loop
         traced = tokens = prefill_tokens = prefill_sequences = 0
         for s in sequences:
             tokens += s.tokens
@@ -73,19 +75,23 @@ class StepRecordSink:
             if record.waiting:
                 start(record, s, start_ns)
             slot = record.slot
-            if not slot:
+            if not slot:  # first schedule (rare): an OPEN entry between the SEQ entries
+                records.run_end(pos)
                 record.slot = slot = records.new_slot()
                 parent = trace.get_current_span(record.request.parent_context).get_span_context()
                 records.open_sequence(slot, parent.trace_id, parent.span_id, parent.trace_flags, record.cached_tokens,
                                       parent.trace_state.to_header() if parent.trace_state else "")
+                buf, pos = records.run_buffer(count)
             if s.prefill:
                 flags = (SEQ_PREFILL | (SEQ_RECOMPUTE if record.preempted > 0 else 0)
                          | (SEQ_RECOMPUTE_EMITS if s.emits and record.emitted else 0))
             else:
                 flags = 0
-            pack(slot, s.tokens, s.blocks, s.context_tokens, flags)
+            pack_seq(buf, pos, SEQ, slot, s.tokens, s.blocks, s.context_tokens, flags)
+            pos += SEQ_SIZE
             record.blocks_now = s.blocks
             traced += 1
+        records.run_end(pos)
         if not traced:
             records.cancel_step()
             return

@@ -44,8 +44,8 @@ import json
 import struct
 from typing import Any, Iterator
 
-__all__ = ["BLOB", "END", "IDLE", "META", "OPEN", "RecordWriter", "SEQ", "STEP", "SEQ_PREFILL", "SEQ_RECOMPUTE",
-           "SEQ_RECOMPUTE_EMITS", "iter_entries"]
+__all__ = ["BLOB", "END", "IDLE", "META", "OPEN", "RecordWriter", "SEQ", "SEQ_SIZE", "STEP", "SEQ_PREFILL",
+           "SEQ_RECOMPUTE", "SEQ_RECOMPUTE_EMITS", "iter_entries", "pack_seq"]
 
 META, OPEN, STEP, SEQ, END, IDLE, BLOB = 1, 2, 3, 4, 5, 6, 7
 SEQ_PREFILL, SEQ_RECOMPUTE, SEQ_RECOMPUTE_EMITS = 1, 2, 4
@@ -60,6 +60,10 @@ _BLOB = struct.Struct("<BBI")
 _END_OFFSET = 1 + 8 + 8 + 8  # the STEP entry's end ns, patched by finish_step
 _DEVICE_OFFSET = _STEP.size - 8
 _MASK64 = (1 << 64) - 1
+#: ``pack_seq(buffer, position, SEQ, slot, tokens, blocks, context_tokens, flags)``: one SEQ entry
+#: packed in place (:meth:`RecordWriter.run_buffer`), ``SEQ_SIZE`` bytes
+pack_seq = _SEQ.pack_into
+SEQ_SIZE = _SEQ.size
 MAX_TRACE_STATE = 512  # bytes of tracestate kept (W3C allows 512 characters)
 
 
@@ -144,6 +148,18 @@ class RecordWriter:
             self._room(_SEQ.size)
         _SEQ.pack_into(self._buf, self._pos, SEQ, slot, tokens, blocks, context_tokens, flags)
         self._pos += _SEQ.size
+
+    def run_buffer(self, count: int) -> tuple[bytearray, int]:
+        """Room for ``count`` SEQ entries from the current position: (buffer, position) for
+        :data:`pack_seq` calls in the engine's own loop, then :meth:`run_end` with the position
+        reached. Saves :meth:`sequence`'s call per entry (~0.15 µs hot: 2.1 -> 0.9 µs for 8
+        entries, timeit); no other entry may be written in between."""
+        self._room(count * _SEQ.size)
+        return self._buf, self._pos
+
+    def run_end(self, position: int) -> None:
+        """The entries packed since :meth:`run_buffer` end at ``position``."""
+        self._pos = position
 
     def finish_step(self, end_ns: int, device_ns: int | None) -> None:
         """The open STEP entry's end (and CUDA time, ns) once the step's tokens are handed over."""
