@@ -37,6 +37,7 @@ class RequestQueue:
     metrics: Any
     max_queue_wait_s: float | None
     preemptions: int
+    _warm_ids: set[str]  # the warm-up sequences still running (before the engine reports ready)
     _finish: Callable[..., None]  # the engine's: ends a request (request id, reason, ns, error)
 
     @property
@@ -95,6 +96,8 @@ class RequestQueue:
                 self.metrics.prefix_cache_queried(len(record.request.input_ids), record.cached_tokens)
 
     def on_preempted(self, request_id: str, at_ns: int, blocks: int, mode: str) -> None:
+        if request_id in self._warm_ids:  # warm-up, before ready: no request's, not counted
+            return
         self.preemptions += 1
         if self.metrics is not None:
             self.metrics.preempted(mode)
