@@ -178,6 +178,23 @@ def test_a_malformed_payload_is_a_value_error() -> None:
             records.decode(bad, {}, [])
 
 
+def test_what_a_client_controls_never_breaks_a_message() -> None:
+    """A tracestate cut at 512 bytes inside a UTF-8 character, and a request id over the u16
+    length (vLLM takes a body's request_id of any length): both are packed on a character
+    boundary and the message decodes (it used to raise on vLLM's thread, or be refused whole)."""
+    long_id = "cmpl-abc" + "é" * 40_000  # 80,008 bytes: byte 65,535 is the first of an é
+    state = "k=" + "a" * 509 + "é"  # 513 bytes: the 512th is the first byte of é
+    headers = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": state}
+    encoder = records.Encoder()
+    encoder.write(_facts(1, 0, [(long_id, 8, 0, 1, 1, 1)], arrivals=[(long_id, T0 / 1e9, headers, 8)]))
+    out: list[StepFacts] = []
+    records.decode(bytes(encoder.take()[0]), {}, out)
+    (arrival,) = out[0].arrivals
+    assert arrival[0] == long_id.encode()[:0xFFFF].decode("utf-8", "ignore") and len(arrival[0].encode()) == 0xFFFF - 1
+    assert arrival[2]["tracestate"] == "k=" + "a" * 509 and arrival[2]["traceparent"] == headers["traceparent"]
+    assert out[0].req_ids[0] == arrival[0]
+
+
 def _otlp_json_spans(path: Path) -> list[tuple[str, dict[str, Any]]]:
     found = []
     for line in path.read_text().splitlines():

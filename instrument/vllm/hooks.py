@@ -200,7 +200,7 @@ class StepTap:
             before = req.num_computed_tokens - scheduled
             facts.req_ids[i] = req_id
             facts.tokens[i] = scheduled
-            facts.computed[i] = before
+            facts.computed[i] = before if before > 0 else 0  # an unsigned column: never raise on vLLM's thread
             if req.num_preemptions and before < req.num_tokens - 1:
                 facts.prefill[i] = 2  # recomputing what a preemption freed (prefix-cache hits skipped)
             elif before < req.num_prompt_tokens:

@@ -74,7 +74,16 @@ def _header(headers: Any, name: str) -> bytes:
     value = headers.get(name) if headers else None
     if isinstance(value, (list, tuple)):
         value = ",".join(value)
-    return value.encode()[:_MAX_HEADER] if value else b""
+    # cut on a character boundary: a client-sent header cut inside a UTF-8 character would
+    # make the exporter process refuse the whole message
+    return value.encode()[:_MAX_HEADER].decode("utf-8", "ignore").encode() if value else b""
+
+
+_MAX_ID = 0xFFFF  # bytes of a request id kept (a u16 length; vLLM takes ids of any length)
+
+
+def _id_bytes(req_id: str) -> bytes:
+    return req_id.encode()[:_MAX_ID].decode("utf-8", "ignore").encode()
 
 
 class Encoder:
@@ -103,7 +112,7 @@ class Encoder:
     def _name(self, req_id: str) -> int:
         """A one-record slot for a request this encoder holds no slot of."""
         self.next_slot += 1
-        data = req_id.encode()
+        data = _id_bytes(req_id)
         self._room(_NAME.size + len(data))
         _NAME.pack_into(self.buf, self.pos, NAME, self.next_slot, len(data))
         self.pos += _NAME.size
@@ -119,7 +128,7 @@ class Encoder:
         for req_id, arrival_s, headers, prompt_tokens in facts.arrivals:
             self.next_slot += 1
             self.slot_of[req_id] = self.next_slot
-            rid, parent, state = req_id.encode(), _header(headers, "traceparent"), _header(headers, "tracestate")
+            rid, parent, state = _id_bytes(req_id), _header(headers, "traceparent"), _header(headers, "tracestate")
             self._room(_ARRIVE.size + len(rid) + len(parent) + len(state))
             _ARRIVE.pack_into(self.buf, self.pos, ARRIVE, self.next_slot, arrival_s, prompt_tokens, len(rid),
                               len(parent), len(state))
@@ -178,7 +187,7 @@ class Encoder:
 
 
 def _read_str(payload: memoryview, pos: int, size: int) -> str:
-    return bytes(payload[pos:pos + size]).decode()
+    return bytes(payload[pos:pos + size]).decode("utf-8", "replace")
 
 
 def decode(payload: bytes | memoryview, names: dict[int, str], out: list[StepFacts]) -> None:
@@ -343,12 +352,20 @@ class RecordSink:
 
         cpu = time.thread_time_ns() if self.measure else 0
         pending, encoder, recycle = self.pending, self.encoder, self.recycle
-        for facts in pending:
-            encoder.write(facts)
-            if recycle is not None:
-                recycle(facts)
-        pending.clear()
-        self.pending_requests = 0
+        try:
+            for facts in pending:
+                start = encoder.pos
+                try:
+                    encoder.write(facts)
+                except Exception:
+                    encoder.pos = start  # no half record; the hook's caller logs it and stops tracing
+                    raise
+                finally:
+                    if recycle is not None:
+                        recycle(facts)
+        finally:  # never pack (or hand back) a record twice
+            pending.clear()
+            self.pending_requests = 0
         if not encoder.pos:
             return
         payload, units = self.encoder.take()
@@ -359,8 +376,12 @@ class RecordSink:
         if cpu:
             self.send_cpu_ns += time.thread_time_ns() - cpu
 
-    def close(self, timeout_s: float = 10.0) -> None:
-        """Send the rest, let the exporter process build, export and report; log what was lost."""
+    def close(self, timeout_s: float = 3.0) -> None:
+        """Send the rest, let the exporter process build, export and report; log what was lost.
+
+        Bounded well inside vLLM's own: it kills an engine core (and its children, the
+        exporter process included) 5 s after asking it to stop; ``stop(3.0)`` takes at most
+        ~4 s."""
         if self.closed:
             return
         self.closed = True
