@@ -315,3 +315,18 @@ def test_a_slow_otlp_endpoint_never_delays_a_token(handle: ModelHandle, monkeypa
     assert max(slow_gaps) < 0.5, f"a chunk waited {max(slow_gaps):.3f} s: the 1 s export blocked it"
     assert statistics.median(slow_gaps) <= 3 * statistics.median(fast_gaps) + 0.005, (
         statistics.median(slow_gaps), statistics.median(fast_gaps))
+
+
+def test_a_malformed_message_counts_its_spans_as_dropped() -> None:
+    """A message the exporter process cannot read (here: an unknown entry kind) is counted:
+    its spans are dropped in the counts, not received and then gone from every figure."""
+    from instrument.records.exporter_process import ExporterProcess
+
+    exporter = ExporterProcess({"service.name": "malformed-test"}, ["none"])
+    try:
+        assert exporter.send(memoryview(b"\x63\x00\x00"), 5)
+        assert exporter.flush(30)
+        assert exporter.health()["malformed_messages"] == 1
+    finally:
+        (row, *_) = exporter.stop(10)
+    assert (row.submitted, row.dropped) == (5, 5), row

@@ -66,9 +66,11 @@ class _Control:
         self.sock.sendall(json.dumps(obj).encode())
 
     def poll(self, timeout: float = 0.0) -> bool:
-        import select
-
-        return bool(select.select([self.sock], [], [], timeout)[0])
+        # poll(), not select(): a process with 1,024 or more files open (vLLM's engine core) has
+        # descriptor numbers select() refuses
+        waiter = select.poll()
+        waiter.register(self.sock, select.POLLIN)
+        return bool(waiter.poll(timeout * 1000))
 
     def recv(self) -> Any:
         data = self.sock.recv(1 << 20)
@@ -79,7 +81,10 @@ class _Control:
 
 def _child_main(sock: socket.socket, control: _Control, settings: dict[str, Any]) -> None:
     """The exporter process's loop (runs in the child)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop (stop())
+    # the parent decides when to stop (stop(), or its end closing the control socket): a
+    # SIGINT / SIGTERM sent to the whole process group or cgroup must not cut the export short
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from instrument.export_health import export_health
     from instrument.records.span_builder import SpanBuilder
     from instrument.tracing import setup_tracing
@@ -90,7 +95,7 @@ def _child_main(sock: socket.socket, control: _Control, settings: dict[str, Any]
                              protocol=settings.get("protocol"), instance_id=attrs.pop("service.instance.id", None),
                              resource_attributes=attrs)
     builder = SpanBuilder(provider)
-    received = malformed = 0
+    received = malformed = malformed_units = 0
     buf = bytearray(_RECV_BYTES)
     # non-blocking: a socket with a timeout waits for data before every receive, MSG_DONTWAIT or
     # not (CPython), which made each flush order cost two 0.1 s waits; select() does the waiting
@@ -99,11 +104,12 @@ def _child_main(sock: socket.socket, control: _Control, settings: dict[str, Any]
     def report(final: bool = False, flushed: int | None = None) -> None:
         counts = [c.as_dict() for c in export_health(provider)]
         control.send({"counts": counts, "received": received, "malformed": malformed,
+                      "malformed_units": malformed_units,
                       "unknown_slots": builder.unknown_slots, "final": final, "flushed": flushed})
 
     def drain() -> bool:
         """Build the spans of one waiting message; False when none was waiting."""
-        nonlocal received, malformed
+        nonlocal received, malformed, malformed_units
         try:
             n = sock.recv_into(buf, 0, socket.MSG_DONTWAIT)
         except BlockingIOError:
@@ -111,23 +117,29 @@ def _child_main(sock: socket.socket, control: _Control, settings: dict[str, Any]
         if n == 0:
             return False
         message = memoryview(buf)[:n]
+        units = int.from_bytes(message[:4], "little")
+        received += units
         try:
-            received += int.from_bytes(message[:4], "little")
             builder.feed(message[4:])
         except Exception:  # noqa: BLE001 - one bad message must not stop the exporter
             malformed += 1
+            malformed_units += units  # counted as dropped (what it built before failing: exported too)
         return True
 
+    waiter = select.poll()  # (not select(): see _Control.poll)
+    sock_fd, control_fd = sock.fileno(), control.sock.fileno()
+    waiter.register(sock_fd, select.POLLIN)
+    waiter.register(control_fd, select.POLLIN)
     last = time.monotonic()
     stop_timeout = None
     while stop_timeout is None:
         # wait for a message or an order, whichever comes first (a flush order is answered at
         # once, not after a receive times out), at most until the next report is due
         wait = max(0.0, REPORT_EVERY_S - (time.monotonic() - last))
-        ready = select.select([sock, control.sock], [], [], wait)[0]
-        if ready and not drain() and sock in ready:  # readable and empty: the parent closed it
-            ready.append(control.sock)
-        if control.sock in ready:
+        ready = {fd for fd, _ in waiter.poll(wait * 1000)}
+        if ready and not drain() and sock_fd in ready:  # readable and empty: the parent closed it
+            ready.add(control_fd)
+        if control_fd in ready:
             try:
                 order = control.recv()
             except EOFError:  # the serving process is gone: flush what came and leave
@@ -232,6 +244,8 @@ class ExporterProcess:
                 self.dead = self.dead or not self._stopped
                 return
             self.dead = True
+        with self._flushed:  # a flush() waiting on the dead child returns now, not at its timeout
+            self._flushed.notify_all()
         LOGGER.error("tokentrace: tracing stopped: the span exporter process (pid %s) %s; serving goes on, "
                      "the spans sent after this are counted as dropped", self.process.pid, why)
 
@@ -256,7 +270,8 @@ class ExporterProcess:
         """The child's exporters' counts, plus spans that never reached it (module docstring)."""
         report = self._report
         in_transit = max(0, self.sent_units - int(report.get("received", 0)))
-        lost = self.dropped_units + (in_transit if self.dead or self._stopped else 0)
+        lost = (self.dropped_units + int(report.get("malformed_units", 0))
+                + (in_transit if self.dead or self._stopped else 0))
         pending_extra = 0 if (self.dead or self._stopped) else in_transit
         rows = [ExportCounts(**{k: v for k, v in c.items() if k != "lost"}) for c in report.get("counts", [])]
         if not rows:
@@ -273,9 +288,9 @@ class ExporterProcess:
         tests; serving never calls this). False on timeout or a dead child."""
         if self.dead or self._stopped:
             return False
-        self._flushes += 1
-        n = self._flushes
-        with self._flushed:
+        with self._flushed:  # the order's number taken under the lock: two flushes never share one
+            self._flushes += 1
+            n = self._flushes
             self._control.send({"flush": n, "timeout_ms": int(timeout_s * 1000)})
             return self._flushed.wait_for(lambda: self._report.get("flushed") == n or self.dead, timeout_s) \
                 and not self.dead

@@ -133,6 +133,10 @@ class SpanForwarder(SpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         deferred = self._deferred.pop(span.context.span_id, ())
+        if self._shut:  # ended after shutdown: nothing will send it; counted, not kept
+            with self._lock:
+                self.sender.dropped_units += 1
+            return
         try:
             payload = encode_span(span, deferred)
         except (ValueError, TypeError) as exc:  # a value marshal cannot carry: lost, counted
