@@ -256,3 +256,30 @@ def test_a_lost_message_costs_its_spans_and_one_line_per_request(caplog: pytest.
     warned = [r.getMessage() for r in caplog.records if "never saw arrive" in r.getMessage()]
     assert warned == ["tokentrace: engine step 2 names request ?slot-1 it never saw arrive",
                       "tokentrace: engine step 2 names request ?slot-2 it never saw arrive"]
+
+
+def test_an_idle_engine_forgets_requests_whose_end_was_lost(caplog: pytest.LogCaptureFixture) -> None:
+    """The message with a request's FINISH was dropped: at the next IDLE entry (the scheduler
+    held no request) the exporter forgets it, says so once and counts it, and the engine looks
+    idle again (its engine trace closes, the provider is flushed), instead of holding it for good."""
+    stream, encoder = _stream(), records.Encoder()
+    provider, exporter = _provider()
+    consumer = records.RecordConsumer(provider)
+    # everything but the records that finish requests: cut at the first record with a FINISH
+    first_finish = next(i for i, f in enumerate(stream) if f.finished)
+    for facts in stream[:first_finish]:
+        encoder.write(facts)
+    consumer.feed(memoryview(bytes(encoder.take()[0])))
+    live = len(consumer.builder.live)
+    assert live > 0  # requests the exporter now holds with their end lost
+    encoder.idle()
+    with caplog.at_level("WARNING", logger="tokentrace.vllm"):
+        consumer.feed(memoryview(bytes(encoder.take()[0])))
+    assert consumer.builder.live == {} and consumer.builder.lost_requests == live and consumer.names == {}
+    assert [r.getMessage() for r in caplog.records if "lost their end" in r.getMessage()] == [
+        f"tokentrace: {live} vLLM request(s) lost their end in a dropped message; their spans are not exported "
+        f"({live} so far)"]
+    assert "engine" in {s.name for s in exporter.get_finished_spans()}  # the engine trace closed at idle
+    out: list = []
+    records.decode(b"\x07", {}, out)
+    assert out == [None]

@@ -30,6 +30,8 @@ kind  name     fields after the kind byte
                scheduled n, waiting, KV blocks used, total, prefix-cache hit tokens, tokens
                per block, bytes per block; then n × u32 slots, tokens, computed, KV blocks
                held, sampled, and n × u8 prefill kind
+7     IDLE     (nothing): after a record, the scheduler held no request then (a request the
+               exporter still holds lost its end in a dropped message: forgotten, counted)
 ====  =======  ===============================================================================
 
 A slot numbers a request from its ARRIVE to its FINISH (never reused by one encoder).
@@ -47,11 +49,12 @@ from typing import Any
 from instrument.clock import now_wall_ns
 from instrument.vllm.hooks import StepFacts
 
-__all__ = ["ARRIVE", "EXPORTER_NICE", "FINISH", "FIRST", "FLUSH_BYTES", "FLUSH_NS", "FLUSH_STEPS", "NAME", "PREEMPT", "STEP", "Encoder",
+__all__ = ["ARRIVE", "EXPORTER_NICE", "FINISH", "FIRST", "FLUSH_BYTES", "FLUSH_NS", "FLUSH_STEPS", "IDLE", "NAME", "PREEMPT",
+           "STEP", "Encoder",
            "RecordConsumer", "RecordSink", "decode"]
 
 log = logging.getLogger("tokentrace.vllm")
-ARRIVE, NAME, FIRST, PREEMPT, FINISH, STEP = 1, 2, 3, 4, 5, 6
+ARRIVE, NAME, FIRST, PREEMPT, FINISH, STEP, IDLE = 1, 2, 3, 4, 5, 6, 7
 # send when this much is packed, or this long after the last send, and whenever the engine goes
 # idle. A send that wakes the sleeping exporter costs the engine thread ~40-60 µs here: with a
 # step every ~60 ms (SmolLM2 on 2 shared cores, batch 8), sending every 50 ms was one send per
@@ -179,6 +182,12 @@ class Encoder:
             slot_of.pop(req_id, None)
         self.units += (n + 1 if facts.step >= 0 else 0) + 2 * len(facts.finished)
 
+    def idle(self) -> None:
+        """An IDLE entry: the scheduler holds no request after the last record written."""
+        self._room(1)
+        self.buf[self.pos] = IDLE
+        self.pos += 1
+
     def take(self) -> tuple[memoryview, int]:
         """(the packed records: a view valid until the next write, the spans they stand for)."""
         view, units = memoryview(self.buf)[:self.pos], self.units
@@ -190,9 +199,9 @@ def _read_str(payload: memoryview, pos: int, size: int) -> str:
     return bytes(payload[pos:pos + size]).decode("utf-8", "replace")
 
 
-def decode(payload: bytes | memoryview, names: dict[int, str], out: list[StepFacts]) -> None:
-    """Append the StepFacts of every record in ``payload`` to ``out``; ``names`` (slot -> request
-    id) carries the live requests from one payload to the next. Raises ValueError when the
+def decode(payload: bytes | memoryview, names: dict[int, str], out: list[StepFacts | None]) -> None:
+    """Append the StepFacts of every record in ``payload`` to ``out`` (None for an IDLE entry);
+    ``names`` (slot -> request id) carries the live requests from one payload to the next. Raises ValueError when the
     payload is truncated or names an unknown kind; a slot never named maps to
     ``"?slot-N"`` (its ARRIVE was in a message the exporter never received)."""
     view = memoryview(payload)
@@ -239,6 +248,11 @@ def decode(payload: bytes | memoryview, names: dict[int, str], out: list[StepFac
                 pos += n_id + n_parent + n_state
                 names[slot] = req_id
                 facts.arrivals.append((req_id, arrival_s, headers or None, prompt_tokens))
+            elif kind == IDLE:
+                if facts.arrivals or facts.first or facts.preempted or facts.finished:
+                    raise ValueError(f"vLLM step records: IDLE inside a record at byte {pos}")
+                pos += 1
+                out.append(None)
             elif kind == NAME:
                 _, slot, n_id = _NAME.unpack_from(view, pos)
                 names[slot] = _read_str(view, pos + _NAME.size, n_id)
@@ -277,7 +291,7 @@ class RecordConsumer:
         self.builder = SpanBuilder(get_tracer(tracer_provider), request_id_of=external_request_id,
                                    on_idle=self._idle)
         self.names: dict[int, str] = {}
-        self._records: list[StepFacts] = []
+        self._records: list[StepFacts | None] = []
 
     def _idle(self) -> None:
         """No live request: export what was built now (the engine went idle)."""
@@ -289,6 +303,10 @@ class RecordConsumer:
         records.clear()
         decode(payload, self.names, records)
         for facts in records:
+            if facts is None:  # the scheduler held no request: no slot is live any more
+                self.names.clear()
+                self.builder.engine_idle()
+                continue
             try:
                 self.builder.consume(facts)
             except Exception:  # a bug here must not stop the exporter; logged with its step
@@ -337,12 +355,15 @@ class RecordSink:
         ``FLUSH_NS`` went by since the last send."""
         self.pending.append(facts)
         self.pending_requests += facts.n
-        if (idle or 21 * self.pending_requests >= FLUSH_BYTES or len(self.pending) >= FLUSH_STEPS
-                or facts.end_ns - self.sent_ns >= FLUSH_NS):
+        if idle:
+            self.flush(idle=True)
+        elif (21 * self.pending_requests >= FLUSH_BYTES or len(self.pending) >= FLUSH_STEPS
+              or facts.end_ns - self.sent_ns >= FLUSH_NS):
             self.flush()
 
-    def flush(self) -> None:
-        """Pack the held records and send them: one message, one BLOB entry (never waits).
+    def flush(self, idle: bool = False) -> None:
+        """Pack the held records and send them: one message, one BLOB entry (never waits);
+        ``idle``: the scheduler holds no request after them (an IDLE entry follows).
 
         Packing them together rather than each at its step's end keeps the packing code hot
         in the CPU's caches: measured inside vLLM's engine core, between two model steps
@@ -366,6 +387,8 @@ class RecordSink:
         finally:  # never pack (or hand back) a record twice
             pending.clear()
             self.pending_requests = 0
+        if idle:
+            encoder.idle()
         if not encoder.pos:
             return
         payload, units = self.encoder.take()

@@ -87,6 +87,7 @@ class SpanBuilder:
         self._engine_end_ns = 0
         self.steps = 0  # scheduler steps consumed
         self.tokens = 0  # generated tokens seen (sampled in a step, for a live request)
+        self.lost_requests = 0  # live requests forgotten at an idle engine (engine_idle)
 
     # -- the seam ---------------------------------------------------------------------------
     def consume(self, facts: StepFacts) -> None:
@@ -111,6 +112,23 @@ class SpanBuilder:
             self.close_engine_trace()
             if self.on_idle is not None:
                 self.on_idle()
+
+    def engine_idle(self) -> int:
+        """The engine said it holds no request (an IDLE entry): a request still live here lost
+        its end, or its arrival, in a message the exporter process never received (dropped at a
+        full socket). It is forgotten: its span is incomplete and never exported (counted in
+        ``lost_requests``, one warning per idle); without this, it would stay live for good and
+        the engine would never look idle again. Returns how many were forgotten."""
+        lost = len(self.live)
+        if lost:
+            self.lost_requests += lost
+            log.warning("tokentrace: %d vLLM request(s) lost their end in a dropped message; their spans are "
+                        "not exported (%d so far)", lost, self.lost_requests)
+            self.live.clear()
+        self.close_engine_trace()
+        if self.on_idle is not None:
+            self.on_idle()
+        return lost
 
     # -- requests ---------------------------------------------------------------------------
     def _arrive(self, req_id: str, arrival_s: float, headers: Any, prompt_tokens: int) -> None:
