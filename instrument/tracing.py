@@ -47,6 +47,7 @@ from opentelemetry.sdk.trace.export import (
 
 __all__ = [
     "HashOnceResource",
+    "default_resource",
     "SCOPE_NAME",
     "CONTRACT_VERSION",
     "DEFAULT_SERVICE_NAME",
@@ -199,6 +200,12 @@ def _attribute_length_limits() -> dict[str, int]:
         "max_attribute_length": DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT,
         "max_span_attribute_length": DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT,
     }
+
+
+def default_resource(service_name: str | None = None) -> Resource:
+    """The resource :func:`setup_tracing` gives a provider (``OTEL_RESOURCE_ATTRIBUTES`` /
+    ``OTEL_SERVICE_NAME`` merged, a fresh ``service.instance.id``, ``host.name``), without one."""
+    return _resource(service_name, None, None)
 
 
 def setup_tracing(

@@ -327,10 +327,11 @@ class RecordSink:
     def __init__(self, exporters: list[str], json_path: str | None, recycle: Any = None) -> None:
         from instrument.records.exporter_process import ExporterProcess
         from instrument.records.format import RecordWriter
-        from instrument.tracing import setup_tracing
+        from instrument.tracing import default_resource
 
-        # the resource setup_tracing gives (OTEL_RESOURCE_ATTRIBUTES, service name, instance id, host)
-        resource = dict(setup_tracing(exporter=["none"]).resource.attributes)
+        # the resource setup_tracing gives (OTEL_RESOURCE_ATTRIBUTES, service name, instance id, host),
+        # without building a provider in vLLM's process
+        resource = dict(default_resource().attributes)
         self.exporter = ExporterProcess(resource, exporters, json_path, name="vllm-exporter-process")
         try:  # on a saturated host the exporter waits for vLLM, not the reverse (it catches up when idle)
             nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + EXPORTER_NICE)
