@@ -144,3 +144,5 @@ def _sigterm_mid_burst(collect: subprocess.Popen, http_port: int, out: Path, eng
         assert len({s["name"] for s in spans} & {"engine_step", "engine", "prefill"}) == 3
         assert "exporter-process:" in stopped and stopped.count(" [exporter-process:") == 1, stopped
         assert stopped.count("/") == 1, f"one exporter row, none in the serving process: {stopped}"
+    else:  # inline (and sequential): no exporter process at all
+        assert "exporter-process" not in stopped, stopped

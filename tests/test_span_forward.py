@@ -9,6 +9,7 @@ test runs the whole path through a real span exporter process into an OTLP-JSON 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,18 @@ def test_the_forwarder_counts_what_it_cannot_carry() -> None:
     forwarder.flush_bytes = 1
     tracer.start_span("big").end()
     assert [units for _, units in sink.sent] == [1, 1], "past FLUSH_BYTES: sent by the ending thread"
+    provider.shutdown()
+    # below FLUSH_BYTES, the forwarder's own thread sends ``flush_s`` after the first span packed
+    timed = _Sink()
+    forwarder = SpanForwarder(timed, flush_s=0.05)
+    provider = setup_tracing("forward-test", exporter=["none"], count_exports=False)
+    provider.add_span_processor(forwarder)
+    get_tracer(provider).start_span("timed").end()
+    get_tracer(provider).start_span("timed too").end()
+    deadline = time.monotonic() + 5.0
+    while not timed.sent and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [units for _, units in timed.sent] == [2], "both spans in one message, sent by the timer"
     provider.shutdown()
 
 

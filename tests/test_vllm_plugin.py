@@ -98,6 +98,11 @@ def test_preemption_is_an_event_and_the_recomputed_prefill_its_own_span(preempti
     emitted = [p for p in ours if p.name == "prefill" and p.attrs.get("tokentrace.prefill.recompute")
                and "tokentrace.step" in p.attrs]
     assert emitted  # (a recompute of a request preempted before its first token emits token 1: no step)
+    for req in (s for s in ours if s.name == "engine_request"):
+        # every token after the first comes from exactly one decode step or one emitting recompute
+        below = [s for s in ours if s.parent_id == req.span_id and "tokentrace.step" in s.attrs]
+        stood_for = sorted(s.attrs["tokentrace.step"] for s in below)
+        assert stood_for == list(range(1, req.attrs["tokentrace.generated_tokens"])), (req.attrs, stood_for)
     from analyzer.db.store import connect
     from analyzer.formats.load import load_paths
     from analyzer.query.runner import run_query
@@ -107,8 +112,8 @@ def test_preemption_is_an_event_and_the_recomputed_prefill_its_own_span(preempti
     gaps = run_query(con, "stalls").dicts()
     con.close()
     generated = sum(s.attrs["tokentrace.generated_tokens"] for s in ours if s.name == "engine_request")
-    assert len(gaps) == generated - 3 and all(g["itl_ms"] is not None for g in gaps), \
-        [g["null_reason"] for g in gaps if g["itl_ms"] is None]
+    assert len(gaps) == generated - 3 and all(g["itl_ms"] is not None and g["null_reason"] is None for g in gaps), \
+        [g["null_reason"] for g in gaps if g["null_reason"] is not None]
 
 
 def test_stalls_and_steps_run_on_the_result(vllm_run: Path, tmp_path: Path) -> None:

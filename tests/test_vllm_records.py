@@ -234,6 +234,27 @@ def test_through_a_real_exporter_process(tmp_path: Path) -> None:
     assert sum(1 for n, a in spans if n == "decode") == sum(1 for s in direct if s.name == "decode") == 9  # A 4, B 3, C 2
 
 
+def test_the_sink_sends_every_256_steps_or_second_without_an_idle_engine(tmp_path: Path) -> None:
+    """Busy for good, the engine still sends: when FLUSH_STEPS records are held, or when a
+    step ends FLUSH_NS after the last send; then nothing is held; close() sends the rest."""
+    sink = records.RecordSink(["none"], None)
+    try:
+        busy = [_facts(i + 1, i, [("x", 1, 10 + i, 0, 1, 1)]) for i in range(records.FLUSH_STEPS)]
+        for facts in busy[:-1]:
+            sink.consume(facts, idle=False)
+        assert sink.sends == 0 and len(sink.pending) == records.FLUSH_STEPS - 1
+        sink.consume(busy[-1], idle=False)
+        assert sink.sends == 1 and sink.pending == []
+        late = _facts(999, 0, [("x", 1, 500, 0, 1, 1)])
+        late.end_ns = sink.sent_ns + records.FLUSH_NS  # a second after that send
+        sink.consume(late, idle=False)
+        assert sink.sends == 2 and sink.pending == []
+        assert sink.sender.sent_units == 2 * (records.FLUSH_STEPS + 1)  # per step: a decode span, an engine_step
+    finally:
+        sink.close()
+    assert sum(c.dropped for c in sink.exporter.counts()) == 0
+
+
 def test_a_lost_message_costs_its_spans_and_one_line_per_request(caplog: pytest.LogCaptureFixture) -> None:
     """The exporter never got the message with the arrivals: later steps still give their
     engine_step spans (the unknown requests' tokens counted as discarded), with one warning per
