@@ -180,8 +180,12 @@ def test_process_export_writes_the_spans_of_the_inline_path(handle: ModelHandle,
         assert sorted(a) == sorted(b) == ["gateway", "queue", "tokenize"], i
         for name in a:
             assert a[name] == b[name], (i, name)
-        chunks = [e for e in b["gateway"]["events"] if e[0] == "tokentrace.chunk"]
-        assert len(chunks) >= FIXED_RUN[i][1], "one chunk event per token at least"
+        chunks = [{a["key"]: next(iter(a["value"].values())) for a in e[1]}
+                  for e in b["gateway"]["events"] if e[0] == "tokentrace.chunk"]
+        visible = [c for c in chunks if c["tokentrace.chunk.visible"]]
+        # every generated token in a visible chunk event (max_tokens, ignore_eos), indexed in order
+        assert sum(int(c["tokentrace.chunk.tokens"]) for c in visible) == FIXED_RUN[i][1], chunks
+        assert [int(c["tokentrace.chunk.index"]) for c in chunks] == list(range(len(chunks)))
     assert {k for k in inline_spans[0]["_resource"]} == {k for k in process_spans[0]["_resource"]}
     inline = _engine_view(inline_spans)
     process = _engine_view(process_spans)
