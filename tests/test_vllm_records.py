@@ -210,16 +210,15 @@ def test_through_a_real_exporter_process(tmp_path: Path) -> None:
     """RecordSink (the engine-core side) -> socket -> exporter process -> OTLP/JSON file: the
     same spans by name and request id, nothing counted lost; the exporter runs nicer."""
     out = tmp_path / "spans.jsonl"
-    given_back: list[StepFacts] = []
-    sink = records.RecordSink(["otlp_json"], str(out), recycle=given_back.append)
+    sink = records.RecordSink(["otlp_json"], str(out))
     nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + records.EXPORTER_NICE)
     assert os.getpriority(os.PRIO_PROCESS, sink.exporter.process.pid) == nice  # below the engine's priority
     try:
         stream = _stream()
         for i, facts in enumerate(stream):
             sink.consume(facts, idle=i == len(stream) - 1)
-            # held until the engine goes idle, then packed in one message and given back
-            assert given_back == ([] if i < len(stream) - 1 else stream)
+            # held until the engine goes idle, then packed in one message
+            assert sink.pending == ([] if i == len(stream) - 1 else stream[:i + 1]) and sink.sends == (i == len(stream) - 1)
         assert sink.sends == 1 and sink.sender.sent_units == sum(f.n + 1 for f in stream if f.step >= 0) + 2 * 4
         assert sink.exporter.flush(30)
     finally:

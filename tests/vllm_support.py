@@ -136,6 +136,11 @@ def check_run(ours: list[Span], theirs: list[Span], client: dict[str, Any], *, r
             tokens[step] = tokens.get(step, 0) + (s.attrs["tokentrace.prefill.tokens"] if s.name == "prefill" else 1)
             count[step] = count.get(step, 0) + 1
             assert by_id[s.parent_id].name == "engine_request"
+            # KV blocks held (followed from vLLM's block lists) cover the context, full attention:
+            # prefix-cache hits included, one block per block_tokens begun
+            block_tokens = steps[step].attrs["tokentrace.kv.block_tokens"]
+            assert s.attrs["tokentrace.kv.blocks"] == -(-s.attrs["tokentrace.context_tokens"] // block_tokens), \
+                (s.name, step, s.attrs)
     assert steps and set(tokens) <= set(steps)
     discarded = 0
     for step, span in steps.items():

@@ -79,7 +79,7 @@ def _exporters() -> list[str]:
     return names
 
 
-def _start_pipeline(facts: Any, idle: bool) -> None:
+def _start_pipeline(record: Any, idle: bool, n: int, end_ns: int) -> None:
     """First record: start the span exporter process (lazily, in the engine-core process)."""
     import multiprocessing.util
 
@@ -87,17 +87,16 @@ def _start_pipeline(facts: Any, idle: bool) -> None:
 
     tap = _state["tap"]
     try:
-        sink = RecordSink(_exporters(), os.environ.get(ENV_JSON), recycle=tap.recycle)
+        sink = RecordSink(_exporters(), os.environ.get(ENV_JSON), fill=tap.fill)
     except Exception:  # no exporter process: vLLM goes on untraced (one line)
         tap.failed = True
-        tap.recycle(facts)
         log.exception("tokentrace: the span exporter process did not start; vLLM runs on untraced")
         return
     stats_path = os.environ.get(ENV_STATS)
     sink.measure = bool(stats_path)
 
-    def consume(facts: Any, idle: bool) -> None:
-        sink.consume(facts, idle)  # held, packed at the next send, then given back to the pool
+    def consume(record: Any, idle: bool, n: int, end_ns: int) -> None:
+        sink.consume(record, idle, n, end_ns)  # held, read and packed at the next send
         if idle and stats_path:
             _write_stats(stats_path, tap, sink)
 
@@ -107,14 +106,14 @@ def _start_pipeline(facts: Any, idle: bool) -> None:
     def close() -> None:
         sink.close()
         if tap.dropped_steps:
-            log.warning("tokentrace: %d engine steps not traced (record pool empty)", tap.dropped_steps)
+            log.warning("tokentrace: %d engine steps not traced (scheduled, never updated)", tap.dropped_steps)
 
     tap.on_shutdown = close  # vLLM's scheduler shutdown; atexit and multiprocessing's exit as fallbacks
     atexit.register(sink.close)
     multiprocessing.util.Finalize(sink, sink.close, exitpriority=10)
     log.info("tokentrace: tracing vLLM scheduler steps; spans built in the exporter process pid %d (exporters: %s)",
              sink.exporter.process.pid, ", ".join(_exporters()))
-    consume(facts, idle)
+    consume(record, idle, n, end_ns)
 
 
 def _write_stats(path: str, tap: Any, sink: Any) -> None:

