@@ -213,20 +213,26 @@ def main() -> None:
                     load = _load_average()
                     loads.append(load)
                     results.setdefault((plugin, concurrency), []).append((tokens / wall, cpu / tokens * 1e6))
-                    extra = ""
+                    extra = detail = ""
                     if plugin:
                         now = _plugin_stats(spans, last["tokens"])
                         seen = now["tokens"] - last["tokens"]
                         child_cpu = _settled_cpu_s(child) - child_before
                         own.setdefault(concurrency, []).append(
                             ((now["hook_cpu_ns"] - last["hook_cpu_ns"]) / seen / 1e3, child_cpu / tokens * 1e6))
+                        steps = max(now["steps"] - last["steps"], 1)
+                        parts = {k: (now[f"{k}_cpu_ns"] - last[f"{k}_cpu_ns"]) / steps / 1e3 for k in ("hook", "schedule", "send")}
                         extra = f" hooks {own[concurrency][-1][0]:.2f} exp {own[concurrency][-1][1]:.1f}"
+                        detail = (f"\n    plugin per step, µs: schedule hook {parts['schedule']:.1f}, update hook "
+                                  f"{parts['hook'] - parts['schedule'] - parts['send']:.1f}, packing + sending "
+                                  f"{parts['send']:.1f} ({seen / steps:.1f} tokens, {(now['sends'] - last['sends']) / steps:.2f} sends "
+                                  f"per step)")
                         if now["dropped_spans"] or now["dropped_steps"]:
                             print(f"  dropped: {now['dropped_spans']} spans, {now['dropped_steps']} steps")
                         last = now
                     print(f"r{index + 1}/{len(order)} {'on ' if plugin else 'off'} c={concurrency}: "
                           f"{tokens / wall:6.1f} tok/s; µs/token core {cpu / tokens * 1e6:.1f}{extra}; "
-                          f"load {load:.2f}", flush=True)
+                          f"load {load:.2f}{detail}", flush=True)
             finally:
                 _stop(server)
             if plugin and not spans.exists():

@@ -47,6 +47,7 @@ from __future__ import annotations
 import logging
 import time
 from array import array
+from itertools import compress
 from typing import Any
 
 from instrument.clock import now_wall_ns
@@ -100,7 +101,7 @@ class StepFacts:
 
     __slots__ = ("step", "start_ns", "sched_end_ns", "end_ns", "n", "waiting", "kv_used", "kv_total",
                  "prefix_hit_tokens", "block_tokens", "bytes_per_block", "req_ids", "tokens", "computed", "prefill", "blocks", "sampled",
-                 "arrivals", "first", "preempted", "finished", "columns")
+                 "arrivals", "first", "preempted", "finished")
 
     def __init__(self, capacity: int) -> None:
         self.step = self.start_ns = self.sched_end_ns = self.end_ns = 0
@@ -112,8 +113,6 @@ class StepFacts:
         self.prefill = array("b", bytes(capacity))
         self.blocks = array("I", bytes(4 * capacity))
         self.sampled = array("I", bytes(4 * capacity))
-        # byte views of the per-request columns, made once (what the record encoder copies)
-        self.columns = tuple(memoryview(c).cast("B") for c in (self.tokens, self.computed, self.blocks, self.sampled))
         self.arrivals: list[tuple[str, float, Any, int]] = []
         self.first: list[tuple[str, int]] = []
         self.preempted: list[tuple[str, int, int]] = []
@@ -139,14 +138,18 @@ class StepTap:
         # sched_end_ns, waiting, free blocks); kept as a list (a reference, not id(): an id
         # can be reused once vLLM drops the object)
         self._open: list[tuple[Any, int, int, int, int, int]] = []
-        # fill()'s state, request id -> [prompt tokens, KV blocks held, scheduled before]
-        self._known: dict[str, list[int]] = {}
-        self._facts = StepFacts(0)  # what fill() writes into (grown to the largest batch)
+        # fill()'s state per live request (see _columns)
+        self._prompt: dict[str, int] = {}
+        self._blocks: dict[str, int] = {}
+        self._phase: dict[str, int] = {}
+        self._prefilling: set[str] = set()
+        self._facts = StepFacts(0)  # what fill() writes into
         self.dropped_steps = 0
         self.failed = False  # a hook raised: tracing stops, vLLM goes on (one log line)
         self.measure = False  # time the hooks with the thread's CPU clock (0.25 µs a read here)
         self.hook_cpu_ns = 0  # CPU time the engine thread spent in schedule/update hooks, ns (measure)
         self.schedule_cpu_ns = 0  # ... of which in the schedule hook
+        self.stats_cpu_ns = 0  # ... of which writing the plugin's stats file (TOKENTRACE_VLLM_STATS)
         self.steps = 0  # scheduler steps recorded
         self.tokens = 0  # tokens sampled in them (counted by fill())
         self.on_shutdown: Any = None  # called (once) when vLLM shuts the scheduler down
@@ -226,7 +229,8 @@ class StepTap:
 
     # -- a held record into StepFacts (engine thread, at the sink's send: many records at once) --
     def fill(self, record: Any) -> StepFacts:
-        """The held ``record`` as StepFacts (one object, valid until the next call).
+        """The held ``record`` as StepFacts (one object, valid until the next call; its
+        per-request columns are exactly ``n`` long).
 
         Read from vLLM's own per-step objects, which vLLM builds anew each step and does not
         change afterwards: ``SchedulerOutput`` (``scheduled_new_reqs``: a request scheduled
@@ -236,16 +240,12 @@ class StepTap:
         before the step) and ``ModelRunnerOutput`` (``sampled_token_ids`` per request). KV
         blocks held are followed per request from those lists (the first KV cache group)."""
         entry, index, sampled, end_ns, events = record
-        n = len(entry[0].num_scheduled_tokens) if entry is not None else 0
         facts = self._facts
-        if len(facts.req_ids) < n:
-            self._facts = facts = StepFacts(max(n, 2 * len(facts.req_ids)))
-        facts.first.clear()
-        known = self._known
+        facts.first = []
         if events is not None:
             facts.arrivals, facts.preempted, facts.finished = events
             for req_id, _, _, prompt_tokens in facts.arrivals:
-                known[req_id] = [prompt_tokens, 0, 0]
+                self._prompt[req_id] = prompt_tokens
         else:
             facts.arrivals, facts.preempted, facts.finished = [], [], []
         facts.end_ns = end_ns
@@ -257,20 +257,48 @@ class StepTap:
             facts.block_tokens, facts.bytes_per_block, _ = self._geometry  # type: ignore[misc]
             total = self._pool.num_gpu_blocks
             facts.kv_total, facts.kv_used = total, total - free
-            self._columns(out, index, sampled, facts)
+            cached = out.scheduled_cached_reqs
+            if out.scheduled_new_reqs or cached.resumed_req_ids or self._prefilling or not self._decodes(
+                    out, cached, index, sampled, facts):
+                self._columns(out, cached, index, sampled, facts)
+            self.tokens += sum(facts.sampled)
         for req_id, _, _ in facts.finished:
-            known.pop(req_id, None)
+            self._prompt.pop(req_id, None)
+            self._blocks.pop(req_id, None)
+            self._phase.pop(req_id, None)
+            self._prefilling.discard(req_id)
         return facts
 
-    def _columns(self, out: Any, index: dict[str, int], sampled: Any, facts: StepFacts) -> None:
-        """One column entry per scheduled request; ``known`` per request: [prompt tokens, KV
-        blocks held, 0 never scheduled / 1 scheduled / 2 preempted since]."""
-        known, scheduled = self._known, out.num_scheduled_tokens
-        req_ids, tokens, computed, prefill, blocks, counts = (facts.req_ids, facts.tokens, facts.computed,
-                                                              facts.prefill, facts.blocks, facts.sampled)
+    def _decodes(self, out: Any, cached: Any, index: dict[str, int], sampled: Any, facts: StepFacts) -> bool:
+        """A step of decodes only (no request new, resumed or in its prefill): every column in
+        one pass of C-level iteration; False when a request is not where expected."""
+        ids = cached.req_ids
+        blocks = self._blocks
+        try:
+            facts.sampled = array("I", map(len, map(sampled.__getitem__, map(index.__getitem__, ids))))
+        except (KeyError, IndexError):  # a request the runner did not sample
+            return False
+        if not all(map(blocks.__contains__, ids)):  # (checked before any change: _columns redoes the step)
+            return False
+        for req_id, added in zip(compress(ids, cached.new_block_ids), filter(None, cached.new_block_ids)):
+            blocks[req_id] += len(added[0])
+        facts.blocks = array("I", map(blocks.__getitem__, ids))
+        facts.req_ids = ids
+        facts.n = n = len(ids)
+        facts.tokens = array("I", map(out.num_scheduled_tokens.__getitem__, ids))
+        facts.computed = array("I", cached.num_computed_tokens)
+        facts.prefill = bytes(n)
+        facts.prefix_hit_tokens = 0
+        return True
+
+    def _columns(self, out: Any, cached: Any, index: dict[str, int], sampled: Any, facts: StepFacts) -> None:
+        """Any step, one request at a time. Per request: ``_prompt`` its prompt tokens,
+        ``_blocks`` its KV blocks held, ``_phase`` 1 once scheduled / 2 once preempted since,
+        ``_prefilling`` while it computes prompt tokens (and one step after)."""
+        prompt_of, blocks_of, phase_of, prefilling = self._prompt, self._blocks, self._phase, self._prefilling
+        scheduled = out.num_scheduled_tokens
         got = len(sampled)
-        i = hits = sampled_tokens = 0
-        cached = out.scheduled_cached_reqs
+        hits = 0
         resumed_ids = cached.resumed_req_ids
         # the requests of scheduled_new_reqs, then the cached ones: (id, tokens computed before
         # the step, blocks given in the step, output tokens so far or -1 when not known, resumed)
@@ -278,43 +306,46 @@ class StepTap:
         for j, req_id in enumerate(cached.req_ids):
             rows.append((req_id, cached.num_computed_tokens[j], cached.new_block_ids[j], cached.num_output_tokens[j],
                          req_id in resumed_ids))
-        for req_id, before, given, outputs, resumed in rows:
-            state = known.get(req_id)
-            if state is None:  # arrived before the hooks were installed (not expected): prompt unknown
-                state = known[req_id] = [0, 0, 0]
+        n = len(rows)
+        req_ids: list[str] = []
+        tokens, computed, blocks, counts = array("I", bytes(4 * n)), array("I", bytes(4 * n)), array("I", bytes(4 * n)), \
+            array("I", bytes(4 * n))
+        prefill = bytearray(n)
+        for i, (req_id, before, given, outputs, resumed) in enumerate(rows):
+            phase = phase_of.get(req_id, 0)
             added = len(given[0]) if given else 0
             if outputs < 0:  # scheduled_new_reqs: new, or resumed (V2 model runner) with its whole list
-                resumed = state[2] != 0
-                state[1] = added
+                resumed = phase != 0
+                blocks_of[req_id] = added
             elif resumed:  # the whole list
-                state[1] = added
+                blocks_of[req_id] = added
             else:
-                state[1] += added
+                blocks_of[req_id] = blocks_of.get(req_id, 0) + added
             if resumed:
-                state[2] = 2  # its prefill is recomputed (prefix-cache hits skipped)
+                phase_of[req_id] = phase = 2  # its prefill is recomputed (prefix-cache hits skipped)
                 hits += before
-            elif not state[2]:
-                state[2] = 1
+            elif not phase:
+                phase_of[req_id] = phase = 1
                 facts.first.append((req_id, before))
                 hits += before
-            req_ids[i] = req_id
+            prompt = prompt_of.get(req_id, 0)  # (0: arrived before the hooks were installed; not expected)
+            if phase == 2 and (outputs < 0 or before < prompt + outputs - 1):
+                prefill[i] = 2  # recomputing what a preemption freed
+            elif before < prompt:
+                prefill[i] = 1
+            if prefill[i]:
+                prefilling.add(req_id)
+            else:
+                prefilling.discard(req_id)
+            req_ids.append(req_id)
             tokens[i] = scheduled[req_id]
             computed[i] = before
-            if state[2] == 2 and (outputs < 0 or before < state[0] + outputs - 1):
-                prefill[i] = 2  # recomputing what a preemption freed
-            elif before < state[0]:
-                prefill[i] = 1
-            else:
-                prefill[i] = 0
-            blocks[i] = state[1]
+            blocks[i] = blocks_of[req_id]
             j = index.get(req_id)
-            k = len(sampled[j]) if j is not None and j < got else 0
-            counts[i] = k
-            sampled_tokens += k
-            i += 1
-        facts.n = i
+            counts[i] = len(sampled[j]) if j is not None and j < got else 0
+        facts.req_ids, facts.n = req_ids, n
+        facts.tokens, facts.computed, facts.blocks, facts.sampled, facts.prefill = tokens, computed, blocks, counts, prefill
         facts.prefix_hit_tokens = hits
-        self.tokens += sampled_tokens
 
 
 def install(tap: StepTap) -> bool:

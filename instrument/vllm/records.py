@@ -92,7 +92,7 @@ def _id_bytes(req_id: str) -> bytes:
 class Encoder:
     """Packs StepFacts into one growing buffer (one writer thread: vLLM's engine thread)."""
 
-    __slots__ = ("buf", "pos", "slot_of", "next_slot", "units", "slots", "slot_bytes")
+    __slots__ = ("buf", "pos", "slot_of", "next_slot", "units", "slots")
 
     def __init__(self, capacity: int = 1 << 16) -> None:
         self.buf = bytearray(capacity)
@@ -100,8 +100,7 @@ class Encoder:
         self.slot_of: dict[str, int] = {}  # live request id -> slot
         self.next_slot = 0
         self.units = 0  # spans the packed, unsent records stand for (estimate: loss counting)
-        self.slots = array("I")  # the step's slots, reused (grown to the largest batch)
-        self.slot_bytes = memoryview(self.slots).cast("B")
+        self.slots = array("I")  # the step's slots when a request needs a NAME entry (grown to the largest batch)
 
     def _room(self, size: int) -> None:
         if self.pos + size > len(self.buf):
@@ -156,11 +155,14 @@ class Encoder:
         slots = self.slots
         if len(slots) < n:
             self.slots = slots = array("I", bytes(4 * n))
-            self.slot_bytes = memoryview(slots).cast("B")
         slot_of, req_ids = self.slot_of, facts.req_ids
-        for i in range(n):
-            slot = slot_of.get(req_ids[i])  # type: ignore[arg-type]
-            slots[i] = self._name(req_ids[i]) if slot is None else slot  # type: ignore[arg-type]
+        try:
+            slots = array("I", map(slot_of.__getitem__, req_ids[:n]))
+        except KeyError:  # a request this encoder holds no slot of
+            for i in range(n):
+                slot = slot_of.get(req_ids[i])  # type: ignore[arg-type]
+                slots[i] = self._name(req_ids[i]) if slot is None else slot  # type: ignore[arg-type]
+            slots = slots[:n]
         self._room(_STEP.size + 21 * n)
         buf, pos = self.buf, self.pos
         _STEP.pack_into(buf, pos, STEP, facts.step, facts.start_ns, facts.sched_end_ns, facts.end_ns, n, facts.waiting,
@@ -169,13 +171,13 @@ class Encoder:
         pos += _STEP.size
         if n:
             size = 4 * n
-            end = pos + size
-            buf[pos:end] = self.slot_bytes[:size]
-            for column in facts.columns:  # tokens, computed, blocks, sampled
+            end = pos
+            for column in (slots, facts.tokens, facts.computed, facts.blocks, facts.sampled):
                 pos, end = end, end + size
-                buf[pos:end] = column[:size]
+                buf[pos:end] = column if len(column) == n else column[:n]
             pos, end = end, end + n
-            buf[pos:end] = facts.prefill[:n]
+            prefill = facts.prefill
+            buf[pos:end] = prefill if len(prefill) == n else prefill[:n]
             pos = end
         self.pos = pos
         for req_id, _, _ in facts.finished:
@@ -350,6 +352,7 @@ class RecordSink:
         # records are StepFacts already
         self.fill = fill
         self.pending: list[Any] = []  # records held until the next send, packed then
+        self.on_idle: Any = None  # called after the send when the engine went idle
         self.pending_requests = 0
 
     def consume(self, record: Any, idle: bool, n: int | None = None, end_ns: int | None = None) -> None:
@@ -361,6 +364,8 @@ class RecordSink:
         self.pending_requests += record.n if n is None else n
         if idle:
             self.flush(idle=True)
+            if self.on_idle is not None:
+                self.on_idle()
         elif (21 * self.pending_requests >= FLUSH_BYTES or len(self.pending) >= FLUSH_STEPS
               or (record.end_ns if end_ns is None else end_ns) - self.sent_ns >= FLUSH_NS):
             self.flush()
