@@ -9,12 +9,13 @@ harmless.
 
 No span is built in vLLM's processes. On the first scheduler step the plugin starts tokentrace's
 span exporter process (instrument/records/exporter_process.py, a child of the engine-core
-process); from then on vLLM's engine thread packs each step's facts into compact records
-(instrument/vllm/records.py) and sends them, batched (every 32 KiB / 1 s and whenever the
-engine goes idle), as channel-1 BLOB messages on a socket that never blocks; the exporter
-process rebuilds the facts and builds the spans (instrument/vllm/spans.py). At vLLM's
-scheduler shutdown (or process exit) the plugin sends the rest and stops the child within
-10 s, logging one line with the spans lost if any. A dead exporter process: vLLM goes on,
+process); from then on vLLM's engine thread holds each step's references to vLLM's own
+per-step objects and, batched (every 1 s / 256 steps and whenever the engine goes idle),
+reads them into compact records (instrument/vllm/records.py) and sends them as channel-1
+BLOB messages of up to ~32 KiB on a socket that never blocks; the exporter process rebuilds
+the facts and builds the spans (instrument/vllm/spans.py). At vLLM's scheduler shutdown (or
+process exit) the plugin sends the rest and stops the child within ~4 s, logging one line
+with the spans lost if any. A dead exporter process: vLLM goes on,
 one error line, later spans counted as dropped.
 
 ``TOKENTRACE_VLLM_STATS=FILE``: whenever the engine goes idle, the plugin rewrites FILE with
@@ -80,30 +81,33 @@ def _exporters() -> list[str]:
     return names
 
 
-def _start_pipeline(record: Any, idle: bool, n: int, end_ns: int) -> None:
-    """First record: start the span exporter process (lazily, in the engine-core process)."""
+def _start_pipeline(idle: bool) -> None:
+    """The first send: start the span exporter process (lazily, in the engine-core process),
+    then send what the hooks hold."""
     import multiprocessing.util
 
-    from instrument.vllm.records import RecordSink
+    from instrument.vllm.records import FLUSH_NS, RecordSink
 
     tap = _state["tap"]
     try:
-        sink = RecordSink(_exporters(), os.environ.get(ENV_JSON), fill=tap.fill)
+        sink = RecordSink(_exporters(), os.environ.get(ENV_JSON), drain=tap.drain)
     except Exception:  # no exporter process: vLLM goes on untraced (one line)
         tap.failed = True
+        tap.held.clear()
         log.exception("tokentrace: the span exporter process did not start; vLLM runs on untraced")
         return
     stats_path = os.environ.get(ENV_STATS)
     sink.measure = bool(stats_path)
 
-    if stats_path:
-        def write_stats() -> None:  # its own CPU apart: not the plugin's cost when the file is not asked for
+    def send(idle: bool) -> None:  # on the engine thread, when the hooks find a send due
+        sink.flush(idle)
+        tap.due_ns = time.perf_counter_ns() + FLUSH_NS
+        if idle and stats_path:  # its own CPU apart: not the plugin's cost when the file is not asked for
             cpu = time.thread_time_ns()
             _write_stats(stats_path, tap, sink)
             tap.stats_cpu_ns += time.thread_time_ns() - cpu
 
-        sink.on_idle = write_stats
-    tap._consume = sink.consume  # each record held, read and packed at the next send
+    tap.send = send
     _state["sink"] = sink
 
     def close() -> None:
@@ -116,7 +120,7 @@ def _start_pipeline(record: Any, idle: bool, n: int, end_ns: int) -> None:
     multiprocessing.util.Finalize(sink, sink.close, exitpriority=10)
     log.info("tokentrace: tracing vLLM scheduler steps; spans built in the exporter process pid %d (exporters: %s)",
              sink.exporter.process.pid, ", ".join(_exporters()))
-    sink.consume(record, idle, n, end_ns)
+    send(idle)
 
 
 def _write_stats(path: str, tap: Any, sink: Any) -> None:

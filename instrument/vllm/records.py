@@ -1,14 +1,15 @@
 """vLLM step records: compact bytes in vLLM's engine-core process, spans in the exporter process.
 
-The plugin's scheduler hooks (instrument/vllm/hooks.py) fill one
-:class:`~instrument.vllm.hooks.StepFacts` per scheduler step on vLLM's engine thread; when
-the step's output is handed over, :class:`RecordSink` holds it; every ``FLUSH_BYTES``
-(32 KiB) / ``FLUSH_STEPS`` / ``FLUSH_NS`` (1 s) and whenever the engine goes idle it packs
-the held records on the same thread with :meth:`Encoder.write` into one preallocated buffer
-(``struct.pack_into`` for the header and each event, one memory copy per per-request column:
-no span, dict or string is made per token), gives them back to the hooks' pool, and sends
-the buffer as one BLOB entry of channel 1 (instrument/records/channels.py) to the span
-exporter process (instrument/records/exporter_process.py). There :class:`RecordConsumer` rebuilds each
+The plugin's scheduler hooks (instrument/vllm/hooks.py) hold each scheduler step's
+references to vLLM's own objects; when a send is due (the engine went idle, ``FLUSH_NS``
+(1 s) since the last send, or 256 steps held) :class:`RecordSink` reads them, on the same
+engine thread, as :class:`~instrument.vllm.facts.StepFacts` one after another
+(:meth:`~instrument.vllm.hooks.StepTap.drain`) and packs each with :meth:`Encoder.write`
+into one preallocated buffer (``struct.pack_into`` for the header and each event, one
+memory copy per per-request column: no span, dict or string is made per token), sending it
+as one BLOB entry of channel 1 (instrument/records/channels.py) every ``FLUSH_BYTES``
+(32 KiB) and at the end, to the span exporter process
+(instrument/records/exporter_process.py). There :class:`RecordConsumer` rebuilds each
 StepFacts and hands it to :meth:`instrument.vllm.spans.SpanBuilder.consume`: the span
 contract (docs/spans.md, "vLLM") is written by that one function, whichever side of the
 socket it runs on.
@@ -25,7 +26,7 @@ kind  name     fields after the kind byte
                encoder saw no arrival of, or one that already ended)
 3     FIRST    ``<II`` slot, cached prompt tokens (first scheduled)
 4     PREEMPT  ``<IIq`` slot, KV blocks freed, time
-5     FINISH   ``<IBq`` slot, status (hooks.FINISHED_*), time
+5     FINISH   ``<IBq`` slot, status (facts.FINISHED_*), time
 6     STEP     ``<qqqqIIIIIIq`` step (-1: events only), start, schedule end, end, requests
                scheduled n, waiting, KV blocks used, total, prefix-cache hit tokens, tokens
                per block, bytes per block; then n × u32 slots, tokens, computed, KV blocks
@@ -47,7 +48,7 @@ from array import array
 from typing import Any
 
 from instrument.clock import now_wall_ns
-from instrument.vllm.hooks import StepFacts
+from instrument.vllm.facts import StepFacts
 
 __all__ = ["ARRIVE", "EXPORTER_NICE", "FINISH", "FIRST", "FLUSH_BYTES", "FLUSH_NS", "FLUSH_STEPS", "IDLE", "NAME", "PREEMPT",
            "STEP", "Encoder",
@@ -60,8 +61,8 @@ ARRIVE, NAME, FIRST, PREEMPT, FINISH, STEP, IDLE = 1, 2, 3, 4, 5, 6, 7
 # step every ~60 ms (SmolLM2 on 2 shared cores, batch 8), sending every 50 ms was one send per
 # step, 12-16 µs per token; once a second is < 0.5 µs, and spans still reach the SDK's batch
 # processor (5 s between exports by default) well within its delay.
-FLUSH_BYTES = 32 * 1024  # (estimated from the requests held: 21 bytes each)
-FLUSH_STEPS = 256  # records held at most (the hooks' pool holds 1,024)
+FLUSH_BYTES = 32 * 1024  # a message is sent whenever this much is packed
+FLUSH_STEPS = 256  # steps held at most (consume(); the plugin's hooks: hooks.MAX_HELD entries, two per step)
 EXPORTER_NICE = 10  # the exporter process runs this much nicer than the engine core (at most 19)
 FLUSH_NS = 1_000_000_000
 _ARRIVE = struct.Struct("<BIdIHHH")
@@ -321,12 +322,14 @@ class RecordConsumer:
 
 
 class RecordSink:
-    """The engine-core process's side: hold StepFacts, pack and send them in batches, stop.
+    """The engine-core process's side: pack step records, send them in batches, stop.
 
-    ``consume(facts, idle)`` runs on vLLM's engine thread (``idle``: no request left in the
-    scheduler); it never waits (a full socket drops the message, counted by the sender)."""
+    Records come two ways, both on vLLM's engine thread: ``flush(idle)`` reads what ``drain()``
+    yields (the plugin: :meth:`instrument.vllm.hooks.StepTap.drain`, called when the hooks
+    find a send due), and ``consume(facts, idle)`` holds StepFacts given one at a time. Never
+    waits (a full socket drops the message, counted by the sender)."""
 
-    def __init__(self, exporters: list[str], json_path: str | None, fill: Any = None) -> None:
+    def __init__(self, exporters: list[str], json_path: str | None, drain: Any = None) -> None:
         from instrument.records.exporter_process import ExporterProcess
         from instrument.records.format import RecordWriter
         from instrument.tracing import default_resource
@@ -345,66 +348,72 @@ class RecordSink:
         self.writer = RecordWriter()
         self.sent_ns = now_wall_ns()
         self.measure = False  # time each send with the thread's CPU clock
-        self.send_cpu_ns = 0  # CPU time spent packing and sending (measure), ns
+        self.send_cpu_ns = 0  # CPU time spent reading, packing and sending (measure), ns
         self.sends = 0
         self.closed = False
-        # turns a held record into StepFacts at the send (hooks.StepTap.fill); None: the
-        # records are StepFacts already
-        self.fill = fill
-        self.pending: list[Any] = []  # records held until the next send, packed then
-        self.on_idle: Any = None  # called after the send when the engine went idle
+        self.drain = drain  # () -> the held records as StepFacts, each used before the next
+        self.pending: list[StepFacts] = []  # given through consume(), packed at the next send
         self.pending_requests = 0
 
-    def consume(self, record: Any, idle: bool, n: int | None = None, end_ns: int | None = None) -> None:
-        """Hold ``record`` (``n``: requests it schedules, ``end_ns``: its step's end; default
-        ``record.n``, ``record.end_ns``); pack and send
-        the held records when the engine goes idle, ``FLUSH_BYTES`` are due, ``FLUSH_STEPS``
-        are held or ``FLUSH_NS`` went by since the last send."""
-        self.pending.append(record)
-        self.pending_requests += record.n if n is None else n
+    def consume(self, facts: StepFacts, idle: bool) -> None:
+        """Hold ``facts`` (not changed afterwards); send when the engine goes idle,
+        ``FLUSH_BYTES`` are due, ``FLUSH_STEPS`` are held or ``FLUSH_NS`` went by since the
+        last send."""
+        self.pending.append(facts)
+        self.pending_requests += facts.n
         if idle:
             self.flush(idle=True)
-            if self.on_idle is not None:
-                self.on_idle()
         elif (21 * self.pending_requests >= FLUSH_BYTES or len(self.pending) >= FLUSH_STEPS
-              or (record.end_ns if end_ns is None else end_ns) - self.sent_ns >= FLUSH_NS):
+              or facts.end_ns - self.sent_ns >= FLUSH_NS):
             self.flush()
 
     def flush(self, idle: bool = False) -> None:
-        """Pack the held records and send them: one message, one BLOB entry (never waits);
-        ``idle``: the scheduler holds no request after them (an IDLE entry follows).
+        """Pack the held records and send them, one BLOB entry per message, a message every
+        ``FLUSH_BYTES`` (never waits); ``idle``: the scheduler holds no request after them
+        (an IDLE entry follows).
 
-        The hooks hold references to vLLM's per-step objects, and every record is read
-        (``fill``) and packed here, all together, rather than at each step: measured inside
-        vLLM's engine core, where the model step between two records evicts this code from
-        the CPU's caches, the same work done per step cost several times what it costs in a
-        loop (docs/spans.md "vLLM", cost)."""
-        from instrument.records.channels import VLLM_STEPS
-
+        The records are read and packed here, all together, rather than at each step:
+        measured inside vLLM's engine core, where the model step between two records evicts
+        this code from the CPU's caches, the same work done per step cost several times what
+        it costs in a loop (docs/spans.md "vLLM", cost)."""
         cpu = time.thread_time_ns() if self.measure else 0
-        pending, encoder, fill = self.pending, self.encoder, self.fill
+        encoder = self.encoder
         try:
-            for record in pending:
-                start = encoder.pos
-                try:
-                    encoder.write(fill(record) if fill is not None else record)
-                except Exception:
-                    encoder.pos = start  # no half record; the hook's caller logs it and stops tracing
-                    raise
+            for facts in self.pending:
+                self._write(facts)
+            if self.drain is not None:
+                for facts in self.drain():
+                    self._write(facts)
         finally:  # never pack a record twice
-            pending.clear()
+            self.pending.clear()
             self.pending_requests = 0
         if idle:
             encoder.idle()
-        if not encoder.pos:
-            return
-        payload, units = self.encoder.take()
-        self.writer.blob(VLLM_STEPS, payload)
-        self.sender.send(self.writer.take(), units)
+        if encoder.pos:
+            self._send()
         self.sent_ns = now_wall_ns()
-        self.sends += 1
         if cpu:
             self.send_cpu_ns += time.thread_time_ns() - cpu
+
+    def _write(self, facts: StepFacts) -> None:
+        encoder = self.encoder
+        start = encoder.pos
+        try:
+            encoder.write(facts)
+        except Exception:
+            encoder.pos = start  # no half record; the hook's caller logs it and stops tracing
+            raise
+        if encoder.pos >= FLUSH_BYTES:
+            self._send()
+
+    def _send(self) -> None:
+        from instrument.records.channels import VLLM_STEPS
+
+        payload, units = self.encoder.take()
+        self.writer.blob(VLLM_STEPS, payload)
+        del payload
+        self.sender.send(self.writer.take(), units)
+        self.sends += 1
 
     def close(self, timeout_s: float = 3.0) -> None:
         """Send the rest, let the exporter process build, export and report; log what was lost.

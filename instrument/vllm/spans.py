@@ -35,7 +35,7 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from instrument.span_writer import span_writer_for
-from instrument.vllm.hooks import FINISHED_ABORTED, FINISHED_ERROR, FINISHED_LENGTH, StepFacts
+from instrument.vllm.facts import FINISHED_ABORTED, FINISHED_ERROR, FINISHED_LENGTH, StepFacts
 
 __all__ = ["SpanBuilder"]
 
