@@ -95,11 +95,12 @@ class StepTap:
     """Per-step capture for one engine-core process (one scheduler); see the module docstring."""
 
     def __init__(self, send: Any) -> None:
-        # what the wrapped methods append, oldest first, on the engine thread: (SCHEDULED, its
-        # SchedulerOutput, step, start, schedule end (perf_counter ns), waiting, KV blocks
-        # free), (UPDATED, that SchedulerOutput, the ModelRunnerOutput, end (perf_counter
-        # ns)), (ARRIVED, id, arrival s, trace headers, prompt tokens), (PREEMPTED, id, blocks
-        # freed, wall ns), (FINISHED, id, status, wall ns). Never rebound: the wrappers hold it
+        # what the wrapped methods append, oldest first, on the engine thread:
+        # (SCHEDULED, its SchedulerOutput, step, start, schedule end (perf_counter ns), waiting,
+        #  KV blocks free), (UPDATED, that SchedulerOutput, the ModelRunnerOutput, end
+        #  (perf_counter ns)), (ARRIVED, id, arrival s, trace headers, prompt tokens),
+        #  (PREEMPTED, id, blocks freed, wall ns), (FINISHED, id, status, wall ns). Never
+        #  rebound: the wrappers hold it
         self.held: list[tuple[Any, ...]] = []
         # send(idle): called on the engine thread when the held entries are due (the engine
         # went idle, MAX_HELD entries, or a step ended after due_ns); it must not wait, and
@@ -212,13 +213,13 @@ class StepTap:
             facts.start_ns = facts.sched_end_ns = facts.end_ns = now_wall_ns()
         else:
             _, out, facts.step, start, sched_end, facts.waiting, free = scheduled
-            runner_output = updated[2]
             facts.start_ns, facts.sched_end_ns, facts.end_ns = start + _PERF_TO_WALL, sched_end + _PERF_TO_WALL, \
                 updated[3] + _PERF_TO_WALL
             facts.block_tokens, facts.bytes_per_block, _ = self._geometry  # type: ignore[misc]
             total = self.pool.num_gpu_blocks
             facts.kv_total, facts.kv_used = total, total - free
             cached = out.scheduled_cached_reqs
+            runner_output = updated[2]
             index, sampled = runner_output.req_id_to_index, runner_output.sampled_token_ids
             if out.scheduled_new_reqs or cached.resumed_req_ids or self._prefilling or not self._decodes(
                     out, cached, index, sampled, facts):
@@ -234,21 +235,26 @@ class StepTap:
 
     def _decodes(self, out: Any, cached: Any, index: dict[str, int], sampled: Any, facts: StepFacts) -> bool:
         """A step of decodes only (no request new, resumed or in its prefill): every column in
-        one pass of C-level iteration; False when a request is not where expected."""
+        C-level passes over vLLM's lists (each a read of memory the model step left cold);
+        False when a request is not where expected (nothing changed then)."""
         ids = cached.req_ids
+        n = len(ids)
         blocks = self._blocks
         try:
-            facts.sampled = array("I", map(len, map(sampled.__getitem__, map(index.__getitem__, ids))))
-        except (KeyError, IndexError):  # a request the runner did not sample
+            counts = array("I", map(len, map(sampled.__getitem__, map(index.__getitem__, ids))))
+            held = array("I", map(blocks.__getitem__, ids))
+        except (KeyError, IndexError):  # a request the runner did not sample, or not seen arriving
             return False
-        if not all(map(blocks.__contains__, ids)):  # (checked before any change: _columns redoes the step)
-            return False
-        for req_id, added in zip(compress(ids, cached.new_block_ids), filter(None, cached.new_block_ids)):
-            blocks[req_id] += len(added[0])
-        facts.blocks = array("I", map(blocks.__getitem__, ids))
-        facts.req_ids = ids
-        facts.n = n = len(ids)
-        facts.tokens = array("I", map(out.num_scheduled_tokens.__getitem__, ids))
+        given = cached.new_block_ids
+        for i, added in zip(compress(range(n), given), filter(None, given)):
+            held[i] += len(added[0])
+            blocks[ids[i]] = held[i]
+        scheduled = out.num_scheduled_tokens
+        # the scheduler fills num_scheduled_tokens in the order of scheduled_cached_reqs here:
+        # then its values are the column as they stand (compared by identity first, cheaply)
+        facts.tokens = array("I", scheduled.values() if list(scheduled) == ids else map(scheduled.__getitem__, ids))
+        facts.req_ids, facts.n = ids, n
+        facts.sampled, facts.blocks = counts, held
         facts.computed = array("I", cached.num_computed_tokens)
         facts.prefill = bytes(n)
         facts.prefix_hit_tokens = 0
