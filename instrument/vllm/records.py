@@ -2,7 +2,7 @@
 
 The plugin's scheduler hooks (instrument/vllm/hooks.py) hold each scheduler step's
 references to vLLM's own objects; when a send is due (the engine went idle, ``FLUSH_NS``
-(1 s) since the last send, or 256 steps held) :class:`RecordSink` reads them, on the same
+(2 s) since the last send, or 256 steps held) :class:`RecordSink` reads them, on the same
 engine thread, as :class:`~instrument.vllm.facts.StepFacts` one after another
 (:meth:`~instrument.vllm.hooks.StepTap.drain`) and packs each with :meth:`Encoder.write`
 into one preallocated buffer (``struct.pack_into`` for the header and each event, one
@@ -56,15 +56,17 @@ __all__ = ["ARRIVE", "EXPORTER_NICE", "FINISH", "FIRST", "FLUSH_BYTES", "FLUSH_N
 
 log = logging.getLogger("tokentrace.vllm")
 ARRIVE, NAME, FIRST, PREEMPT, FINISH, STEP, IDLE = 1, 2, 3, 4, 5, 6, 7
-# send when this much is packed, or this long after the last send, and whenever the engine goes
-# idle. A send that wakes the sleeping exporter costs the engine thread ~40-60 µs here: with a
-# step every ~60 ms (SmolLM2 on 2 shared cores, batch 8), sending every 50 ms was one send per
-# step, 12-16 µs per token; once a second is < 0.5 µs, and spans still reach the SDK's batch
-# processor (5 s between exports by default) well within its delay.
+# send this long after the last send (or 256 steps held), and whenever the engine goes idle;
+# a message whenever FLUSH_BYTES are packed. Measured inside vLLM's engine core (SmolLM2 on
+# 2 shared cores, batch 8, a step every ~50 ms): a send costs the engine thread ~45 µs (the
+# socket, waking the exporter) and its first record ~35 µs to read where the next ones take
+# ~7 (the code cold after a model step), ~75 µs a send: every 50 ms that was 12-16 µs per
+# token, every 1 s ~0.7, every 2 s half that. Spans still reach the SDK's batch processor
+# (5 s between exports by default) well within its delay.
 FLUSH_BYTES = 32 * 1024  # a message is sent whenever this much is packed
 FLUSH_STEPS = 256  # steps held at most (consume(); the plugin's hooks: hooks.MAX_HELD entries, two per step)
 EXPORTER_NICE = 10  # the exporter process runs this much nicer than the engine core (at most 19)
-FLUSH_NS = 1_000_000_000
+FLUSH_NS = 2_000_000_000
 _ARRIVE = struct.Struct("<BIdIHHH")
 _NAME = struct.Struct("<BIH")
 _FIRST = struct.Struct("<BII")
@@ -376,7 +378,12 @@ class RecordSink:
         measured inside vLLM's engine core, where the model step between two records evicts
         this code from the CPU's caches, the same work done per step cost several times what
         it costs in a loop (docs/spans.md "vLLM", cost)."""
-        cpu = time.thread_time_ns() if self.measure else 0
+        if self.measure:  # (the cost of a clock read subtracted, as in hooks._clock_start)
+            first = time.thread_time_ns()
+            cpu = time.thread_time_ns()
+            floor = cpu - first
+        else:
+            cpu = floor = 0
         encoder = self.encoder
         try:
             for facts in self.pending:
@@ -393,7 +400,7 @@ class RecordSink:
             self._send()
         self.sent_ns = now_wall_ns()
         if cpu:
-            self.send_cpu_ns += time.thread_time_ns() - cpu
+            self.send_cpu_ns += time.thread_time_ns() - cpu - floor
 
     def _write(self, facts: StepFacts) -> None:
         encoder = self.encoder
