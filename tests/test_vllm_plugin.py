@@ -39,6 +39,45 @@ def test_hooks_pin_the_installed_vllm_version() -> None:
     assert tested == installed == "0.32.0"
 
 
+def test_drain_reads_vllms_own_step_objects() -> None:
+    """StepTap.drain on the installed vLLM's SchedulerOutput / ModelRunnerOutput classes
+    (tests/vllm_drain_scenario.py), in the cases a live CPU run does not reach; every figure
+    below is worked out by hand from the scenario's steps (block size 16)."""
+    script = Path(__file__).with_name("vllm_drain_scenario.py")
+    out = subprocess.run([str(VLLM_PYTHON), str(script)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    records = got["records"]
+    columns = ("req_ids", "tokens", "computed", "prefill", "blocks", "sampled")
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6, 7, -1]
+    by_step = {r["step"]: r for r in records}
+    want = {
+        1: (["a"], [20], [0], [1], [2], [1]),
+        # b new with 16 prompt tokens in the prefix cache (its first chunk, cached tokens 16)
+        2: (["b", "a"], [24, 1], [16, 20], [1, 0], [3, 2], [1, 1]),
+        # step 3 was scheduled before a drain and updated after it: carried, not lost
+        3: (["a", "b"], [1, 1], [21, 40], [0, 0], [2, 3], [1, 1]),
+        # num_scheduled_tokens in another order than the cached requests; a given a 3rd block
+        4: (["a", "b"], [1, 1], [22, 41], [0, 0], [3, 3], [1, 1]),
+        5: (["b"], [1], [42], [0], [3], [1]),
+        # a resumed through scheduled_new_reqs: a recompute (kind 2), its whole new block list,
+        # its 16 prefix-cache hits counted in the step but not as a first schedule
+        6: (["a", "b"], [8, 1], [16, 43], [2, 0], [2, 3], [1, 1]),
+        7: (["a", "b"], [1, 1], [24, 44], [0, 0], [2, 3], [1, 1]),
+    }
+    for step, row in want.items():
+        assert tuple(by_step[step][c] for c in columns) == row, (step, by_step[step])
+    assert [r["first"] for r in records[:3]] == [[["a", 0]], [["b", 16]], []] and by_step[6]["first"] == []
+    assert [by_step[k]["hits"] for k in (1, 2, 3, 6)] == [0, 16, 0, 16]
+    assert [by_step[k]["kv_used"] for k in (1, 4, 5)] == [10, 11, 8]  # 100 blocks - free
+    assert by_step[2]["start_ns"] - by_step[1]["start_ns"] == 1000  # perf_counter ns, shifted to the epoch
+    assert by_step[1]["arrivals"] == ["a"] and by_step[2]["arrivals"] == ["b"]
+    assert by_step[5]["preempted"] == [["a", 3]]
+    assert by_step[7]["finished"] == [["a", 1]] and by_step[-1]["finished"] == [["b", 2]]
+    # nothing left held, every step and token counted, no state kept for ended requests
+    assert (got["held"], got["steps"], got["tokens"], got["state"]) == (0, 7, 12, [0, 0, 0, 0])
+
+
 def _run(out: Path, drive, port: int, extra_args: tuple[str, ...] = ()) -> Path:
     """Start collect + vLLM with the plugin, drive the load, wait for every span, stop both."""
     from instrument.smollm2 import smollm2_cache_dir

@@ -1,0 +1,94 @@
+"""Run by tests/test_vllm_plugin.py with .venv-vllm's Python: StepTap.drain on vLLM's own per-step
+objects (SchedulerOutput, NewRequestData, CachedRequestData, ModelRunnerOutput of the installed
+vLLM), in the cases a live CPU run does not reach: a step scheduled before the previous one was
+updated (several steps in flight), num_scheduled_tokens in another order than
+scheduled_cached_reqs, a request resumed through scheduled_new_reqs (the V2 model runner), and
+ends after the last step. Prints one JSON line per drained record."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from vllm.v1.outputs import ModelRunnerOutput
+
+from instrument.vllm.hooks import ARRIVED, FINISHED, PREEMPTED, SCHEDULED, UPDATED, StepTap
+
+
+def new(req_id: str, prompt: int, computed: int, blocks: list[int], tokens: list[int] | None = None) -> NewRequestData:
+    return NewRequestData(req_id=req_id, prompt_token_ids=list(range(prompt)), mm_features=[], sampling_params=None,
+                          pooling_params=None, block_ids=(blocks,), num_computed_tokens=computed, lora_request=None,
+                          prefill_token_ids=tokens)
+
+
+def cached(rows: list[tuple[str, int, list[int] | None, int]], resumed: set[str] | None = None) -> CachedRequestData:
+    """rows: (id, computed before the step, blocks added or None, output tokens so far)."""
+    return CachedRequestData(req_ids=[r[0] for r in rows], resumed_req_ids=resumed or set(), new_token_ids=[],
+                             all_token_ids={}, new_block_ids=[(r[2],) if r[2] is not None else None for r in rows],
+                             num_computed_tokens=[r[1] for r in rows], num_output_tokens=[r[3] for r in rows])
+
+
+def output(new_reqs: list[NewRequestData], cached_reqs: CachedRequestData, scheduled: dict[str, int]) -> SchedulerOutput:
+    return SchedulerOutput(scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached_reqs,
+                           num_scheduled_tokens=scheduled, total_num_scheduled_tokens=sum(scheduled.values()),
+                           scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={}, finished_req_ids=set(),
+                           free_encoder_mm_hashes=[])
+
+
+def runner(sampled: dict[str, int]) -> ModelRunnerOutput:
+    ids = list(sampled)
+    return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                             sampled_token_ids=[[7] * sampled[r] for r in ids])
+
+
+def main() -> None:
+    tap = StepTap(send=None)
+    tap._geometry = (16, 1024, 99)  # (block tokens, bytes per block, blocks usable)
+    tap.pool = SimpleNamespace(num_gpu_blocks=100)  # the block pool's size (the one field drain reads)
+    held = tap.held
+    records: list[dict] = []
+
+    def drain() -> None:
+        for f in tap.drain():
+            records.append({"step": f.step, "start_ns": f.start_ns, "n": f.n, "req_ids": list(f.req_ids[:f.n]),
+                            "tokens": list(f.tokens[:f.n]), "computed": list(f.computed[:f.n]),
+                            "prefill": list(f.prefill[:f.n]), "blocks": list(f.blocks[:f.n]),
+                            "sampled": list(f.sampled[:f.n]), "first": f.first, "hits": f.prefix_hit_tokens,
+                            "kv_used": f.kv_used, "waiting": f.waiting, "arrivals": [a[0] for a in f.arrivals],
+                            "preempted": [p[:2] for p in f.preempted], "finished": [e[:2] for e in f.finished]})
+
+    def step(k: int, out: SchedulerOutput, sampled: dict[str, int] | None, free: int = 90) -> None:
+        held.append((SCHEDULED, out, k, k * 1000, k * 1000 + 100, 0, free))
+        if sampled is not None:
+            held.append((UPDATED, out, runner(sampled), k * 1000 + 900))
+
+    held.append((ARRIVED, "a", 1.5, None, 20))
+    step(1, output([new("a", 20, 0, [0, 1])], cached([]), {"a": 20}), {"a": 1})
+    held.append((ARRIVED, "b", 1.6, {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}, 40))
+    step(2, output([new("b", 40, 16, [2, 3, 4])], cached([("a", 20, None, 1)]), {"a": 1, "b": 24}), {"a": 1, "b": 1})
+    drain()
+    out3 = output([], cached([("a", 21, None, 2), ("b", 40, None, 1)]), {"a": 1, "b": 1})
+    step(3, out3, None)  # scheduled; its update comes after this drain
+    drain()
+    held.append((UPDATED, out3, runner({"a": 1, "b": 1}), 3900))
+    step(4, output([], cached([("a", 22, [5], 3), ("b", 41, None, 2)]), {"b": 1, "a": 1}), {"b": 1, "a": 1}, free=89)
+    drain()
+    held.append((PREEMPTED, "a", 3, 4950))  # inside schedule(): a is not in step 5
+    step(5, output([], cached([("b", 42, None, 3)]), {"b": 1}), {"b": 1}, free=92)
+    # a resumed through scheduled_new_reqs (V2 model runner) with its whole block list: 16
+    # tokens found in the prefix cache, the other 8 of its 20 + 4 recomputed
+    resumed = new("a", 20, 16, [0, 6], tokens=list(range(24)))
+    step(6, output([resumed], cached([("b", 43, None, 4)]), {"b": 1, "a": 8}), {"b": 1, "a": 1})
+    out7 = output([], cached([("a", 24, None, 5), ("b", 44, None, 5)]), {"a": 1, "b": 1})
+    held.append((SCHEDULED, out7, 7, 7000, 7100, 0, 90))
+    held.append((FINISHED, "a", 1, 7850))  # inside update_from_output: before the step's end
+    held.append((UPDATED, out7, runner({"a": 1, "b": 1}), 7900))
+    held.append((FINISHED, "b", 2, 7950))  # an abort after the step: an events-only record
+    drain()
+    print(json.dumps({"records": records, "held": len(held), "steps": tap.steps, "tokens": tap.tokens,
+                      "state": [len(tap._prompt), len(tap._blocks), len(tap._phase), len(tap._prefilling)]}))
+
+
+if __name__ == "__main__":
+    main()
