@@ -27,6 +27,7 @@ from instrument.records.channels import VLLM_STEPS
 from instrument.records.span_builder import SpanBuilder as ExporterSpanBuilder
 from instrument.tracing import get_tracer
 from instrument.vllm import records
+from instrument.vllm import sink as sink_module
 from instrument.vllm.hooks import FINISHED_ABORTED, FINISHED_LENGTH, FINISHED_STOPPED, StepFacts, external_request_id
 from instrument.vllm.spans import SpanBuilder
 
@@ -210,8 +211,8 @@ def test_through_a_real_exporter_process(tmp_path: Path) -> None:
     """RecordSink (the engine-core side) -> socket -> exporter process -> OTLP/JSON file: the
     same spans by name and request id, nothing counted lost; the exporter runs nicer."""
     out = tmp_path / "spans.jsonl"
-    sink = records.RecordSink(["otlp_json"], str(out))
-    nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + records.EXPORTER_NICE)
+    sink = sink_module.RecordSink(["otlp_json"], str(out))
+    nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + sink_module.EXPORTER_NICE)
     assert os.getpriority(os.PRIO_PROCESS, sink.exporter.process.pid) == nice  # below the engine's priority
     try:
         stream = _stream()
@@ -236,19 +237,19 @@ def test_through_a_real_exporter_process(tmp_path: Path) -> None:
 def test_the_sink_sends_every_256_steps_or_second_without_an_idle_engine(tmp_path: Path) -> None:
     """Busy for good, the engine still sends: when FLUSH_STEPS records are held, or when a
     step ends FLUSH_NS after the last send; then nothing is held; close() sends the rest."""
-    sink = records.RecordSink(["none"], None)
+    sink = sink_module.RecordSink(["none"], None)
     try:
-        busy = [_facts(i + 1, i, [("x", 1, 10 + i, 0, 1, 1)]) for i in range(records.FLUSH_STEPS)]
+        busy = [_facts(i + 1, i, [("x", 1, 10 + i, 0, 1, 1)]) for i in range(sink_module.FLUSH_STEPS)]
         for facts in busy[:-1]:
             sink.consume(facts, idle=False)
-        assert sink.sends == 0 and len(sink.pending) == records.FLUSH_STEPS - 1
+        assert sink.sends == 0 and len(sink.pending) == sink_module.FLUSH_STEPS - 1
         sink.consume(busy[-1], idle=False)
         assert sink.sends == 1 and sink.pending == []
         late = _facts(999, 0, [("x", 1, 500, 0, 1, 1)])
-        late.end_ns = sink.sent_ns + records.FLUSH_NS  # a second after that send
+        late.end_ns = sink.sent_ns + sink_module.FLUSH_NS  # a second after that send
         sink.consume(late, idle=False)
         assert sink.sends == 2 and sink.pending == []
-        assert sink.sender.sent_units == 2 * (records.FLUSH_STEPS + 1)  # per step: a decode span, an engine_step
+        assert sink.sender.sent_units == 2 * (sink_module.FLUSH_STEPS + 1)  # per step: a decode span, an engine_step
     finally:
         sink.close()
     assert sum(c.dropped for c in sink.exporter.counts()) == 0

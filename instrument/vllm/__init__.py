@@ -86,7 +86,7 @@ def _start_pipeline(idle: bool) -> None:
     then send what the hooks hold."""
     import multiprocessing.util
 
-    from instrument.vllm.records import FLUSH_NS, RecordSink
+    from instrument.vllm.sink import FLUSH_NS, RecordSink
 
     tap = _state["tap"]
     try:

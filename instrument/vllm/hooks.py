@@ -5,42 +5,26 @@ has no per-step callback. :func:`install` wraps seven methods of
 ``vllm.v1.core.sched.scheduler.Scheduler`` on the class (every instance, in the engine-core
 process, which is the only process that builds one):
 
-- ``schedule()``: the step's number (``current_step``), its start and the schedule's end,
-  the requests waiting and the KV blocks free (block pool), and a reference to the
-  ``SchedulerOutput`` it returns.
-- ``update_from_output()``: the step ends when it returns (tokens handed to the output
-  queue); a reference to the ``ModelRunnerOutput``'s ``req_id_to_index`` and
-  ``sampled_token_ids``.
-- ``_preempt_request()``: the blocks held just before they are freed.
-- ``_free_request()``: the request's end with its status (``FINISHED_ABORTED`` = the client
-  disconnected or the frontend aborted).
-- ``add_request()``: arrival time (the frontend's wall clock, seconds), ``trace_headers``
-  (the W3C context vLLM received), prompt tokens.
-- ``finish_requests()`` (an abort from the frontend, outside a step): the ends it caused go
-  out at once as an events-only record.
-- ``shutdown()``: the plugin's pipeline is closed first (``StepTap.on_shutdown``).
+``schedule()`` (the step's number, start, schedule end, requests waiting, KV blocks free,
+its ``SchedulerOutput``), ``update_from_output()`` (the step's end: tokens handed to the
+output queue; its ``ModelRunnerOutput``), ``_preempt_request()`` (blocks held just before
+they are freed), ``_free_request()`` (the end and its status; ``FINISHED_ABORTED``: the
+client disconnected or the frontend aborted), ``add_request()`` (arrival: the frontend's
+wall clock, s; ``trace_headers``; prompt tokens), ``finish_requests()`` (an abort outside
+a step: its end goes out at once) and ``shutdown()`` (the plugin's pipeline closes first).
 
-Per step the engine thread does a fixed amount of work, nothing per request: each of the two
-step wrappers appends one tuple to :attr:`StepTap.held` (references to vLLM's own per-step
-objects, which vLLM builds anew each step and does not change afterwards, and a few ints;
-times on ``perf_counter``), and the update wrapper compares three ints to see whether a send
-is due (the engine went idle, ``MAX_HELD`` entries, or the time the sender set). Per request
-the arrival, preemption and end append one tuple each. Whatever the engine thread runs
-between two model steps finds the CPU's caches cold (measured: the same few lines cost 3-5×
-their cost in a loop), so reading and packing wait for the send (``send(idle)``, still on
-the engine thread, instrument/vllm/records.py), which turns every held step into
-:class:`~instrument.vllm.facts.StepFacts` with :meth:`StepTap.drain`, one after another,
-and packs them. It reads, per scheduled request: the tokens scheduled
-(``num_scheduled_tokens``); the tokens computed before the step (``num_computed_tokens`` of
-``scheduled_new_reqs`` / ``scheduled_cached_reqs``); whether the step computes prompt
-tokens (a prefill chunk: that figure below the prompt's length, or below ``num_tokens - 1``
-after a preemption, the recomputed prefill) or is a decode step (one token); on a request's
-first step, its prefix-cache hits (already computed then: what vLLM reports as
-``prompt_tokens_details.cached_tokens``); KV blocks held, followed from the block lists the
-output carries (the whole list for a new or resumed request, the blocks added for the
-others: the first KV cache group's ``req_to_blocks``); the tokens sampled
-(``sampled_token_ids``). A step of decodes only is read in C-level passes over vLLM's lists.
-No span, dict or string is made per token.
+Per step the two step wrappers append one tuple each to :attr:`StepTap.held` (references to
+vLLM's per-step objects, which vLLM builds anew each step and does not change afterwards,
+and a few ints; ``perf_counter`` times) and compare three ints to see whether a send is
+due; an arrival, preemption or end appends one tuple. Whatever the engine thread runs
+between two model steps finds the CPU's caches cold (the same few lines cost 3-5× their
+cost in a loop), so the reading waits for the send (still on the engine thread,
+instrument/vllm/sink.py), which turns every held step into
+:class:`~instrument.vllm.facts.StepFacts` with :meth:`StepTap.drain`, one after another:
+per scheduled request the tokens scheduled and computed before the step, prompt chunk /
+recomputed prefill / decode, cached tokens on its first step, KV blocks held (followed from
+the block lists the outputs carry) and tokens sampled; a step of decodes only in C-level
+passes over vLLM's lists. No span, dict or string is made per token (docs/spans.md "vLLM").
 
 Another vLLM version may rename any of this: :func:`check_version` refuses anything but
 ``TESTED_VLLM`` (tests/test_vllm_plugin.py pins it), and the plugin then logs one line and
@@ -382,29 +366,20 @@ def install(tap: StepTap) -> bool:
                 tap.hook_cpu_ns += time.thread_time_ns() - cpu - floor
         return result
 
-    def traced_preempt(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        if not tap.failed:
-            try:
-                tap.on_preempt(self, request)
-            except Exception:
-                tap.fail()
-        return preempt(self, request, *args, **kwargs)
+    def noting(method: Any, note: Any) -> Any:
+        """``method`` with ``note(scheduler, request)`` called first (once per request event)."""
+        def traced(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+            if not tap.failed:
+                try:
+                    note(self, request)
+                except Exception:
+                    tap.fail()
+            return method(self, request, *args, **kwargs)
+        return traced
 
-    def traced_free(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        if not tap.failed:
-            try:
-                tap.on_free(request)
-            except Exception:
-                tap.fail()
-        return free(self, request, *args, **kwargs)
-
-    def traced_add(self: Any, request: Any) -> Any:
-        if not tap.failed:
-            try:
-                tap.on_add(request)
-            except Exception:
-                tap.fail()
-        return add(self, request)
+    traced_preempt = noting(preempt, tap.on_preempt)
+    traced_free = noting(free, lambda sched, request: tap.on_free(request))
+    traced_add = noting(add, lambda sched, request: tap.on_add(request))
 
     def traced_finish(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = finish(self, *args, **kwargs)

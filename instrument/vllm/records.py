@@ -1,9 +1,9 @@
 """vLLM step records: compact bytes in vLLM's engine-core process, spans in the exporter process.
 
 The plugin's scheduler hooks (instrument/vllm/hooks.py) hold each scheduler step's
-references to vLLM's own objects; when a send is due (the engine went idle, ``FLUSH_NS``
-(2 s) since the last send, or 256 steps held) :class:`RecordSink` reads them, on the same
-engine thread, as :class:`~instrument.vllm.facts.StepFacts` one after another
+references to vLLM's own objects; when a send is due (the engine went idle, 2 s since the
+last send, or 256 steps held) :class:`~instrument.vllm.sink.RecordSink` reads them, on the
+same engine thread, as :class:`~instrument.vllm.facts.StepFacts` one after another
 (:meth:`~instrument.vllm.hooks.StepTap.drain`) and packs each with :meth:`Encoder.write`
 into one preallocated buffer (``struct.pack_into`` for the header and each event, one
 memory copy per per-request column: no span, dict or string is made per token), sending it
@@ -41,32 +41,16 @@ A slot numbers a request from its ARRIVE to its FINISH (never reused by one enco
 from __future__ import annotations
 
 import logging
-import os
 import struct
-import time
 from array import array
 from typing import Any
 
-from instrument.clock import now_wall_ns
 from instrument.vllm.facts import StepFacts
 
-__all__ = ["ARRIVE", "EXPORTER_NICE", "FINISH", "FIRST", "FLUSH_BYTES", "FLUSH_NS", "FLUSH_STEPS", "IDLE", "NAME", "PREEMPT",
-           "STEP", "Encoder",
-           "RecordConsumer", "RecordSink", "decode"]
+__all__ = ["ARRIVE", "FINISH", "FIRST", "IDLE", "NAME", "PREEMPT", "STEP", "Encoder", "RecordConsumer", "decode"]
 
 log = logging.getLogger("tokentrace.vllm")
 ARRIVE, NAME, FIRST, PREEMPT, FINISH, STEP, IDLE = 1, 2, 3, 4, 5, 6, 7
-# send this long after the last send (or 256 steps held), and whenever the engine goes idle;
-# a message whenever FLUSH_BYTES are packed. Measured inside vLLM's engine core (SmolLM2 on
-# 2 shared cores, batch 8, a step every ~50 ms): a send costs the engine thread ~45 µs (the
-# socket, waking the exporter) and its first record ~35 µs to read where the next ones take
-# ~7 (the code cold after a model step), ~75 µs a send: every 50 ms that was 12-16 µs per
-# token, every 1 s ~0.7, every 2 s half that. Spans still reach the SDK's batch processor
-# (5 s between exports by default) well within its delay.
-FLUSH_BYTES = 32 * 1024  # a message is sent whenever this much is packed
-FLUSH_STEPS = 256  # steps held at most (consume(); the plugin's hooks: hooks.MAX_HELD entries, two per step)
-EXPORTER_NICE = 10  # the exporter process runs this much nicer than the engine core (at most 19)
-FLUSH_NS = 2_000_000_000
 _ARRIVE = struct.Struct("<BIdIHHH")
 _NAME = struct.Struct("<BIH")
 _FIRST = struct.Struct("<BII")
@@ -321,121 +305,3 @@ class RecordConsumer:
     def close(self) -> None:
         """Shutdown: end the open engine trace (requests still live stay unended: never exported)."""
         self.builder.close_engine_trace()
-
-
-class RecordSink:
-    """The engine-core process's side: pack step records, send them in batches, stop.
-
-    Records come two ways, both on vLLM's engine thread: ``flush(idle)`` reads what ``drain()``
-    yields (the plugin: :meth:`instrument.vllm.hooks.StepTap.drain`, called when the hooks
-    find a send due), and ``consume(facts, idle)`` holds StepFacts given one at a time. Never
-    waits (a full socket drops the message, counted by the sender)."""
-
-    def __init__(self, exporters: list[str], json_path: str | None, drain: Any = None) -> None:
-        from instrument.records.exporter_process import ExporterProcess
-        from instrument.records.format import RecordWriter
-        from instrument.tracing import default_resource
-
-        # the resource setup_tracing gives (OTEL_RESOURCE_ATTRIBUTES, service name, instance id, host),
-        # without building a provider in vLLM's process
-        resource = dict(default_resource().attributes)
-        self.exporter = ExporterProcess(resource, exporters, json_path, name="vllm-exporter-process")
-        try:  # on a saturated host the exporter waits for vLLM, not the reverse (it catches up when idle)
-            nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + EXPORTER_NICE)
-            os.setpriority(os.PRIO_PROCESS, self.exporter.process.pid, nice)
-        except OSError:
-            pass
-        self.sender = self.exporter.sender()
-        self.encoder = Encoder()
-        self.writer = RecordWriter()
-        self.sent_ns = now_wall_ns()
-        self.measure = False  # time each send with the thread's CPU clock
-        self.send_cpu_ns = 0  # CPU time spent reading, packing and sending (measure), ns
-        self.sends = 0
-        self.closed = False
-        self.drain = drain  # () -> the held records as StepFacts, each used before the next
-        self.pending: list[StepFacts] = []  # given through consume(), packed at the next send
-        self.pending_requests = 0
-
-    def consume(self, facts: StepFacts, idle: bool) -> None:
-        """Hold ``facts`` (not changed afterwards); send when the engine goes idle,
-        ``FLUSH_BYTES`` are due, ``FLUSH_STEPS`` are held or ``FLUSH_NS`` went by since the
-        last send."""
-        self.pending.append(facts)
-        self.pending_requests += facts.n
-        if idle:
-            self.flush(idle=True)
-        elif (21 * self.pending_requests >= FLUSH_BYTES or len(self.pending) >= FLUSH_STEPS
-              or facts.end_ns - self.sent_ns >= FLUSH_NS):
-            self.flush()
-
-    def flush(self, idle: bool = False) -> None:
-        """Pack the held records and send them, one BLOB entry per message, a message every
-        ``FLUSH_BYTES`` (never waits); ``idle``: the scheduler holds no request after them
-        (an IDLE entry follows).
-
-        The records are read and packed here, all together, rather than at each step:
-        measured inside vLLM's engine core, where the model step between two records evicts
-        this code from the CPU's caches, the same work done per step cost several times what
-        it costs in a loop (docs/spans.md "vLLM", cost)."""
-        if self.measure:  # (the cost of a clock read subtracted, as in hooks._clock_start)
-            first = time.thread_time_ns()
-            cpu = time.thread_time_ns()
-            floor = cpu - first
-        else:
-            cpu = floor = 0
-        encoder = self.encoder
-        try:
-            for facts in self.pending:
-                self._write(facts)
-            if self.drain is not None:
-                for facts in self.drain():
-                    self._write(facts)
-        finally:  # never pack a record twice
-            self.pending.clear()
-            self.pending_requests = 0
-        if idle:
-            encoder.idle()
-        if encoder.pos:
-            self._send()
-        self.sent_ns = now_wall_ns()
-        if cpu:
-            self.send_cpu_ns += time.thread_time_ns() - cpu - floor
-
-    def _write(self, facts: StepFacts) -> None:
-        encoder = self.encoder
-        start = encoder.pos
-        try:
-            encoder.write(facts)
-        except Exception:
-            encoder.pos = start  # no half record; the hook's caller logs it and stops tracing
-            raise
-        if encoder.pos >= FLUSH_BYTES:
-            self._send()
-
-    def _send(self) -> None:
-        from instrument.records.channels import VLLM_STEPS
-
-        payload, units = self.encoder.take()
-        self.writer.blob(VLLM_STEPS, payload)
-        del payload
-        self.sender.send(self.writer.take(), units)
-        self.sends += 1
-
-    def close(self, timeout_s: float = 3.0) -> None:
-        """Send the rest, let the exporter process build, export and report; log what was lost.
-
-        Bounded well inside vLLM's own: it kills an engine core (and its children, the
-        exporter process included) 5 s after asking it to stop; ``stop(3.0)`` takes at most
-        ~4 s."""
-        if self.closed:
-            return
-        self.closed = True
-        self.flush()
-        start = time.monotonic()
-        counts = self.exporter.stop(timeout_s)
-        lost = sum(c.dropped + c.failed for c in counts)
-        if lost:
-            log.warning("tokentrace: %d vLLM spans not exported (%s; %.1f s)", lost,
-                        ", ".join(f"{c.name}: {c.dropped} dropped, {c.failed} failed" for c in counts),
-                        time.monotonic() - start)
