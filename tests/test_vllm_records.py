@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -232,6 +234,24 @@ def test_through_a_real_exporter_process(tmp_path: Path) -> None:
     assert sorted(a["gen_ai.request.id"] for n, a in spans if n == "engine_request") == \
         ["chatcmpl-a", "chatcmpl-b", "cmpl-c-0", "cmpl-d"]
     assert sum(1 for n, a in spans if n == "decode") == sum(1 for s in direct if s.name == "decode") == 9  # A 4, B 3, C 2
+
+
+def test_close_is_bounded_when_the_exporter_process_hangs(caplog: pytest.LogCaptureFixture) -> None:
+    """vLLM kills an engine core 5 s after asking it to stop: with the exporter process
+    stopped dead (SIGSTOP), close() still returns within ~4 s, the child killed, and says
+    the spans it could not account for."""
+    sink = sink_module.RecordSink(["none"], None)
+    for facts in _stream():
+        sink.consume(facts, idle=False)
+    pid = sink.exporter.process.pid
+    os.kill(pid, signal.SIGSTOP)
+    start = time.monotonic()
+    with caplog.at_level("WARNING", logger="tokentrace.vllm"):
+        sink.close()
+    elapsed = time.monotonic() - start
+    assert 2.5 < elapsed < 4.6, elapsed  # waited for the child's report (3 s), then killed it
+    assert sink.exporter.process.poll() is not None
+    assert "vLLM spans not exported" in caplog.text, caplog.text
 
 
 def test_the_sink_sends_every_256_steps_or_second_without_an_idle_engine(tmp_path: Path) -> None:
