@@ -75,7 +75,24 @@ def test_drain_reads_vllms_own_step_objects() -> None:
     assert by_step[5]["preempted"] == [["a", 3]]
     assert by_step[7]["finished"] == [["a", 1]] and by_step[-1]["finished"] == [["b", 2]]
     # nothing left held, every step and token counted, no state kept for ended requests
-    assert (got["held"], got["steps"], got["tokens"], got["state"]) == (0, 7, 12, [0, 0, 0, 0])
+    assert (got["held"], got["steps"], got["tokens"], got["state"]) == (0, 7, 12, [0, 0, 0, 0, 0])
+
+    # async scheduling: the step after r's last was scheduled before r's end was known; it
+    # still names r (with the blocks r held, not as a new request), then r's state goes
+    early = got["async"]
+    assert [(r["step"], r["req_ids"], r["blocks"], r["first"]) for r in early["records"]] == \
+        [(1, ["r"], [1], [["r", 0]]), (2, ["r"], [1], [])]
+    assert early["after_first"][4] == 1 and early["state"] == [0, 0, 0, 0, 0] and early["held"] == 0
+    # the V1 runner: q resumed through resumed_req_ids (its whole new list, 2 blocks; 16
+    # tokens from the prefix cache), its recompute emits, then a plain decode; 9 steps of z
+    # never updated are let go (counted) but z's blocks and first schedule still count after
+    v1 = got["v1"]
+    steps = [(r["step"], r["req_ids"], r["tokens"], r["computed"], r["prefill"], r["blocks"], r["first"], r["hits"])
+             for r in v1["records"] if r["step"] >= 0]
+    assert steps == [(1, ["q"], [20], [0], [1], [2], [["q", 0]], 0), (2, ["q"], [1], [20], [0], [2], [], 0),
+                     (3, ["q"], [6], [16], [2], [2], [], 16), (4, ["q"], [1], [22], [0], [2], [], 0),
+                     (20, ["z"], [1], [12], [0], [2], [], 0)], steps
+    assert v1["dropped"] == 9 and v1["held"] == 0
 
 
 def _run(out: Path, drive, port: int, extra_args: tuple[str, ...] = ()) -> Path:

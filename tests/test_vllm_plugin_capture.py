@@ -86,7 +86,7 @@ def test_plugin_refuses_another_vllm_version(monkeypatch: pytest.MonkeyPatch, ca
         plugin.register()  # loading twice is harmless: still one line
     lines = [r.getMessage() for r in caplog.records if r.name == "tokentrace.vllm"]
     assert lines == ["tokentrace's vLLM plugin reads vLLM 0.32.0 scheduler internals; no vLLM distribution is "
-                     "installed: vLLM runs untraced (check instrument/vllm/hooks.py against that version)"]
+                     "installed: vLLM runs untraced (check instrument/vllm/hooks/ against that version)"]
     assert "tap" not in plugin._state and "vllm" not in sys.modules
 
 

@@ -2,12 +2,11 @@
 exporter process are the spans SpanBuilder.consume writes from the same StepFacts directly,
 attribute by attribute, with the same times, events and parents (docs/spans.md "vLLM").
 
-Deterministic and without vLLM: the StepFacts are what hooks.StepTap fills (an arrival with a
+Deterministic and without vLLM: the StepFacts are what hooks.StepTap.drain gives (an arrival with a
 traceparent, a chunked prefill with prefix-cache hits, decodes, a preemption and its recomputed
 prefill, an abort, a step that names the aborted request, events-only records); both paths
-write to real SDK providers with in-memory exporters. The last test sends the same records
-through a real exporter process (python -m instrument.records.exporter_process) to an
-OTLP/JSON file.
+write to real SDK providers with in-memory exporters. The sink's tests send records through a
+real exporter process (python -m instrument.records.exporter_process) to an OTLP/JSON file.
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ BYTES_PER_BLOCK = 16 * 2 * 2 * 576  # tokens per block × layers × (K, V) × by
 
 
 def _facts(step: int, t: int, rows: list[tuple[str, int, int, int, int, int]], **events: Any) -> StepFacts:
-    """One record as StepTap fills it: rows (req_id, scheduled, computed, prefill kind, blocks, sampled)."""
+    """One record as StepTap.drain gives it: rows (req_id, scheduled, computed, prefill kind, blocks, sampled)."""
     f = StepFacts(max(len(rows), 1))
     f.step, f.start_ns, f.sched_end_ns, f.end_ns = step, T0 + t * MS, T0 + t * MS + 40_000, T0 + (t + 9) * MS
     f.n = len(rows)
@@ -209,19 +208,29 @@ def _otlp_json_spans(path: Path) -> list[tuple[str, dict[str, Any]]]:
     return found
 
 
+class _Held:
+    """What the hooks hold, as RecordSink reads it: records given, drained at each flush."""
+
+    def __init__(self) -> None:
+        self.records: list[StepFacts] = []
+
+    def drain(self) -> Any:
+        records, self.records = self.records, []
+        yield from records
+
+
 def test_through_a_real_exporter_process(tmp_path: Path) -> None:
     """RecordSink (the engine-core side) -> socket -> exporter process -> OTLP/JSON file: the
     same spans by name and request id, nothing counted lost; the exporter runs nicer."""
     out = tmp_path / "spans.jsonl"
-    sink = sink_module.RecordSink(["otlp_json"], str(out))
+    held = _Held()
+    sink = sink_module.RecordSink(["otlp_json"], str(out), held.drain)
     nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + sink_module.EXPORTER_NICE)
     assert os.getpriority(os.PRIO_PROCESS, sink.exporter.process.pid) == nice  # below the engine's priority
     try:
         stream = _stream()
-        for i, facts in enumerate(stream):
-            sink.consume(facts, idle=i == len(stream) - 1)
-            # held until the engine goes idle, then packed in one message
-            assert sink.pending == ([] if i == len(stream) - 1 else stream[:i + 1]) and sink.sends == (i == len(stream) - 1)
+        held.records = list(stream)
+        sink.flush(idle=True)  # one message: the records are far under FLUSH_BYTES
         assert sink.sends == 1 and sink.sender.sent_units == sum(f.n + 1 for f in stream if f.step >= 0) + 2 * 4
         assert sink.exporter.flush(30)
     finally:
@@ -240,9 +249,9 @@ def test_close_is_bounded_when_the_exporter_process_hangs(caplog: pytest.LogCapt
     """vLLM kills an engine core 5 s after asking it to stop: with the exporter process
     stopped dead (SIGSTOP), close() still returns within ~4 s, the child killed, and says
     the spans it could not account for."""
-    sink = sink_module.RecordSink(["none"], None)
-    for facts in _stream():
-        sink.consume(facts, idle=False)
+    held = _Held()
+    sink = sink_module.RecordSink(["none"], None, held.drain)
+    held.records = _stream()
     pid = sink.exporter.process.pid
     os.kill(pid, signal.SIGSTOP)
     start = time.monotonic()
@@ -254,25 +263,30 @@ def test_close_is_bounded_when_the_exporter_process_hangs(caplog: pytest.LogCapt
     assert "vLLM spans not exported" in caplog.text, caplog.text
 
 
-def test_the_sink_sends_every_256_steps_or_second_without_an_idle_engine(tmp_path: Path) -> None:
-    """Busy for good, the engine still sends: when FLUSH_STEPS records are held, or when a
-    step ends FLUSH_NS after the last send; then nothing is held; close() sends the rest."""
-    sink = sink_module.RecordSink(["none"], None)
+def test_a_send_is_cut_into_messages_of_flush_bytes(tmp_path: Path) -> None:
+    """Many steps held (a busy engine at batch 256): one send packs them into several
+    messages, each a little over FLUSH_BYTES at most (whole records), none too large for the
+    socket; the exporter process rebuilds every span."""
+    out = tmp_path / "spans.jsonl"
+    held = _Held()
+    sink = sink_module.RecordSink(["otlp_json"], str(out), held.drain)
+    rows = 256
     try:
-        busy = [_facts(i + 1, i, [("x", 1, 10 + i, 0, 1, 1)]) for i in range(sink_module.FLUSH_STEPS)]
-        for facts in busy[:-1]:
-            sink.consume(facts, idle=False)
-        assert sink.sends == 0 and len(sink.pending) == sink_module.FLUSH_STEPS - 1
-        sink.consume(busy[-1], idle=False)
-        assert sink.sends == 1 and sink.pending == []
-        late = _facts(999, 0, [("x", 1, 500, 0, 1, 1)])
-        late.end_ns = sink.sent_ns + sink_module.FLUSH_NS  # a second after that send
-        sink.consume(late, idle=False)
-        assert sink.sends == 2 and sink.pending == []
-        assert sink.sender.sent_units == 2 * (sink_module.FLUSH_STEPS + 1)  # per step: a decode span, an engine_step
+        ids = [f"r{i}" for i in range(rows)]
+        t = T0
+        held.records = [_facts(-1, 0, [], arrivals=[(r, t / 1e9, None, 8) for r in ids])]
+        held.records += [_facts(k, k, [(r, 1, 8 + k - 1, 0, 1, 1) for r in ids]) for k in range(1, 40)]
+        held.records.append(_facts(-1, 60, [], finished=[(r, FINISHED_LENGTH, T0 + 60 * MS) for r in ids]))
+        sink.flush(idle=True)
+        # 39 steps × 256 requests × 21 bytes ≈ 210 KB: 7 messages of ≤ 32 KiB + one step
+        assert 6 <= sink.sends <= 8 and sink.sender.dropped_messages == 0, sink.sends
+        assert sink.exporter.flush(60)
     finally:
         sink.close()
-    assert sum(c.dropped for c in sink.exporter.counts()) == 0
+    spans = _otlp_json_spans(out)
+    assert sum(1 for n, _ in spans if n == "engine_request") == rows
+    assert sum(1 for n, _ in spans if n == "decode") == rows * 39 and sum(1 for n, _ in spans if n == "engine_step") == 39
+    assert sum(c.dropped + c.failed for c in sink.exporter.counts()) == 0
 
 
 def test_a_lost_message_costs_its_spans_and_one_line_per_request(caplog: pytest.LogCaptureFixture) -> None:

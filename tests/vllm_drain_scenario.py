@@ -42,21 +42,34 @@ def runner(sampled: dict[str, int]) -> ModelRunnerOutput:
                              sampled_token_ids=[[7] * sampled[r] for r in ids])
 
 
-def main() -> None:
+def new_tap() -> StepTap:
     tap = StepTap(send=None)
     tap._geometry = (16, 1024, 99)  # (block tokens, bytes per block, blocks usable)
     tap.pool = SimpleNamespace(num_gpu_blocks=100)  # the block pool's size (the one field drain reads)
+    return tap
+
+
+def drained(tap: StepTap, records: list[dict]) -> None:
+    for f in tap.drain():
+        records.append({"step": f.step, "start_ns": f.start_ns, "n": f.n, "req_ids": list(f.req_ids[:f.n]),
+                            "tokens": list(f.tokens[:f.n]), "computed": list(f.computed[:f.n]),
+                            "prefill": list(f.prefill[:f.n]), "blocks": list(f.blocks[:f.n]),
+                        "sampled": list(f.sampled[:f.n]), "first": f.first, "hits": f.prefix_hit_tokens,
+                        "kv_used": f.kv_used, "waiting": f.waiting, "arrivals": [a[0] for a in f.arrivals],
+                        "preempted": [p[:2] for p in f.preempted], "finished": [e[:2] for e in f.finished]})
+
+
+def state(tap: StepTap) -> list[int]:
+    return [len(tap._prompt), len(tap._blocks), len(tap._phase), len(tap._prefilling), len(tap._ending)]
+
+
+def main() -> None:
+    tap = new_tap()
     held = tap.held
     records: list[dict] = []
 
     def drain() -> None:
-        for f in tap.drain():
-            records.append({"step": f.step, "start_ns": f.start_ns, "n": f.n, "req_ids": list(f.req_ids[:f.n]),
-                            "tokens": list(f.tokens[:f.n]), "computed": list(f.computed[:f.n]),
-                            "prefill": list(f.prefill[:f.n]), "blocks": list(f.blocks[:f.n]),
-                            "sampled": list(f.sampled[:f.n]), "first": f.first, "hits": f.prefix_hit_tokens,
-                            "kv_used": f.kv_used, "waiting": f.waiting, "arrivals": [a[0] for a in f.arrivals],
-                            "preempted": [p[:2] for p in f.preempted], "finished": [e[:2] for e in f.finished]})
+        drained(tap, records)
 
     def step(k: int, out: SchedulerOutput, sampled: dict[str, int] | None, free: int = 90) -> None:
         held.append((SCHEDULED, out, k, k * 1000, k * 1000 + 100, 0, free))
@@ -87,7 +100,52 @@ def main() -> None:
     held.append((FINISHED, "b", 2, 7950))  # an abort after the step: an events-only record
     drain()
     print(json.dumps({"records": records, "held": len(held), "steps": tap.steps, "tokens": tap.tokens,
-                      "state": [len(tap._prompt), len(tap._blocks), len(tap._phase), len(tap._prefilling)]}))
+                      "state": state(tap), "async": async_end(), "v1": v1_resume()}))
+
+
+def async_end() -> dict:
+    """Async scheduling: step 2 is scheduled before step 1's update, in which r ends (stop);
+    step 2 still names r (vLLM discards its token)."""
+    tap, records = new_tap(), []
+    held = tap.held
+    held.append((ARRIVED, "r", 1.0, None, 5))
+    out1 = output([new("r", 5, 0, [0])], cached([]), {"r": 5})
+    out2 = output([], cached([("r", 5, None, 1)]), {"r": 1})
+    held += [(SCHEDULED, out1, 1, 1000, 1100, 0, 98), (SCHEDULED, out2, 2, 2000, 2100, 0, 98)]
+    held += [(FINISHED, "r", 0, 1850), (UPDATED, out1, runner({"r": 1}), 1900)]
+    drained(tap, records)
+    after_first = state(tap)
+    held.append((UPDATED, out2, runner({"r": 1}), 2900))
+    drained(tap, records)
+    return {"records": records, "after_first": after_first, "state": state(tap), "held": len(held)}
+
+
+def v1_resume() -> dict:
+    """The V1 model runner: q resumed through scheduled_cached_reqs.resumed_req_ids with its
+    whole block list; and 9 steps of z scheduled, never updated: let go, their blocks kept."""
+    tap, records = new_tap(), []
+    held = tap.held
+    held.append((ARRIVED, "q", 1.0, None, 20))
+    out1 = output([new("q", 20, 0, [0, 1])], cached([]), {"q": 20})
+    held += [(SCHEDULED, out1, 1, 1000, 1100, 0, 98), (UPDATED, out1, runner({"q": 1}), 1900)]
+    out2 = output([], cached([("q", 20, None, 1)]), {"q": 1})
+    held += [(SCHEDULED, out2, 2, 2000, 2100, 0, 98), (UPDATED, out2, runner({"q": 1}), 2900)]
+    held.append((PREEMPTED, "q", 2, 3050))
+    # 16 of its 22 tokens in the prefix cache: the other 6 recomputed, emitting token 3
+    out3 = output([], cached([("q", 16, [7, 8], 2)], resumed={"q"}), {"q": 6})
+    held += [(SCHEDULED, out3, 3, 3000, 3100, 0, 98), (UPDATED, out3, runner({"q": 1}), 3900)]
+    out4 = output([], cached([("q", 22, None, 3)]), {"q": 1})
+    held += [(SCHEDULED, out4, 4, 4000, 4100, 0, 98), (UPDATED, out4, runner({"q": 1}), 4900)]
+    held.append((ARRIVED, "z", 5.0, None, 3))
+    lost = [output([new("z", 3, 0, [9])], cached([]), {"z": 3})] + \
+        [output([], cached([("z", 3 + k, [10 + k] if k == 4 else None, k)]), {"z": 1}) for k in range(8)]
+    held += [(SCHEDULED, out, 5 + k, 5000 + k, 5001 + k, 0, 98) for k, out in enumerate(lost)]
+    drained(tap, records)
+    dropped = tap.dropped_steps
+    out6 = output([], cached([("z", 12, None, 9)]), {"z": 1})
+    held += [(SCHEDULED, out6, 20, 20000, 20100, 0, 98), (UPDATED, out6, runner({"z": 1}), 20900)]
+    drained(tap, records)
+    return {"records": records, "dropped": dropped, "held": len(held)}
 
 
 if __name__ == "__main__":

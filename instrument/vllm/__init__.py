@@ -10,7 +10,7 @@ harmless.
 No span is built in vLLM's processes. On the first scheduler step the plugin starts tokentrace's
 span exporter process (instrument/records/exporter_process.py, a child of the engine-core
 process); from then on vLLM's engine thread holds each step's references to vLLM's own
-per-step objects and, batched (every 2 s / 256 steps and whenever the engine goes idle),
+per-step objects and, batched (every 2 s / 512 held entries and whenever the engine goes idle),
 reads them into compact records (instrument/vllm/records.py) and sends them as channel-1
 BLOB messages of up to ~32 KiB on a socket that never blocks; the exporter process rebuilds
 the facts and builds the spans (instrument/vllm/spans.py). At vLLM's scheduler shutdown (or
@@ -112,8 +112,9 @@ def _start_pipeline(idle: bool) -> None:
 
     def close() -> None:
         sink.close()
-        if tap.dropped_steps:
-            log.warning("tokentrace: %d engine steps not traced (scheduled, never updated)", tap.dropped_steps)
+        never = tap.dropped_steps + tap.unfinished()  # (unfinished: still in flight at shutdown)
+        if never:
+            log.warning("tokentrace: %d engine steps not traced (scheduled, never updated)", never)
 
     tap.on_shutdown = close  # vLLM's scheduler shutdown; atexit and multiprocessing's exit as fallbacks
     atexit.register(sink.close)

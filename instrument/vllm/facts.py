@@ -1,5 +1,5 @@
 """One vLLM scheduler step as plain ints and request ids: what the plugin's hooks read from vLLM
-(instrument/vllm/hooks.py), what the records carry (instrument/vllm/records.py) and what the
+(instrument/vllm/hooks/), what the records carry (instrument/vllm/records.py) and what the
 span builder consumes (instrument/vllm/spans.py). No vLLM object crosses this seam."""
 
 from __future__ import annotations

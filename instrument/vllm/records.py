@@ -1,8 +1,8 @@
 """vLLM step records: compact bytes in vLLM's engine-core process, spans in the exporter process.
 
-The plugin's scheduler hooks (instrument/vllm/hooks.py) hold each scheduler step's
+The plugin's scheduler hooks (instrument/vllm/hooks/) hold each scheduler step's
 references to vLLM's own objects; when a send is due (the engine went idle, 2 s since the
-last send, or 256 steps held) :class:`~instrument.vllm.sink.RecordSink` reads them, on the
+last send, or 512 entries held) :class:`~instrument.vllm.sink.RecordSink` reads them, on the
 same engine thread, as :class:`~instrument.vllm.facts.StepFacts` one after another
 (:meth:`~instrument.vllm.hooks.StepTap.drain`) and packs each with :meth:`Encoder.write`
 into one preallocated buffer (``struct.pack_into`` for the header and each event, one

@@ -14,14 +14,13 @@ import os
 import time
 from typing import Any
 
-from instrument.clock import now_wall_ns
 from instrument.vllm.facts import StepFacts
 from instrument.vllm.records import Encoder
 
-__all__ = ["EXPORTER_NICE", "FLUSH_BYTES", "FLUSH_NS", "FLUSH_STEPS", "RecordSink"]
+__all__ = ["EXPORTER_NICE", "FLUSH_BYTES", "FLUSH_NS", "RecordSink"]
 
 log = logging.getLogger("tokentrace.vllm")
-# send this long after the last send (or 256 steps held), and whenever the engine goes idle;
+# send this long after the last send (or hooks.MAX_HELD entries held), and whenever the engine goes idle;
 # a message whenever FLUSH_BYTES are packed. Measured inside vLLM's engine core (SmolLM2 on
 # 2 shared cores, batch 8, a step every ~50 ms): a send costs the engine thread ~45 µs (the
 # socket, waking the exporter) and its first record ~35 µs to read where the next ones take
@@ -29,7 +28,6 @@ log = logging.getLogger("tokentrace.vllm")
 # token, every 1 s ~0.7, every 2 s half that. Spans still reach the SDK's batch processor
 # (5 s between exports by default) well within its delay.
 FLUSH_BYTES = 32 * 1024  # a message is sent whenever this much is packed
-FLUSH_STEPS = 256  # steps held at most (consume(); the plugin's hooks: hooks.MAX_HELD entries, two per step)
 EXPORTER_NICE = 10  # the exporter process runs this much nicer than the engine core (at most 19)
 FLUSH_NS = 2_000_000_000
 
@@ -37,12 +35,12 @@ FLUSH_NS = 2_000_000_000
 class RecordSink:
     """The engine-core process's side: pack step records, send them in batches, stop.
 
-    Records come two ways, both on vLLM's engine thread: ``flush(idle)`` reads what ``drain()``
-    yields (the plugin: :meth:`instrument.vllm.hooks.StepTap.drain`, called when the hooks
-    find a send due), and ``consume(facts, idle)`` holds StepFacts given one at a time. Never
-    waits (a full socket drops the message, counted by the sender)."""
+    ``flush(idle)`` runs on vLLM's engine thread when the plugin's hooks find a send due: it
+    packs what ``drain()`` yields (:meth:`instrument.vllm.hooks.StepTap.drain`; any iterable
+    of StepFacts will do). Never waits (a full socket drops the message, counted by the
+    sender)."""
 
-    def __init__(self, exporters: list[str], json_path: str | None, drain: Any = None) -> None:
+    def __init__(self, exporters: list[str], json_path: str | None, drain: Any) -> None:
         from instrument.records.exporter_process import ExporterProcess
         from instrument.records.format import RecordWriter
         from instrument.tracing import default_resource
@@ -59,26 +57,11 @@ class RecordSink:
         self.sender = self.exporter.sender()
         self.encoder = Encoder()
         self.writer = RecordWriter()
-        self.sent_ns = now_wall_ns()
         self.measure = False  # time each send with the thread's CPU clock
         self.send_cpu_ns = 0  # CPU time spent reading, packing and sending (measure), ns
         self.sends = 0
         self.closed = False
         self.drain = drain  # () -> the held records as StepFacts, each used before the next
-        self.pending: list[StepFacts] = []  # given through consume(), packed at the next send
-        self.pending_requests = 0
-
-    def consume(self, facts: StepFacts, idle: bool) -> None:
-        """Hold ``facts`` (not changed afterwards); send when the engine goes idle,
-        ``FLUSH_BYTES`` are due, ``FLUSH_STEPS`` are held or ``FLUSH_NS`` went by since the
-        last send."""
-        self.pending.append(facts)
-        self.pending_requests += facts.n
-        if idle:
-            self.flush(idle=True)
-        elif (21 * self.pending_requests >= FLUSH_BYTES or len(self.pending) >= FLUSH_STEPS
-              or facts.end_ns - self.sent_ns >= FLUSH_NS):
-            self.flush()
 
     def flush(self, idle: bool = False) -> None:
         """Pack the held records and send them, one BLOB entry per message, a message every
@@ -96,20 +79,12 @@ class RecordSink:
         else:
             cpu = floor = 0
         encoder = self.encoder
-        try:
-            for facts in self.pending:
-                self._write(facts)
-            if self.drain is not None:
-                for facts in self.drain():
-                    self._write(facts)
-        finally:  # never pack a record twice
-            self.pending.clear()
-            self.pending_requests = 0
+        for facts in self.drain():
+            self._write(facts)
         if idle:
             encoder.idle()
         if encoder.pos:
             self._send()
-        self.sent_ns = now_wall_ns()
         if cpu:
             self.send_cpu_ns += time.thread_time_ns() - cpu - floor
 
@@ -142,7 +117,10 @@ class RecordSink:
         if self.closed:
             return
         self.closed = True
-        self.flush()
+        try:
+            self.flush()
+        except Exception:  # the exporter process is stopped all the same (its spans exported)
+            log.exception("tokentrace: the last vLLM step records were not sent")
         start = time.monotonic()
         counts = self.exporter.stop(timeout_s)
         lost = sum(c.dropped + c.failed for c in counts)

