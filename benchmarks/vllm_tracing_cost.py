@@ -18,9 +18,12 @@ concurrency:
   until it stops using CPU (separately: it is not in vLLM's processes, but it shares the
   machine's cores);
 - the plugin's own CPU per generated token, µs, as it measures itself
-  (``TOKENTRACE_VLLM_STATS``: the engine thread's CPU clock around its hooks, packing and
-  sending included). These are exact where the process figures above are not (the engine
-  core's CPU time on a shared 2-core machine varies by several times between rounds).
+  (``TOKENTRACE_VLLM_STATS``: the engine thread's CPU clock around its step wrappers and
+  its sends (reading, packing, the socket), net of the clock read's own cost; writing the
+  stats file excluded), and per round its parts per scheduler step: the schedule wrapper,
+  the update wrapper, the sends. These are exact where the process figures above are not
+  (the engine core's CPU time on a shared 2-core machine varies by several times between
+  rounds).
 
 The load average (1 min) is printed per round: on a shared machine read the figures next to it.
 vLLM's own tracing is off on both sides.
