@@ -84,15 +84,25 @@ def test_drain_reads_vllms_own_step_objects() -> None:
         [(1, ["r"], [1], [["r", 0]]), (2, ["r"], [1], [])]
     assert early["after_first"][4] == 1 and early["state"] == [0, 0, 0, 0, 0] and early["held"] == 0
     # the V1 runner: q resumed through resumed_req_ids (its whole new list, 2 blocks; 16
-    # tokens from the prefix cache), its recompute emits, then a plain decode; 9 steps of z
-    # never updated are let go (counted) but z's blocks and first schedule still count after
+    # tokens from the prefix cache), its recompute emits, then a plain decode
     v1 = got["v1"]
     steps = [(r["step"], r["req_ids"], r["tokens"], r["computed"], r["prefill"], r["blocks"], r["first"], r["hits"])
              for r in v1["records"] if r["step"] >= 0]
     assert steps == [(1, ["q"], [20], [0], [1], [2], [["q", 0]], 0), (2, ["q"], [1], [20], [0], [2], [], 0),
                      (3, ["q"], [6], [16], [2], [2], [], 16), (4, ["q"], [1], [22], [0], [2], [], 0),
-                     (20, ["z"], [1], [12], [0], [2], [], 0)], steps
-    assert v1["dropped"] == 9 and v1["held"] == 0
+                     (20, ["z"], [1], [12], [0], [1], [], 0)], steps
+    # more than 8 steps in flight: the oldest is let go (counted), its blocks and z's first
+    # schedule still count (the first goes out with the next record); 7 stay held
+    assert v1["dropped"] == 1 and v1["held"] == 7
+    assert [r["first"] for r in v1["records"] if r["step"] == -1] == [[["z", 0]]]
+    # an id used again: the old x's end does not take the new x's state with it
+    reuse = [(r["step"], r["prefill"], r["blocks"], r["first"], r["finished"]) for r in got["reuse"]["records"]]
+    assert reuse == [(1, [1], [1], [["x", 0]], []), (2, [1], [1], [["x", 0]], [["x", 2]]),
+                     (3, [0], [1], [], [])], reuse
+    assert got["reuse"]["state"][:3] == [1, 1, 1]  # the new x, live
+    # the V2 runner's live token list: p resumed with 11 of its 12 tokens cached is a decode
+    v2 = [(r["step"], r["tokens"], r["computed"], r["prefill"], r["first"], r["hits"]) for r in got["v2"]["records"]]
+    assert v2 == [(1, [10], [0], [1], [["p", 0]], 0), (2, [1], [10], [0], [], 0), (3, [1], [11], [0], [], 11)], v2
 
 
 def _run(out: Path, drive, port: int, extra_args: tuple[str, ...] = ()) -> Path:

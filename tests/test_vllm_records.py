@@ -263,6 +263,22 @@ def test_close_is_bounded_when_the_exporter_process_hangs(caplog: pytest.LogCapt
     assert "vLLM spans not exported" in caplog.text, caplog.text
 
 
+def test_close_stops_the_exporter_even_when_the_last_send_fails(caplog: pytest.LogCaptureFixture) -> None:
+    """A record that cannot be read at shutdown: one log line, and the exporter process is
+    still stopped (what it holds exported), within the bound."""
+    def broken() -> Any:
+        raise RuntimeError("a record vLLM changed under us")
+        yield  # (a generator, as StepTap.drain)
+
+    sink = sink_module.RecordSink(["none"], None, broken)
+    start = time.monotonic()
+    with caplog.at_level("ERROR", logger="tokentrace.vllm"):
+        sink.close()
+    assert time.monotonic() - start < 4.6
+    assert sink.exporter.process.poll() is not None
+    assert "the last vLLM step records were not sent" in caplog.text, caplog.text
+
+
 def test_a_send_is_cut_into_messages_of_flush_bytes(tmp_path: Path) -> None:
     """Many steps held (a busy engine at batch 256): one send packs them into several
     messages, each a little over FLUSH_BYTES at most (whole records), none too large for the
@@ -278,8 +294,10 @@ def test_a_send_is_cut_into_messages_of_flush_bytes(tmp_path: Path) -> None:
         held.records += [_facts(k, k, [(r, 1, 8 + k - 1, 0, 1, 1) for r in ids]) for k in range(1, 40)]
         held.records.append(_facts(-1, 60, [], finished=[(r, FINISHED_LENGTH, T0 + 60 * MS) for r in ids]))
         sink.flush(idle=True)
-        # 39 steps × 256 requests × 21 bytes ≈ 210 KB: 7 messages of ≤ 32 KiB + one step
-        assert 6 <= sink.sends <= 8 and sink.sender.dropped_messages == 0, sink.sends
+        # arrivals (~7 KB), then 39 steps of 5,441 bytes (256 × 21 + 65): a message whenever
+        # 32 KiB are packed, i.e. the arrivals + 5 steps, then 7 steps per message (38,087
+        # bytes), the last 6 with the ends and the IDLE entry: 6 messages
+        assert sink.sends == 6 and sink.sender.dropped_messages == 0, sink.sends
         assert sink.exporter.flush(60)
     finally:
         sink.close()

@@ -36,6 +36,13 @@ def output(new_reqs: list[NewRequestData], cached_reqs: CachedRequestData, sched
                            free_encoder_mm_hashes=[])
 
 
+def scheduled(out: SchedulerOutput, step: int, start: int, end: int, free: int = 98) -> tuple:
+    """The entry hooks.install's schedule wrapper appends (lengths read when scheduled)."""
+    news = out.scheduled_new_reqs
+    return (SCHEDULED, out, step, start, end, 0, free,
+            [-1 if r.prefill_token_ids is None else len(r.prefill_token_ids) for r in news] if news else None)
+
+
 def runner(sampled: dict[str, int]) -> ModelRunnerOutput:
     ids = list(sampled)
     return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
@@ -72,7 +79,7 @@ def main() -> None:
         drained(tap, records)
 
     def step(k: int, out: SchedulerOutput, sampled: dict[str, int] | None, free: int = 90) -> None:
-        held.append((SCHEDULED, out, k, k * 1000, k * 1000 + 100, 0, free))
+        held.append(scheduled(out, k, k * 1000, k * 1000 + 100, free))
         if sampled is not None:
             held.append((UPDATED, out, runner(sampled), k * 1000 + 900))
 
@@ -94,13 +101,55 @@ def main() -> None:
     resumed = new("a", 20, 16, [0, 6], tokens=list(range(24)))
     step(6, output([resumed], cached([("b", 43, None, 4)]), {"b": 1, "a": 8}), {"b": 1, "a": 1})
     out7 = output([], cached([("a", 24, None, 5), ("b", 44, None, 5)]), {"a": 1, "b": 1})
-    held.append((SCHEDULED, out7, 7, 7000, 7100, 0, 90))
+    held.append(scheduled(out7, 7, 7000, 7100, 90))
     held.append((FINISHED, "a", 1, 7850))  # inside update_from_output: before the step's end
     held.append((UPDATED, out7, runner({"a": 1, "b": 1}), 7900))
     held.append((FINISHED, "b", 2, 7950))  # an abort after the step: an events-only record
     drain()
     print(json.dumps({"records": records, "held": len(held), "steps": tap.steps, "tokens": tap.tokens,
-                      "state": state(tap), "async": async_end(), "v1": v1_resume()}))
+                      "state": state(tap), "async": async_end(), "v1": v1_resume(), "v2": v2_live_tokens(),
+                      "reuse": id_used_again()}))
+
+
+def id_used_again() -> dict:
+    """VLLM_DISABLE_REQUEST_ID_RANDOMIZATION: x aborted outside a step, then a new x arrives
+    before the next step; the new x's state survives the old x's end."""
+    tap, records = new_tap(), []
+    held = tap.held
+    held.append((ARRIVED, "x", 1.0, None, 4))
+    out1 = output([new("x", 4, 0, [0])], cached([]), {"x": 4})
+    held += [scheduled(out1, 1, 1000, 1100), (UPDATED, out1, runner({"x": 1}), 1900)]
+    held += [(FINISHED, "x", 2, 1950), (ARRIVED, "x", 2.0, None, 6)]
+    out2 = output([new("x", 6, 0, [3])], cached([]), {"x": 6})
+    held += [scheduled(out2, 2, 2000, 2100), (UPDATED, out2, runner({"x": 1}), 2900)]
+    out3 = output([], cached([("x", 6, None, 1)]), {"x": 1})
+    held += [scheduled(out3, 3, 3000, 3100), (UPDATED, out3, runner({"x": 1}), 3900)]
+    drained(tap, records)
+    return {"records": records, "state": state(tap)}
+
+
+def v2_live_tokens() -> dict:
+    """The V2 model runner hands scheduled_new_reqs the request's own token list, which grows
+    by one with each update: p, resumed with all but its last token in the prefix cache, is
+    a decode step (its list read when scheduled, not at the send)."""
+    tap, records = new_tap(), []
+    held = tap.held
+    tokens = list(range(10))  # the request's list: prompt, then each sampled token appended
+    held.append((ARRIVED, "p", 1.0, None, 10))
+    out1 = output([new("p", 10, 0, [0], tokens=tokens)], cached([]), {"p": 10})
+    held.append(scheduled(out1, 1, 1000, 1100))
+    tokens.append(10)
+    held.append((UPDATED, out1, runner({"p": 1}), 1900))
+    out2 = output([], cached([("p", 10, None, 1)]), {"p": 1})
+    held.append(scheduled(out2, 2, 2000, 2100))
+    tokens.append(11)
+    held += [(UPDATED, out2, runner({"p": 1}), 2900), (PREEMPTED, "p", 1, 3050)]
+    out3 = output([new("p", 10, 11, [0], tokens=tokens)], cached([]), {"p": 1})
+    held.append(scheduled(out3, 3, 3000, 3100))
+    tokens.append(12)
+    held.append((UPDATED, out3, runner({"p": 1}), 3900))
+    drained(tap, records)
+    return {"records": records}
 
 
 def async_end() -> dict:
@@ -111,7 +160,7 @@ def async_end() -> dict:
     held.append((ARRIVED, "r", 1.0, None, 5))
     out1 = output([new("r", 5, 0, [0])], cached([]), {"r": 5})
     out2 = output([], cached([("r", 5, None, 1)]), {"r": 1})
-    held += [(SCHEDULED, out1, 1, 1000, 1100, 0, 98), (SCHEDULED, out2, 2, 2000, 2100, 0, 98)]
+    held += [scheduled(out1, 1, 1000, 1100), scheduled(out2, 2, 2000, 2100)]
     held += [(FINISHED, "r", 0, 1850), (UPDATED, out1, runner({"r": 1}), 1900)]
     drained(tap, records)
     after_first = state(tap)
@@ -122,28 +171,29 @@ def async_end() -> dict:
 
 def v1_resume() -> dict:
     """The V1 model runner: q resumed through scheduled_cached_reqs.resumed_req_ids with its
-    whole block list; and 9 steps of z scheduled, never updated: let go, their blocks kept."""
+    whole block list; and 9 steps of z scheduled, never updated: the oldest let go, its blocks
+    and first schedule kept."""
     tap, records = new_tap(), []
     held = tap.held
     held.append((ARRIVED, "q", 1.0, None, 20))
     out1 = output([new("q", 20, 0, [0, 1])], cached([]), {"q": 20})
-    held += [(SCHEDULED, out1, 1, 1000, 1100, 0, 98), (UPDATED, out1, runner({"q": 1}), 1900)]
+    held += [scheduled(out1, 1, 1000, 1100), (UPDATED, out1, runner({"q": 1}), 1900)]
     out2 = output([], cached([("q", 20, None, 1)]), {"q": 1})
-    held += [(SCHEDULED, out2, 2, 2000, 2100, 0, 98), (UPDATED, out2, runner({"q": 1}), 2900)]
+    held += [scheduled(out2, 2, 2000, 2100), (UPDATED, out2, runner({"q": 1}), 2900)]
     held.append((PREEMPTED, "q", 2, 3050))
     # 16 of its 22 tokens in the prefix cache: the other 6 recomputed, emitting token 3
     out3 = output([], cached([("q", 16, [7, 8], 2)], resumed={"q"}), {"q": 6})
-    held += [(SCHEDULED, out3, 3, 3000, 3100, 0, 98), (UPDATED, out3, runner({"q": 1}), 3900)]
+    held += [scheduled(out3, 3, 3000, 3100), (UPDATED, out3, runner({"q": 1}), 3900)]
     out4 = output([], cached([("q", 22, None, 3)]), {"q": 1})
-    held += [(SCHEDULED, out4, 4, 4000, 4100, 0, 98), (UPDATED, out4, runner({"q": 1}), 4900)]
+    held += [scheduled(out4, 4, 4000, 4100), (UPDATED, out4, runner({"q": 1}), 4900)]
     held.append((ARRIVED, "z", 5.0, None, 3))
     lost = [output([new("z", 3, 0, [9])], cached([]), {"z": 3})] + \
         [output([], cached([("z", 3 + k, [10 + k] if k == 4 else None, k)]), {"z": 1}) for k in range(8)]
-    held += [(SCHEDULED, out, 5 + k, 5000 + k, 5001 + k, 0, 98) for k, out in enumerate(lost)]
+    held += [scheduled(out, 5 + k, 5000 + k, 5001 + k) for k, out in enumerate(lost)]
     drained(tap, records)
     dropped = tap.dropped_steps
     out6 = output([], cached([("z", 12, None, 9)]), {"z": 1})
-    held += [(SCHEDULED, out6, 20, 20000, 20100, 0, 98), (UPDATED, out6, runner({"z": 1}), 20900)]
+    held += [scheduled(out6, 20, 20000, 20100), (UPDATED, out6, runner({"z": 1}), 20900)]
     drained(tap, records)
     return {"records": records, "dropped": dropped, "held": len(held)}
 

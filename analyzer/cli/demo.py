@@ -149,5 +149,6 @@ def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int
         click.echo(f"  {tt} {verb} --db {q(str(db))}")
     click.echo(f"  {tt} report --db {q(str(db))} --html {q(str(db.parent / 'report.html'))}")
     click.echo("View them in Jaeger (OTLP over HTTP on :4318, UI on :16686):")
-    click.echo("  docker run --rm -p 16686:16686 -p 4318:4318 jaegertracing/jaeger:2.14.1   (or: docker compose up, docs/jaeger.md)")
+    click.echo("  docker run --rm -p 16686:16686 -p 4318:4318 jaegertracing/jaeger:2.14.1")
+    click.echo("  (or: docker compose up; docs/jaeger.md), then")
     click.echo(f"  OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318 {tt} demo --out {q(str(result.db_path.parent))}")

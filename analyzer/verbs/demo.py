@@ -87,7 +87,8 @@ ProgressFn = Callable[[str, int, int], None]  # (stage description, done, total)
 
 class StepLog:
     """``[demo m:ss] what is happening`` lines on stderr, timed from the demo's start, so a
-    first run (minutes: imports, converting the model once) is never silent."""
+    first run (minutes: imports, converting the model once) is never silent. A message wider
+    than the terminal (``$COLUMNS``, else 80) goes on indented lines below (a path is never cut)."""
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
@@ -96,8 +97,14 @@ class StepLog:
     def __call__(self, message: str) -> None:
         if not self.enabled:
             return
+        import shutil
+        import textwrap
+
         elapsed = int(time.monotonic() - self.started)
-        sys.stderr.write(f"[demo {elapsed // 60}:{elapsed % 60:02d}] {message}\n")
+        prefix = f"[demo {elapsed // 60}:{elapsed % 60:02d}] "
+        width = max(40, shutil.get_terminal_size((80, 24)).columns)
+        lines = textwrap.wrap(message, width - len(prefix), break_long_words=False, break_on_hyphens=False) or [""]
+        sys.stderr.write(prefix + f"\n{' ' * len(prefix)}".join(lines) + "\n")
         sys.stderr.flush()
 
 

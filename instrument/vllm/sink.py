@@ -90,14 +90,14 @@ class RecordSink:
 
     def _write(self, facts: StepFacts) -> None:
         encoder = self.encoder
+        if encoder.pos >= FLUSH_BYTES:  # (before, not after: the last message also takes the IDLE entry)
+            self._send()
         start = encoder.pos
         try:
             encoder.write(facts)
         except Exception:
             encoder.pos = start  # no half record; the hook's caller logs it and stops tracing
             raise
-        if encoder.pos >= FLUSH_BYTES:
-            self._send()
 
     def _send(self) -> None:
         from instrument.records.channels import VLLM_STEPS

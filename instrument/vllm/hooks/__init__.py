@@ -106,8 +106,11 @@ def install(tap: StepTap) -> bool:
             cpu, floor = _clock_start() if tap.measure else (0, 0)
             try:
                 pool = tap.pool or (tap.geometry(self) and tap.pool)
+                news = out.scheduled_new_reqs  # (their token lists, V2 model runner: live, read now)
                 held.append((SCHEDULED, out, self.current_step, start, perf_ns(), len(self.waiting),
-                             pool.get_num_free_blocks()))
+                             pool.get_num_free_blocks(),
+                             [-1 if r.prefill_token_ids is None else len(r.prefill_token_ids) for r in news]
+                             if news else None))
             except Exception:
                 tap.fail()
             if cpu:

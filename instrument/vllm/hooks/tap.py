@@ -32,7 +32,8 @@ class StepTap:
     def __init__(self, send: Any) -> None:
         # what the wrapped methods append, oldest first, on the engine thread:
         # (SCHEDULED, its SchedulerOutput, step, start, schedule end (perf_counter ns), waiting,
-        #  KV blocks free), (UPDATED, that SchedulerOutput, the ModelRunnerOutput, end
+        #  KV blocks free, the length of each scheduled_new_reqs' prefill_token_ids or -1, or
+        #  None when none), (UPDATED, that SchedulerOutput, the ModelRunnerOutput, end
         #  (perf_counter ns)), (ARRIVED, id, arrival s, trace headers, prompt tokens),
         #  (PREEMPTED, id, blocks freed, wall ns), (FINISHED, id, status, wall ns). Never
         #  rebound: the wrappers hold it
@@ -51,6 +52,7 @@ class StepTap:
         self._phase: dict[str, int] = {}
         self._prefilling: set[str] = set()
         self._ending: set[str] = set()  # ended, still scheduled in a step not yet updated
+        self._first_carried: list[tuple[str, int]] = []  # first schedules in steps let go
         self._facts = StepFacts(0)  # what drain() writes into
         self.dropped_steps = 0  # scheduled, never updated (an engine error)
         self.failed = False  # a hook raised: tracing stops, vLLM goes on (one log line)
@@ -104,39 +106,53 @@ class StepTap:
         arrivals: list[Any] = []
         preempted: list[Any] = []
         finished: list[Any] = []
+        reborn: set[str] = set()  # ids that ended and arrived again since the last record
         try:
             for entry in held:
                 kind = entry[0]
                 if kind == SCHEDULED:
                     opened[id(entry[1])] = entry
+                    if len(opened) > 8:  # the oldest never updated (an engine error): let it go, counted
+                        self._let_go(opened.pop(next(iter(opened))), opened)
                 elif kind == UPDATED:
                     scheduled = opened.pop(id(entry[1]), None)
                     if scheduled is not None:
                         yield self._fill(scheduled, entry, arrivals, preempted, finished)
                         if finished or self._ending:
-                            self._forget(finished, opened)
+                            self._forget(finished, reborn, opened)
                         arrivals, preempted, finished = [], [], []
+                        reborn.clear()
                 elif kind == ARRIVED:
                     arrivals.append(entry[1:])
+                    self._arrive(entry[1], entry[4])
+                    if any(end[0] == entry[1] for end in finished):
+                        reborn.add(entry[1])
                 elif kind == PREEMPTED:
                     preempted.append(entry[1:])
                 else:
                     finished.append(entry[1:])
+                    reborn.discard(entry[1])
             if arrivals or preempted or finished:
                 yield self._fill(None, None, arrivals, preempted, finished)
-                self._forget(finished, opened)
+                self._forget(finished, reborn, opened)
         finally:
             held.clear()
-            if len(opened) > 8:  # outputs never updated (an engine error): let them go, counted
-                self._let_go(list(opened.values()))
-                opened.clear()
             held.extend(opened.values())
 
-    def _forget(self, finished: list[Any], opened: dict[int, tuple[Any, ...]]) -> None:
+    def _arrive(self, req_id: str, prompt_tokens: int) -> None:
+        """A request's state from its arrival (an id used again starts afresh)."""
+        self._prompt[req_id] = prompt_tokens
+        self._blocks.pop(req_id, None)
+        self._phase.pop(req_id, None)
+        self._prefilling.discard(req_id)
+        self._ending.discard(req_id)
+
+    def _forget(self, finished: list[Any], reborn: set[str], opened: dict[int, tuple[Any, ...]]) -> None:
         """Drop the state of requests that ended, once no held step still schedules them (with
-        async scheduling the step after a request's last is scheduled before its end is known)."""
+        async scheduling the step after a request's last is scheduled before its end is known);
+        not that of an id that arrived again after its end (``reborn``)."""
         ending = self._ending
-        ending.update(req_id for req_id, _, _ in finished)
+        ending.update(req_id for req_id, _, _ in finished if req_id not in reborn)
         for req_id in list(ending):
             if not any(req_id in entry[1].num_scheduled_tokens for entry in opened.values()):
                 ending.discard(req_id)
@@ -145,13 +161,17 @@ class StepTap:
                 self._phase.pop(req_id, None)
                 self._prefilling.discard(req_id)
 
-    def _let_go(self, entries: list[tuple[Any, ...]]) -> None:
-        """Steps scheduled and never updated: no record, but the blocks given and the requests
-        first scheduled in them still count for the steps after (counted in dropped_steps)."""
-        self.dropped_steps += len(entries)
-        for entry in entries:
-            out = entry[1]
-            self._columns(out, out.scheduled_cached_reqs, {}, (), StepFacts(0))
+    def _let_go(self, entry: tuple[Any, ...], opened: dict[int, tuple[Any, ...]]) -> None:
+        """A step scheduled and never updated: no record (counted in dropped_steps), but the
+        blocks given in it count for the steps after, and its requests' first schedules (cached
+        tokens) go with the next record."""
+        self.dropped_steps += 1
+        scratch = StepFacts(0)
+        out = entry[1]
+        self._columns(out, out.scheduled_cached_reqs, entry[7], {}, (), scratch)
+        self._first_carried += scratch.first
+        if self._ending:
+            self._forget([], set(), opened)
 
     def unfinished(self) -> int:
         """Steps held that were scheduled and not updated (at shutdown: never will be)."""
@@ -169,19 +189,13 @@ class StepTap:
         before the step) and ``ModelRunnerOutput`` (``sampled_token_ids`` per request). KV
         blocks held are followed per request from those lists (the first KV cache group)."""
         facts = self._facts
-        facts.first = []
+        facts.first, self._first_carried = self._first_carried, []
         facts.arrivals, facts.preempted, facts.finished = arrivals, preempted, finished
-        for req_id, _, _, prompt_tokens in arrivals:  # (an id used again starts afresh)
-            self._prompt[req_id] = prompt_tokens
-            self._blocks.pop(req_id, None)
-            self._phase.pop(req_id, None)
-            self._prefilling.discard(req_id)
-            self._ending.discard(req_id)
         if scheduled is None:  # events only
             facts.step, facts.n = -1, 0
             facts.start_ns = facts.sched_end_ns = facts.end_ns = now_wall_ns()
         else:
-            _, out, facts.step, start, sched_end, facts.waiting, free = scheduled
+            _, out, facts.step, start, sched_end, facts.waiting, free, lengths = scheduled
             facts.start_ns, facts.sched_end_ns, facts.end_ns = start + _PERF_TO_WALL, sched_end + _PERF_TO_WALL, \
                 updated[3] + _PERF_TO_WALL
             facts.block_tokens, facts.bytes_per_block, _ = self._geometry  # type: ignore[misc]
@@ -192,7 +206,7 @@ class StepTap:
             index, sampled = runner_output.req_id_to_index, runner_output.sampled_token_ids
             if out.scheduled_new_reqs or cached.resumed_req_ids or self._prefilling or not self._decodes(
                     out, cached, index, sampled, facts):
-                self._columns(out, cached, index, sampled, facts)
+                self._columns(out, cached, lengths, index, sampled, facts)
             self.steps += 1
             self.tokens += sum(facts.sampled)
         return facts
@@ -224,7 +238,8 @@ class StepTap:
         facts.prefix_hit_tokens = 0
         return True
 
-    def _columns(self, out: Any, cached: Any, index: dict[str, int], sampled: Any, facts: StepFacts) -> None:
+    def _columns(self, out: Any, cached: Any, lengths: list[int] | None, index: dict[str, int], sampled: Any,
+                 facts: StepFacts) -> None:
         """Any step, one request at a time. Per request: ``_prompt`` its prompt tokens,
         ``_blocks`` its KV blocks held, ``_phase`` 1 once scheduled / 2 once preempted since,
         ``_prefilling`` while it computes prompt tokens (and one step after)."""
@@ -235,10 +250,10 @@ class StepTap:
         resumed_ids = cached.resumed_req_ids
         # the requests of scheduled_new_reqs, then the cached ones: (id, tokens computed before
         # the step, blocks given in the step, output tokens so far (< 0 for scheduled_new_reqs:
-        # -2 - its tokens so far when the V2 model runner gives them, else -1), resumed)
-        rows = [(new.req_id, new.num_computed_tokens, new.block_ids,
-                 -2 - len(new.prefill_token_ids) if new.prefill_token_ids else -1, False)
-                for new in out.scheduled_new_reqs]
+        # -2 - its tokens so far when the V2 model runner gives them (their count when
+        # scheduled: the list grows with each token), else -1), resumed)
+        rows = [(new.req_id, new.num_computed_tokens, new.block_ids, -2 - length if length >= 0 else -1, False)
+                for new, length in zip(out.scheduled_new_reqs, lengths or [-1] * len(out.scheduled_new_reqs))]
         for j, req_id in enumerate(cached.req_ids):
             rows.append((req_id, cached.num_computed_tokens[j], cached.new_block_ids[j], cached.num_output_tokens[j],
                          req_id in resumed_ids))
