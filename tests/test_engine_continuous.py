@@ -238,6 +238,23 @@ def test_the_hooks_refuse_an_unchecked_transformers() -> None:
         transformers.__version__ = real
 
 
+def test_the_install_pins_the_transformers_the_hooks_were_read_on() -> None:
+    """A fresh install takes what pyproject allows: it must be the one version cb_hooks
+    accepts (transformers 5.25.0 appeared with the pin still open; the default engine then
+    refused to start)."""
+    from pathlib import Path
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    from instrument.engines import cb_hooks
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    hf = pyproject["project"]["optional-dependencies"]["hf"]
+    assert [r for r in hf if r.startswith("transformers")] == [f"transformers=={cb_hooks.TESTED_TRANSFORMERS}"]
+
+
 def test_a_process_that_never_closes_its_engine_still_exits() -> None:
     """The manager's loop thread is a daemon (cb_hooks.start_manager): apps built and never
     served, or scripts that forget close(), do not hang at exit."""
