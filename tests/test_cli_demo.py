@@ -91,3 +91,19 @@ def test_model_step_says_when_smollm2_is_converted_once(tmp_path: Path, monkeypa
     (copy / "config.json").write_text("{}")
     (copy / "tokenizer.json").write_text("{}")
     assert model_step("smollm2") == f"loading SmolLM2-135M-Instruct (converted copy in {copy})"
+
+
+def test_a_long_hint_command_is_continued_and_runs_as_pasted() -> None:
+    """Hint commands wider than the terminal go on `` \\``-continued lines, cut at spaces:
+    every line fits, and bash reads the same words back."""
+    import subprocess
+
+    from analyzer.cli.demo import _command
+
+    line = ("  OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318 .venv/bin/tokentrace demo --out "
+            "/some/rather/long/folder/of/the/user/tokentrace-demo")
+    shown = _command(line, 80)
+    assert shown.count("\n") >= 1 and all(len(part) <= 80 for part in shown.splitlines()), shown
+    words = subprocess.run(["bash", "-c", "printf '%s\\n' " + shown], capture_output=True, text=True, check=True)
+    assert words.stdout.split("\n")[:-1] == line.split()
+    assert _command("  short --db x", 80) == "  short --db x"

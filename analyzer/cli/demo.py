@@ -30,6 +30,22 @@ def print_query_results(results: dict[str, Any]) -> None:
         echo_human(name, result.columns, result.rows, columns_flag=False)
 
 
+def _command(line: str, width: int) -> str:
+    """A shell command as printed (its indent kept): wider than ``width``, continued with
+    `` \\`` on lines indented 4 more, cut only at spaces (it still runs when pasted)."""
+    if len(line) <= width:
+        return line
+    indent = line[:len(line) - len(line.lstrip(" "))]
+    out, current = [], indent
+    for word in line.split():
+        if current.strip() and len(current) + 1 + len(word) + 2 > width:
+            out.append(current + " \\")
+            current = indent + "    " + word
+        else:
+            current = f"{current} {word}" if current.strip() else current + word
+    return "\n".join(out + [current])
+
+
 @contextmanager
 def _progress(quiet: bool) -> Iterator[Any]:
     """A callback (stage, done, total) drawing a rich progress display, or a no-op."""
@@ -128,7 +144,9 @@ def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int
 
     from analyzer.cli._human import terminal_width
 
-    click.echo(f"tokentrace demo: {result.model_id} served at {result.url}")
+    width = terminal_width()
+    served = f"tokentrace demo: {result.model_id} served at {result.url}"
+    click.echo(served if len(served) <= width else f"tokentrace demo: {result.model_id}\n  served at {result.url}")
     click.echo(f"{len(result.client_results)} requests sent, {ok} completed; {result.spans_loaded} spans loaded")
     seed = result.client_results[0] if result.client_results else None
     if seed is not None and seed.text:
@@ -147,8 +165,9 @@ def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int
     q = shlex.quote
     for verb in ("requests", "phases", "itl", "window", "skew"):
         click.echo(f"  {tt} {verb} --db {q(str(db))}")
-    click.echo(f"  {tt} report --db {q(str(db))} --html {q(str(db.parent / 'report.html'))}")
+    click.echo(_command(f"  {tt} report --db {q(str(db))} --html {q(str(db.parent / 'report.html'))}", width))
     click.echo("View them in Jaeger (OTLP over HTTP on :4318, UI on :16686):")
     click.echo("  docker run --rm -p 16686:16686 -p 4318:4318 jaegertracing/jaeger:2.14.1")
     click.echo("  (or: docker compose up; docs/jaeger.md), then")
-    click.echo(f"  OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318 {tt} demo --out {q(str(result.db_path.parent))}")
+    click.echo(_command(f"  OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318 {tt} demo --out "
+                        f"{q(str(result.db_path.parent))}", width))
