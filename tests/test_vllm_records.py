@@ -356,3 +356,22 @@ def test_an_idle_engine_forgets_requests_whose_end_was_lost(caplog: pytest.LogCa
     out: list = []
     records.decode(b"\x07", {}, out)
     assert out == [None]
+
+
+def test_a_failing_hook_counts_the_steps_it_held(caplog: pytest.LogCaptureFixture) -> None:
+    """A hook that raises stops tracing: what the tap held is not sent (it may miss an event),
+    and its steps are counted, said in the one log line."""
+    from instrument.vllm.hooks import ARRIVED, SCHEDULED, UPDATED, StepTap
+
+    tap = StepTap(send=None)
+    out = object()
+    tap.held += [(ARRIVED, "a", 1.0, None, 4), (SCHEDULED, out), (UPDATED, out), (SCHEDULED, out), (UPDATED, out),
+                 (SCHEDULED, object())]
+    with caplog.at_level("ERROR", logger="tokentrace.vllm"):
+        try:
+            raise KeyError("a field vLLM renamed")
+        except KeyError:
+            tap.fail()
+        tap.fail()  # once
+    assert tap.failed and tap.held == [] and tap.dropped_steps == 2
+    assert caplog.text.count("the vLLM hooks failed") == 1 and "2 steps held not sent" in caplog.text

@@ -114,7 +114,7 @@ def _start_pipeline(idle: bool) -> None:
         sink.close()
         never = tap.dropped_steps + tap.unfinished()  # (unfinished: still in flight at shutdown)
         if never:
-            log.warning("tokentrace: %d engine steps not traced (scheduled, never updated)", never)
+            log.warning("tokentrace: %d engine steps not traced (never updated, or held when tracing stopped)", never)
 
     tap.on_shutdown = close  # vLLM's scheduler shutdown; atexit and multiprocessing's exit as fallbacks
     atexit.register(sink.close)

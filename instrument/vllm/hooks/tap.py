@@ -54,7 +54,7 @@ class StepTap:
         self._ending: set[str] = set()  # ended, still scheduled in a step not yet updated
         self._first_carried: list[tuple[str, int]] = []  # first schedules in steps let go
         self._facts = StepFacts(0)  # what drain() writes into
-        self.dropped_steps = 0  # scheduled, never updated (an engine error)
+        self.dropped_steps = 0  # no record: scheduled and never updated (an engine error), or held when a hook failed
         self.failed = False  # a hook raised: tracing stops, vLLM goes on (one log line)
         self.measure = False  # time the hooks with the thread's CPU clock (0.25 µs a read here)
         self.hook_cpu_ns = 0  # CPU time the engine thread spent in schedule/update hooks, ns (measure)
@@ -68,8 +68,12 @@ class StepTap:
         """A hook raised (vLLM state this module did not expect): log it once, stop tracing."""
         if not self.failed:
             self.failed = True
-            self.held.clear()  # what it holds may miss an event: not sent
-            log.exception("tokentrace: the vLLM hooks failed; tracing stops, vLLM runs on untraced")
+            # what it holds may miss an event: not sent, its steps counted
+            lost = sum(1 for entry in self.held if entry[0] == UPDATED)
+            self.dropped_steps += lost
+            self.held.clear()
+            log.exception("tokentrace: the vLLM hooks failed; tracing stops (%d steps held not sent), vLLM runs "
+                          "on untraced", lost)
 
     def geometry(self, sched: Any) -> tuple[int, int, int]:
         """(block_tokens, bytes_per_block over every layer, blocks_total) of the first KV group."""
