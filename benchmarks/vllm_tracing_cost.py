@@ -226,10 +226,10 @@ def main() -> None:
                         steps = max(now["steps"] - last["steps"], 1)
                         parts = {k: (now[f"{k}_cpu_ns"] - last[f"{k}_cpu_ns"]) / steps / 1e3 for k in ("hook", "schedule", "send")}
                         extra = f" hooks {own[concurrency][-1][0]:.2f} exp {own[concurrency][-1][1]:.1f}"
-                        detail = (f"\n    plugin per step, µs: schedule hook {parts['schedule']:.1f}, update hook "
-                                  f"{parts['hook'] - parts['schedule'] - parts['send']:.1f}, packing + sending "
-                                  f"{parts['send']:.1f} ({seen / steps:.1f} tokens, {(now['sends'] - last['sends']) / steps:.2f} sends "
-                                  f"per step)")
+                        detail = (f"\n    per step: schedule hook {parts['schedule']:.1f} µs, update hook "
+                                  f"{parts['hook'] - parts['schedule'] - parts['send']:.1f} µs, sends "
+                                  f"{parts['send']:.1f} µs\n    ({seen / steps:.1f} tokens and "
+                                  f"{(now['sends'] - last['sends']) / steps:.2f} sends per step)")
                         if now["dropped_spans"] or now["dropped_steps"]:
                             print(f"  dropped: {now['dropped_spans']} spans, {now['dropped_steps']} steps")
                         last = now
