@@ -39,11 +39,12 @@ def test_hooks_pin_the_installed_vllm_version() -> None:
     assert tested == installed == "0.32.0"
 
 
-def test_drain_reads_vllms_own_step_objects() -> None:
-    """StepTap.drain on the installed vLLM's SchedulerOutput / ModelRunnerOutput classes
-    (tests/vllm_drain_scenario.py), in the cases a live CPU run does not reach; every figure
+def test_rows_carry_vllms_own_step_objects() -> None:
+    """StepTap.take on the installed vLLM's SchedulerOutput / ModelRunnerOutput classes, the
+    rows through pack / unpack, read by StepReader (tests/vllm_step_scenario.py), in the cases
+    a live CPU run does not reach; every figure
     below is worked out by hand from the scenario's steps (block size 16)."""
-    script = Path(__file__).with_name("vllm_drain_scenario.py")
+    script = Path(__file__).with_name("vllm_step_scenario.py")
     out = subprocess.run([str(VLLM_PYTHON), str(script)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
@@ -55,7 +56,7 @@ def test_drain_reads_vllms_own_step_objects() -> None:
         1: (["a"], [20], [0], [1], [2], [1]),
         # b new with 16 prompt tokens in the prefix cache (its first chunk, cached tokens 16)
         2: (["b", "a"], [24, 1], [16, 20], [1, 0], [3, 2], [1, 1]),
-        # step 3 was scheduled before a drain and updated after it: carried, not lost
+        # step 3 was scheduled before a send and updated after it: carried, not lost
         3: (["a", "b"], [1, 1], [21, 40], [0, 0], [2, 3], [1, 1]),
         # num_scheduled_tokens in another order than the cached requests; a given a 3rd block
         4: (["a", "b"], [1, 1], [22, 41], [0, 0], [3, 3], [1, 1]),
@@ -75,14 +76,14 @@ def test_drain_reads_vllms_own_step_objects() -> None:
     assert by_step[5]["preempted"] == [["a", 3]]
     assert by_step[7]["finished"] == [["a", 1]] and by_step[-1]["finished"] == [["b", 2]]
     # nothing left held, every step and token counted, no state kept for ended requests
-    assert (got["held"], got["steps"], got["tokens"], got["state"]) == (0, 7, 12, [0, 0, 0, 0, 0])
+    assert (got["held"], got["in_flight"], got["steps"], got["tokens"], got["state"]) == (0, [0, 0], 7, 12, [0, 0, 0, 0])
 
     # async scheduling: the step after r's last was scheduled before r's end was known; it
     # still names r (with the blocks r held, not as a new request), then r's state goes
     early = got["async"]
     assert [(r["step"], r["req_ids"], r["blocks"], r["first"]) for r in early["records"]] == \
         [(1, ["r"], [1], [["r", 0]]), (2, ["r"], [1], [])]
-    assert early["after_first"][4] == 1 and early["state"] == [0, 0, 0, 0, 0] and early["held"] == 0
+    assert early["after_first"][3] == 1 and early["state"] == [0, 0, 0, 0] and early["in_flight"] == [0, 0]
     # the V1 runner: q resumed through resumed_req_ids (its whole new list, 2 blocks; 16
     # tokens from the prefix cache), its recompute emits, then a plain decode
     v1 = got["v1"]
@@ -92,8 +93,9 @@ def test_drain_reads_vllms_own_step_objects() -> None:
                      (3, ["q"], [6], [16], [2], [2], [], 16), (4, ["q"], [1], [22], [0], [2], [], 0),
                      (20, ["z"], [1], [12], [0], [1], [], 0)], steps
     # more than 8 steps in flight: the oldest is let go (counted), its blocks and z's first
-    # schedule still count (the first goes out with the next record); 7 stay held
-    assert v1["dropped"] == 1 and v1["held"] == 7
+    # schedule still count (the first goes out with the next record); the 9th after the next
+    # step's: let go too (2 in all, on both sides); 7 stay in flight
+    assert v1["dropped"] == 1 and v1["let_go"] == 2 and v1["in_flight"] == [7, 7]
     assert [r["first"] for r in v1["records"] if r["step"] == -1] == [[["z", 0]]]
     # an id used again: the old x's end does not take the new x's state with it
     reuse = [(r["step"], r["prefill"], r["blocks"], r["first"], r["finished"]) for r in got["reuse"]["records"]]

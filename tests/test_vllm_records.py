@@ -1,12 +1,15 @@
-"""vLLM step records (#28, instrument/vllm/records.py): spans built from records in the
-exporter process are the spans SpanBuilder.consume writes from the same StepFacts directly,
-attribute by attribute, with the same times, events and parents (docs/spans.md "vLLM").
+"""vLLM step records (#28, instrument/vllm/records.py, steps.py): the rows the hooks take from
+vLLM's per-step objects, sent as messages and read in the exporter process, give exactly the
+spans SpanBuilder.consume writes from the hand-worked StepFacts of the same steps, attribute by
+attribute, with the same times, events and parents (docs/spans.md "vLLM").
 
-Deterministic and without vLLM: the StepFacts are what hooks.StepTap.drain gives (an arrival with a
-traceparent, a chunked prefill with prefix-cache hits, decodes, a preemption and its recomputed
-prefill, an abort, a step that names the aborted request, events-only records); both paths
-write to real SDK providers with in-memory exporters. The sink's tests send records through a
-real exporter process (python -m instrument.records.exporter_process) to an OTLP/JSON file.
+Deterministic and without vLLM: ``_stream`` is the StepFacts worked out by hand and ``_sends``
+the rows StepTap.take gives for those steps (an arrival with a traceparent, a chunked prefill
+with prefix-cache hits, decodes, a preemption and its recomputed prefill, an abort, a step
+that names the aborted request, events-only records); both paths write to real SDK providers
+with in-memory exporters. The sink's tests send rows through a real exporter process
+(python -m instrument.records.exporter_process) to an OTLP/JSON file. tests/test_vllm_plugin.py
+checks StepTap.take on vLLM's own classes.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from instrument.records.channels import VLLM_STEPS
 from instrument.records.span_builder import SpanBuilder as ExporterSpanBuilder
 from instrument.tracing import get_tracer
 from instrument.vllm import records
+from instrument.vllm.records import ARRIVED, FINISHED, GEOMETRY, IDLE, PREEMPTED, SCHEDULED, UPDATED
+from instrument.vllm.steps import StepReader
 from instrument.vllm import sink as sink_module
 from instrument.vllm.hooks import FINISHED_ABORTED, FINISHED_LENGTH, FINISHED_STOPPED, StepFacts, external_request_id
 from instrument.vllm.spans import SpanBuilder
@@ -41,7 +46,7 @@ BYTES_PER_BLOCK = 16 * 2 * 2 * 576  # tokens per block × layers × (K, V) × by
 
 
 def _facts(step: int, t: int, rows: list[tuple[str, int, int, int, int, int]], **events: Any) -> StepFacts:
-    """One record as StepTap.drain gives it: rows (req_id, scheduled, computed, prefill kind, blocks, sampled)."""
+    """One record as StepReader gives it: rows (req_id, scheduled, computed, prefill kind, blocks, sampled)."""
     f = StepFacts(max(len(rows), 1))
     f.step, f.start_ns, f.sched_end_ns, f.end_ns = step, T0 + t * MS, T0 + t * MS + 40_000, T0 + (t + 9) * MS
     f.n = len(rows)
@@ -63,7 +68,7 @@ def _stream() -> list[StepFacts]:
         _facts(1, 2, [(A, 100, 128, 1, 15, 0), (B, 40, 0, 1, 3, 1)], first=[(A, 128), (B, 0)], hits=128, waiting=1),
         _facts(2, 12, [(A, 72, 228, 1, 19, 1), (B, 1, 40, 0, 3, 1)],
                arrivals=[(C, s + 0.013, {"traceparent": PARENT["traceparent"]}, 20)]),
-        _facts(3, 22, [(A, 1, 300, 0, 19, 1), (B, 1, 41, 0, 3, 1), (C, 20, 0, 1, 2, 1)], first=[(C, 0)]),
+        _facts(3, 22, [(C, 20, 0, 1, 2, 1), (A, 1, 300, 0, 19, 1), (B, 1, 41, 0, 3, 1)], first=[(C, 0)]),
         _facts(4, 32, [(A, 1, 301, 0, 19, 1), (C, 1, 20, 0, 2, 1)], preempted=[(B, 3, T0 + 32 * MS + 10_000)]),
         _facts(5, 42, [(A, 1, 302, 0, 19, 1), (B, 42, 0, 2, 3, 1), (C, 1, 21, 0, 2, 1)], hits=0),
         _facts(-1, 52, [], finished=[(C, FINISHED_ABORTED, T0 + 52 * MS)]),  # client disconnect
@@ -89,17 +94,70 @@ def _direct(stream: list[StepFacts]) -> list[Any]:
     return list(exporter.get_finished_spans())
 
 
-def _through_records(stream: list[StepFacts], per_message: int) -> list[Any]:
-    """Encode on the 'engine' side, send as BLOB messages, build in the exporter's SpanBuilder."""
+
+
+def _geometry(t: int) -> tuple[Any, ...]:
+    return (GEOMETRY, 16, BYTES_PER_BLOCK, 400, T0 + t * MS)
+
+
+def _scheduled(step: int, t: int, tokens: dict[str, int], new: list[tuple[str, int, int, int]] | None,
+               cached: list[tuple[str, int, int | None, int]], waiting: int = 0,
+               resumed: frozenset[str] = frozenset()) -> tuple[Any, ...]:
+    """A SCHEDULED row; cached: (id, computed before, blocks given or None, output tokens so far)."""
+    return (SCHEDULED, step, T0 + t * MS, T0 + t * MS + 40_000, waiting, 400 - 10 - step, tokens, new,
+            [c[0] for c in cached], set(resumed), [None if c[2] is None else (list(range(c[2])),) for c in cached],
+            [c[1] for c in cached], [c[3] for c in cached])
+
+
+def _updated(step: int, t: int, sampled: dict[str, int]) -> tuple[Any, ...]:
+    return (UPDATED, step, T0 + (t + 9) * MS, list(sampled), list(sampled.values()))
+
+
+def _sends() -> list[list[tuple[Any, ...]]]:
+    """The rows StepTap.take gives for _stream's steps, one list per send (the abort of C, from
+    the frontend between two steps, makes a send of its own, as hooks.install's finish wrapper
+    does), so that reading them gives the same spans as _stream."""
+    s = T0 / 1e9
+    return [
+        [_geometry(0), (ARRIVED, A, s, PARENT, 300), (ARRIVED, B, s + 0.001, None, 40),
+         # A: 128 of its 300 prompt tokens in the prefix cache, 15 blocks; B: 40, 3 blocks, done
+         _scheduled(1, 2, {A: 100, B: 40}, [(A, 128, 15, -1), (B, 0, 3, -1)], [], waiting=1),
+         _updated(1, 2, {A: 0, B: 1}),
+         (ARRIVED, C, s + 0.013, {"traceparent": PARENT["traceparent"]}, 20),
+         _scheduled(2, 12, {A: 72, B: 1}, None, [(A, 228, 4, 0), (B, 40, None, 1)]),
+         _updated(2, 12, {B: 1, A: 1}),  # (the runner's own order)
+         _scheduled(3, 22, {C: 20, A: 1, B: 1}, [(C, 0, 2, -1)], [(A, 300, None, 1), (B, 41, None, 2)]),
+         _updated(3, 22, {A: 1, B: 1, C: 1}),
+         (PREEMPTED, B, 3, T0 + 32 * MS + 10_000),
+         _scheduled(4, 32, {A: 1, C: 1}, None, [(A, 301, None, 2), (C, 20, None, 1)]),
+         _updated(4, 32, {A: 1, C: 1}),
+         # B resumed (V1 runner): its whole list again, 40 prompt + 3 output tokens recomputed
+         # but the last
+         _scheduled(5, 42, {A: 1, B: 42, C: 1}, None, [(A, 302, None, 3), (B, 0, 3, 3), (C, 21, None, 2)],
+                    resumed=frozenset({B})),
+         _updated(5, 42, {A: 1, B: 1, C: 1}),
+         # step 6 scheduled before C's abort reached the scheduler (async scheduling)
+         _scheduled(6, 53, {A: 1, B: 1, C: 1}, None, [(A, 303, None, 4), (B, 44, None, 4), (C, 22, None, 3)])],
+        [_geometry(52), (FINISHED, C, FINISHED_ABORTED, T0 + 52 * MS)],
+        [_geometry(62), (FINISHED, A, FINISHED_LENGTH, T0 + 61 * MS), (FINISHED, B, FINISHED_STOPPED, T0 + 61 * MS),
+         _updated(6, 53, {A: 1, B: 1, C: 1})],
+        [_geometry(71), (ARRIVED, D, s + 0.070, None, 8), (FINISHED, D, FINISHED_ABORTED, T0 + 71 * MS)],
+    ]
+
+
+def _through_records(sends: list[list[tuple[Any, ...]]], per_message: int) -> list[Any]:
+    """Pack each send as RecordSink does (about ``per_message`` rows a message, cut where
+    records.message_end says), as BLOB messages, into the exporter's SpanBuilder."""
     provider, exporter = _provider()
     builder = ExporterSpanBuilder(provider)
-    encoder, writer = records.Encoder(capacity=64), fmt.RecordWriter()  # tiny buffer: it grows
-    for i, facts in enumerate(stream):
-        encoder.write(facts)
-        if (i + 1) % per_message == 0 or i == len(stream) - 1:
-            payload, _ = encoder.take()
-            writer.blob(VLLM_STEPS, payload)
+    writer = fmt.RecordWriter()
+    for rows in sends:
+        start = 0
+        while start < len(rows):
+            stop = records.message_end(rows, start, per_message)
+            writer.blob(VLLM_STEPS, records.pack(rows[start:stop]))
             builder.feed(bytes(writer.take()))  # a copy, as the socket gives the child
+            start = stop
     builder.close()
     return list(exporter.get_finished_spans())
 
@@ -125,7 +183,7 @@ def _canonical(spans: list[Any]) -> list[tuple[Any, ...]]:
 @pytest.mark.parametrize("per_message", [1, 3, 100])
 def test_records_give_the_spans_consume_gives(per_message: int) -> None:
     direct = _canonical(_direct(_stream()))
-    through = _canonical(_through_records(_stream(), per_message))
+    through = _canonical(_through_records(_sends(), per_message))
     assert len(through) == len(direct)
     for mine, theirs in zip(through, direct):
         assert mine == theirs
@@ -148,53 +206,56 @@ def test_records_give_the_spans_consume_gives(per_message: int) -> None:
     assert last_step["tokentrace.batch.discarded_sequences"] == 1  # C, scheduled before its abort
 
 
-def test_slots_end_with_their_requests() -> None:
-    """The encoder and the decoder hold a slot from arrival to finish only; a request named
-    after its end gets a one-record slot, and a slot whose ARRIVE never came decodes as
-    ``?slot-N`` (a lost message), never as another request."""
-    encoder, names, out = records.Encoder(), {}, []
-    for facts in _stream():
-        encoder.write(facts)
-    payload, units = encoder.take()
-    records.decode(payload, names, out)
-    assert encoder.slot_of == {} and names == {}
-    assert units == sum(f.n + 1 for f in _stream() if f.step >= 0) + 2 * 4
-    assert [f.req_ids[:f.n] for f in out][-2] == [A, B, C]
-    stream, encoder = _stream(), records.Encoder()
-    for facts in stream[:5]:
-        encoder.write(facts)
-    encoder.take()  # a message the exporter never received (a full socket)
-    for facts in stream[5:]:
-        encoder.write(facts)
-    later: list[StepFacts] = []
-    records.decode(encoder.take()[0], {}, later)
-    assert later[0].req_ids == ["?slot-1", "?slot-2", "?slot-3"]  # A, B, C
+def test_the_reader_gives_the_hand_worked_facts() -> None:
+    """StepReader on the rows gives, step by step, the columns worked out by hand in _stream
+    (events attach to the step they came before, so only the steps are compared)."""
+    reader = StepReader()
+    got = []
+    for rows in _sends():
+        for f in reader.read(records.unpack(records.pack(rows))):
+            if f is not None and f.step >= 0:
+                got.append((f.step, f.start_ns, f.sched_end_ns, f.end_ns, f.waiting, f.kv_used, f.kv_total,
+                            f.prefix_hit_tokens, f.block_tokens, f.bytes_per_block, list(f.req_ids[:f.n]),
+                            list(f.tokens[:f.n]), list(f.computed[:f.n]), list(f.prefill[:f.n]),
+                            list(f.blocks[:f.n]), list(f.sampled[:f.n]), list(f.first)))
+    want = [(f.step, f.start_ns, f.sched_end_ns, f.end_ns, f.waiting, f.kv_used, f.kv_total, f.prefix_hit_tokens,
+             f.block_tokens, f.bytes_per_block, list(f.req_ids[:f.n]), list(f.tokens[:f.n]), list(f.computed[:f.n]),
+             list(f.prefill[:f.n]), list(f.blocks[:f.n]), list(f.sampled[:f.n]), list(f.first))
+            for f in _stream() if f.step >= 0]
+    assert got == want
+    # every request ended: nothing kept
+    assert (reader._prompt, reader._blocks, reader._phase, reader._ending, reader._opened) == ({}, {}, {}, set(), {})
 
 
 def test_a_malformed_payload_is_a_value_error() -> None:
-    encoder = records.Encoder()
-    encoder.write(_stream()[1])
-    payload = bytes(encoder.take()[0])
-    for bad in (payload[:-3], payload[:10], b"\x09" + payload[1:], payload + b"\x03\x01"):
+    payload = records.pack(_sends()[0])
+    bad_rows = [
+        records.pack((1, 2)),  # not a list
+        records.pack([(UPDATED, 1)]),  # a row of the wrong width
+        records.pack([(9,)]),  # no such row
+        records.pack([_scheduled(1, 2, {A: 1}, None, [(A, 0, None, 0)]), (UPDATED, 1, 0, [A], None)]),  # sampled: None
+    ]
+    provider, _ = _provider()
+    for bad in [payload[:-3], payload[:10], b"\xff" + payload[1:], *bad_rows]:
         with pytest.raises(ValueError, match="vLLM step records"):
-            records.decode(bad, {}, [])
+            records.RecordConsumer(provider).feed(memoryview(bad))
 
 
 def test_what_a_client_controls_never_breaks_a_message() -> None:
-    """A tracestate cut at 512 bytes inside a UTF-8 character, and a request id over the u16
-    length (vLLM takes a body's request_id of any length): both are packed on a character
-    boundary and the message decodes (it used to raise on vLLM's thread, or be refused whole)."""
-    long_id = "cmpl-abc" + "é" * 40_000  # 80,008 bytes: byte 65,535 is the first of an é
-    state = "k=" + "a" * 509 + "é"  # 513 bytes: the 512th is the first byte of é
+    """A request id of any length (vLLM takes a body's request_id as it is) and a tracestate
+    with non-ASCII characters cross whole: the request's span carries them."""
+    long_id = "cmpl-abc" + "é" * 40_000
+    state = "k=" + "a" * 509 + "é"
     headers = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": state}
-    encoder = records.Encoder()
-    encoder.write(_facts(1, 0, [(long_id, 8, 0, 1, 1, 1)], arrivals=[(long_id, T0 / 1e9, headers, 8)]))
-    out: list[StepFacts] = []
-    records.decode(bytes(encoder.take()[0]), {}, out)
-    (arrival,) = out[0].arrivals
-    assert arrival[0] == long_id.encode()[:0xFFFF].decode("utf-8", "ignore") and len(arrival[0].encode()) == 0xFFFF - 1
-    assert arrival[2]["tracestate"] == "k=" + "a" * 509 and arrival[2]["traceparent"] == headers["traceparent"]
-    assert out[0].req_ids[0] == arrival[0]
+    rows = [_geometry(0), (ARRIVED, long_id, T0 / 1e9, headers, 8),
+            _scheduled(1, 0, {long_id: 8}, [(long_id, 0, 1, -1)], []), _updated(1, 0, {long_id: 1}),
+            (FINISHED, long_id, FINISHED_STOPPED, T0 + 9 * MS)]
+    provider, exporter = _provider()
+    consumer = records.RecordConsumer(provider)
+    consumer.feed(memoryview(records.pack(rows)))
+    (request,) = [s for s in exporter.get_finished_spans() if s.name == "engine_request"]
+    assert request.attributes["gen_ai.request.id"] == external_request_id(long_id) == long_id
+    assert request.context.trace_id == 0x4BF92F3577B34DA6A3CE929D0E0E4736
 
 
 def _otlp_json_spans(path: Path) -> list[tuple[str, dict[str, Any]]]:
@@ -208,30 +269,31 @@ def _otlp_json_spans(path: Path) -> list[tuple[str, dict[str, Any]]]:
     return found
 
 
-class _Held:
-    """What the hooks hold, as RecordSink reads it: records given, drained at each flush."""
+class _Taken:
+    """What the hooks hold, as RecordSink takes it: one prepared send per flush."""
 
-    def __init__(self) -> None:
-        self.records: list[StepFacts] = []
+    def __init__(self, sends: list[list[tuple[Any, ...]]]) -> None:
+        self.sends = list(sends)
 
-    def drain(self) -> Any:
-        records, self.records = self.records, []
-        yield from records
+    def take(self, idle: bool = False) -> tuple[list[tuple[Any, ...]], list[int]]:
+        rows = self.sends.pop(0) if self.sends else [_geometry(0)]
+        rows = rows + [(IDLE,)] if idle else rows
+        return rows, [len(r[6]) + 1 if r[0] == SCHEDULED else 2 if r[0] == FINISHED else 0 for r in rows]
 
 
 def test_through_a_real_exporter_process(tmp_path: Path) -> None:
     """RecordSink (the engine-core side) -> socket -> exporter process -> OTLP/JSON file: the
     same spans by name and request id, nothing counted lost; the exporter runs nicer."""
     out = tmp_path / "spans.jsonl"
-    held = _Held()
-    sink = sink_module.RecordSink(["otlp_json"], str(out), held.drain)
+    held = _Taken(_sends())
+    sink = sink_module.RecordSink(["otlp_json"], str(out), held.take)
     nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + sink_module.EXPORTER_NICE)
     assert os.getpriority(os.PRIO_PROCESS, sink.exporter.process.pid) == nice  # below the engine's priority
     try:
+        for i in range(4):
+            sink.flush(idle=i == 3)  # one message each: far under FLUSH_BYTES
         stream = _stream()
-        held.records = list(stream)
-        sink.flush(idle=True)  # one message: the records are far under FLUSH_BYTES
-        assert sink.sends == 1 and sink.sender.sent_units == sum(f.n + 1 for f in stream if f.step >= 0) + 2 * 4
+        assert sink.sends == 4 and sink.sender.sent_units == sum(f.n + 1 for f in stream if f.step >= 0) + 2 * 4
         assert sink.exporter.flush(30)
     finally:
         sink.close()
@@ -249,9 +311,8 @@ def test_close_is_bounded_when_the_exporter_process_hangs(caplog: pytest.LogCapt
     """vLLM kills an engine core 5 s after asking it to stop: with the exporter process
     stopped dead (SIGSTOP), close() still returns within ~4 s, the child killed, and says
     the spans it could not account for."""
-    held = _Held()
-    sink = sink_module.RecordSink(["none"], None, held.drain)
-    held.records = _stream()
+    held = _Taken([[row for rows in _sends() for row in rows]])
+    sink = sink_module.RecordSink(["none"], None, held.take)
     pid = sink.exporter.process.pid
     os.kill(pid, signal.SIGSTOP)
     start = time.monotonic()
@@ -264,11 +325,10 @@ def test_close_is_bounded_when_the_exporter_process_hangs(caplog: pytest.LogCapt
 
 
 def test_close_stops_the_exporter_even_when_the_last_send_fails(caplog: pytest.LogCaptureFixture) -> None:
-    """A record that cannot be read at shutdown: one log line, and the exporter process is
+    """A step that cannot be taken at shutdown: one log line, and the exporter process is
     still stopped (what it holds exported), within the bound."""
-    def broken() -> Any:
-        raise RuntimeError("a record vLLM changed under us")
-        yield  # (a generator, as StepTap.drain)
+    def broken(idle: bool = False) -> Any:
+        raise RuntimeError("a field vLLM changed under us")
 
     sink = sink_module.RecordSink(["none"], None, broken)
     start = time.monotonic()
@@ -281,81 +341,90 @@ def test_close_stops_the_exporter_even_when_the_last_send_fails(caplog: pytest.L
 
 def test_a_send_is_cut_into_messages_of_flush_bytes(tmp_path: Path) -> None:
     """Many steps held (a busy engine at batch 256): one send packs them into several
-    messages, each a little over FLUSH_BYTES at most (whole records), none too large for the
-    socket; the exporter process rebuilds every span."""
+    messages of at most 2 × FLUSH_BYTES, none ending on an event row but the last; the
+    exporter process rebuilds every span."""
     out = tmp_path / "spans.jsonl"
-    held = _Held()
-    sink = sink_module.RecordSink(["otlp_json"], str(out), held.drain)
-    rows = 256
+    ids = [f"chatcmpl-{i:032x}-0-{i:08x}" for i in range(256)]
+    s = T0 / 1e9
+    rows = [_geometry(0)] + [(ARRIVED, r, s, None, 8) for r in ids]
+    for k in range(1, 40):
+        rows.append(_scheduled(k, k, dict.fromkeys(ids, 8 if k == 1 else 1),
+                               [(r, 0, 1, -1) for r in ids] if k == 1 else None,
+                               [] if k == 1 else [(r, 8 + k - 2, None, k - 1) for r in ids]))
+        rows.append(_updated(k, k, dict.fromkeys(ids, 1)))
+    rows += [(FINISHED, r, FINISHED_LENGTH, T0 + 60 * MS) for r in ids]
+    sink = sink_module.RecordSink(["otlp_json"], str(out), _Taken([rows]).take)
+    payloads: list[bytes] = []
+    send = sink._send
+
+    def spy(payload: bytes, units: int) -> None:  # the sink's own send, each payload kept
+        payloads.append(payload)
+        send(payload, units)
+
+    sink._send = spy  # type: ignore[method-assign]
     try:
-        ids = [f"r{i}" for i in range(rows)]
-        t = T0
-        held.records = [_facts(-1, 0, [], arrivals=[(r, t / 1e9, None, 8) for r in ids])]
-        held.records += [_facts(k, k, [(r, 1, 8 + k - 1, 0, 1, 1) for r in ids]) for k in range(1, 40)]
-        held.records.append(_facts(-1, 60, [], finished=[(r, FINISHED_LENGTH, T0 + 60 * MS) for r in ids]))
         sink.flush(idle=True)
-        # arrivals (~7 KB), then 39 steps of 5,441 bytes (256 × 21 + 65): a message whenever
-        # 32 KiB are packed, i.e. the arrivals + 5 steps, then 7 steps per message (38,087
-        # bytes), the last 6 with the ends and the IDLE entry: 6 messages
-        assert sink.sends == 6 and sink.sender.dropped_messages == 0, sink.sends
+        sizes = [len(p) for p in payloads]
+        assert sink.sends == len(sizes) > 2 and max(sizes) <= 2 * sink_module.FLUSH_BYTES, sizes
+        assert all(records.unpack(p)[-1][0] in (SCHEDULED, UPDATED) for p in payloads[:-1])
+        assert records.unpack(payloads[-1])[-1] == (IDLE,)
+        assert sink.sender.dropped_messages == 0
         assert sink.exporter.flush(60)
     finally:
         sink.close()
     spans = _otlp_json_spans(out)
-    assert sum(1 for n, _ in spans if n == "engine_request") == rows
-    assert sum(1 for n, _ in spans if n == "decode") == rows * 39 and sum(1 for n, _ in spans if n == "engine_step") == 39
+    assert sum(1 for n, _ in spans if n == "engine_request") == 256
+    # 39 tokens each: the first from the prompt's prefill, 38 decodes
+    assert sum(1 for n, _ in spans if n == "prefill") == 256 and sum(1 for n, _ in spans if n == "decode") == 256 * 38
+    assert sum(1 for n, _ in spans if n == "engine_step") == 39
     assert sum(c.dropped + c.failed for c in sink.exporter.counts()) == 0
+
+
+def test_a_message_never_ends_on_events_but_the_last() -> None:
+    rows = [_geometry(0), (ARRIVED, A, 1.0, None, 4), (ARRIVED, B, 1.0, None, 4), _updated(1, 0, {A: 1}),
+            (FINISHED, A, 0, 1), (FINISHED, B, 0, 1)]
+    assert [records.message_end(rows, 0, n) for n in (1, 2, 3, 4, 5, 6, 9)] == [1, 4, 4, 4, 6, 6, 6]
+    assert records.message_end(rows, 4, 1) == 6
 
 
 def test_a_lost_message_costs_its_spans_and_one_line_per_request(caplog: pytest.LogCaptureFixture) -> None:
     """The exporter never got the message with the arrivals: later steps still give their
     engine_step spans (the unknown requests' tokens counted as discarded), with one warning per
     unknown request, not one per step."""
-    stream, encoder = _stream(), records.Encoder()
-    for facts in stream[:2]:
-        encoder.write(facts)
-    encoder.take()  # lost on the way
-    for facts in stream[2:6]:
-        encoder.write(facts)
+    first = _sends()[0]
     provider, exporter = _provider()
     consumer = records.RecordConsumer(provider)
     with caplog.at_level("WARNING", logger="tokentrace.vllm"):
-        consumer.feed(memoryview(bytes(encoder.take()[0])))
+        consumer.feed(memoryview(records.pack(first[5:])))  # first[:5] lost on the way: G, A and B arrive, step 1
     consumer.close()
     spans = exporter.get_finished_spans()
     steps = [s for s in spans if s.name == "engine_step"]
     assert [s.attributes["tokentrace.engine.step"] for s in steps] == [2, 3, 4, 5]
     assert [s.attributes["tokentrace.batch.discarded_sequences"] for s in steps] == [2, 2, 1, 2]
     warned = [r.getMessage() for r in caplog.records if "never saw arrive" in r.getMessage()]
-    assert warned == ["tokentrace: engine step 2 names request ?slot-1 it never saw arrive",
-                      "tokentrace: engine step 2 names request ?slot-2 it never saw arrive"]
+    assert warned == [f"tokentrace: engine step 2 names request {A} it never saw arrive",
+                      f"tokentrace: engine step 2 names request {B} it never saw arrive"]
 
 
 def test_an_idle_engine_forgets_requests_whose_end_was_lost(caplog: pytest.LogCaptureFixture) -> None:
-    """The message with a request's FINISH was dropped: at the next IDLE entry (the scheduler
-    held no request) the exporter forgets it, says so once and counts it, and the engine looks
-    idle again (its engine trace closes, the provider is flushed), instead of holding it for good."""
-    stream, encoder = _stream(), records.Encoder()
+    """The messages with the requests' ends were dropped: at the next IDLE row (the scheduler
+    held no request) the exporter forgets them, says so once and counts them, and the engine
+    looks idle again (its engine trace closes, the provider is flushed), instead of holding
+    them for good; the reader keeps nothing of them either."""
     provider, exporter = _provider()
     consumer = records.RecordConsumer(provider)
-    # everything but the records that finish requests: cut at the first record with a FINISH
-    first_finish = next(i for i, f in enumerate(stream) if f.finished)
-    for facts in stream[:first_finish]:
-        encoder.write(facts)
-    consumer.feed(memoryview(bytes(encoder.take()[0])))
+    consumer.feed(memoryview(records.pack(_sends()[0][:-1])))  # up to step 5; every later send lost
     live = len(consumer.builder.live)
-    assert live > 0  # requests the exporter now holds with their end lost
-    encoder.idle()
+    assert live == 3  # A, B, C: requests the exporter now holds with their end lost
     with caplog.at_level("WARNING", logger="tokentrace.vllm"):
-        consumer.feed(memoryview(bytes(encoder.take()[0])))
-    assert consumer.builder.live == {} and consumer.builder.lost_requests == live and consumer.names == {}
+        consumer.feed(memoryview(records.pack([_geometry(80), (IDLE,)])))
+    assert consumer.builder.live == {} and consumer.builder.lost_requests == live
+    reader = consumer.reader
+    assert (reader._prompt, reader._blocks, reader._phase, reader._ending) == ({}, {}, {}, set())
     assert [r.getMessage() for r in caplog.records if "lost their end" in r.getMessage()] == [
         f"tokentrace: {live} vLLM request(s) lost their end in a dropped message; their spans are not exported "
         f"({live} so far)"]
     assert "engine" in {s.name for s in exporter.get_finished_spans()}  # the engine trace closed at idle
-    out: list = []
-    records.decode(b"\x07", {}, out)
-    assert out == [None]
 
 
 def test_a_failing_hook_counts_the_steps_it_held(caplog: pytest.LogCaptureFixture) -> None:

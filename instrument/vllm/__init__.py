@@ -90,7 +90,7 @@ def _start_pipeline(idle: bool) -> None:
 
     tap = _state["tap"]
     try:
-        sink = RecordSink(_exporters(), os.environ.get(ENV_JSON), drain=tap.drain)
+        sink = RecordSink(_exporters(), os.environ.get(ENV_JSON), take=tap.take)
     except Exception:  # no exporter process: vLLM goes on untraced (one line)
         tap.failed = True
         tap.held.clear()

@@ -2,9 +2,9 @@
 
 :class:`RecordSink` runs on vLLM's engine thread: it starts tokentrace's span exporter process
 (instrument/records/exporter_process.py, a child of the engine-core process, at nice
-+``EXPORTER_NICE``), packs step records with instrument/vllm/records.py's :class:`Encoder`
-and sends them as channel-1 BLOB messages on a socket that never blocks; at shutdown it
-sends the rest and stops the child within ~4 s.
++``EXPORTER_NICE``), packs the hooks' step rows with instrument/vllm/records.py's
+:func:`~instrument.vllm.records.pack` and sends them as channel-1 BLOB messages on a socket
+that never blocks; at shutdown it sends the rest and stops the child within ~4 s.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import os
 import time
 from typing import Any
 
-from instrument.vllm.facts import StepFacts
-from instrument.vllm.records import Encoder
+from instrument.vllm.records import message_end, pack
 
 __all__ = ["EXPORTER_NICE", "FLUSH_BYTES", "FLUSH_NS", "RecordSink"]
 
@@ -33,14 +32,14 @@ FLUSH_NS = 2_000_000_000
 
 
 class RecordSink:
-    """The engine-core process's side: pack step records, send them in batches, stop.
+    """The engine-core process's side: pack step rows, send them in batches, stop.
 
     ``flush(idle)`` runs on vLLM's engine thread when the plugin's hooks find a send due: it
-    packs what ``drain()`` yields (:meth:`instrument.vllm.hooks.StepTap.drain`; any iterable
-    of StepFacts will do). Never waits (a full socket drops the message, counted by the
-    sender)."""
+    packs the rows ``take(idle)`` gives (:meth:`instrument.vllm.hooks.StepTap.take`: rows of
+    instrument/vllm/records.py and the spans each stands for). Never waits (a full socket
+    drops the message, counted by the sender)."""
 
-    def __init__(self, exporters: list[str], json_path: str | None, drain: Any) -> None:
+    def __init__(self, exporters: list[str], json_path: str | None, take: Any) -> None:
         from instrument.records.exporter_process import ExporterProcess
         from instrument.records.format import RecordWriter
         from instrument.tracing import default_resource
@@ -55,56 +54,48 @@ class RecordSink:
         except OSError:
             pass
         self.sender = self.exporter.sender()
-        self.encoder = Encoder()
         self.writer = RecordWriter()
         self.measure = False  # time each send with the thread's CPU clock
-        self.send_cpu_ns = 0  # CPU time spent reading, packing and sending (measure), ns
-        self.sends = 0
+        self.send_cpu_ns = 0  # CPU time spent taking, packing and sending (measure), ns
+        self.sends = 0  # messages sent
         self.closed = False
-        self.drain = drain  # () -> the held records as StepFacts, each used before the next
+        self.take = take  # (idle) -> (rows, spans per row): the held steps and events, taken
+        self.rows_per_message = 512  # adapted so that a message packs to about FLUSH_BYTES
 
     def flush(self, idle: bool = False) -> None:
-        """Pack the held records and send them, one BLOB entry per message, a message every
-        ``FLUSH_BYTES`` (never waits); ``idle``: the scheduler holds no request after them
-        (an IDLE entry follows).
+        """Pack the held rows and send them, messages of about ``FLUSH_BYTES`` (never waits);
+        ``idle``: the scheduler holds no request after them (an IDLE row ends them).
 
-        The records are read and packed here, all together, rather than at each step:
-        measured inside vLLM's engine core, where the model step between two records evicts
-        this code from the CPU's caches, the same work done per step cost several times what
-        it costs in a loop (docs/spans.md "vLLM", cost)."""
+        Taken and packed here, all together, rather than at each step: measured inside vLLM's
+        engine core, where the model step between two sends evicts this code and vLLM's
+        objects from the CPU's caches, the same work done per step cost several times what it
+        costs in a loop (docs/spans.md "vLLM", cost)."""
         if self.measure:  # (the cost of a clock read subtracted, as in hooks._clock_start)
             first = time.thread_time_ns()
             cpu = time.thread_time_ns()
             floor = cpu - first
         else:
             cpu = floor = 0
-        encoder = self.encoder
-        for facts in self.drain():
-            self._write(facts)
-        if idle:
-            encoder.idle()
-        if encoder.pos:
-            self._send()
+        rows, units = self.take(idle)
+        start, end = 0, len(rows)
+        while start < end:
+            count = self.rows_per_message
+            stop = message_end(rows, start, count)
+            payload = pack(rows[start:stop])
+            if len(payload) > 2 * FLUSH_BYTES and count > 1:  # too large for one message: fewer rows
+                self.rows_per_message = max(1, count * FLUSH_BYTES // len(payload))
+                continue
+            self._send(payload, sum(units[start:stop]))
+            start = stop
+            if len(payload) < FLUSH_BYTES // 2 and start < end:
+                self.rows_per_message = count * 2
         if cpu:
             self.send_cpu_ns += time.thread_time_ns() - cpu - floor
 
-    def _write(self, facts: StepFacts) -> None:
-        encoder = self.encoder
-        if encoder.pos >= FLUSH_BYTES:  # (before, not after: the last message also takes the IDLE entry)
-            self._send()
-        start = encoder.pos
-        try:
-            encoder.write(facts)
-        except Exception:
-            encoder.pos = start  # no half record; the hook's caller logs it and stops tracing
-            raise
-
-    def _send(self) -> None:
+    def _send(self, payload: bytes, units: int) -> None:
         from instrument.records.channels import VLLM_STEPS
 
-        payload, units = self.encoder.take()
         self.writer.blob(VLLM_STEPS, payload)
-        del payload
         self.sender.send(self.writer.take(), units)
         self.sends += 1
 

@@ -18,13 +18,12 @@ vLLM's per-step objects, which vLLM builds anew each step and does not change af
 and a few ints; ``perf_counter`` times) and compare three ints to see whether a send is
 due; an arrival, preemption or end appends one tuple. Whatever the engine thread runs
 between two model steps finds the CPU's caches cold (the same few lines cost 3-5× their
-cost in a loop), so the reading waits for the send (still on the engine thread,
-instrument/vllm/sink.py), which turns every held step into
-:class:`~instrument.vllm.facts.StepFacts` with :meth:`StepTap.drain`, one after another:
-per scheduled request the tokens scheduled and computed before the step, prompt chunk /
-recomputed prefill / decode, cached tokens on its first step, KV blocks held (followed from
-the block lists the outputs carry) and tokens sampled; a step of decodes only in C-level
-passes over vLLM's lists. No span, dict or string is made per token (docs/spans.md "vLLM").
+cost in a loop), so the rest waits for the send (still on the engine thread,
+instrument/vllm/sink.py): :meth:`StepTap.take` turns every held entry into a row of
+instrument/vllm/records.py, the lists, dicts and sets vLLM built for the step by reference,
+which ``marshal`` packs in C. Nothing is read per request on vLLM's side: the exporter
+process follows each request across steps (instrument/vllm/steps.py). No span, dict or
+string is made per token (docs/spans.md "vLLM").
 
 Another vLLM version may rename any of this: :func:`check_version` refuses anything but
 ``TESTED_VLLM`` (tests/test_vllm_plugin.py pins it), and the plugin then logs one line and
@@ -98,7 +97,7 @@ def install(tap: StepTap) -> bool:
 
     # per step, the two wrappers below append one tuple each and compare a few ints: whatever
     # the engine thread runs between two model steps finds the CPU's caches cold, so the step's
-    # reading and packing wait for the next send, done for many steps at once (StepTap.drain)
+    # taking and packing wait for the next send, done for many steps at once (StepTap.take)
     def traced_schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
         start = perf_ns()
         out = schedule(self, *args, **kwargs)

@@ -1,19 +1,22 @@
-"""Run by tests/test_vllm_plugin.py with .venv-vllm's Python: StepTap.drain on vLLM's own per-step
+"""Run by tests/test_vllm_plugin.py with .venv-vllm's Python: StepTap.take on vLLM's own per-step
 objects (SchedulerOutput, NewRequestData, CachedRequestData, ModelRunnerOutput of the installed
-vLLM), in the cases a live CPU run does not reach: a step scheduled before the previous one was
+vLLM), packed and unpacked as the socket carries them, then read by StepReader, in the cases a
+live CPU run does not reach: a step scheduled before the previous one was
 updated (several steps in flight), num_scheduled_tokens in another order than
 scheduled_cached_reqs, a request resumed through scheduled_new_reqs (the V2 model runner), and
-ends after the last step. Prints one JSON line per drained record."""
+ends after the last step. Prints the records read, as one JSON line."""
 
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
-
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from vllm.v1.outputs import ModelRunnerOutput
 
 from instrument.vllm.hooks import ARRIVED, FINISHED, PREEMPTED, SCHEDULED, UPDATED, StepTap
+from instrument.vllm.records import pack, unpack
+from instrument.vllm.steps import StepReader
+
+READERS: dict[StepTap, StepReader] = {}  # the exporter process's side of each tap
 
 
 def new(req_id: str, prompt: int, computed: int, blocks: list[int], tokens: list[int] | None = None) -> NewRequestData:
@@ -51,13 +54,14 @@ def runner(sampled: dict[str, int]) -> ModelRunnerOutput:
 
 def new_tap() -> StepTap:
     tap = StepTap(send=None)
-    tap._geometry = (16, 1024, 99)  # (block tokens, bytes per block, blocks usable)
-    tap.pool = SimpleNamespace(num_gpu_blocks=100)  # the block pool's size (the one field drain reads)
+    tap._geometry = (16, 1024, 100)  # (block tokens, bytes per block, blocks in the pool)
+    READERS[tap] = StepReader()
     return tap
 
 
-def drained(tap: StepTap, records: list[dict]) -> None:
-    for f in tap.drain():
+def taken(tap: StepTap, records: list[dict]) -> None:
+    rows, _ = tap.take()
+    for f in READERS[tap].read(unpack(pack(rows))):
         records.append({"step": f.step, "start_ns": f.start_ns, "n": f.n, "req_ids": list(f.req_ids[:f.n]),
                             "tokens": list(f.tokens[:f.n]), "computed": list(f.computed[:f.n]),
                             "prefill": list(f.prefill[:f.n]), "blocks": list(f.blocks[:f.n]),
@@ -67,7 +71,14 @@ def drained(tap: StepTap, records: list[dict]) -> None:
 
 
 def state(tap: StepTap) -> list[int]:
-    return [len(tap._prompt), len(tap._blocks), len(tap._phase), len(tap._prefilling), len(tap._ending)]
+    """What the reader keeps per request: prompts, blocks, phases, ended but still in flight."""
+    reader = READERS[tap]
+    return [len(reader._prompt), len(reader._blocks), len(reader._phase), len(reader._ending)]
+
+
+def in_flight(tap: StepTap) -> list[int]:
+    """Steps scheduled, not yet updated: [held by the tap, opened in the reader]."""
+    return [len(tap._in_flight), len(READERS[tap]._opened)]
 
 
 def main() -> None:
@@ -75,8 +86,8 @@ def main() -> None:
     held = tap.held
     records: list[dict] = []
 
-    def drain() -> None:
-        drained(tap, records)
+    def take() -> None:
+        taken(tap, records)
 
     def step(k: int, out: SchedulerOutput, sampled: dict[str, int] | None, free: int = 90) -> None:
         held.append(scheduled(out, k, k * 1000, k * 1000 + 100, free))
@@ -87,13 +98,13 @@ def main() -> None:
     step(1, output([new("a", 20, 0, [0, 1])], cached([]), {"a": 20}), {"a": 1})
     held.append((ARRIVED, "b", 1.6, {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}, 40))
     step(2, output([new("b", 40, 16, [2, 3, 4])], cached([("a", 20, None, 1)]), {"a": 1, "b": 24}), {"a": 1, "b": 1})
-    drain()
+    take()
     out3 = output([], cached([("a", 21, None, 2), ("b", 40, None, 1)]), {"a": 1, "b": 1})
-    step(3, out3, None)  # scheduled; its update comes after this drain
-    drain()
+    step(3, out3, None)  # scheduled; its update comes after this send
+    take()
     held.append((UPDATED, out3, runner({"a": 1, "b": 1}), 3900))
     step(4, output([], cached([("a", 22, [5], 3), ("b", 41, None, 2)]), {"b": 1, "a": 1}), {"b": 1, "a": 1}, free=89)
-    drain()
+    take()
     held.append((PREEMPTED, "a", 3, 4950))  # inside schedule(): a is not in step 5
     step(5, output([], cached([("b", 42, None, 3)]), {"b": 1}), {"b": 1}, free=92)
     # a resumed through scheduled_new_reqs (V2 model runner) with its whole block list: 16
@@ -105,8 +116,8 @@ def main() -> None:
     held.append((FINISHED, "a", 1, 7850))  # inside update_from_output: before the step's end
     held.append((UPDATED, out7, runner({"a": 1, "b": 1}), 7900))
     held.append((FINISHED, "b", 2, 7950))  # an abort after the step: an events-only record
-    drain()
-    print(json.dumps({"records": records, "held": len(held), "steps": tap.steps, "tokens": tap.tokens,
+    take()
+    print(json.dumps({"records": records, "held": len(held), "in_flight": in_flight(tap), "steps": tap.steps, "tokens": tap.tokens,
                       "state": state(tap), "async": async_end(), "v1": v1_resume(), "v2": v2_live_tokens(),
                       "reuse": id_used_again()}))
 
@@ -124,7 +135,7 @@ def id_used_again() -> dict:
     held += [scheduled(out2, 2, 2000, 2100), (UPDATED, out2, runner({"x": 1}), 2900)]
     out3 = output([], cached([("x", 6, None, 1)]), {"x": 1})
     held += [scheduled(out3, 3, 3000, 3100), (UPDATED, out3, runner({"x": 1}), 3900)]
-    drained(tap, records)
+    taken(tap, records)
     return {"records": records, "state": state(tap)}
 
 
@@ -148,7 +159,7 @@ def v2_live_tokens() -> dict:
     held.append(scheduled(out3, 3, 3000, 3100))
     tokens.append(12)
     held.append((UPDATED, out3, runner({"p": 1}), 3900))
-    drained(tap, records)
+    taken(tap, records)
     return {"records": records}
 
 
@@ -162,11 +173,11 @@ def async_end() -> dict:
     out2 = output([], cached([("r", 5, None, 1)]), {"r": 1})
     held += [scheduled(out1, 1, 1000, 1100), scheduled(out2, 2, 2000, 2100)]
     held += [(FINISHED, "r", 0, 1850), (UPDATED, out1, runner({"r": 1}), 1900)]
-    drained(tap, records)
+    taken(tap, records)
     after_first = state(tap)
     held.append((UPDATED, out2, runner({"r": 1}), 2900))
-    drained(tap, records)
-    return {"records": records, "after_first": after_first, "state": state(tap), "held": len(held)}
+    taken(tap, records)
+    return {"records": records, "after_first": after_first, "state": state(tap), "in_flight": in_flight(tap)}
 
 
 def v1_resume() -> dict:
@@ -190,12 +201,12 @@ def v1_resume() -> dict:
     lost = [output([new("z", 3, 0, [9])], cached([]), {"z": 3})] + \
         [output([], cached([("z", 3 + k, [10 + k] if k == 4 else None, k)]), {"z": 1}) for k in range(8)]
     held += [scheduled(out, 5 + k, 5000 + k, 5001 + k) for k, out in enumerate(lost)]
-    drained(tap, records)
+    taken(tap, records)
     dropped = tap.dropped_steps
     out6 = output([], cached([("z", 12, None, 9)]), {"z": 1})
     held += [scheduled(out6, 20, 20000, 20100), (UPDATED, out6, runner({"z": 1}), 20900)]
-    drained(tap, records)
-    return {"records": records, "dropped": dropped, "held": len(held)}
+    taken(tap, records)
+    return {"records": records, "dropped": dropped, "in_flight": in_flight(tap), "let_go": READERS[tap].let_go}
 
 
 if __name__ == "__main__":
