@@ -97,20 +97,21 @@ def _direct(stream: list[StepFacts]) -> list[Any]:
 
 
 def _geometry(t: int) -> tuple[Any, ...]:
-    return (GEOMETRY, 16, BYTES_PER_BLOCK, 400, T0 + t * MS)
+    return (GEOMETRY, 16, BYTES_PER_BLOCK, 400, T0 + t * MS, 0)  # (times below: already ns since the epoch)
 
 
 def _scheduled(step: int, t: int, tokens: dict[str, int], new: list[tuple[str, int, int, int]] | None,
                cached: list[tuple[str, int, int | None, int]], waiting: int = 0,
                resumed: frozenset[str] = frozenset()) -> tuple[Any, ...]:
-    """A SCHEDULED row; cached: (id, computed before, blocks given or None, output tokens so far)."""
-    return (SCHEDULED, step, T0 + t * MS, T0 + t * MS + 40_000, waiting, 400 - 10 - step, tokens, new,
+    """A SCHEDULED row (the step number stands for its SchedulerOutput's id()); cached: (id,
+    computed before, blocks given or None, output tokens so far)."""
+    return (SCHEDULED, step, step, T0 + t * MS, T0 + t * MS + 40_000, waiting, 400 - 10 - step, tokens, new,
             [c[0] for c in cached], set(resumed), [None if c[2] is None else (list(range(c[2])),) for c in cached],
             [c[1] for c in cached], [c[3] for c in cached])
 
 
 def _updated(step: int, t: int, sampled: dict[str, int]) -> tuple[Any, ...]:
-    return (UPDATED, step, T0 + (t + 9) * MS, list(sampled), list(sampled.values()))
+    return (UPDATED, step, T0 + (t + 9) * MS, list(sampled), [[7] * n for n in sampled.values()])
 
 
 def _sends() -> list[list[tuple[Any, ...]]]:
@@ -180,7 +181,7 @@ def _canonical(spans: list[Any]) -> list[tuple[Any, ...]]:
     return out
 
 
-@pytest.mark.parametrize("per_message", [1, 3, 100])
+@pytest.mark.parametrize("per_message", [1, 3, 100])  # rows: one a message (events kept with their step) .. one per send
 def test_records_give_the_spans_consume_gives(per_message: int) -> None:
     direct = _canonical(_direct(_stream()))
     through = _canonical(_through_records(_sends(), per_message))
@@ -233,7 +234,7 @@ def test_a_malformed_payload_is_a_value_error() -> None:
         records.pack((1, 2)),  # not a list
         records.pack([(UPDATED, 1)]),  # a row of the wrong width
         records.pack([(9,)]),  # no such row
-        records.pack([_scheduled(1, 2, {A: 1}, None, [(A, 0, None, 0)]), (UPDATED, 1, 0, [A], None)]),  # sampled: None
+        records.pack([_scheduled(1, 2, {A: 1}, None, [(A, 0, None, 0)]), (UPDATED, 1, 0, [A], [None])]),  # no tokens
     ]
     provider, _ = _provider()
     for bad in [payload[:-3], payload[:10], b"\xff" + payload[1:], *bad_rows]:
@@ -275,10 +276,9 @@ class _Taken:
     def __init__(self, sends: list[list[tuple[Any, ...]]]) -> None:
         self.sends = list(sends)
 
-    def take(self, idle: bool = False) -> tuple[list[tuple[Any, ...]], list[int]]:
+    def take(self, idle: bool = False) -> list[tuple[Any, ...]]:
         rows = self.sends.pop(0) if self.sends else [_geometry(0)]
-        rows = rows + [(IDLE,)] if idle else rows
-        return rows, [len(r[6]) + 1 if r[0] == SCHEDULED else 2 if r[0] == FINISHED else 0 for r in rows]
+        return rows + [(IDLE,)] if idle else rows
 
 
 def test_through_a_real_exporter_process(tmp_path: Path) -> None:
@@ -385,6 +385,7 @@ def test_a_message_never_ends_on_events_but_the_last() -> None:
             (FINISHED, A, 0, 1), (FINISHED, B, 0, 1)]
     assert [records.message_end(rows, 0, n) for n in (1, 2, 3, 4, 5, 6, 9)] == [1, 4, 4, 4, 6, 6, 6]
     assert records.message_end(rows, 4, 1) == 6
+    assert records.units(rows) == 4 and records.units([_scheduled(1, 2, {A: 100, B: 40}, None, [])]) == 3
 
 
 def test_a_lost_message_costs_its_spans_and_one_line_per_request(caplog: pytest.LogCaptureFixture) -> None:

@@ -12,7 +12,7 @@ import json
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from vllm.v1.outputs import ModelRunnerOutput
 
-from instrument.vllm.hooks import ARRIVED, FINISHED, PREEMPTED, SCHEDULED, UPDATED, StepTap
+from instrument.vllm.hooks import ARRIVED, FINISHED, PREEMPTED, StepTap, scheduled_row, updated_row
 from instrument.vllm.records import pack, unpack
 from instrument.vllm.steps import StepReader
 
@@ -40,10 +40,13 @@ def output(new_reqs: list[NewRequestData], cached_reqs: CachedRequestData, sched
 
 
 def scheduled(out: SchedulerOutput, step: int, start: int, end: int, free: int = 98) -> tuple:
-    """The entry hooks.install's schedule wrapper appends (lengths read when scheduled)."""
-    news = out.scheduled_new_reqs
-    return (SCHEDULED, out, step, start, end, 0, free,
-            [-1 if r.prefill_token_ids is None else len(r.prefill_token_ids) for r in news] if news else None)
+    """The row hooks.install's schedule wrapper appends."""
+    return scheduled_row(out, step, start, end, 0, free)
+
+
+def updated(out: SchedulerOutput, sampled: dict[str, int], end: int) -> tuple:
+    """The row hooks.install's update wrapper appends."""
+    return updated_row(out, runner(sampled), end)
 
 
 def runner(sampled: dict[str, int]) -> ModelRunnerOutput:
@@ -60,8 +63,9 @@ def new_tap() -> StepTap:
 
 
 def taken(tap: StepTap, records: list[dict]) -> None:
-    rows, _ = tap.take()
-    for f in READERS[tap].read(unpack(pack(rows))):
+    for f in READERS[tap].read(unpack(pack(tap.take()))):  # as the socket carries them
+        if f is None:
+            continue
         records.append({"step": f.step, "start_ns": f.start_ns, "n": f.n, "req_ids": list(f.req_ids[:f.n]),
                             "tokens": list(f.tokens[:f.n]), "computed": list(f.computed[:f.n]),
                             "prefill": list(f.prefill[:f.n]), "blocks": list(f.blocks[:f.n]),
@@ -78,7 +82,7 @@ def state(tap: StepTap) -> list[int]:
 
 def in_flight(tap: StepTap) -> list[int]:
     """Steps scheduled, not yet updated: [held by the tap, opened in the reader]."""
-    return [len(tap._in_flight), len(READERS[tap]._opened)]
+    return [tap.unfinished(), len(READERS[tap]._opened)]
 
 
 def main() -> None:
@@ -92,7 +96,7 @@ def main() -> None:
     def step(k: int, out: SchedulerOutput, sampled: dict[str, int] | None, free: int = 90) -> None:
         held.append(scheduled(out, k, k * 1000, k * 1000 + 100, free))
         if sampled is not None:
-            held.append((UPDATED, out, runner(sampled), k * 1000 + 900))
+            held.append(updated(out, sampled, k * 1000 + 900))
 
     held.append((ARRIVED, "a", 1.5, None, 20))
     step(1, output([new("a", 20, 0, [0, 1])], cached([]), {"a": 20}), {"a": 1})
@@ -102,7 +106,7 @@ def main() -> None:
     out3 = output([], cached([("a", 21, None, 2), ("b", 40, None, 1)]), {"a": 1, "b": 1})
     step(3, out3, None)  # scheduled; its update comes after this send
     take()
-    held.append((UPDATED, out3, runner({"a": 1, "b": 1}), 3900))
+    held.append(updated(out3, {"a": 1, "b": 1}, 3900))
     step(4, output([], cached([("a", 22, [5], 3), ("b", 41, None, 2)]), {"b": 1, "a": 1}), {"b": 1, "a": 1}, free=89)
     take()
     held.append((PREEMPTED, "a", 3, 4950))  # inside schedule(): a is not in step 5
@@ -114,10 +118,11 @@ def main() -> None:
     out7 = output([], cached([("a", 24, None, 5), ("b", 44, None, 5)]), {"a": 1, "b": 1})
     held.append(scheduled(out7, 7, 7000, 7100, 90))
     held.append((FINISHED, "a", 1, 7850))  # inside update_from_output: before the step's end
-    held.append((UPDATED, out7, runner({"a": 1, "b": 1}), 7900))
+    held.append(updated(out7, {"a": 1, "b": 1}, 7900))
     held.append((FINISHED, "b", 2, 7950))  # an abort after the step: an events-only record
     take()
-    print(json.dumps({"records": records, "held": len(held), "in_flight": in_flight(tap), "steps": tap.steps, "tokens": tap.tokens,
+    print(json.dumps({"records": records, "held": len(held), "in_flight": in_flight(tap), "steps": sum(1 for r in records if r["step"] >= 0),
+                      "tokens": sum(sum(r["sampled"]) for r in records),
                       "state": state(tap), "async": async_end(), "v1": v1_resume(), "v2": v2_live_tokens(),
                       "reuse": id_used_again()}))
 
@@ -129,12 +134,12 @@ def id_used_again() -> dict:
     held = tap.held
     held.append((ARRIVED, "x", 1.0, None, 4))
     out1 = output([new("x", 4, 0, [0])], cached([]), {"x": 4})
-    held += [scheduled(out1, 1, 1000, 1100), (UPDATED, out1, runner({"x": 1}), 1900)]
+    held += [scheduled(out1, 1, 1000, 1100), updated(out1, {"x": 1}, 1900)]
     held += [(FINISHED, "x", 2, 1950), (ARRIVED, "x", 2.0, None, 6)]
     out2 = output([new("x", 6, 0, [3])], cached([]), {"x": 6})
-    held += [scheduled(out2, 2, 2000, 2100), (UPDATED, out2, runner({"x": 1}), 2900)]
+    held += [scheduled(out2, 2, 2000, 2100), updated(out2, {"x": 1}, 2900)]
     out3 = output([], cached([("x", 6, None, 1)]), {"x": 1})
-    held += [scheduled(out3, 3, 3000, 3100), (UPDATED, out3, runner({"x": 1}), 3900)]
+    held += [scheduled(out3, 3, 3000, 3100), updated(out3, {"x": 1}, 3900)]
     taken(tap, records)
     return {"records": records, "state": state(tap)}
 
@@ -150,15 +155,15 @@ def v2_live_tokens() -> dict:
     out1 = output([new("p", 10, 0, [0], tokens=tokens)], cached([]), {"p": 10})
     held.append(scheduled(out1, 1, 1000, 1100))
     tokens.append(10)
-    held.append((UPDATED, out1, runner({"p": 1}), 1900))
+    held.append(updated(out1, {"p": 1}, 1900))
     out2 = output([], cached([("p", 10, None, 1)]), {"p": 1})
     held.append(scheduled(out2, 2, 2000, 2100))
     tokens.append(11)
-    held += [(UPDATED, out2, runner({"p": 1}), 2900), (PREEMPTED, "p", 1, 3050)]
+    held += [updated(out2, {"p": 1}, 2900), (PREEMPTED, "p", 1, 3050)]
     out3 = output([new("p", 10, 11, [0], tokens=tokens)], cached([]), {"p": 1})
     held.append(scheduled(out3, 3, 3000, 3100))
     tokens.append(12)
-    held.append((UPDATED, out3, runner({"p": 1}), 3900))
+    held.append(updated(out3, {"p": 1}, 3900))
     taken(tap, records)
     return {"records": records}
 
@@ -172,10 +177,10 @@ def async_end() -> dict:
     out1 = output([new("r", 5, 0, [0])], cached([]), {"r": 5})
     out2 = output([], cached([("r", 5, None, 1)]), {"r": 1})
     held += [scheduled(out1, 1, 1000, 1100), scheduled(out2, 2, 2000, 2100)]
-    held += [(FINISHED, "r", 0, 1850), (UPDATED, out1, runner({"r": 1}), 1900)]
+    held += [(FINISHED, "r", 0, 1850), updated(out1, {"r": 1}, 1900)]
     taken(tap, records)
     after_first = state(tap)
-    held.append((UPDATED, out2, runner({"r": 1}), 2900))
+    held.append(updated(out2, {"r": 1}, 2900))
     taken(tap, records)
     return {"records": records, "after_first": after_first, "state": state(tap), "in_flight": in_flight(tap)}
 
@@ -188,23 +193,23 @@ def v1_resume() -> dict:
     held = tap.held
     held.append((ARRIVED, "q", 1.0, None, 20))
     out1 = output([new("q", 20, 0, [0, 1])], cached([]), {"q": 20})
-    held += [scheduled(out1, 1, 1000, 1100), (UPDATED, out1, runner({"q": 1}), 1900)]
+    held += [scheduled(out1, 1, 1000, 1100), updated(out1, {"q": 1}, 1900)]
     out2 = output([], cached([("q", 20, None, 1)]), {"q": 1})
-    held += [scheduled(out2, 2, 2000, 2100), (UPDATED, out2, runner({"q": 1}), 2900)]
+    held += [scheduled(out2, 2, 2000, 2100), updated(out2, {"q": 1}, 2900)]
     held.append((PREEMPTED, "q", 2, 3050))
     # 16 of its 22 tokens in the prefix cache: the other 6 recomputed, emitting token 3
     out3 = output([], cached([("q", 16, [7, 8], 2)], resumed={"q"}), {"q": 6})
-    held += [scheduled(out3, 3, 3000, 3100), (UPDATED, out3, runner({"q": 1}), 3900)]
+    held += [scheduled(out3, 3, 3000, 3100), updated(out3, {"q": 1}, 3900)]
     out4 = output([], cached([("q", 22, None, 3)]), {"q": 1})
-    held += [scheduled(out4, 4, 4000, 4100), (UPDATED, out4, runner({"q": 1}), 4900)]
+    held += [scheduled(out4, 4, 4000, 4100), updated(out4, {"q": 1}, 4900)]
     held.append((ARRIVED, "z", 5.0, None, 3))
     lost = [output([new("z", 3, 0, [9])], cached([]), {"z": 3})] + \
         [output([], cached([("z", 3 + k, [10 + k] if k == 4 else None, k)]), {"z": 1}) for k in range(8)]
     held += [scheduled(out, 5 + k, 5000 + k, 5001 + k) for k, out in enumerate(lost)]
     taken(tap, records)
-    dropped = tap.dropped_steps
+    dropped = READERS[tap].let_go
     out6 = output([], cached([("z", 12, None, 9)]), {"z": 1})
-    held += [scheduled(out6, 20, 20000, 20100), (UPDATED, out6, runner({"z": 1}), 20900)]
+    held += [scheduled(out6, 20, 20000, 20100), updated(out6, {"z": 1}, 20900)]
     taken(tap, records)
     return {"records": records, "dropped": dropped, "in_flight": in_flight(tap), "let_go": READERS[tap].let_go}
 

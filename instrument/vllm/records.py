@@ -51,7 +51,7 @@ import marshal
 from typing import Any
 
 __all__ = ["ARRIVED", "FINISHED", "GEOMETRY", "IDLE", "PREEMPTED", "SCHEDULED", "UPDATED", "RecordConsumer",
-           "message_end", "pack", "unpack"]
+           "message_end", "pack", "units", "unpack"]
 
 log = logging.getLogger("tokentrace.vllm")
 SCHEDULED, UPDATED, ARRIVED, PREEMPTED, FINISHED, GEOMETRY, IDLE = range(7)
@@ -75,6 +75,12 @@ def message_end(rows: list[tuple[Any, ...]], start: int, count: int) -> int:
     return stop
 
 
+def units(rows: list[tuple[Any, ...]]) -> int:
+    """The spans ``rows`` stand for (loss counting): a step's engine_step and one per request
+    scheduled, two per request ended."""
+    return sum([len(row[7]) + 1 if row[0] == SCHEDULED else 2 if row[0] == FINISHED else 0 for row in rows])
+
+
 def unpack(payload: bytes | memoryview) -> list[tuple[Any, ...]]:
     """The rows of one payload; ValueError naming what is wrong when it is not a list of rows."""
     try:
@@ -89,7 +95,7 @@ def unpack(payload: bytes | memoryview) -> list[tuple[Any, ...]]:
     return rows
 
 
-_WIDTH = {SCHEDULED: 13, UPDATED: 5, ARRIVED: 5, PREEMPTED: 4, FINISHED: 4, GEOMETRY: 5, IDLE: 1}
+_WIDTH = {SCHEDULED: 14, UPDATED: 5, ARRIVED: 5, PREEMPTED: 4, FINISHED: 4, GEOMETRY: 6, IDLE: 1}
 
 
 class RecordConsumer:

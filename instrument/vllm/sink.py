@@ -14,7 +14,7 @@ import os
 import time
 from typing import Any
 
-from instrument.vllm.records import message_end, pack
+from instrument.vllm.records import message_end, pack, units
 
 __all__ = ["EXPORTER_NICE", "FLUSH_BYTES", "FLUSH_NS", "RecordSink"]
 
@@ -59,7 +59,7 @@ class RecordSink:
         self.send_cpu_ns = 0  # CPU time spent taking, packing and sending (measure), ns
         self.sends = 0  # messages sent
         self.closed = False
-        self.take = take  # (idle) -> (rows, spans per row): the held steps and events, taken
+        self.take = take  # (idle) -> the held rows, taken
         self.rows_per_message = 512  # adapted so that a message packs to about FLUSH_BYTES
 
     def flush(self, idle: bool = False) -> None:
@@ -76,16 +76,17 @@ class RecordSink:
             floor = cpu - first
         else:
             cpu = floor = 0
-        rows, units = self.take(idle)
+        rows = self.take(idle)
         start, end = 0, len(rows)
         while start < end:
             count = self.rows_per_message
             stop = message_end(rows, start, count)
-            payload = pack(rows[start:stop])
+            chunk = rows[start:stop]
+            payload = pack(chunk)
             if len(payload) > 2 * FLUSH_BYTES and count > 1:  # too large for one message: fewer rows
                 self.rows_per_message = max(1, count * FLUSH_BYTES // len(payload))
                 continue
-            self._send(payload, sum(units[start:stop]))
+            self._send(payload, units(chunk))
             start = stop
             if len(payload) < FLUSH_BYTES // 2 and start < end:
                 self.rows_per_message = count * 2

@@ -34,11 +34,14 @@ class StepReader:
         self._blocks: dict[str, int] = {}
         self._phase: dict[str, int] = {}
         self._ending: set[str] = set()
-        self._opened: dict[int, tuple[Any, ...]] = {}  # step -> its SCHEDULED row, until its UPDATED row
+        # the id() vLLM's SchedulerOutput had in the engine core -> its SCHEDULED row, until its
+        # UPDATED row (unique among the steps in flight: each keeps its object alive)
+        self._opened: dict[int, tuple[Any, ...]] = {}
         self._first_carried: list[tuple[str, int]] = []  # first schedules in steps let go
         self._facts = StepFacts(0)  # what read() writes into
         self.geometry = (0, 0, 0)  # tokens per KV block, bytes per block, blocks in the pool
         self.sent_ns = 0  # the latest send's time, ns since the epoch (events-only records)
+        self.perf_to_wall = 0  # the engine core's perf_counter ns + this = ns since the epoch
         self.let_go = 0  # steps scheduled and never updated: no record
 
     def read(self, rows: list[tuple[Any, ...]]) -> Iterator[StepFacts | None]:
@@ -54,6 +57,9 @@ class StepReader:
         for row in rows:
             kind = row[0]
             if kind == SCHEDULED:
+                earlier = opened.pop(row[1], None)
+                if earlier is not None:  # its object is gone, never updated: let go
+                    self._let_go(earlier)
                 opened[row[1]] = row
                 if len(opened) > MAX_IN_FLIGHT:
                     self._let_go(opened.pop(next(iter(opened))))
@@ -76,7 +82,7 @@ class StepReader:
                 finished.append(row[1:])
                 reborn.discard(row[1])
             elif kind == GEOMETRY:
-                self.geometry, self.sent_ns = row[1:4], row[4]
+                self.geometry, self.sent_ns, self.perf_to_wall = row[1:4], row[4], row[5]
             elif kind == IDLE:
                 if arrivals or preempted or finished:
                     yield self._fill(None, None, arrivals, preempted, finished)
@@ -103,7 +109,7 @@ class StepReader:
         ending = self._ending
         ending.update(end[0] for end in finished if end[0] not in reborn)
         for req_id in list(ending):
-            if not any(req_id in row[6] for row in self._opened.values()):
+            if not any(req_id in row[7] for row in self._opened.values()):
                 ending.discard(req_id)
                 self._prompt.pop(req_id, None)
                 self._blocks.pop(req_id, None)
@@ -130,8 +136,9 @@ class StepReader:
             facts.step, facts.n = -1, 0
             facts.start_ns = facts.sched_end_ns = facts.end_ns = self.sent_ns
             return facts
-        _, facts.step, facts.start_ns, facts.sched_end_ns, facts.waiting, free = scheduled[:6]
-        facts.end_ns = updated[2]
+        _, _, facts.step, start, sched_end, facts.waiting, free = scheduled[:7]
+        shift = self.perf_to_wall
+        facts.start_ns, facts.sched_end_ns, facts.end_ns = start + shift, sched_end + shift, updated[2] + shift
         facts.block_tokens, facts.bytes_per_block, total = self.geometry
         facts.kv_total, facts.kv_used = total, total - free
         self._columns(scheduled, updated, facts)
@@ -141,9 +148,9 @@ class StepReader:
         """Per scheduled request: tokens, computed before, KV blocks held, tokens sampled,
         prefill kind; first schedules into ``facts.first``."""
         prompt_of, blocks_of, phase_of = self._prompt, self._blocks, self._phase
-        (_, _, _, _, _, _, tokens_of, news, cached_ids, resumed_ids, cached_blocks, cached_computed,
+        (_, _, _, _, _, _, _, tokens_of, news, cached_ids, resumed_ids, cached_blocks, cached_computed,
          cached_outputs) = scheduled
-        sampled = updated[4] if updated is not None else ()
+        sampled = updated[4] if updated is not None else ()  # the token ids sampled per request
         index = {req_id: i for i, req_id in enumerate(updated[3])} if updated is not None else {}
         got = len(sampled)
         # (id, tokens computed before the step, blocks given in the step, output tokens so far
@@ -189,7 +196,7 @@ class StepReader:
             computed[i] = before
             blocks[i] = blocks_of[req_id]
             j = index.get(req_id)
-            counts[i] = sampled[j] if j is not None and j < got else 0
+            counts[i] = len(sampled[j]) if j is not None and j < got else 0
         facts.req_ids, facts.n = req_ids, n
         facts.tokens, facts.computed, facts.blocks, facts.sampled, facts.prefill = tokens, computed, blocks, counts, prefill
         facts.prefix_hit_tokens = hits

@@ -37,7 +37,8 @@ import time
 from typing import Any
 
 from instrument.vllm.facts import FINISHED_ABORTED, FINISHED_ERROR, FINISHED_LENGTH, FINISHED_STOPPED, StepFacts
-from instrument.vllm.hooks.tap import ARRIVED, FINISHED, MAX_HELD, PREEMPTED, SCHEDULED, UPDATED, StepTap
+from instrument.vllm.hooks.tap import (ARRIVED, FINISHED, MAX_HELD, PREEMPTED, SCHEDULED, UPDATED, StepTap,
+                                       scheduled_row, updated_row)
 
 __all__ = ["ARRIVED", "FINISHED", "FINISHED_ABORTED", "FINISHED_ERROR", "FINISHED_LENGTH", "FINISHED_STOPPED", "MAX_HELD",
            "PREEMPTED", "SCHEDULED", "TESTED_VLLM", "UPDATED", "StepFacts", "StepTap", "check_version",
@@ -105,11 +106,8 @@ def install(tap: StepTap) -> bool:
             cpu, floor = _clock_start() if tap.measure else (0, 0)
             try:
                 pool = tap.pool or (tap.geometry(self) and tap.pool)
-                news = out.scheduled_new_reqs  # (their token lists, V2 model runner: live, read now)
-                held.append((SCHEDULED, out, self.current_step, start, perf_ns(), len(self.waiting),
-                             pool.get_num_free_blocks(),
-                             [-1 if r.prefill_token_ids is None else len(r.prefill_token_ids) for r in news]
-                             if news else None))
+                held.append(scheduled_row(out, self.current_step, start, perf_ns(), len(self.waiting),
+                                          pool.get_num_free_blocks()))
             except Exception:
                 tap.fail()
             if cpu:
@@ -128,7 +126,7 @@ def install(tap: StepTap) -> bool:
             cpu, floor = _clock_start() if tap.measure else (0, 0)
             try:
                 end = perf_ns()
-                held.append((UPDATED, scheduler_output, model_runner_output, end))
+                held.append(updated_row(scheduler_output, model_runner_output, end))
                 idle = not self.requests
                 if idle or end >= tap.due_ns or len(held) >= MAX_HELD:
                     tap.send(idle)
@@ -136,6 +134,8 @@ def install(tap: StepTap) -> bool:
                 tap.fail()
             if cpu:
                 tap.hook_cpu_ns += time.thread_time_ns() - cpu - floor
+                tap.steps += 1  # (counted only when measuring: TOKENTRACE_VLLM_STATS)
+                tap.tokens += sum(map(len, model_runner_output.sampled_token_ids))
         return result
 
     def noting(method: Any, note: Any) -> Any:
@@ -164,6 +164,8 @@ def install(tap: StepTap) -> bool:
                 tap.fail()
             if cpu:
                 tap.hook_cpu_ns += time.thread_time_ns() - cpu - floor
+                tap.steps += 1  # (counted only when measuring: TOKENTRACE_VLLM_STATS)
+                tap.tokens += sum(map(len, model_runner_output.sampled_token_ids))
         return result
 
     def traced_shutdown(self: Any, *args: Any, **kwargs: Any) -> Any:
