@@ -1,7 +1,9 @@
-"""Run by tests/test_vllm_plugin.py with .venv-vllm's Python: StepTap.take on vLLM's own per-step
-objects (SchedulerOutput, NewRequestData, CachedRequestData, ModelRunnerOutput of the installed
-vLLM), packed and unpacked as the socket carries them, then read by StepReader, in the cases a
-live CPU run does not reach: a step scheduled before the previous one was
+"""Run by tests/test_vllm_plugin.py with .venv-vllm's Python: the plugin's own schedule and update
+wrappers (hooks.install on vLLM's Scheduler class, whose schedule / update_from_output are
+replaced first by stand-ins that return prepared outputs) on vLLM's own per-step objects
+(SchedulerOutput, NewRequestData, CachedRequestData, ModelRunnerOutput of the installed
+vLLM); the rows StepTap.take gives, packed and unpacked as the socket carries them, read by
+StepReader, in the cases a live CPU run does not reach: a step scheduled before the previous one was
 updated (several steps in flight), num_scheduled_tokens in another order than
 scheduled_cached_reqs, a request resumed through scheduled_new_reqs (the V2 model runner), and
 ends after the last step. Prints the records read, as one JSON line."""
@@ -9,14 +11,29 @@ ends after the last step. Prints the records read, as one JSON line."""
 from __future__ import annotations
 
 import json
+import time
+from types import SimpleNamespace
+
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import ModelRunnerOutput
 
-from instrument.vllm.hooks import ARRIVED, FINISHED, PREEMPTED, StepTap, scheduled_row, updated_row
+from instrument.vllm import hooks
+from instrument.vllm.hooks import ARRIVED, FINISHED, PREEMPTED, StepTap
 from instrument.vllm.records import pack, unpack
 from instrument.vllm.steps import StepReader
 
-READERS: dict[StepTap, StepReader] = {}  # the exporter process's side of each tap
+READERS: dict[StepTap, StepReader] = {}  # the exporter process's side of the tap
+NEXT: dict[str, SchedulerOutput] = {}  # what the stand-in schedule() returns next
+FREE = [100]  # KV blocks free, as the stand-in block pool says
+# the attributes of a Scheduler instance the wrappers read (requests: never empty, so no send is due)
+ENGINE = SimpleNamespace(current_step=0, waiting=[], requests={"live": None})
+Scheduler.schedule = lambda self, *args, **kwargs: NEXT["out"]  # (replaced before install: wrapped)
+Scheduler.update_from_output = lambda self, scheduler_output, model_runner_output: {}
+TAP = StepTap(send=None)
+TAP.due_ns = 2**62
+TAP.pool = SimpleNamespace(get_num_free_blocks=lambda: FREE[0])
+assert hooks.install(TAP)
 
 
 def new(req_id: str, prompt: int, computed: int, blocks: list[int], tokens: list[int] | None = None) -> NewRequestData:
@@ -39,14 +56,19 @@ def output(new_reqs: list[NewRequestData], cached_reqs: CachedRequestData, sched
                            free_encoder_mm_hashes=[])
 
 
-def scheduled(out: SchedulerOutput, step: int, start: int, end: int, free: int = 98) -> tuple:
-    """The row hooks.install's schedule wrapper appends."""
-    return scheduled_row(out, step, start, end, 0, free)
+def scheduled(out: SchedulerOutput, step: int, free: int = 98) -> tuple:
+    """The row the plugin's schedule wrapper appends when vLLM's schedule() returns ``out``
+    as step ``step`` (taken back off the tap, for the scenario to place)."""
+    ENGINE.current_step, NEXT["out"], FREE[0] = step, out, free
+    assert Scheduler.schedule(ENGINE) is out
+    return TAP.held.pop()
 
 
-def updated(out: SchedulerOutput, sampled: dict[str, int], end: int) -> tuple:
-    """The row hooks.install's update wrapper appends."""
-    return updated_row(out, runner(sampled), end)
+def updated(out: SchedulerOutput, sampled: dict[str, int]) -> tuple:
+    """The row the plugin's update wrapper appends for ``out`` and a runner output sampling
+    ``sampled`` tokens per request."""
+    Scheduler.update_from_output(ENGINE, out, runner(sampled))
+    return TAP.held.pop()
 
 
 def runner(sampled: dict[str, int]) -> ModelRunnerOutput:
@@ -56,17 +78,18 @@ def runner(sampled: dict[str, int]) -> ModelRunnerOutput:
 
 
 def new_tap() -> StepTap:
-    tap = StepTap(send=None)
-    tap._geometry = (16, 1024, 100)  # (block tokens, bytes per block, blocks in the pool)
-    READERS[tap] = StepReader()
-    return tap
+    """The installed tap, emptied, with a new reader (one scenario each)."""
+    TAP.held.clear()
+    TAP._geometry = (16, 1024, 100)  # (block tokens, bytes per block, blocks in the pool)
+    READERS[TAP] = StepReader()
+    return TAP
 
 
 def taken(tap: StepTap, records: list[dict]) -> None:
     for f in READERS[tap].read(unpack(pack(tap.take()))):  # as the socket carries them
         if f is None:
             continue
-        records.append({"step": f.step, "start_ns": f.start_ns, "n": f.n, "req_ids": list(f.req_ids[:f.n]),
+        records.append({"step": f.step, "times": [f.start_ns, f.sched_end_ns, f.end_ns], "n": f.n, "req_ids": list(f.req_ids[:f.n]),
                             "tokens": list(f.tokens[:f.n]), "computed": list(f.computed[:f.n]),
                             "prefill": list(f.prefill[:f.n]), "blocks": list(f.blocks[:f.n]),
                         "sampled": list(f.sampled[:f.n]), "first": f.first, "hits": f.prefix_hit_tokens,
@@ -80,9 +103,9 @@ def state(tap: StepTap) -> list[int]:
     return [len(reader._prompt), len(reader._blocks), len(reader._phase), len(reader._ending)]
 
 
-def in_flight(tap: StepTap) -> list[int]:
-    """Steps scheduled, not yet updated: [held by the tap, opened in the reader]."""
-    return [tap.unfinished(), len(READERS[tap]._opened)]
+def in_flight(tap: StepTap) -> int:
+    """Steps scheduled, not yet updated, as the reader pairs them."""
+    return len(READERS[tap]._opened)
 
 
 def main() -> None:
@@ -94,9 +117,9 @@ def main() -> None:
         taken(tap, records)
 
     def step(k: int, out: SchedulerOutput, sampled: dict[str, int] | None, free: int = 90) -> None:
-        held.append(scheduled(out, k, k * 1000, k * 1000 + 100, free))
+        held.append(scheduled(out, k, free))
         if sampled is not None:
-            held.append(updated(out, sampled, k * 1000 + 900))
+            held.append(updated(out, sampled))
 
     held.append((ARRIVED, "a", 1.5, None, 20))
     step(1, output([new("a", 20, 0, [0, 1])], cached([]), {"a": 20}), {"a": 1})
@@ -106,7 +129,7 @@ def main() -> None:
     out3 = output([], cached([("a", 21, None, 2), ("b", 40, None, 1)]), {"a": 1, "b": 1})
     step(3, out3, None)  # scheduled; its update comes after this send
     take()
-    held.append(updated(out3, {"a": 1, "b": 1}, 3900))
+    held.append(updated(out3, {"a": 1, "b": 1}))
     step(4, output([], cached([("a", 22, [5], 3), ("b", 41, None, 2)]), {"b": 1, "a": 1}), {"b": 1, "a": 1}, free=89)
     take()
     held.append((PREEMPTED, "a", 3, 4950))  # inside schedule(): a is not in step 5
@@ -116,15 +139,15 @@ def main() -> None:
     resumed = new("a", 20, 16, [0, 6], tokens=list(range(24)))
     step(6, output([resumed], cached([("b", 43, None, 4)]), {"b": 1, "a": 8}), {"b": 1, "a": 1})
     out7 = output([], cached([("a", 24, None, 5), ("b", 44, None, 5)]), {"a": 1, "b": 1})
-    held.append(scheduled(out7, 7, 7000, 7100, 90))
+    held.append(scheduled(out7, 7, 90))
     held.append((FINISHED, "a", 1, 7850))  # inside update_from_output: before the step's end
-    held.append(updated(out7, {"a": 1, "b": 1}, 7900))
+    held.append(updated(out7, {"a": 1, "b": 1}))
     held.append((FINISHED, "b", 2, 7950))  # an abort after the step: an events-only record
     take()
     print(json.dumps({"records": records, "held": len(held), "in_flight": in_flight(tap), "steps": sum(1 for r in records if r["step"] >= 0),
                       "tokens": sum(sum(r["sampled"]) for r in records),
                       "state": state(tap), "async": async_end(), "v1": v1_resume(), "v2": v2_live_tokens(),
-                      "reuse": id_used_again()}))
+                      "reuse": id_used_again(), "now_ns": time.time_ns()}))
 
 
 def id_used_again() -> dict:
@@ -134,12 +157,12 @@ def id_used_again() -> dict:
     held = tap.held
     held.append((ARRIVED, "x", 1.0, None, 4))
     out1 = output([new("x", 4, 0, [0])], cached([]), {"x": 4})
-    held += [scheduled(out1, 1, 1000, 1100), updated(out1, {"x": 1}, 1900)]
+    held += [scheduled(out1, 1), updated(out1, {"x": 1})]
     held += [(FINISHED, "x", 2, 1950), (ARRIVED, "x", 2.0, None, 6)]
     out2 = output([new("x", 6, 0, [3])], cached([]), {"x": 6})
-    held += [scheduled(out2, 2, 2000, 2100), updated(out2, {"x": 1}, 2900)]
+    held += [scheduled(out2, 2), updated(out2, {"x": 1})]
     out3 = output([], cached([("x", 6, None, 1)]), {"x": 1})
-    held += [scheduled(out3, 3, 3000, 3100), updated(out3, {"x": 1}, 3900)]
+    held += [scheduled(out3, 3), updated(out3, {"x": 1})]
     taken(tap, records)
     return {"records": records, "state": state(tap)}
 
@@ -153,17 +176,17 @@ def v2_live_tokens() -> dict:
     tokens = list(range(10))  # the request's list: prompt, then each sampled token appended
     held.append((ARRIVED, "p", 1.0, None, 10))
     out1 = output([new("p", 10, 0, [0], tokens=tokens)], cached([]), {"p": 10})
-    held.append(scheduled(out1, 1, 1000, 1100))
+    held.append(scheduled(out1, 1))
     tokens.append(10)
-    held.append(updated(out1, {"p": 1}, 1900))
+    held.append(updated(out1, {"p": 1}))
     out2 = output([], cached([("p", 10, None, 1)]), {"p": 1})
-    held.append(scheduled(out2, 2, 2000, 2100))
+    held.append(scheduled(out2, 2))
     tokens.append(11)
-    held += [updated(out2, {"p": 1}, 2900), (PREEMPTED, "p", 1, 3050)]
+    held += [updated(out2, {"p": 1}), (PREEMPTED, "p", 1, 3050)]
     out3 = output([new("p", 10, 11, [0], tokens=tokens)], cached([]), {"p": 1})
-    held.append(scheduled(out3, 3, 3000, 3100))
+    held.append(scheduled(out3, 3))
     tokens.append(12)
-    held.append(updated(out3, {"p": 1}, 3900))
+    held.append(updated(out3, {"p": 1}))
     taken(tap, records)
     return {"records": records}
 
@@ -176,11 +199,11 @@ def async_end() -> dict:
     held.append((ARRIVED, "r", 1.0, None, 5))
     out1 = output([new("r", 5, 0, [0])], cached([]), {"r": 5})
     out2 = output([], cached([("r", 5, None, 1)]), {"r": 1})
-    held += [scheduled(out1, 1, 1000, 1100), scheduled(out2, 2, 2000, 2100)]
-    held += [(FINISHED, "r", 0, 1850), updated(out1, {"r": 1}, 1900)]
+    held += [scheduled(out1, 1), scheduled(out2, 2)]
+    held += [(FINISHED, "r", 0, 1850), updated(out1, {"r": 1})]
     taken(tap, records)
     after_first = state(tap)
-    held.append(updated(out2, {"r": 1}, 2900))
+    held.append(updated(out2, {"r": 1}))
     taken(tap, records)
     return {"records": records, "after_first": after_first, "state": state(tap), "in_flight": in_flight(tap)}
 
@@ -193,23 +216,23 @@ def v1_resume() -> dict:
     held = tap.held
     held.append((ARRIVED, "q", 1.0, None, 20))
     out1 = output([new("q", 20, 0, [0, 1])], cached([]), {"q": 20})
-    held += [scheduled(out1, 1, 1000, 1100), updated(out1, {"q": 1}, 1900)]
+    held += [scheduled(out1, 1), updated(out1, {"q": 1})]
     out2 = output([], cached([("q", 20, None, 1)]), {"q": 1})
-    held += [scheduled(out2, 2, 2000, 2100), updated(out2, {"q": 1}, 2900)]
+    held += [scheduled(out2, 2), updated(out2, {"q": 1})]
     held.append((PREEMPTED, "q", 2, 3050))
     # 16 of its 22 tokens in the prefix cache: the other 6 recomputed, emitting token 3
     out3 = output([], cached([("q", 16, [7, 8], 2)], resumed={"q"}), {"q": 6})
-    held += [scheduled(out3, 3, 3000, 3100), updated(out3, {"q": 1}, 3900)]
+    held += [scheduled(out3, 3), updated(out3, {"q": 1})]
     out4 = output([], cached([("q", 22, None, 3)]), {"q": 1})
-    held += [scheduled(out4, 4, 4000, 4100), updated(out4, {"q": 1}, 4900)]
+    held += [scheduled(out4, 4), updated(out4, {"q": 1})]
     held.append((ARRIVED, "z", 5.0, None, 3))
     lost = [output([new("z", 3, 0, [9])], cached([]), {"z": 3})] + \
         [output([], cached([("z", 3 + k, [10 + k] if k == 4 else None, k)]), {"z": 1}) for k in range(8)]
-    held += [scheduled(out, 5 + k, 5000 + k, 5001 + k) for k, out in enumerate(lost)]
+    held += [scheduled(out, 5 + k) for k, out in enumerate(lost)]
     taken(tap, records)
     dropped = READERS[tap].let_go
     out6 = output([], cached([("z", 12, None, 9)]), {"z": 1})
-    held += [scheduled(out6, 20, 20000, 20100), updated(out6, {"z": 1}, 20900)]
+    held += [scheduled(out6, 20), updated(out6, {"z": 1})]
     taken(tap, records)
     return {"records": records, "dropped": dropped, "in_flight": in_flight(tap), "let_go": READERS[tap].let_go}
 

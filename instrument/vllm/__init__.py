@@ -111,10 +111,9 @@ def _start_pipeline(idle: bool) -> None:
     _state["sink"] = sink
 
     def close() -> None:
-        sink.close()
-        never = tap.dropped_steps + tap.unfinished()  # (unfinished: still in flight at shutdown)
-        if never:
-            log.warning("tokentrace: %d engine steps not traced (never updated, or held when tracing stopped)", never)
+        sink.close()  # (steps never updated: said by the exporter process, which pairs the rows)
+        if tap.dropped_steps:
+            log.warning("tokentrace: %d engine steps not traced (held when tracing stopped)", tap.dropped_steps)
 
     tap.on_shutdown = close  # vLLM's scheduler shutdown; atexit and multiprocessing's exit as fallbacks
     atexit.register(sink.close)

@@ -133,5 +133,10 @@ class RecordConsumer:
             raise ValueError(f"vLLM step records: a row does not read ({type(exc).__name__}: {exc})") from None
 
     def close(self) -> None:
-        """Shutdown: end the open engine trace (requests still live stay unended: never exported)."""
+        """Shutdown: end the open engine trace (requests still live stay unended: never exported);
+        say how many steps were scheduled and never updated (an engine error, or in flight at
+        shutdown)."""
+        never = self.reader.let_go + len(self.reader._opened)
+        if never:
+            log.warning("tokentrace: %d vLLM engine steps scheduled and never updated: not traced", never)
         self.builder.close_engine_trace()

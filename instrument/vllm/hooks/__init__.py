@@ -37,8 +37,7 @@ import time
 from typing import Any
 
 from instrument.vllm.facts import FINISHED_ABORTED, FINISHED_ERROR, FINISHED_LENGTH, FINISHED_STOPPED, StepFacts
-from instrument.vllm.hooks.tap import (ARRIVED, FINISHED, MAX_HELD, PREEMPTED, SCHEDULED, UPDATED, StepTap,
-                                       scheduled_row, updated_row)
+from instrument.vllm.hooks.tap import ARRIVED, FINISHED, MAX_HELD, PREEMPTED, SCHEDULED, UPDATED, StepTap, new_rows
 
 __all__ = ["ARRIVED", "FINISHED", "FINISHED_ABORTED", "FINISHED_ERROR", "FINISHED_LENGTH", "FINISHED_STOPPED", "MAX_HELD",
            "PREEMPTED", "SCHEDULED", "TESTED_VLLM", "UPDATED", "StepFacts", "StepTap", "check_version",
@@ -94,11 +93,15 @@ def install(tap: StepTap) -> bool:
     finish, shutdown = Scheduler.finish_requests, Scheduler.shutdown
 
     held = tap.held  # (never rebound)
-    perf_ns = time.perf_counter_ns
+    append, perf_ns = held.append, time.perf_counter_ns
+    most = MAX_HELD
+    scheduled_kind, updated_kind = SCHEDULED, UPDATED
 
-    # per step, the two wrappers below append one tuple each and compare a few ints: whatever
-    # the engine thread runs between two model steps finds the CPU's caches cold, so the step's
-    # taking and packing wait for the next send, done for many steps at once (StepTap.take)
+    # per step, each wrapper appends one row (instrument/vllm/records.py): a tuple of vLLM's own
+    # per-step lists, dicts and sets, taken by reference, and a few ints. The rows are built
+    # here, inline from closure names: code run between two model steps finds the CPU's caches
+    # cold, and a call to a helper function cost ~3 µs there (measured); what is read from the
+    # lists waits for the send (marshal, in C, many steps at once)
     def traced_schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
         start = perf_ns()
         out = schedule(self, *args, **kwargs)
@@ -106,8 +109,11 @@ def install(tap: StepTap) -> bool:
             cpu, floor = _clock_start() if tap.measure else (0, 0)
             try:
                 pool = tap.pool or (tap.geometry(self) and tap.pool)
-                held.append(scheduled_row(out, self.current_step, start, perf_ns(), len(self.waiting),
-                                          pool.get_num_free_blocks()))
+                cached, news = out.scheduled_cached_reqs, out.scheduled_new_reqs
+                append((scheduled_kind, id(out), self.current_step, start, perf_ns(), len(self.waiting),
+                        pool.get_num_free_blocks(), out.num_scheduled_tokens, new_rows(news) if news else None,
+                        cached.req_ids, cached.resumed_req_ids, cached.new_block_ids, cached.num_computed_tokens,
+                        cached.num_output_tokens))
             except Exception:
                 tap.fail()
             if cpu:
@@ -126,9 +132,10 @@ def install(tap: StepTap) -> bool:
             cpu, floor = _clock_start() if tap.measure else (0, 0)
             try:
                 end = perf_ns()
-                held.append(updated_row(scheduler_output, model_runner_output, end))
+                append((updated_kind, id(scheduler_output), end, model_runner_output.req_ids,
+                        model_runner_output.sampled_token_ids))
                 idle = not self.requests
-                if idle or end >= tap.due_ns or len(held) >= MAX_HELD:
+                if idle or end >= tap.due_ns or len(held) >= most:
                     tap.send(idle)
             except Exception:
                 tap.fail()

@@ -18,28 +18,19 @@ from instrument.clock import ANCHOR_PERF_NS, ANCHOR_WALL_NS, now_wall_ns
 from instrument.vllm.facts import FINISHED_ABORTED, FINISHED_ERROR, FINISHED_LENGTH, FINISHED_STOPPED
 from instrument.vllm.records import ARRIVED, FINISHED, GEOMETRY, IDLE, PREEMPTED, SCHEDULED, UPDATED
 
-__all__ = ["ARRIVED", "FINISHED", "MAX_HELD", "PREEMPTED", "SCHEDULED", "UPDATED", "StepTap", "scheduled_row",
-           "updated_row"]
+__all__ = ["ARRIVED", "FINISHED", "MAX_HELD", "PREEMPTED", "SCHEDULED", "UPDATED", "StepTap", "new_rows"]
 
 log = logging.getLogger("tokentrace.vllm")
 MAX_HELD = 512  # held entries that make a send due (two per step, one per arrival, preemption, end)
 _PERF_TO_WALL = ANCHOR_WALL_NS - ANCHOR_PERF_NS  # perf_counter ns + this = ns since the epoch (instrument/clock.py)
 
 
-def scheduled_row(out: Any, step: int, start: int, sched_end: int, waiting: int, free: int) -> tuple[Any, ...]:
-    """The SCHEDULED row of vLLM's ``SchedulerOutput`` (times: perf_counter ns): its lists,
-    dicts and sets by reference, taken while vLLM just built them."""
-    cached, news = out.scheduled_cached_reqs, out.scheduled_new_reqs
-    return (SCHEDULED, id(out), step, start, sched_end, waiting, free, out.num_scheduled_tokens,
-            [(new.req_id, new.num_computed_tokens, len(new.block_ids[0]) if new.block_ids else 0,
-              -1 if new.prefill_token_ids is None else len(new.prefill_token_ids)) for new in news] if news else None,
-            cached.req_ids, cached.resumed_req_ids, cached.new_block_ids, cached.num_computed_tokens,
-            cached.num_output_tokens)
-
-
-def updated_row(out: Any, runner: Any, end: int) -> tuple[Any, ...]:
-    """The UPDATED row of a step's ``SchedulerOutput`` and ``ModelRunnerOutput`` (end: perf_counter ns)."""
-    return (UPDATED, id(out), end, runner.req_ids, runner.sampled_token_ids)
+def new_rows(news: Any) -> list[tuple[str, int, int, int]]:
+    """``scheduled_new_reqs`` as a SCHEDULED row carries them: (id, num_computed_tokens, blocks
+    given (first KV group), tokens so far when the V2 model runner gives them (its list grows
+    with each token: measured when scheduled), else -1)."""
+    return [(new.req_id, new.num_computed_tokens, len(new.block_ids[0]) if new.block_ids else 0,
+             -1 if new.prefill_token_ids is None else len(new.prefill_token_ids)) for new in news]
 
 
 class StepTap:
@@ -57,7 +48,6 @@ class StepTap:
         self._geometry: tuple[int, int, int] | None = None
         self.pool: Any = None  # vLLM's block pool (free blocks read per step)
         self._in_update = False
-        self._in_flight = 0  # steps scheduled and not updated, as counted at the last take
         self.dropped_steps = 0  # steps held when a hook failed: not sent
         self.failed = False  # a hook raised: tracing stops, vLLM goes on (one log line)
         self.measure = False  # time the hooks with the thread's CPU clock (0.25 µs a read here)
@@ -113,13 +103,7 @@ class StepTap:
         held = self.held
         rows = [(GEOMETRY, block_tokens, bytes_per_block, total, now_wall_ns(), _PERF_TO_WALL), *held]
         held.clear()
-        kinds = [row[0] for row in rows]
-        self._in_flight = max(0, self._in_flight + kinds.count(SCHEDULED) - kinds.count(UPDATED))
         if idle:
             rows.append((IDLE,))
         return rows
 
-    def unfinished(self) -> int:
-        """Steps scheduled and not updated (at shutdown: never will be)."""
-        kinds = [row[0] for row in self.held]
-        return self._in_flight + kinds.count(SCHEDULED) - kinds.count(UPDATED)
