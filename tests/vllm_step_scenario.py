@@ -147,7 +147,35 @@ def main() -> None:
     print(json.dumps({"records": records, "held": len(held), "in_flight": in_flight(tap), "steps": sum(1 for r in records if r["step"] >= 0),
                       "tokens": sum(sum(r["sampled"]) for r in records),
                       "state": state(tap), "async": async_end(), "v1": v1_resume(), "v2": v2_live_tokens(),
-                      "reuse": id_used_again(), "now_ns": time.time_ns()}))
+                      "reuse": id_used_again(), "sends": send_triggers(), "now_ns": time.time_ns()}))
+
+
+def send_triggers() -> list:
+    """When the update wrapper asks for a send: [(idle, rows held then)] for a step not due, a
+    step ending after due_ns, MAX_HELD rows held, and the scheduler left with no request."""
+    new_tap()
+    calls: list = []
+    TAP.send = lambda idle: (calls.append((idle, len(TAP.held))), TAP.held.clear())
+    out = output([], cached([("t", 5, None, 1)]), {"t": 1})
+
+    def step() -> None:
+        ENGINE.current_step += 1
+        NEXT["out"] = out
+        Scheduler.schedule(ENGINE)
+        Scheduler.update_from_output(ENGINE, out, runner({"t": 1}))
+
+    step()  # not due
+    TAP.due_ns = 0
+    step()  # ends after due_ns
+    TAP.due_ns = 2**62
+    TAP.held.extend([(ARRIVED, f"f{i}", 1.0, None, 1) for i in range(hooks.MAX_HELD - 2)])
+    step()  # its two rows make MAX_HELD
+    ENGINE.requests = {}
+    step()  # the scheduler holds no request after it
+    ENGINE.requests = {"live": None}
+    TAP.send = None
+    TAP.held.clear()
+    return calls
 
 
 def id_used_again() -> dict:

@@ -9,18 +9,20 @@ harmless.
 
 No span is built in vLLM's processes. On the first scheduler step the plugin starts tokentrace's
 span exporter process (instrument/records/exporter_process.py, a child of the engine-core
-process); from then on vLLM's engine thread holds each step's references to vLLM's own
-per-step objects and, batched (every 2 s / 512 held entries and whenever the engine goes idle),
-reads them into compact records (instrument/vllm/records.py) and sends them as channel-1
-BLOB messages of up to ~32 KiB on a socket that never blocks; the exporter process rebuilds
-the facts and builds the spans (instrument/vllm/spans.py). At vLLM's scheduler shutdown (or
+process); from then on vLLM's engine thread holds one row per step and request event
+(vLLM's own per-step lists by reference, instrument/vllm/records.py) and, batched (every 2 s /
+512 rows and whenever the engine goes idle), packs them with ``marshal`` and sends them as
+channel-1 BLOB messages of about 32 KiB on a socket that never blocks; the exporter process
+reads them into step facts (instrument/vllm/steps.py) and builds the spans
+(instrument/vllm/spans.py). At vLLM's scheduler shutdown (or
 process exit) the plugin sends the rest and stops the child within ~4 s, logging one line
 with the spans lost if any. A dead exporter process: vLLM goes on,
 one error line, later spans counted as dropped.
 
 ``TOKENTRACE_VLLM_STATS=FILE``: whenever the engine goes idle, the plugin rewrites FILE with
-its own figures so far (JSON: ``steps``, ``tokens`` sampled, ``hook_cpu_ns``: CPU time of its
-hooks on vLLM's engine thread, packing and sending included, timed only when this is set, with
+its own figures so far (JSON: ``steps``, ``tokens`` sampled (both counted only when this is
+set, outside the timed hooks), ``hook_cpu_ns``: CPU time of its hooks on vLLM's engine
+thread, packing and sending included, timed only when this is set, with
 ``schedule_cpu_ns`` and ``send_cpu_ns`` its parts in the schedule hook and in packing and
 sending, ``sends``; ``stats_cpu_ns``: writing this file, not in ``hook_cpu_ns``; ``exporter_pid``; ``sent_spans``,
 ``dropped_spans``, ``dropped_messages``; benchmarks/vllm_tracing_cost.py reads it).

@@ -1,42 +1,44 @@
 """vLLM step records: vLLM's own per-step figures in the engine core, spans in the exporter process.
 
-The plugin's scheduler hooks (instrument/vllm/hooks/) hold each scheduler step's references
-to vLLM's own objects. When a send is due (the engine went idle, 2 s since the last send, or
-512 entries held) :meth:`~instrument.vllm.hooks.StepTap.take` turns them, on vLLM's engine
-thread, into *rows*: tuples of the builtin lists, dicts, sets, ints and strings vLLM already
-built for the step (referenced, not copied or read element by element), plus a few ints.
-:class:`~instrument.vllm.sink.RecordSink` packs rows with :func:`pack` (``marshal``, format
-4, in C: each string once per message) into channel-1 BLOB messages of about
-``FLUSH_BYTES`` (instrument/records/channels.py). Measured inside vLLM's engine core, where
-a model step between two sends leaves vLLM's objects and this code cold in the CPU's caches,
-that costs about half of reading each step into per-request columns in Python there
-(docs/spans.md "vLLM", cost). No span, dict or string is made per token on that side.
+The plugin's scheduler wrappers (instrument/vllm/hooks/) append one *row* per scheduled step
+and one per updated step, on vLLM's engine thread: a tuple of the builtin lists, dicts and
+sets vLLM built for the step (referenced, not copied or read element by element) and a few
+ints, plus a row per arrival, preemption and end. When a send is due (the engine went idle,
+2 s since the last send, or 512 rows held) :class:`~instrument.vllm.sink.RecordSink` packs
+the rows with :func:`pack` (``marshal`` format 4, in C: each string once per message) into
+channel-1 BLOB messages of about 32 KiB (instrument/records/channels.py). Measured
+inside vLLM's engine core, where a model step between two sends leaves vLLM's objects and
+this code cold in the CPU's caches, that costs the engine thread about a third less than
+reading each step into per-request columns there (docs/spans.md "vLLM", cost). No span,
+dict or string is made per token on that side.
 
 In the exporter process :class:`RecordConsumer` unpacks each message, reads the rows in order
 into :class:`~instrument.vllm.facts.StepFacts` with
-:class:`~instrument.vllm.steps.StepReader` (which follows each request across steps and
-messages: blocks held, prompt chunk / recompute / decode, first schedules) and hands them to
-:meth:`instrument.vllm.spans.SpanBuilder.consume`, the one function that writes the span
-contract (docs/spans.md "vLLM").
+:class:`~instrument.vllm.steps.StepReader` (which pairs each step's two rows and follows each
+request across steps and messages: blocks held, prompt chunk / recompute / decode, first
+schedules) and hands them to :meth:`instrument.vllm.spans.SpanBuilder.consume`, the one
+function that writes the span contract (docs/spans.md "vLLM").
 
-A message is ``marshal.dumps(rows, 4)``: a list of tuples, oldest first. Times are ns since
-the epoch (converted from ``perf_counter`` in the engine core, instrument/clock.py); counts
-are requests, tokens, KV blocks; ``step`` is vLLM's ``Scheduler.current_step``.
+A message is ``marshal.dumps(rows, 4)``: a list of tuples, oldest first. Step times are the
+engine core's ``perf_counter`` ns (GEOMETRY gives the shift to ns since the epoch,
+instrument/clock.py); event times are ns since the epoch; counts are requests, tokens, KV
+blocks; ``key`` is the ``id()`` of the step's ``SchedulerOutput`` (unique among the steps in
+flight: vLLM keeps it alive until the step's update), ``step`` vLLM's ``Scheduler.current_step``.
 
 =========  ====================================================================================
 row        fields after the kind (vLLM 0.32 names in ``code``)
 =========  ====================================================================================
-SCHEDULED  step, start, schedule end, requests ``waiting``, KV blocks free, ``num_scheduled_tokens``
-           (id -> tokens), new: ``[(req_id, num_computed_tokens, blocks given (first KV group),
-           tokens so far when the V2 model runner gives them, else -1)]`` or None, then
-           ``scheduled_cached_reqs``' ``req_ids``, ``resumed_req_ids``, ``new_block_ids``,
-           ``num_computed_tokens``, ``num_output_tokens``
-UPDATED    step, end, ``ModelRunnerOutput.req_ids``, tokens sampled per request in that order
+SCHEDULED  key, step, start, schedule end, requests ``waiting``, KV blocks free,
+           ``num_scheduled_tokens`` (id -> tokens), new: ``[(req_id, num_computed_tokens,
+           blocks given (first KV group), tokens so far when the V2 model runner gives them,
+           else -1)]`` or None, then ``scheduled_cached_reqs``' ``req_ids``,
+           ``resumed_req_ids``, ``new_block_ids``, ``num_computed_tokens``, ``num_output_tokens``
+UPDATED    key, end, ``ModelRunnerOutput.req_ids``, ``sampled_token_ids`` (in that order)
 ARRIVED    request id, arrival (s, vLLM's float), trace headers (dict or None), prompt tokens
 PREEMPTED  request id, KV blocks freed, time
 FINISHED   request id, status (facts.FINISHED_*), time
 GEOMETRY   tokens per KV block, bytes per block (every layer), blocks in the pool, the send's
-           time (first row of a send's first message)
+           time, ns to add to a perf_counter ns (first row of a send)
 IDLE       (nothing): last row of a send when the scheduler held no request then
 =========  ====================================================================================
 

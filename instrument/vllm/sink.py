@@ -19,14 +19,13 @@ from instrument.vllm.records import message_end, pack, units
 __all__ = ["EXPORTER_NICE", "FLUSH_BYTES", "FLUSH_NS", "RecordSink"]
 
 log = logging.getLogger("tokentrace.vllm")
-# send this long after the last send (or hooks.MAX_HELD entries held), and whenever the engine goes idle;
-# a message whenever FLUSH_BYTES are packed. Measured inside vLLM's engine core (SmolLM2 on
-# 2 shared cores, batch 8, a step every ~50 ms): a send costs the engine thread ~45 µs (the
-# socket, waking the exporter) and its first record ~35 µs to read where the next ones take
-# ~7 (the code cold after a model step), ~75 µs a send: every 50 ms that was 12-16 µs per
-# token, every 1 s ~0.7, every 2 s half that. Spans still reach the SDK's batch processor
-# (5 s between exports by default) well within its delay.
-FLUSH_BYTES = 32 * 1024  # a message is sent whenever this much is packed
+# send this long after the last send (or hooks.MAX_HELD rows held), and whenever the engine goes
+# idle; a message about every FLUSH_BYTES. Measured inside vLLM's engine core
+# (SmolLM2 on 2 shared cores, batch 8, a step every ~50 ms): a send costs the engine thread
+# ~70-90 µs besides packing (the socket, waking the exporter, the first rows' cold code): every
+# 50 ms that was ~10 µs per token, every 1 s ~0.5, every 2 s half that. Spans still reach the
+# SDK's batch processor (5 s between exports by default) well within its delay.
+FLUSH_BYTES = 32 * 1024  # a message is cut once about this much is packed
 EXPORTER_NICE = 10  # the exporter process runs this much nicer than the engine core (at most 19)
 FLUSH_NS = 2_000_000_000
 
@@ -90,6 +89,7 @@ class RecordSink:
             start = stop
             if len(payload) < FLUSH_BYTES // 2 and start < end:
                 self.rows_per_message = count * 2
+        del rows, chunk  # (vLLM's lists they held go now, inside the measured window)
         if cpu:
             self.send_cpu_ns += time.thread_time_ns() - cpu - floor
 

@@ -35,7 +35,8 @@ class StepReader:
         self._phase: dict[str, int] = {}
         self._ending: set[str] = set()
         # the id() vLLM's SchedulerOutput had in the engine core -> its SCHEDULED row, until its
-        # UPDATED row (unique among the steps in flight: each keeps its object alive)
+        # UPDATED row (unique among the steps in flight: vLLM keeps a step's SchedulerOutput
+        # alive until its update; an id scheduled again while open was never updated)
         self._opened: dict[int, tuple[Any, ...]] = {}
         self._first_carried: list[tuple[str, int]] = []  # first schedules in steps let go
         self._facts = StepFacts(0)  # what read() writes into

@@ -13,17 +13,17 @@ client disconnected or the frontend aborted), ``add_request()`` (arrival: the fr
 wall clock, s; ``trace_headers``; prompt tokens), ``finish_requests()`` (an abort outside
 a step: its end goes out at once) and ``shutdown()`` (the plugin's pipeline closes first).
 
-Per step the two step wrappers append one tuple each to :attr:`StepTap.held` (references to
-vLLM's per-step objects, which vLLM builds anew each step and does not change afterwards,
-and a few ints; ``perf_counter`` times) and compare three ints to see whether a send is
-due; an arrival, preemption or end appends one tuple. Whatever the engine thread runs
-between two model steps finds the CPU's caches cold (the same few lines cost 3-5× their
-cost in a loop), so the rest waits for the send (still on the engine thread,
-instrument/vllm/sink.py): :meth:`StepTap.take` turns every held entry into a row of
-instrument/vllm/records.py, the lists, dicts and sets vLLM built for the step by reference,
-which ``marshal`` packs in C. Nothing is read per request on vLLM's side: the exporter
-process follows each request across steps (instrument/vllm/steps.py). No span, dict or
-string is made per token (docs/spans.md "vLLM").
+Per step each step wrapper appends one row of instrument/vllm/records.py to
+:attr:`StepTap.held`: vLLM's per-step lists, dicts and sets by reference (vLLM builds them
+anew each step and does not change them afterwards), a few ints and ``perf_counter`` times;
+the update wrapper then compares three ints to see whether a send is due. An arrival,
+preemption or end appends one row. Nothing is read per request on vLLM's side: at a send
+(still on the engine thread, instrument/vllm/sink.py) ``marshal`` packs the rows in C,
+and the exporter process follows each request across steps (instrument/vllm/steps.py).
+Whatever the engine thread runs between two model steps finds the CPU's caches cold (the
+same few lines cost 3-5× their cost in a loop; a call to a small helper function cost ~3 µs
+there), so the rows are built inline in the wrappers. No span, dict or string is made per
+token (docs/spans.md "vLLM").
 
 Another vLLM version may rename any of this: :func:`check_version` refuses anything but
 ``TESTED_VLLM`` (tests/test_vllm_plugin.py pins it), and the plugin then logs one line and
@@ -171,8 +171,6 @@ def install(tap: StepTap) -> bool:
                 tap.fail()
             if cpu:
                 tap.hook_cpu_ns += time.thread_time_ns() - cpu - floor
-                tap.steps += 1  # (counted only when measuring: TOKENTRACE_VLLM_STATS)
-                tap.tokens += sum(map(len, model_runner_output.sampled_token_ids))
         return result
 
     def traced_shutdown(self: Any, *args: Any, **kwargs: Any) -> Any:

@@ -1,12 +1,10 @@
-"""What the plugin's wrappers hold per vLLM scheduler step, and its turning into rows at a send.
+"""What the plugin's wrappers hold per vLLM scheduler step and request event, until a send.
 
 Part of the guarded package instrument/vllm/hooks/ (pinned to ``TESTED_VLLM``): it reads
-vLLM's ``SchedulerOutput`` / ``NewRequestData`` / ``CachedRequestData`` /
-``ModelRunnerOutput`` fields. :class:`StepTap` keeps the engine thread's entries
-(:attr:`StepTap.held`, appended by the wrappers in hooks/__init__.py) and, at each send,
-turns them into the rows of instrument/vllm/records.py (:meth:`StepTap.take`): references
-to the lists, dicts and sets vLLM built for the step, not read element by element here; the
-exporter process reads them (instrument/vllm/steps.py).
+vLLM's ``NewRequestData``, ``Request`` and KV cache manager fields. :class:`StepTap` keeps
+the rows of instrument/vllm/records.py the wrappers in hooks/__init__.py append (vLLM's
+per-step lists, dicts and sets by reference; read by the exporter process,
+instrument/vllm/steps.py) and hands them over at each send (:meth:`StepTap.take`).
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from instrument.vllm.records import ARRIVED, FINISHED, GEOMETRY, IDLE, PREEMPTED
 __all__ = ["ARRIVED", "FINISHED", "MAX_HELD", "PREEMPTED", "SCHEDULED", "UPDATED", "StepTap", "new_rows"]
 
 log = logging.getLogger("tokentrace.vllm")
-MAX_HELD = 512  # held entries that make a send due (two per step, one per arrival, preemption, end)
+MAX_HELD = 512  # held rows that make a send due (two per step, one per arrival, preemption, end)
 _PERF_TO_WALL = ANCHOR_WALL_NS - ANCHOR_PERF_NS  # perf_counter ns + this = ns since the epoch (instrument/clock.py)
 
 
@@ -98,7 +96,10 @@ class StepTap:
     # -- at a send (engine thread) ----------------------------------------------------------
     def take(self, idle: bool = False) -> list[tuple[Any, ...]]:
         """Every held row, oldest first, after a GEOMETRY row (and an IDLE row last when
-        ``idle``); nothing stays held."""
+        ``idle``); nothing stays held. vLLM builds its per-step lists, dicts and sets anew each
+        step and does not change them afterwards, so the rows still say what they said when
+        appended (a scheduled_new_reqs' prefill_token_ids, which the V2 model runner grows,
+        was measured then)."""
         block_tokens, bytes_per_block, total = self._geometry or (0, 0, 0)
         held = self.held
         rows = [(GEOMETRY, block_tokens, bytes_per_block, total, now_wall_ns(), _PERF_TO_WALL), *held]
