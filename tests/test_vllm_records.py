@@ -31,7 +31,7 @@ from instrument.records.channels import VLLM_STEPS
 from instrument.records.span_builder import SpanBuilder as ExporterSpanBuilder
 from instrument.tracing import get_tracer
 from instrument.vllm import records
-from instrument.vllm.records import ARRIVED, FINISHED, GEOMETRY, IDLE, PREEMPTED, SCHEDULED, UPDATED
+from instrument.vllm.records import ARRIVED, FINISHED, IDLE, PREEMPTED, SCHEDULED, UPDATED
 from instrument.vllm.steps import StepReader
 from instrument.vllm import sink as sink_module
 from instrument.vllm.hooks import FINISHED_ABORTED, FINISHED_LENGTH, FINISHED_STOPPED, StepFacts, external_request_id
@@ -96,8 +96,9 @@ def _direct(stream: list[StepFacts]) -> list[Any]:
 
 
 
-def _geometry(t: int) -> tuple[Any, ...]:
-    return (GEOMETRY, 16, BYTES_PER_BLOCK, 400, T0 + t * MS, 0)  # (times below: already ns since the epoch)
+def _header(t: int) -> tuple[int, int, int, int, int]:
+    """A send's GEOMETRY fields (times below: already ns since the epoch, no shift)."""
+    return (16, BYTES_PER_BLOCK, 400, T0 + t * MS, 0)
 
 
 def _scheduled(step: int, t: int, tokens: dict[str, int], new: list[tuple[str, int, int, int]] | None,
@@ -120,7 +121,7 @@ def _sends() -> list[list[tuple[Any, ...]]]:
     does), so that reading them gives the same spans as _stream."""
     s = T0 / 1e9
     return [
-        [_geometry(0), (ARRIVED, A, s, PARENT, 300), (ARRIVED, B, s + 0.001, None, 40),
+        [_header(0), (ARRIVED, A, s, PARENT, 300), (ARRIVED, B, s + 0.001, None, 40),
          # A: 128 of its 300 prompt tokens in the prefix cache, 15 blocks; B: 40, 3 blocks, done
          _scheduled(1, 2, {A: 100, B: 40}, [(A, 128, 15, -1), (B, 0, 3, -1)], [], waiting=1),
          _updated(1, 2, {A: 0, B: 1}),
@@ -139,24 +140,27 @@ def _sends() -> list[list[tuple[Any, ...]]]:
          _updated(5, 42, {A: 1, B: 1, C: 1}),
          # step 6 scheduled before C's abort reached the scheduler (async scheduling)
          _scheduled(6, 53, {A: 1, B: 1, C: 1}, None, [(A, 303, None, 4), (B, 44, None, 4), (C, 22, None, 3)])],
-        [_geometry(52), (FINISHED, C, FINISHED_ABORTED, T0 + 52 * MS)],
-        [_geometry(62), (FINISHED, A, FINISHED_LENGTH, T0 + 61 * MS), (FINISHED, B, FINISHED_STOPPED, T0 + 61 * MS),
+        [_header(52), (FINISHED, C, FINISHED_ABORTED, T0 + 52 * MS)],
+        [_header(62), (FINISHED, A, FINISHED_LENGTH, T0 + 61 * MS), (FINISHED, B, FINISHED_STOPPED, T0 + 61 * MS),
          _updated(6, 53, {A: 1, B: 1, C: 1})],
-        [_geometry(71), (ARRIVED, D, s + 0.070, None, 8), (FINISHED, D, FINISHED_ABORTED, T0 + 71 * MS)],
+        [_header(71), (ARRIVED, D, s + 0.070, None, 8), (FINISHED, D, FINISHED_ABORTED, T0 + 71 * MS)],
     ]
 
 
-def _through_records(sends: list[list[tuple[Any, ...]]], per_message: int) -> list[Any]:
+def _through_records(sends: list[list[Any]], per_message: int) -> list[Any]:
     """Pack each send as RecordSink does (about ``per_message`` rows a message, cut where
-    records.message_end says), as BLOB messages, into the exporter's SpanBuilder."""
+    records.message_end says, each after its numbered GEOMETRY row), as BLOB messages, into
+    the exporter's SpanBuilder."""
     provider, exporter = _provider()
     builder = ExporterSpanBuilder(provider)
     writer = fmt.RecordWriter()
-    for rows in sends:
+    number = 0
+    for header, *rows in sends:
         start = 0
         while start < len(rows):
             stop = records.message_end(rows, start, per_message)
-            writer.blob(VLLM_STEPS, records.pack(rows[start:stop]))
+            number += 1
+            writer.blob(VLLM_STEPS, records.pack(records.message(header, number, rows[start:stop])))
             builder.feed(bytes(writer.take()))  # a copy, as the socket gives the child
             start = stop
     builder.close()
@@ -212,8 +216,8 @@ def test_the_reader_gives_the_hand_worked_facts() -> None:
     (events attach to the step they came before, so only the steps are compared)."""
     reader = StepReader()
     got = []
-    for rows in _sends():
-        for f in reader.read(records.unpack(records.pack(rows))):
+    for number, (header, *rows) in enumerate(_sends(), 1):
+        for f in reader.read(records.unpack(records.pack(records.message(header, number, rows)))):
             if f is not None and f.step >= 0:
                 got.append((f.step, f.start_ns, f.sched_end_ns, f.end_ns, f.waiting, f.kv_used, f.kv_total,
                             f.prefix_hit_tokens, f.block_tokens, f.bytes_per_block, list(f.req_ids[:f.n]),
@@ -229,7 +233,7 @@ def test_the_reader_gives_the_hand_worked_facts() -> None:
 
 
 def test_a_malformed_payload_is_a_value_error() -> None:
-    payload = records.pack(_sends()[0])
+    payload = records.pack(records.message(_header(0), 1, _sends()[0][1:]))
     bad_rows = [
         records.pack((1, 2)),  # not a list
         records.pack([(UPDATED, 1)]),  # a row of the wrong width
@@ -248,9 +252,9 @@ def test_what_a_client_controls_never_breaks_a_message() -> None:
     long_id = "cmpl-abc" + "é" * 40_000
     state = "k=" + "a" * 509 + "é"
     headers = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": state}
-    rows = [_geometry(0), (ARRIVED, long_id, T0 / 1e9, headers, 8),
-            _scheduled(1, 0, {long_id: 8}, [(long_id, 0, 1, -1)], []), _updated(1, 0, {long_id: 1}),
-            (FINISHED, long_id, FINISHED_STOPPED, T0 + 9 * MS)]
+    rows = records.message(_header(0), 1, [
+        (ARRIVED, long_id, T0 / 1e9, headers, 8), _scheduled(1, 0, {long_id: 8}, [(long_id, 0, 1, -1)], []),
+        _updated(1, 0, {long_id: 1}), (FINISHED, long_id, FINISHED_STOPPED, T0 + 9 * MS)])
     provider, exporter = _provider()
     consumer = records.RecordConsumer(provider)
     consumer.feed(memoryview(records.pack(rows)))
@@ -276,9 +280,9 @@ class _Taken:
     def __init__(self, sends: list[list[tuple[Any, ...]]]) -> None:
         self.sends = list(sends)
 
-    def take(self, idle: bool = False) -> list[tuple[Any, ...]]:
-        rows = self.sends.pop(0) if self.sends else [_geometry(0)]
-        return rows + [(IDLE,)] if idle else rows
+    def take(self, idle: bool = False) -> tuple[tuple[int, ...], list[tuple[Any, ...]]]:
+        header, *rows = self.sends.pop(0) if self.sends else [_header(0)]
+        return header, rows + [(IDLE,)] if idle else rows
 
 
 def test_through_a_real_exporter_process(tmp_path: Path) -> None:
@@ -311,7 +315,7 @@ def test_close_is_bounded_when_the_exporter_process_hangs(caplog: pytest.LogCapt
     """vLLM kills an engine core 5 s after asking it to stop: with the exporter process
     stopped dead (SIGSTOP), close() still returns within ~4 s, the child killed, and says
     the spans it could not account for."""
-    held = _Taken([[row for rows in _sends() for row in rows]])
+    held = _Taken([[_header(0)] + [row for _, *rows in _sends() for row in rows]])
     sink = sink_module.RecordSink(["none"], None, held.take)
     pid = sink.exporter.process.pid
     os.kill(pid, signal.SIGSTOP)
@@ -346,7 +350,7 @@ def test_a_send_is_cut_into_messages_of_flush_bytes(tmp_path: Path) -> None:
     out = tmp_path / "spans.jsonl"
     ids = [f"chatcmpl-{i:032x}-0-{i:08x}" for i in range(256)]
     s = T0 / 1e9
-    rows = [_geometry(0)] + [(ARRIVED, r, s, None, 8) for r in ids]
+    rows = [_header(0)] + [(ARRIVED, r, s, None, 8) for r in ids]
     for k in range(1, 40):
         rows.append(_scheduled(k, k, dict.fromkeys(ids, 8 if k == 1 else 1),
                                [(r, 0, 1, -1) for r in ids] if k == 1 else None,
@@ -366,8 +370,9 @@ def test_a_send_is_cut_into_messages_of_flush_bytes(tmp_path: Path) -> None:
         sink.flush(idle=True)
         sizes = [len(p) for p in payloads]
         assert sink.sends == len(sizes) > 2 and max(sizes) <= 2 * sink_module.FLUSH_BYTES, sizes
-        assert all(records.unpack(p)[-1][0] in (SCHEDULED, UPDATED) for p in payloads[:-1])
+        assert all(records.unpack(p)[-1][0] == UPDATED for p in payloads[:-1])  # each after a step's end
         assert records.unpack(payloads[-1])[-1] == (IDLE,)
+        assert [records.unpack(p)[0][6] for p in payloads] == list(range(1, len(payloads) + 1))  # numbered
         assert sink.sender.dropped_messages == 0
         assert sink.exporter.flush(60)
     finally:
@@ -380,23 +385,24 @@ def test_a_send_is_cut_into_messages_of_flush_bytes(tmp_path: Path) -> None:
     assert sum(c.dropped + c.failed for c in sink.exporter.counts()) == 0
 
 
-def test_a_message_never_ends_on_events_but_the_last() -> None:
-    rows = [_geometry(0), (ARRIVED, A, 1.0, None, 4), (ARRIVED, B, 1.0, None, 4), _updated(1, 0, {A: 1}),
-            (FINISHED, A, 0, 1), (FINISHED, B, 0, 1)]
-    assert [records.message_end(rows, 0, n) for n in (1, 2, 3, 4, 5, 6, 9)] == [1, 4, 4, 4, 6, 6, 6]
-    assert records.message_end(rows, 4, 1) == 6
-    assert records.units(rows) == 4 and records.units([_scheduled(1, 2, {A: 100, B: 40}, None, [])]) == 3
+def test_a_message_ends_after_a_step_or_where_the_rows_end() -> None:
+    rows = [(ARRIVED, A, 1.0, None, 4), (PREEMPTED, B, 1, 1), _scheduled(1, 0, {A: 4}, None, []),
+            _updated(1, 0, {A: 1}), (FINISHED, A, 0, 1), (FINISHED, B, 0, 1)]
+    assert [records.message_end(rows, 0, n) for n in (1, 2, 3, 4, 5, 6, 9)] == [4, 4, 4, 4, 6, 6, 6]
+    assert records.message_end(rows, 4, 1) == 6 and records.message_end(rows + [(IDLE,)], 4, 3) == 7
+    assert records.units(rows) == 2 + 2 * 2 and records.units([_scheduled(1, 2, {A: 100, B: 40}, None, [])]) == 3
 
 
 def test_a_lost_message_costs_its_spans_and_one_line_per_request(caplog: pytest.LogCaptureFixture) -> None:
     """The exporter never got the message with the arrivals: later steps still give their
     engine_step spans (the unknown requests' tokens counted as discarded), with one warning per
     unknown request, not one per step."""
-    first = _sends()[0]
+    header, *rows = _sends()[0]
     provider, exporter = _provider()
     consumer = records.RecordConsumer(provider)
     with caplog.at_level("WARNING", logger="tokentrace.vllm"):
-        consumer.feed(memoryview(records.pack(first[5:])))  # first[:5] lost on the way: G, A and B arrive, step 1
+        # message 1 (A and B arrive, step 1) lost on the way
+        consumer.feed(memoryview(records.pack(records.message(header, 2, rows[4:]))))
     consumer.close()
     spans = exporter.get_finished_spans()
     steps = [s for s in spans if s.name == "engine_step"]
@@ -405,6 +411,10 @@ def test_a_lost_message_costs_its_spans_and_one_line_per_request(caplog: pytest.
     warned = [r.getMessage() for r in caplog.records if "never saw arrive" in r.getMessage()]
     assert warned == [f"tokentrace: engine step 2 names request {A} it never saw arrive",
                       f"tokentrace: engine step 2 names request {B} it never saw arrive"]
+    gaps = [r.getMessage() for r in caplog.records if "lost at a full socket" in r.getMessage()]
+    assert gaps == ["tokentrace: 1 vLLM step message(s) lost at a full socket; KV blocks and cached tokens of the "
+                    "requests live then may be off until the engine goes idle (1 so far)"]
+    assert consumer.reader.lost_messages == 1
 
 
 def test_an_idle_engine_forgets_requests_whose_end_was_lost(caplog: pytest.LogCaptureFixture) -> None:
@@ -414,11 +424,12 @@ def test_an_idle_engine_forgets_requests_whose_end_was_lost(caplog: pytest.LogCa
     them for good; the reader keeps nothing of them either."""
     provider, exporter = _provider()
     consumer = records.RecordConsumer(provider)
-    consumer.feed(memoryview(records.pack(_sends()[0][:-1])))  # up to step 5; every later send lost
+    header, *rows = _sends()[0]
+    consumer.feed(memoryview(records.pack(records.message(header, 1, rows[:-1]))))  # to step 5; the rest lost
     live = len(consumer.builder.live)
     assert live == 3  # A, B, C: requests the exporter now holds with their end lost
     with caplog.at_level("WARNING", logger="tokentrace.vllm"):
-        consumer.feed(memoryview(records.pack([_geometry(80), (IDLE,)])))
+        consumer.feed(memoryview(records.pack(records.message(_header(80), 5, [(IDLE,)]))))
     assert consumer.builder.live == {} and consumer.builder.lost_requests == live
     reader = consumer.reader
     assert (reader._prompt, reader._blocks, reader._phase, reader._ending) == ({}, {}, {}, set())

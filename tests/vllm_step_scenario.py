@@ -20,7 +20,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 
 from instrument.vllm import hooks
 from instrument.vllm.hooks import ARRIVED, FINISHED, PREEMPTED, StepTap
-from instrument.vllm.records import pack, unpack
+from instrument.vllm.records import message, pack, unpack
 from instrument.vllm.steps import StepReader
 
 READERS: dict[StepTap, StepReader] = {}  # the exporter process's side of the tap
@@ -86,7 +86,9 @@ def new_tap() -> StepTap:
 
 
 def taken(tap: StepTap, records: list[dict]) -> None:
-    for f in READERS[tap].read(unpack(pack(tap.take()))):  # as the socket carries them
+    header, rows = tap.take()
+    reader = READERS[tap]
+    for f in reader.read(unpack(pack(message(header, reader.number + 1, rows)))):  # as the socket carries them
         if f is None:
             continue
         records.append({"step": f.step, "times": [f.start_ns, f.sched_end_ns, f.end_ns], "n": f.n, "req_ids": list(f.req_ids[:f.n]),

@@ -114,8 +114,9 @@ def _start_pipeline(idle: bool) -> None:
 
     def close() -> None:
         sink.close()  # (steps never updated: said by the exporter process, which pairs the rows)
-        if tap.dropped_steps:
-            log.warning("tokentrace: %d engine steps not traced (held when tracing stopped)", tap.dropped_steps)
+        lost = tap.dropped_steps + sink.lost_steps
+        if lost:
+            log.warning("tokentrace: %d engine steps not traced (held when tracing stopped)", lost)
 
     tap.on_shutdown = close  # vLLM's scheduler shutdown; atexit and multiprocessing's exit as fallbacks
     atexit.register(sink.close)
@@ -133,7 +134,7 @@ def _write_stats(path: str, tap: Any, sink: Any) -> None:
     stats = {"steps": tap.steps, "tokens": tap.tokens, "hook_cpu_ns": tap.hook_cpu_ns - tap.stats_cpu_ns,
              "stats_cpu_ns": tap.stats_cpu_ns,
              "schedule_cpu_ns": tap.schedule_cpu_ns, "send_cpu_ns": sink.send_cpu_ns, "sends": sink.sends,
-             "dropped_steps": tap.dropped_steps, "exporter_pid": sink.exporter.process.pid,
+             "dropped_steps": tap.dropped_steps + sink.lost_steps, "exporter_pid": sink.exporter.process.pid,
              "sent_spans": sender.sent_units, "dropped_spans": sender.dropped_units,
              "dropped_messages": sender.dropped_messages}
     tmp = f"{path}.tmp"

@@ -5,7 +5,7 @@ and one per updated step, on vLLM's engine thread: a tuple of the builtin lists,
 sets vLLM built for the step (referenced, not copied or read element by element) and a few
 ints, plus a row per arrival, preemption and end. When a send is due (the engine went idle,
 2 s since the last send, or 512 rows held) :class:`~instrument.vllm.sink.RecordSink` packs
-the rows with :func:`pack` (``marshal`` format 4, in C: each string once per message) into
+the rows with :func:`pack` (``marshal`` format 4, in C: each string object once per message) into
 channel-1 BLOB messages of about 32 KiB (instrument/records/channels.py). Measured
 inside vLLM's engine core, where a model step between two sends leaves vLLM's objects and
 this code cold in the CPU's caches, that costs the engine thread about a third less than
@@ -38,7 +38,8 @@ ARRIVED    request id, arrival (s, vLLM's float), trace headers (dict or None), 
 PREEMPTED  request id, KV blocks freed, time
 FINISHED   request id, status (facts.FINISHED_*), time
 GEOMETRY   tokens per KV block, bytes per block (every layer), blocks in the pool, the send's
-           time, ns to add to a perf_counter ns (first row of a send)
+           time, ns to add to a perf_counter ns, the message's number (1, 2, ... per engine
+           core: a gap is a message dropped at a full socket); the first row of every message
 IDLE       (nothing): last row of a send when the scheduler held no request then
 =========  ====================================================================================
 
@@ -53,7 +54,7 @@ import marshal
 from typing import Any
 
 __all__ = ["ARRIVED", "FINISHED", "GEOMETRY", "IDLE", "PREEMPTED", "SCHEDULED", "UPDATED", "RecordConsumer",
-           "message_end", "pack", "units", "unpack"]
+           "message", "message_end", "pack", "units", "unpack"]
 
 log = logging.getLogger("tokentrace.vllm")
 SCHEDULED, UPDATED, ARRIVED, PREEMPTED, FINISHED, GEOMETRY, IDLE = range(7)
@@ -65,14 +66,20 @@ def pack(rows: list[tuple[Any, ...]]) -> bytes:
     return marshal.dumps(rows, MARSHAL_VERSION)
 
 
+def message(header: tuple[int, int, int, int, int], number: int, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The rows of message ``number``: its GEOMETRY row (``header``: tokens per KV block,
+    bytes per block, blocks in the pool, the send's time, the perf_counter shift), then ``rows``."""
+    return [(GEOMETRY, *header, number), *rows]
+
+
 def message_end(rows: list[tuple[Any, ...]], start: int, count: int) -> int:
     """Where a message that starts at ``rows[start]`` with about ``count`` rows ends (exclusive):
-    never right after an ARRIVED, PREEMPTED or FINISHED row unless the rows end there. The
-    exporter process reads the events at the end of a message as an events-only record;
-    events cut from the step they came with would end a request at their own time instead of
-    its step's end."""
+    right after an UPDATED (a step's end) or IDLE row, or where the rows end. The exporter
+    process reads the events at the end of a message as an events-only record, so events cut
+    from the step they came with would end a request at their own time instead of its step's
+    end, and a preemption would leave its step."""
     end, stop = len(rows), min(start + count, len(rows))
-    while stop < end and rows[stop - 1][0] in (ARRIVED, PREEMPTED, FINISHED):
+    while stop < end and rows[stop - 1][0] not in (UPDATED, IDLE):
         stop += 1
     return stop
 
@@ -92,12 +99,12 @@ def unpack(payload: bytes | memoryview) -> list[tuple[Any, ...]]:
     if not isinstance(rows, list):
         raise ValueError(f"vLLM step records: payload is a {type(rows).__name__}, not a list of rows")
     for i, row in enumerate(rows):
-        if not isinstance(row, tuple) or not row or row[0] not in _WIDTH or len(row) != _WIDTH[row[0]]:
+        if not isinstance(row, tuple) or not row or type(row[0]) is not int or len(row) != _WIDTH.get(row[0]):
             raise ValueError(f"vLLM step records: row {i} is not a row ({str(row)[:60]})")
     return rows
 
 
-_WIDTH = {SCHEDULED: 14, UPDATED: 5, ARRIVED: 5, PREEMPTED: 4, FINISHED: 4, GEOMETRY: 6, IDLE: 1}
+_WIDTH = {SCHEDULED: 14, UPDATED: 5, ARRIVED: 5, PREEMPTED: 4, FINISHED: 4, GEOMETRY: 7, IDLE: 1}
 
 
 class RecordConsumer:

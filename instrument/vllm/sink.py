@@ -14,7 +14,7 @@ import os
 import time
 from typing import Any
 
-from instrument.vllm.records import message_end, pack, units
+from instrument.vllm.records import UPDATED, message, message_end, pack, units
 
 __all__ = ["EXPORTER_NICE", "FLUSH_BYTES", "FLUSH_NS", "RecordSink"]
 
@@ -56,9 +56,10 @@ class RecordSink:
         self.writer = RecordWriter()
         self.measure = False  # time each send with the thread's CPU clock
         self.send_cpu_ns = 0  # CPU time spent taking, packing and sending (measure), ns
-        self.sends = 0  # messages sent
+        self.sends = 0  # messages sent (each numbered: the exporter process sees a gap)
+        self.lost_steps = 0  # steps taken and not sent: packing raised (tracing stops)
         self.closed = False
-        self.take = take  # (idle) -> the held rows, taken
+        self.take = take  # (idle) -> (GEOMETRY fields, the held rows): StepTap.take
         self.rows_per_message = 512  # adapted so that a message packs to about FLUSH_BYTES
 
     def flush(self, idle: bool = False) -> None:
@@ -75,21 +76,26 @@ class RecordSink:
             floor = cpu - first
         else:
             cpu = floor = 0
-        rows = self.take(idle)
-        start, end = 0, len(rows)
-        while start < end:
-            count = self.rows_per_message
-            stop = message_end(rows, start, count)
-            chunk = rows[start:stop]
-            payload = pack(chunk)
-            if len(payload) > 2 * FLUSH_BYTES and count > 1:  # too large for one message: fewer rows
-                self.rows_per_message = max(1, count * FLUSH_BYTES // len(payload))
-                continue
-            self._send(payload, units(chunk))
-            start = stop
-            if len(payload) < FLUSH_BYTES // 2 and start < end:
-                self.rows_per_message = count * 2
-        del rows, chunk  # (vLLM's lists they held go now, inside the measured window)
+        header, rows = self.take(idle)
+        start, end, chunk = 0, len(rows), None
+        try:
+            while start < end:
+                count = self.rows_per_message
+                stop = message_end(rows, start, count)
+                chunk = rows[start:stop]
+                payload = pack(message(header, self.sends + 1, chunk))
+                if len(payload) > 2 * FLUSH_BYTES and count > 1:  # too large for one message: fewer rows
+                    self.rows_per_message = max(1, count * FLUSH_BYTES // len(payload))
+                    continue
+                self._send(payload, units(chunk))
+                start = stop
+                if len(payload) < FLUSH_BYTES // 2 and start < end:
+                    self.rows_per_message = count * 2
+        except Exception:  # (the hook's caller logs it and stops tracing) the steps not sent, counted
+            self.lost_steps += sum(1 for row in rows[start:] if row[0] == UPDATED)
+            raise
+        finally:
+            chunk = rows = None  # (vLLM's lists the rows held go now, inside the measured window)
         if cpu:
             self.send_cpu_ns += time.thread_time_ns() - cpu - floor
 

@@ -12,6 +12,7 @@ but this module imports no vLLM and runs outside vLLM's processes.
 
 from __future__ import annotations
 
+import logging
 from array import array
 from collections.abc import Iterator
 from typing import Any
@@ -21,6 +22,7 @@ from instrument.vllm.records import ARRIVED, FINISHED, GEOMETRY, IDLE, PREEMPTED
 
 __all__ = ["MAX_IN_FLIGHT", "StepReader"]
 
+log = logging.getLogger("tokentrace.vllm")
 MAX_IN_FLIGHT = 8  # steps scheduled and not yet updated; the oldest beyond this never will be (an engine error)
 
 
@@ -44,6 +46,8 @@ class StepReader:
         self.sent_ns = 0  # the latest send's time, ns since the epoch (events-only records)
         self.perf_to_wall = 0  # the engine core's perf_counter ns + this = ns since the epoch
         self.let_go = 0  # steps scheduled and never updated: no record
+        self.number = 0  # the last message's number (GEOMETRY)
+        self.lost_messages = 0  # gaps in the numbers
 
     def read(self, rows: list[tuple[Any, ...]]) -> Iterator[StepFacts | None]:
         """Each step whose UPDATED row is in ``rows``, oldest first, as StepFacts (one object,
@@ -84,6 +88,13 @@ class StepReader:
                 reborn.discard(row[1])
             elif kind == GEOMETRY:
                 self.geometry, self.sent_ns, self.perf_to_wall = row[1:4], row[4], row[5]
+                if row[6] > self.number + 1:  # messages dropped at a full socket: rows missing
+                    lost = row[6] - self.number - 1
+                    self.lost_messages += lost
+                    log.warning("tokentrace: %d vLLM step message(s) lost at a full socket; KV blocks and cached "
+                                "tokens of the requests live then may be off until the engine goes idle (%d so far)",
+                                lost, self.lost_messages)
+                self.number = row[6]
             elif kind == IDLE:
                 if arrivals or preempted or finished:
                     yield self._fill(None, None, arrivals, preempted, finished)

@@ -15,9 +15,10 @@ a step: its end goes out at once) and ``shutdown()`` (the plugin's pipeline clos
 
 Per step each step wrapper appends one row of instrument/vllm/records.py to
 :attr:`StepTap.held`: vLLM's per-step lists, dicts and sets by reference (vLLM builds them
-anew each step and does not change them afterwards), a few ints and ``perf_counter`` times;
-the update wrapper then compares three ints to see whether a send is due. An arrival,
-preemption or end appends one row. Nothing is read per request on vLLM's side: at a send
+anew each step), a few ints and ``perf_counter`` times; the update wrapper then compares
+three ints to see whether a send is due. An arrival, preemption or end appends one row.
+Nothing is read per scheduled request on vLLM's side (only a new request's computed tokens,
+blocks and token count, once): at a send
 (still on the engine thread, instrument/vllm/sink.py) ``marshal`` packs the rows in C,
 and the exporter process follows each request across steps (instrument/vllm/steps.py).
 Whatever the engine thread runs between two model steps finds the CPU's caches cold (the
@@ -137,12 +138,12 @@ def install(tap: StepTap) -> bool:
                 idle = not self.requests
                 if idle or end >= tap.due_ns or len(held) >= most:
                     tap.send(idle)
+                if cpu:
+                    tap.hook_cpu_ns += time.thread_time_ns() - cpu - floor
+                    tap.steps += 1  # (counted only when measuring: TOKENTRACE_VLLM_STATS)
+                    tap.tokens += sum(map(len, model_runner_output.sampled_token_ids))
             except Exception:
                 tap.fail()
-            if cpu:
-                tap.hook_cpu_ns += time.thread_time_ns() - cpu - floor
-                tap.steps += 1  # (counted only when measuring: TOKENTRACE_VLLM_STATS)
-                tap.tokens += sum(map(len, model_runner_output.sampled_token_ids))
         return result
 
     def noting(method: Any, note: Any) -> Any:

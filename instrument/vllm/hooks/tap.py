@@ -14,7 +14,7 @@ from typing import Any
 
 from instrument.clock import ANCHOR_PERF_NS, ANCHOR_WALL_NS, now_wall_ns
 from instrument.vllm.facts import FINISHED_ABORTED, FINISHED_ERROR, FINISHED_LENGTH, FINISHED_STOPPED
-from instrument.vllm.records import ARRIVED, FINISHED, GEOMETRY, IDLE, PREEMPTED, SCHEDULED, UPDATED
+from instrument.vllm.records import ARRIVED, FINISHED, IDLE, PREEMPTED, SCHEDULED, UPDATED
 
 __all__ = ["ARRIVED", "FINISHED", "MAX_HELD", "PREEMPTED", "SCHEDULED", "UPDATED", "StepTap", "new_rows"]
 
@@ -94,17 +94,18 @@ class StepTap:
         self.held.append((FINISHED, req.request_id, status, now_wall_ns()))
 
     # -- at a send (engine thread) ----------------------------------------------------------
-    def take(self, idle: bool = False) -> list[tuple[Any, ...]]:
-        """Every held row, oldest first, after a GEOMETRY row (and an IDLE row last when
-        ``idle``); nothing stays held. vLLM builds its per-step lists, dicts and sets anew each
-        step and does not change them afterwards, so the rows still say what they said when
-        appended (a scheduled_new_reqs' prefill_token_ids, which the V2 model runner grows,
-        was measured then)."""
+    def take(self, idle: bool = False) -> tuple[tuple[int, int, int, int, int], list[tuple[Any, ...]]]:
+        """(the GEOMETRY fields for this send's messages: tokens per KV block, bytes per block,
+        blocks in the pool, now (ns since the epoch), the perf_counter shift; every held row,
+        oldest first, and an IDLE row last when ``idle``); nothing stays held. vLLM builds its
+        per-step lists, dicts and sets anew each step, so the rows still say what they said
+        when appended (a scheduled_new_reqs' prefill_token_ids, which the V2 model runner
+        grows, was measured then; speculative decoding's ngram GPU proposer trims
+        num_scheduled_tokens in place during the model step, before the update: read trimmed,
+        as vLLM's own update does; not run here)."""
         block_tokens, bytes_per_block, total = self._geometry or (0, 0, 0)
-        held = self.held
-        rows = [(GEOMETRY, block_tokens, bytes_per_block, total, now_wall_ns(), _PERF_TO_WALL), *held]
-        held.clear()
+        rows = self.held[:]
+        self.held.clear()
         if idle:
             rows.append((IDLE,))
-        return rows
-
+        return (block_tokens, bytes_per_block, total, now_wall_ns(), _PERF_TO_WALL), rows
