@@ -19,9 +19,10 @@ concurrency:
   machine's cores);
 - the plugin's own CPU per generated token, µs, as it measures itself
   (``TOKENTRACE_VLLM_STATS``: the engine thread's CPU clock around its step wrappers and
-  its sends (packing, the socket, freeing what the rows held), net of the clock read's own cost; writing the
-  stats file excluded), and per round its parts per scheduler step: the schedule wrapper,
-  the update wrapper, the sends. These are exact where the process figures above are not
+  its sends (packing, the socket, freeing what the rows held), net of the clock read's own
+  cost; writing the stats file excluded), and per round its parts per scheduler step: the
+  schedule wrapper, the update wrapper, the sends. These are exact where the process
+  figures above are not
   (the engine core's CPU time on a shared 2-core machine varies by several times between
   rounds).
 
