@@ -22,9 +22,10 @@ log = logging.getLogger("tokentrace.vllm")
 # send this long after the last send (or hooks.MAX_HELD rows held), and whenever the engine goes
 # idle; a message about every FLUSH_BYTES. Measured inside vLLM's engine core
 # (SmolLM2 on 2 shared cores, batch 8, a step every ~50 ms): a send costs the engine thread
-# ~70-90 µs besides packing (the socket, waking the exporter, the first rows' cold code): every
-# 50 ms that was ~10 µs per token, every 1 s ~0.5, every 2 s half that. Spans still reach the
-# SDK's batch processor (5 s between exports by default) well within its delay.
+# ~70-90 µs besides packing (timed around the socket; mostly caches cold after a model step:
+# a copy into a buffer instead cost the same): every 50 ms that was ~10 µs per token, every
+# 1 s ~0.5, every 2 s half that. Spans still reach the SDK's batch processor (5 s between
+# exports by default) well within its delay.
 FLUSH_BYTES = 32 * 1024  # a message is cut once about this much is packed
 EXPORTER_NICE = 10  # the exporter process runs this much nicer than the engine core (at most 19)
 FLUSH_NS = 2_000_000_000
