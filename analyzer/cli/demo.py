@@ -126,9 +126,11 @@ def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int
             hf_logging.disable_progress_bar()
         except ImportError:
             pass
+    from analyzer.cli._human import terminal_width
+
     options = DemoOptions(out_dir=Path(out_dir), model=spec, load_requests=load_requests, concurrency=concurrency,
                           max_tokens=max_tokens, clock_offset_ms=clock_offset_ms, say_steps=not quiet,
-                          shutdown_grace_s=shutdown_grace_s)
+                          shutdown_grace_s=shutdown_grace_s, width=terminal_width())
     try:
         with _progress(quiet) as progress:
             result = run_demo(options, progress)
@@ -142,16 +144,14 @@ def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int
     ok = sum(1 for r in result.client_results if r.completed)
     import textwrap
 
-    from analyzer.cli._human import terminal_width
-
-    width = terminal_width()
+    width = options.width
     served = f"tokentrace demo: {result.model_id} served at {result.url}"
     click.echo(served if len(served) <= width else f"tokentrace demo: {result.model_id}\n  served at {result.url}")
     click.echo(f"{len(result.client_results)} requests sent, {ok} completed; {result.spans_loaded} spans loaded")
     seed = result.client_results[0] if result.client_results else None
     if seed is not None and seed.text:
         click.echo(textwrap.fill(f"seed request answer ({seed.output_tokens} tokens): {seed.text[:300]!r}",
-                                 terminal_width(), subsequent_indent="  "))
+                                 width, subsequent_indent="  "))
     print_query_results(result.queries)
     db = result.db_path
     click.echo("\nFiles:")

@@ -51,6 +51,7 @@ class DemoOptions:
     seed: int = 0
     shutdown_grace_s: float = 5.0  # on SIGINT/SIGTERM: s the requests in flight get to finish
     say_steps: bool = True  # one line per step on stderr, with the time since the demo started
+    width: int = 80  # columns the step lines fit (the CLI passes analyzer/cli/_human.terminal_width())
 
 
 @dataclass
@@ -88,22 +89,21 @@ ProgressFn = Callable[[str, int, int], None]  # (stage description, done, total)
 class StepLog:
     """``[demo m:ss] what is happening`` lines on stderr, timed from the demo's start, so a
     first run (minutes: imports, converting the model once) is never silent. A message wider
-    than the terminal (``$COLUMNS``, else 80) goes on indented lines below (a path is never cut)."""
+    than ``width`` columns goes on indented lines below (a path is never cut)."""
 
-    def __init__(self, enabled: bool = True) -> None:
+    def __init__(self, enabled: bool = True, width: int = 80) -> None:
         self.enabled = enabled
+        self.width = width
         self.started = time.monotonic()
 
     def __call__(self, message: str) -> None:
         if not self.enabled:
             return
-        import shutil
         import textwrap
 
         elapsed = int(time.monotonic() - self.started)
         prefix = f"[demo {elapsed // 60}:{elapsed % 60:02d}] "
-        width = max(40, shutil.get_terminal_size((80, 24)).columns)
-        lines = textwrap.wrap(message, width - len(prefix), break_long_words=False, break_on_hyphens=False) or [""]
+        lines = textwrap.wrap(message, self.width - len(prefix), break_long_words=False, break_on_hyphens=False) or [""]
         sys.stderr.write(prefix + f"\n{' ' * len(prefix)}".join(lines) + "\n")
         sys.stderr.flush()
 
@@ -166,7 +166,7 @@ def run_demo(options: DemoOptions, progress: ProgressFn | None = None) -> DemoRe
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out}: exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
-    say = StepLog(options.say_steps)
+    say = StepLog(options.say_steps, options.width)
     say(f"starting: model {options.model}, {1 + options.load_requests} requests, output in {options.out_dir}")
     from instrument.shutdown import StopSignals, export_summary, shutdown_tracing
 
