@@ -385,6 +385,37 @@ def test_a_send_is_cut_into_messages_of_flush_bytes(tmp_path: Path) -> None:
     assert sum(c.dropped + c.failed for c in sink.exporter.counts()) == 0
 
 
+def test_steps_never_updated_are_said_at_shutdown(caplog: pytest.LogCaptureFixture) -> None:
+    """A step still scheduled and not updated when the exporter closes (in flight at shutdown,
+    or an engine error) gives no spans, and one line says how many."""
+    provider, exporter = _provider()
+    consumer = records.RecordConsumer(provider)
+    header, *rows = _sends()[0]
+    consumer.feed(memoryview(records.pack(records.message(header, 1, rows))))  # ends with step 6 scheduled
+    with caplog.at_level("WARNING", logger="tokentrace.vllm"):
+        consumer.close()
+    assert [r.getMessage() for r in caplog.records if "never updated" in r.getMessage()] == [
+        "tokentrace: 1 vLLM engine steps scheduled and never updated: not traced"]
+    assert 6 not in [s.attributes.get("tokentrace.engine.step") for s in exporter.get_finished_spans()]
+
+
+def test_a_send_that_fails_counts_the_steps_it_did_not_send() -> None:
+    """Packing raises in a send's second message (a row holds what marshal cannot write): the
+    first message went out, the error reaches the hook's caller (which stops tracing), and the
+    one step not sent is counted (the plugin adds it to dropped_steps)."""
+    bad = (UPDATED, 2, T0 + 20 * MS, [A], [object()])
+    rows = [_scheduled(1, 0, {A: 4}, [(A, 0, 1, -1)], []), _updated(1, 0, {A: 1}),
+            _scheduled(2, 10, {A: 1}, None, [(A, 4, None, 1)]), bad]
+    sink = sink_module.RecordSink(["none"], None, _Taken([[_header(0), *rows]]).take)
+    sink.rows_per_message = 2
+    try:
+        with pytest.raises(ValueError):
+            sink.flush()
+        assert (sink.sends, sink.lost_steps) == (1, 1)
+    finally:
+        sink.close()
+
+
 def test_a_message_ends_after_a_step_or_where_the_rows_end() -> None:
     rows = [(ARRIVED, A, 1.0, None, 4), (PREEMPTED, B, 1, 1), _scheduled(1, 0, {A: 4}, None, []),
             _updated(1, 0, {A: 1}), (FINISHED, A, 0, 1), (FINISHED, B, 0, 1)]

@@ -88,6 +88,7 @@ def _start_pipeline(idle: bool) -> None:
     then send what the hooks hold."""
     import multiprocessing.util
 
+    from instrument.vllm.records import UPDATED
     from instrument.vllm.sink import FLUSH_NS, RecordSink
 
     tap = _state["tap"]
@@ -95,14 +96,21 @@ def _start_pipeline(idle: bool) -> None:
         sink = RecordSink(_exporters(), os.environ.get(ENV_JSON), take=tap.take)
     except Exception:  # no exporter process: vLLM goes on untraced (one line)
         tap.failed = True
+        tap.dropped_steps += sum(1 for row in tap.held if row[0] == UPDATED)
         tap.held.clear()
-        log.exception("tokentrace: the span exporter process did not start; vLLM runs on untraced")
+        log.exception("tokentrace: the span exporter process did not start (%d steps held not sent); vLLM runs "
+                      "on untraced", tap.dropped_steps)
         return
     stats_path = os.environ.get(ENV_STATS)
     sink.measure = bool(stats_path)
 
     def send(idle: bool) -> None:  # on the engine thread, when the hooks find a send due
-        sink.flush(idle)
+        try:
+            sink.flush(idle)
+        except Exception:  # the hook's caller stops tracing (tap.fail, one line with these counted)
+            tap.dropped_steps += sink.lost_steps
+            sink.lost_steps = 0
+            raise
         tap.due_ns = time.perf_counter_ns() + FLUSH_NS
         if idle and stats_path:  # its own CPU apart: not the plugin's cost when the file is not asked for
             cpu = time.thread_time_ns()
@@ -116,7 +124,7 @@ def _start_pipeline(idle: bool) -> None:
         sink.close()  # (steps never updated: said by the exporter process, which pairs the rows)
         lost = tap.dropped_steps + sink.lost_steps
         if lost:
-            log.warning("tokentrace: %d engine steps not traced (held when tracing stopped)", lost)
+            log.warning("tokentrace: %d engine steps not traced (held when tracing stopped, or at the last send)", lost)
 
     tap.on_shutdown = close  # vLLM's scheduler shutdown; atexit and multiprocessing's exit as fallbacks
     atexit.register(sink.close)

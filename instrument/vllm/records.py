@@ -58,7 +58,7 @@ __all__ = ["ARRIVED", "FINISHED", "GEOMETRY", "IDLE", "PREEMPTED", "SCHEDULED", 
 
 log = logging.getLogger("tokentrace.vllm")
 SCHEDULED, UPDATED, ARRIVED, PREEMPTED, FINISHED, GEOMETRY, IDLE = range(7)
-MARSHAL_VERSION = 4  # shares repeated objects (each request id written once per message)
+MARSHAL_VERSION = 4  # shares repeated objects (each request id string object written once per message)
 
 
 def pack(rows: list[tuple[Any, ...]]) -> bytes:

@@ -35,9 +35,9 @@ class RecordSink:
     """The engine-core process's side: pack step rows, send them in batches, stop.
 
     ``flush(idle)`` runs on vLLM's engine thread when the plugin's hooks find a send due: it
-    packs the rows ``take(idle)`` gives (:meth:`instrument.vllm.hooks.StepTap.take`: rows of
-    instrument/vllm/records.py and the spans each stands for). Never waits (a full socket
-    drops the message, counted by the sender)."""
+    packs the rows ``take(idle)`` gives (:meth:`instrument.vllm.hooks.StepTap.take`: the
+    GEOMETRY fields and the held rows of instrument/vllm/records.py) into numbered messages.
+    Never waits (a full socket drops the message, counted by the sender)."""
 
     def __init__(self, exporters: list[str], json_path: str | None, take: Any) -> None:
         from instrument.records.exporter_process import ExporterProcess

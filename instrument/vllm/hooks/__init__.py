@@ -140,7 +140,7 @@ def install(tap: StepTap) -> bool:
                     tap.send(idle)
                 if cpu:
                     tap.hook_cpu_ns += time.thread_time_ns() - cpu - floor
-                    tap.steps += 1  # (counted only when measuring: TOKENTRACE_VLLM_STATS)
+                    tap.steps += bool(model_runner_output.req_ids)  # (only when measuring: TOKENTRACE_VLLM_STATS)
                     tap.tokens += sum(map(len, model_runner_output.sampled_token_ids))
             except Exception:
                 tap.fail()

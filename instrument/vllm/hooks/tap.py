@@ -46,7 +46,7 @@ class StepTap:
         self._geometry: tuple[int, int, int] | None = None
         self.pool: Any = None  # vLLM's block pool (free blocks read per step)
         self._in_update = False
-        self.dropped_steps = 0  # steps held when a hook failed: not sent
+        self.dropped_steps = 0  # steps held when a hook or a send failed: not sent
         self.failed = False  # a hook raised: tracing stops, vLLM goes on (one log line)
         self.measure = False  # time the hooks with the thread's CPU clock (0.25 µs a read here)
         self.hook_cpu_ns = 0  # CPU time the engine thread spent in schedule/update hooks, ns (measure)
@@ -61,11 +61,10 @@ class StepTap:
         if not self.failed:
             self.failed = True
             # what it holds may miss an event: not sent, its steps counted
-            lost = sum(1 for row in self.held if row[0] == UPDATED)
-            self.dropped_steps += lost
+            self.dropped_steps += sum(1 for row in self.held if row[0] == UPDATED)
             self.held.clear()
             log.exception("tokentrace: the vLLM hooks failed; tracing stops (%d steps held not sent), vLLM runs "
-                          "on untraced", lost)
+                          "on untraced", self.dropped_steps)
 
     def geometry(self, sched: Any) -> tuple[int, int, int]:
         """(block_tokens, bytes_per_block over every layer, blocks in the pool) of the first KV group."""
