@@ -20,12 +20,15 @@ with the spans lost if any. A dead exporter process: vLLM goes on,
 one error line, later spans counted as dropped.
 
 ``TOKENTRACE_VLLM_STATS=FILE``: whenever the engine goes idle, the plugin rewrites FILE with
-its own figures so far (JSON: ``steps``, ``tokens`` sampled (both counted only when this is
-set, outside the timed hooks), ``hook_cpu_ns``: CPU time of its hooks on vLLM's engine
-thread, packing and sending included, timed only when this is set, with
-``schedule_cpu_ns`` and ``send_cpu_ns`` its parts in the schedule hook and in packing and
-sending, ``sends``; ``stats_cpu_ns``: writing this file, not in ``hook_cpu_ns``; ``exporter_pid``; ``sent_spans``,
-``dropped_spans``, ``dropped_messages``; benchmarks/vllm_tracing_cost.py reads it).
+its own figures so far (JSON: ``steps`` updated with requests in them and ``tokens`` sampled
+(both counted only when this is set, outside the timed hooks), ``hook_cpu_ns``: CPU time of
+its hooks on vLLM's engine thread, packing and sending included, timed only when this is
+set, with ``schedule_cpu_ns`` and ``send_cpu_ns`` its parts in the schedule hook and in
+packing and sending, ``sends`` (messages); ``stats_cpu_ns``: writing this file, not in
+``hook_cpu_ns``; ``dropped_steps``: steps not sent because a hook or a send failed;
+``exporter_pid``; ``sent_spans``, ``dropped_spans``, ``dropped_messages``;
+benchmarks/vllm_tracing_cost.py reads it). Steps scheduled and never updated are said by the
+exporter process, which pairs the rows, at its exit.
 
 Spans leave the exporter process through the standard ``OTEL_*`` variables (instrument/tracing.py;
 the child inherits the environment) and, when ``TOKENTRACE_OTLP_JSON`` names a file, the
