@@ -104,9 +104,10 @@ def test_rows_carry_vllms_own_step_objects() -> None:
     assert reuse == [(1, [1], [1], [["x", 0]], []), (2, [1], [1], [["x", 0]], [["x", 2]]),
                      (3, [0], [1], [], [])], reuse
     assert got["reuse"]["state"][:3] == [1, 1, 1]  # the new x, live
-    # the update wrapper's send triggers: a step ending after due_ns (2 s after the last send),
-    # MAX_HELD rows, an idle scheduler; nothing before
-    assert got["sends"] == [[False, 4], [False, 512], [True, 2]], got["sends"]
+    # the update wrapper's send triggers: nothing before due_ns (2 s after the last send), nor
+    # after it with fewer than LEAST_HELD rows (~64 steps) until late_ns (10 s after it); then
+    # LEAST_HELD rows after due_ns, MAX_HELD rows, an idle scheduler
+    assert got["sends"] == [[False, 6], [False, 128], [False, 512], [True, 2]], got["sends"]
     # the V2 runner's live token list: p resumed with 11 of its 12 tokens cached is a decode
     v2 = [(r["step"], r["tokens"], r["computed"], r["prefill"], r["first"], r["hits"]) for r in got["v2"]["records"]]
     assert v2 == [(1, [10], [0], [1], [["p", 0]], 0), (2, [1], [10], [0], [], 0), (3, [1], [11], [0], [], 11)], v2

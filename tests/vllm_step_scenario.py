@@ -25,14 +25,13 @@ from instrument.vllm.steps import StepReader
 
 READERS: dict[StepTap, StepReader] = {}  # the exporter process's side of the tap
 NEXT: dict[str, SchedulerOutput] = {}  # what the stand-in schedule() returns next
-FREE = [100]  # KV blocks free, as the stand-in block pool says
 # the attributes of a Scheduler instance the wrappers read (requests: never empty, so no send is due)
 ENGINE = SimpleNamespace(current_step=0, waiting=[], requests={"live": None})
 Scheduler.schedule = lambda self, *args, **kwargs: NEXT["out"]  # (replaced before install: wrapped)
 Scheduler.update_from_output = lambda self, scheduler_output, model_runner_output: {}
 TAP = StepTap(send=None)
 TAP.due_ns = 2**62
-TAP.pool = SimpleNamespace(get_num_free_blocks=lambda: FREE[0])
+TAP.free_queue = SimpleNamespace(num_free_blocks=100)  # KV blocks free, as the stand-in block pool says
 assert hooks.install(TAP)
 
 
@@ -59,7 +58,7 @@ def output(new_reqs: list[NewRequestData], cached_reqs: CachedRequestData, sched
 def scheduled(out: SchedulerOutput, step: int, free: int = 98) -> tuple:
     """The row the plugin's schedule wrapper appends when vLLM's schedule() returns ``out``
     as step ``step`` (taken back off the tap, for the scenario to place)."""
-    ENGINE.current_step, NEXT["out"], FREE[0] = step, out, free
+    ENGINE.current_step, NEXT["out"], TAP.free_queue.num_free_blocks = step, out, free
     assert Scheduler.schedule(ENGINE) is out
     return TAP.held.pop()
 
@@ -154,7 +153,9 @@ def main() -> None:
 
 def send_triggers() -> list:
     """When the update wrapper asks for a send: [(idle, rows held then)] for a step not due, a
-    step ending after due_ns, MAX_HELD rows held, and the scheduler left with no request."""
+    step ending after due_ns with fewer than LEAST_HELD rows, one ending after late_ns, one
+    after due_ns with LEAST_HELD rows, MAX_HELD rows held, and the scheduler left with no
+    request."""
     new_tap()
     calls: list = []
     TAP.send = lambda idle: (calls.append((idle, len(TAP.held))), TAP.held.clear())
@@ -166,11 +167,19 @@ def send_triggers() -> list:
         Scheduler.schedule(ENGINE)
         Scheduler.update_from_output(ENGINE, out, runner({"t": 1}))
 
+    def hold(rows: int) -> None:
+        TAP.held.extend([(ARRIVED, f"f{i}", 1.0, None, 1) for i in range(rows)])
+
     step()  # not due
-    TAP.due_ns = 0
-    step()  # ends after due_ns
+    TAP.due_ns, TAP.late_ns = 0, 2**62
+    step()  # ends after due_ns, 4 rows held: not enough
+    TAP.late_ns = 0
+    step()  # ends after late_ns: 6 rows
+    TAP.late_ns = 2**62
+    hold(hooks.LEAST_HELD - 2)
+    step()  # after due_ns, its two rows make LEAST_HELD
     TAP.due_ns = 2**62
-    TAP.held.extend([(ARRIVED, f"f{i}", 1.0, None, 1) for i in range(hooks.MAX_HELD - 2)])
+    hold(hooks.MAX_HELD - 2)
     step()  # its two rows make MAX_HELD
     ENGINE.requests = {}
     step()  # the scheduler holds no request after it

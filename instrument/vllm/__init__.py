@@ -10,8 +10,9 @@ harmless.
 No span is built in vLLM's processes. On the first scheduler step the plugin starts tokentrace's
 span exporter process (instrument/records/exporter_process.py, a child of the engine-core
 process); from then on vLLM's engine thread holds one row per step and request event
-(vLLM's own per-step lists by reference, instrument/vllm/records.py) and, batched (every 2 s /
-512 rows and whenever the engine goes idle), packs them with ``marshal`` and sends them as
+(vLLM's own per-step lists by reference, instrument/vllm/records.py) and, batched (whenever
+the engine goes idle, else at 512 rows, or 2 s after the last send once about 64 steps are
+held, or 10 s after it: instrument/vllm/sink.py says why), packs them with ``marshal`` and sends them as
 channel-1 BLOB messages of about 32 KiB on a socket that never blocks; the exporter process
 reads them into step facts (instrument/vllm/steps.py) and builds the spans
 (instrument/vllm/spans.py). At vLLM's scheduler shutdown (or
@@ -92,7 +93,7 @@ def _start_pipeline(idle: bool) -> None:
     import multiprocessing.util
 
     from instrument.vllm.records import UPDATED
-    from instrument.vllm.sink import FLUSH_NS, RecordSink
+    from instrument.vllm.sink import FLUSH_LATE_NS, FLUSH_NS, RecordSink
 
     tap = _state["tap"]
     try:
@@ -114,7 +115,8 @@ def _start_pipeline(idle: bool) -> None:
             tap.dropped_steps += sink.lost_steps
             sink.lost_steps = 0
             raise
-        tap.due_ns = time.perf_counter_ns() + FLUSH_NS
+        sent = time.perf_counter_ns()
+        tap.due_ns, tap.late_ns = sent + FLUSH_NS, sent + FLUSH_LATE_NS
         if idle and stats_path:  # its own CPU apart: not the plugin's cost when the file is not asked for
             cpu = time.thread_time_ns()
             _write_stats(stats_path, tap, sink)

@@ -16,7 +16,8 @@ a step: its end goes out at once) and ``shutdown()`` (the plugin's pipeline clos
 Per step each step wrapper appends one row of instrument/vllm/records.py to
 :attr:`StepTap.held`: vLLM's per-step lists, dicts and sets by reference (vLLM builds them
 anew each step), a few ints and ``perf_counter`` times; the update wrapper then compares
-three ints to see whether a send is due. An arrival, preemption or end appends one row.
+a few ints to see whether a send is due (the engine went idle; ``MAX_HELD`` rows; 2 s after
+the last send with ``LEAST_HELD`` rows, about 64 steps; 10 s after it). An arrival, preemption or end appends one row.
 Nothing is read per scheduled request on vLLM's side (only a new request's computed tokens,
 blocks and token count, once): at a send
 (still on the engine thread, instrument/vllm/sink.py) ``marshal`` packs the rows in C,
@@ -38,9 +39,11 @@ import time
 from typing import Any
 
 from instrument.vllm.facts import FINISHED_ABORTED, FINISHED_ERROR, FINISHED_LENGTH, FINISHED_STOPPED, StepFacts
-from instrument.vllm.hooks.tap import ARRIVED, FINISHED, MAX_HELD, PREEMPTED, SCHEDULED, UPDATED, StepTap, new_rows
+from instrument.vllm.hooks.tap import (ARRIVED, FINISHED, LEAST_HELD, MAX_HELD, PREEMPTED, SCHEDULED, UPDATED, StepTap,
+                                       new_rows)
 
-__all__ = ["ARRIVED", "FINISHED", "FINISHED_ABORTED", "FINISHED_ERROR", "FINISHED_LENGTH", "FINISHED_STOPPED", "MAX_HELD",
+__all__ = ["ARRIVED", "FINISHED", "FINISHED_ABORTED", "FINISHED_ERROR", "FINISHED_LENGTH", "FINISHED_STOPPED", "LEAST_HELD",
+           "MAX_HELD",
            "PREEMPTED", "SCHEDULED", "TESTED_VLLM", "UPDATED", "StepFacts", "StepTap", "check_version",
            "external_request_id", "install", "installed_version"]
 
@@ -95,7 +98,7 @@ def install(tap: StepTap) -> bool:
 
     held = tap.held  # (never rebound)
     append, perf_ns = held.append, time.perf_counter_ns
-    most = MAX_HELD
+    most, least = MAX_HELD, LEAST_HELD
     scheduled_kind, updated_kind = SCHEDULED, UPDATED
 
     # per step, each wrapper appends one row (instrument/vllm/records.py): a tuple of vLLM's own
@@ -109,10 +112,10 @@ def install(tap: StepTap) -> bool:
         if out.total_num_scheduled_tokens > 0 and not tap.failed:
             cpu, floor = _clock_start() if tap.measure else (0, 0)
             try:
-                pool = tap.pool or (tap.geometry(self) and tap.pool)
+                free = tap.free_queue or (tap.geometry(self) and tap.free_queue)
                 cached, news = out.scheduled_cached_reqs, out.scheduled_new_reqs
                 append((scheduled_kind, id(out), self.current_step, start, perf_ns(), len(self.waiting),
-                        pool.get_num_free_blocks(), out.num_scheduled_tokens, new_rows(news) if news else None,
+                        free.num_free_blocks, out.num_scheduled_tokens, new_rows(news) if news else None,
                         cached.req_ids, cached.resumed_req_ids, cached.new_block_ids, cached.num_computed_tokens,
                         cached.num_output_tokens))
             except Exception:
@@ -136,7 +139,7 @@ def install(tap: StepTap) -> bool:
                 append((updated_kind, id(scheduler_output), end, model_runner_output.req_ids,
                         model_runner_output.sampled_token_ids))
                 idle = not self.requests
-                if idle or end >= tap.due_ns or len(held) >= most:
+                if idle or len(held) >= most or end >= tap.due_ns and (len(held) >= least or end >= tap.late_ns):
                     tap.send(idle)
                 if cpu:
                     tap.hook_cpu_ns += time.thread_time_ns() - cpu - floor

@@ -16,10 +16,14 @@ from instrument.clock import ANCHOR_PERF_NS, ANCHOR_WALL_NS, now_wall_ns
 from instrument.vllm.facts import FINISHED_ABORTED, FINISHED_ERROR, FINISHED_LENGTH, FINISHED_STOPPED
 from instrument.vllm.records import ARRIVED, FINISHED, IDLE, PREEMPTED, SCHEDULED, UPDATED
 
-__all__ = ["ARRIVED", "FINISHED", "MAX_HELD", "PREEMPTED", "SCHEDULED", "UPDATED", "StepTap", "new_rows"]
+__all__ = ["ARRIVED", "FINISHED", "LEAST_HELD", "MAX_HELD", "PREEMPTED", "SCHEDULED", "UPDATED", "StepTap", "new_rows"]
 
 log = logging.getLogger("tokentrace.vllm")
 MAX_HELD = 512  # held rows that make a send due (two per step, one per arrival, preemption, end)
+# held rows that make a send due once due_ns has passed (about 64 steps); fewer wait for late_ns.
+# A send's cost is mostly fixed (~80-130 µs on the engine thread, measured), so a send should
+# cover many steps: with slow steps (CPU, or batch 8 at ~300 ms a step) 2 s held ~7 steps
+LEAST_HELD = 128
 _PERF_TO_WALL = ANCHOR_WALL_NS - ANCHOR_PERF_NS  # perf_counter ns + this = ns since the epoch (instrument/clock.py)
 
 
@@ -39,12 +43,13 @@ class StepTap:
         # the engine thread. Never rebound: the wrappers hold it
         self.held: list[tuple[Any, ...]] = []
         # send(idle): called on the engine thread when the held rows are due (the engine went
-        # idle, MAX_HELD rows, or a step ended after due_ns); it must not wait, and takes them
-        # with take()
+        # idle; MAX_HELD rows; a step ended after due_ns with LEAST_HELD rows, or after
+        # late_ns); it must not wait, and takes them with take()
         self.send = send
-        self.due_ns = 0  # perf_counter ns
+        self.due_ns = 0  # perf_counter ns (the sink sets it FLUSH_NS after each send)
+        self.late_ns = 0  # perf_counter ns (... and this FLUSH_LATE_NS after)
         self._geometry: tuple[int, int, int] | None = None
-        self.pool: Any = None  # vLLM's block pool (free blocks read per step)
+        self.free_queue: Any = None  # vLLM's free KV block queue (its num_free_blocks read per step)
         self._in_update = False
         self.dropped_steps = 0  # steps held when a hook or a send failed: not sent
         self.failed = False  # a hook raised: tracing stops, vLLM goes on (one log line)
@@ -71,9 +76,12 @@ class StepTap:
         if self._geometry is None:
             group = sched.kv_cache_config.kv_cache_groups[0]
             spec = group.kv_cache_spec
-            self.pool = sched.kv_cache_manager.block_pool
+            pool = sched.kv_cache_manager.block_pool
+            # what BlockPool.get_num_free_blocks() returns, read without the call (bound once in
+            # BlockPool.__init__)
+            self.free_queue = pool.free_block_queue
             self._geometry = (spec.block_size, spec.page_size_bytes * len(group.layer_names),
-                              self.pool.num_gpu_blocks)
+                              pool.num_gpu_blocks)
         return self._geometry
 
     # -- per request, outside the step loop (engine thread) -------------------------------
