@@ -112,7 +112,7 @@ def _scheduled(step: int, t: int, tokens: dict[str, int], new: list[tuple[str, i
 
 
 def _updated(step: int, t: int, sampled: dict[str, int]) -> tuple[Any, ...]:
-    return (UPDATED, step, T0 + (t + 9) * MS, list(sampled), [[7] * n for n in sampled.values()])
+    return (UPDATED, step, T0 + (t + 9) * MS, list(sampled), list(sampled.values()))
 
 
 def _sends() -> list[list[tuple[Any, ...]]]:
@@ -238,7 +238,7 @@ def test_a_malformed_payload_is_a_value_error() -> None:
         records.pack((1, 2)),  # not a list
         records.pack([(UPDATED, 1)]),  # a row of the wrong width
         records.pack([(9,)]),  # no such row
-        records.pack([_scheduled(1, 2, {A: 1}, None, [(A, 0, None, 0)]), (UPDATED, 1, 0, [A], [None])]),  # no tokens
+        records.pack([_scheduled(1, 2, {A: 1}, None, [(A, 0, None, 0)]), (UPDATED, 1, 0, [A], [None])]),  # no count
     ]
     provider, _ = _provider()
     for bad in [payload[:-3], payload[:10], b"\xff" + payload[1:], *bad_rows]:

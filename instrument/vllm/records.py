@@ -3,8 +3,9 @@
 The plugin's scheduler wrappers (instrument/vllm/hooks/) append one *row* per scheduled step
 and one per updated step, on vLLM's engine thread: a tuple of the builtin lists, dicts and
 sets vLLM built for the step (referenced, not copied or read element by element) and a few
-ints, plus a row per arrival, preemption and end. When a send is due (the engine went idle,
-2 s since the last send, or 512 rows held) :class:`~instrument.vllm.sink.RecordSink` packs
+ints (and the tokens sampled per request, counted in one C pass), plus a row per arrival,
+preemption and end. When a send is due (the engine went idle; 512 rows held; 2 s since the
+last send with about 64 steps held; 10 s since it) :class:`~instrument.vllm.sink.RecordSink` packs
 the rows with :func:`pack` (``marshal`` format 4, in C: each string object once per message) into
 channel-1 BLOB messages of about 32 KiB (instrument/records/channels.py). Measured
 inside vLLM's engine core, where a model step between two sends leaves vLLM's objects and
@@ -33,7 +34,8 @@ SCHEDULED  key, step, start, schedule end, requests ``waiting``, KV blocks free,
            blocks given (first KV group), tokens so far when the V2 model runner gives them,
            else -1)]`` or None, then ``scheduled_cached_reqs``' ``req_ids``,
            ``resumed_req_ids``, ``new_block_ids``, ``num_computed_tokens``, ``num_output_tokens``
-UPDATED    key, end, ``ModelRunnerOutput.req_ids``, ``sampled_token_ids`` (in that order)
+UPDATED    key, end, ``ModelRunnerOutput.req_ids``, tokens sampled per request (in that order:
+           the lengths of ``sampled_token_ids``, counted in the update wrapper)
 ARRIVED    request id, arrival (s, vLLM's float), trace headers (dict or None), prompt tokens
 PREEMPTED  request id, KV blocks freed, time
 FINISHED   request id, status (facts.FINISHED_*), time

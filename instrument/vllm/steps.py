@@ -162,7 +162,7 @@ class StepReader:
         prompt_of, blocks_of, phase_of = self._prompt, self._blocks, self._phase
         (_, _, _, _, _, _, _, tokens_of, news, cached_ids, resumed_ids, cached_blocks, cached_computed,
          cached_outputs) = scheduled
-        sampled = updated[4] if updated is not None else ()  # the token ids sampled per request
+        sampled = updated[4] if updated is not None else ()  # tokens sampled per request
         index = {req_id: i for i, req_id in enumerate(updated[3])} if updated is not None else {}
         got = len(sampled)
         # (id, tokens computed before the step, blocks given in the step, output tokens so far
@@ -208,7 +208,7 @@ class StepReader:
             computed[i] = before
             blocks[i] = blocks_of[req_id]
             j = index.get(req_id)
-            counts[i] = len(sampled[j]) if j is not None and j < got else 0
+            counts[i] = sampled[j] if j is not None and j < got else 0
         facts.req_ids, facts.n = req_ids, n
         facts.tokens, facts.computed, facts.blocks, facts.sampled, facts.prefill = tokens, computed, blocks, counts, prefill
         facts.prefix_hit_tokens = hits

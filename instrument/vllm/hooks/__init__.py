@@ -15,11 +15,13 @@ a step: its end goes out at once) and ``shutdown()`` (the plugin's pipeline clos
 
 Per step each step wrapper appends one row of instrument/vllm/records.py to
 :attr:`StepTap.held`: vLLM's per-step lists, dicts and sets by reference (vLLM builds them
-anew each step), a few ints and ``perf_counter`` times; the update wrapper then compares
-a few ints to see whether a send is due (the engine went idle; ``MAX_HELD`` rows; 2 s after
-the last send with ``LEAST_HELD`` rows, about 64 steps; 10 s after it). An arrival, preemption or end appends one row.
-Nothing is read per scheduled request on vLLM's side (only a new request's computed tokens,
-blocks and token count, once): at a send
+anew each step), a few ints and ``perf_counter`` times; the update wrapper counts the tokens
+sampled per request in one C pass (``map(len, ...)``, while vLLM's lists are still warm in
+the caches) and compares a few ints to see whether a send is due (the engine went idle;
+``MAX_HELD`` rows; 2 s after the last send with ``LEAST_HELD`` rows, about 64 steps; 10 s
+after it). An arrival, preemption or end appends one row. Nothing else is read per
+scheduled request on vLLM's side (only a new request's computed tokens, blocks and token
+count, once): at a send
 (still on the engine thread, instrument/vllm/sink.py) ``marshal`` packs the rows in C,
 and the exporter process follows each request across steps (instrument/vllm/steps.py).
 Whatever the engine thread runs between two model steps finds the CPU's caches cold (the
@@ -136,15 +138,17 @@ def install(tap: StepTap) -> bool:
             cpu, floor = _clock_start() if tap.measure else (0, 0)
             try:
                 end = perf_ns()
-                append((updated_kind, id(scheduler_output), end, model_runner_output.req_ids,
-                        model_runner_output.sampled_token_ids))
+                # tokens sampled per request, counted now in one C pass while vLLM's lists are
+                # warm: held, its lists and token ints would be read (and freed) cold at the send
+                sampled = [*map(len, model_runner_output.sampled_token_ids)]
+                append((updated_kind, id(scheduler_output), end, model_runner_output.req_ids, sampled))
                 idle = not self.requests
                 if idle or len(held) >= most or end >= tap.due_ns and (len(held) >= least or end >= tap.late_ns):
                     tap.send(idle)
                 if cpu:
                     tap.hook_cpu_ns += time.thread_time_ns() - cpu - floor
                     tap.steps += bool(model_runner_output.req_ids)  # (only when measuring: TOKENTRACE_VLLM_STATS)
-                    tap.tokens += sum(map(len, model_runner_output.sampled_token_ids))
+                    tap.tokens += sum(sampled)
             except Exception:
                 tap.fail()
         return result
