@@ -37,8 +37,9 @@ import gc
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -143,8 +144,10 @@ def check_spans(model: Any, input_ids: Any, tokens: int) -> list[str]:
     if decodes:
         device = [d.attributes["tokentrace.device_ns"] for d in decodes if "tokentrace.device_ns" in d.attributes]
         wall = [d.end_time - d.start_time for d in decodes]
+        # no device_ns at all is already a failure above: report it, do not end the run here
+        median_device = f"{statistics.median(device) / 1e3:.1f} µs" if device else "none"
         print(f"decode steps: median wall {statistics.median(wall) / 1e3:.1f} µs, median device "
-              f"{statistics.median(device) / 1e3:.1f} µs; prefill device "
+              f"{median_device}; prefill device "
               f"{prefill[0].attributes.get('tokentrace.device_ns', 0) / 1e3:.1f} µs" if prefill else "")
     print(f"kv: {prefill[0].attributes.get('tokentrace.kv.bytes_per_token')} bytes/token, "
           f"last step {decodes[-1].attributes.get('tokentrace.kv.bytes')} bytes, cache {cache_bytes} bytes"
@@ -194,6 +197,21 @@ def tracing_cost_cpu_fallback(span_export: str = "process") -> int:
     return 0 if result["batches"] else 1
 
 
+def _section(name: str, run: Callable[[], list[str]]) -> list[str]:
+    """One part of the check: its failures, or one failure naming its crash (traceback printed), so
+    that a part that raises does not cost the parts after it (the GPU run is one shot). Prints the
+    part's seconds."""
+    started = time.perf_counter()
+    print(f"--- {name}")
+    try:
+        return run()
+    except Exception as exc:  # noqa: BLE001 - reported as a failed check
+        traceback.print_exc()
+        return [f"{name}: crashed: {type(exc).__name__}: {exc}"]
+    finally:
+        print(f"--- {name}: {time.perf_counter() - started:.1f} s")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", type=int, default=128)
@@ -222,31 +240,39 @@ def main() -> int:
         print("gpu_instrument_check: CUDA is not available; run this on a GPU machine "
               "(or --cpu-fallback)", file=sys.stderr)
         return 2
+    started = time.perf_counter()
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
     model = build_llama_1b()
     params = sum(p.numel() for p in model.parameters())
-    print(f"model: {params / 1e9:.2f} B parameters, bf16")
+    print(f"model: {params / 1e9:.2f} B parameters, bf16 ({time.perf_counter() - started:.1f} s)")
     generator = torch.Generator(device="cpu").manual_seed(0)
     input_ids = torch.randint(3, 32000, (1, args.prompt_tokens), generator=generator).to("cuda")
     failures: list[str] = []
+
+    def overheads() -> list[str]:
+        for device_time in (True, False):
+            r = overhead(model, input_ids, args.tokens, args.reps, device_time)
+            print(f"device_time={device_time}: plain {r['plain_ms']:.1f} ms, traced {r['traced_ms']:.1f} ms, "
+                  f"added {r['added_us_per_step']:+.2f} µs/decode step, ratio {r['ratio']:.4f}")
+        return []
+
     if not args.tracing_cost_only:
         with torch.inference_mode():
-            failures += check_spans(model, input_ids, args.tokens)
-            for device_time in (True, False):
-                r = overhead(model, input_ids, args.tokens, args.reps, device_time)
-                print(f"device_time={device_time}: plain {r['plain_ms']:.1f} ms, traced {r['traced_ms']:.1f} ms, "
-                      f"added {r['added_us_per_step']:+.2f} µs/decode step, ratio {r['ratio']:.4f}")
+            failures += _section("spans", lambda: check_spans(model, input_ids, args.tokens))
+            failures += _section("overhead", overheads)
         if args.continuous:
             from gpu_continuous_check import check_continuous
 
-            failures += check_continuous(model, tokens=args.tokens, sequences=args.cb_sequences,
-                                         prompt_tokens=args.prompt_tokens, rounds=args.cb_rounds)
+            failures += _section("continuous", lambda: check_continuous(
+                model, tokens=args.tokens, sequences=args.cb_sequences, prompt_tokens=args.prompt_tokens,
+                rounds=args.cb_rounds))
     if args.tracing_cost or args.tracing_cost_only:
-        failures += tracing_cost_gpu(model, args.tc_batches, args.tc_tokens, args.tc_rounds, args.prompt_tokens,
-                                     args.span_export)
+        failures += _section("tracing cost", lambda: tracing_cost_gpu(
+            model, args.tc_batches, args.tc_tokens, args.tc_rounds, args.prompt_tokens, args.span_export))
     for failure in failures:
         print("FAIL:", failure)
-    print("all checks passed" if not failures else f"{len(failures)} checks failed")
+    print("all checks passed" if not failures else f"{len(failures)} checks failed",
+          f"({time.perf_counter() - started:.0f} s)")
     return 1 if failures else 0
 
 
