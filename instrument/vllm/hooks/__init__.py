@@ -44,10 +44,9 @@ from instrument.vllm.facts import FINISHED_ABORTED, FINISHED_ERROR, FINISHED_LEN
 from instrument.vllm.hooks.tap import (ARRIVED, FINISHED, LEAST_HELD, MAX_HELD, PREEMPTED, SCHEDULED, UPDATED, StepTap,
                                        new_rows)
 
-__all__ = ["ARRIVED", "FINISHED", "FINISHED_ABORTED", "FINISHED_ERROR", "FINISHED_LENGTH", "FINISHED_STOPPED", "LEAST_HELD",
-           "MAX_HELD",
-           "PREEMPTED", "SCHEDULED", "TESTED_VLLM", "UPDATED", "StepFacts", "StepTap", "check_version",
-           "external_request_id", "install", "installed_version"]
+__all__ = ["ARRIVED", "FINISHED", "FINISHED_ABORTED", "FINISHED_ERROR", "FINISHED_LENGTH", "FINISHED_STOPPED",
+           "LEAST_HELD", "MAX_HELD", "PREEMPTED", "SCHEDULED", "TESTED_VLLM", "UPDATED", "StepFacts", "StepTap",
+           "check_version", "external_request_id", "install", "installed_version"]
 
 TESTED_VLLM = "0.32.0"
 _MARK = "_tokentrace_tap"
