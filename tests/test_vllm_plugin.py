@@ -108,6 +108,9 @@ def test_rows_carry_vllms_own_step_objects() -> None:
     # after it with fewer than LEAST_HELD rows (~64 steps) until late_ns (10 s after it); then
     # LEAST_HELD rows after due_ns, MAX_HELD rows, an idle scheduler
     assert got["sends"] == [[False, 6], [False, 128], [False, 512], [True, 2]], got["sends"]
+    # tokens sampled per request, counted by the update wrapper: 1, 3 (two drafts accepted),
+    # 0 when the runner sends no sampled_token_ids
+    assert got["counts"] == [[1], [3], [0]], got["counts"]
     # the V2 runner's live token list: p resumed with 11 of its 12 tokens cached is a decode
     v2 = [(r["step"], r["tokens"], r["computed"], r["prefill"], r["first"], r["hits"]) for r in got["v2"]["records"]]
     assert v2 == [(1, [10], [0], [1], [["p", 0]], 0), (2, [1], [10], [0], [], 0), (3, [1], [11], [0], [], 11)], v2

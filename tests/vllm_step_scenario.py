@@ -148,7 +148,8 @@ def main() -> None:
     print(json.dumps({"records": records, "held": len(held), "in_flight": in_flight(tap), "steps": sum(1 for r in records if r["step"] >= 0),
                       "tokens": sum(sum(r["sampled"]) for r in records),
                       "state": state(tap), "async": async_end(), "v1": v1_resume(), "v2": v2_live_tokens(),
-                      "reuse": id_used_again(), "sends": send_triggers(), "now_ns": time.time_ns()}))
+                      "reuse": id_used_again(), "sends": send_triggers(), "counts": sampled_counts(),
+                      "now_ns": time.time_ns()}))
 
 
 def send_triggers() -> list:
@@ -187,6 +188,25 @@ def send_triggers() -> list:
     TAP.send = None
     TAP.held.clear()
     return calls
+
+
+def sampled_counts() -> list:
+    """The tokens sampled per request as the update wrapper counts them (the lengths of
+    vLLM's sampled_token_ids): one, three (speculative decoding: two drafts accepted), and
+    none when the runner sends no sampled_token_ids at all (vLLM reads [] as nothing sampled)."""
+    tap, records = new_tap(), []
+    held = tap.held
+    held.append((ARRIVED, "s", 1.0, None, 4))
+    out1 = output([new("s", 4, 0, [0])], cached([]), {"s": 4})
+    held += [scheduled(out1, 1), updated(out1, {"s": 1})]
+    out2 = output([], cached([("s", 4, None, 1)]), {"s": 3})
+    held += [scheduled(out2, 2), updated(out2, {"s": 3})]
+    out3 = output([], cached([("s", 7, None, 4)]), {"s": 1})
+    held.append(scheduled(out3, 3))
+    Scheduler.update_from_output(ENGINE, out3, ModelRunnerOutput(req_ids=["s"], req_id_to_index={"s": 0},
+                                                                 sampled_token_ids=[]))
+    taken(tap, records)
+    return [r["sampled"] for r in records if r["step"] >= 0]
 
 
 def id_used_again() -> dict:
