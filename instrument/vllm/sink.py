@@ -22,11 +22,11 @@ log = logging.getLogger("tokentrace.vllm")
 # A send is due whenever the engine goes idle, at hooks.MAX_HELD rows (~256 steps), FLUSH_NS
 # after the last send once hooks.LEAST_HELD rows (~64 steps) are held, and FLUSH_LATE_NS after
 # it whatever is held; a message about every FLUSH_BYTES. Measured inside vLLM's engine core
-# (SmolLM2 on 2 shared cores, batch 8): a send costs the engine thread ~80-130 µs besides
+# (SmolLM2 on 2 shared cores, batch 8): a send costs the engine thread ~70-90 µs besides
 # packing and marshalling the rows (timed around the socket; mostly caches cold after a model
-# step: a copy into a buffer instead cost the same), so its cost per token is that over the
+# step: a copy into a buffer instead cost the same; ~80-130 µs inferred on a slower day), so its cost per token is that over the
 # tokens it covers: at a step every ~50 ms, sending every step was ~10 µs per token, every 1 s
-# ~0.5; at ~300 ms a step, 2 s covered ~7 steps (~1.5 µs per token from the fixed part alone),
+# ~0.5; at ~300 ms a step, 2 s covered ~7 steps (~1.5-2 µs per token from the fixed part alone),
 # hence the steps asked for. Spans reach the SDK's batch processor (5 s between exports by
 # default) at most FLUSH_LATE_NS after their step; at once when the engine goes idle.
 FLUSH_BYTES = 32 * 1024  # a message is cut once about this much is packed

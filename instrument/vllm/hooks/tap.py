@@ -21,9 +21,9 @@ __all__ = ["ARRIVED", "FINISHED", "LEAST_HELD", "MAX_HELD", "PREEMPTED", "SCHEDU
 log = logging.getLogger("tokentrace.vllm")
 MAX_HELD = 512  # held rows that make a send due (two per step, one per arrival, preemption, end)
 # held rows that make a send due once due_ns has passed (about 64 steps); fewer wait for late_ns.
-# Besides its part per step, a send has a fixed part (~80-130 µs on the engine thread,
-# measured), so a send should cover many steps: with slow steps (vLLM on CPU, ~300 ms a step
-# at batch 8) 2 s held ~7
+# Besides its part per step, a send has a fixed part (~70-130 µs on the engine thread:
+# instrument/vllm/sink.py), so a send should cover many steps: with slow steps (vLLM on CPU,
+# ~300 ms a step at batch 8) 2 s held ~7
 LEAST_HELD = 128
 _PERF_TO_WALL = ANCHOR_WALL_NS - ANCHOR_PERF_NS  # perf_counter ns + this = ns since the epoch (instrument/clock.py)
 
