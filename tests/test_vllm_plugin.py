@@ -111,6 +111,9 @@ def test_rows_carry_vllms_own_step_objects() -> None:
     # tokens sampled per request, counted by the update wrapper: 1, 3 (two drafts accepted),
     # 0 when the runner sends no sampled_token_ids
     assert got["counts"] == [[1], [3], [0]], got["counts"]
+    # vLLM's scheduler shutdown mid-load: the plugin's close first, with the step still held;
+    # then vLLM's own, each time it is called
+    assert got["shutdown"] == [["tokentrace", 2], ["vllm", 2], ["vllm", 2]], got["shutdown"]
     # the V2 runner's live token list: p resumed with 11 of its 12 tokens cached is a decode
     v2 = [(r["step"], r["tokens"], r["computed"], r["prefill"], r["first"], r["hits"]) for r in got["v2"]["records"]]
     assert v2 == [(1, [10], [0], [1], [["p", 0]], 0), (2, [1], [10], [0], [], 0), (3, [1], [11], [0], [], 11)], v2

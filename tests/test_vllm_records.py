@@ -311,6 +311,29 @@ def test_through_a_real_exporter_process(tmp_path: Path) -> None:
     assert sum(1 for n, a in spans if n == "decode") == sum(1 for s in direct if s.name == "decode") == 9  # A 4, B 3, C 2
 
 
+def test_close_sends_what_is_held(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """vLLM's scheduler shutdown (SIGTERM to the server) mid-load, before any send was due
+    (a send waits up to 10 s): close() alone sends the held rows (_sends' first: steps 1-5
+    updated, step 6 scheduled), and the exporter process exports their spans before it
+    stops: every engine step and decode span of steps 1-5, as the direct path gives them;
+    step 6, never updated, said in one line (by the exporter process); nothing counted lost."""
+    out = tmp_path / "spans.jsonl"
+    sink = sink_module.RecordSink(["otlp_json"], str(out), _Taken(_sends()[:1]).take)
+    sink.close()
+    assert "1 vLLM engine steps scheduled and never updated" in capfd.readouterr().err
+    assert sink.sends == 1 and sink.lost_steps == 0
+    assert sum(c.dropped + c.failed for c in sink.exporter.counts()) == 0
+    spans = _otlp_json_spans(out)
+
+    def steps(found: list[tuple[str, dict[str, Any]]], name: str) -> list[int]:
+        return sorted(int(a["tokentrace.engine.step"]) for n, a in found if n == name)
+
+    direct = [(s.name, dict(s.attributes)) for s in _direct(_stream())]
+    assert steps(spans, "engine_step") == [1, 2, 3, 4, 5]
+    assert steps(spans, "decode") == [k for k in steps(direct, "decode") if k <= 5]
+    assert len(steps(spans, "decode")) == 7  # B at 2; A and B at 3; A and C at 4 and 5 (B recomputes)
+
+
 def test_close_is_bounded_when_the_exporter_process_hangs(caplog: pytest.LogCaptureFixture) -> None:
     """vLLM kills an engine core 5 s after asking it to stop: with the exporter process
     stopped dead (SIGSTOP), close() still returns within ~4 s, the child killed, and says

@@ -29,6 +29,8 @@ NEXT: dict[str, SchedulerOutput] = {}  # what the stand-in schedule() returns ne
 ENGINE = SimpleNamespace(current_step=0, waiting=[], requests={"live": None})
 Scheduler.schedule = lambda self, *args, **kwargs: NEXT["out"]  # (replaced before install: wrapped)
 Scheduler.update_from_output = lambda self, scheduler_output, model_runner_output: {}
+SHUT: list[int] = []  # the stand-in shutdown's calls
+Scheduler.shutdown = lambda self: SHUT.append(len(TAP.held))
 TAP = StepTap(send=None)
 TAP.due_ns = 2**62
 TAP.free_queue = SimpleNamespace(num_free_blocks=100)  # KV blocks free, as the stand-in block pool says
@@ -148,7 +150,7 @@ def main() -> None:
     print(json.dumps({"records": records, "held": len(held), "in_flight": in_flight(tap), "steps": sum(1 for r in records if r["step"] >= 0),
                       "tokens": sum(sum(r["sampled"]) for r in records),
                       "state": state(tap), "async": async_end(), "v1": v1_resume(), "v2": v2_live_tokens(),
-                      "reuse": id_used_again(), "sends": send_triggers(), "counts": sampled_counts(),
+                      "reuse": id_used_again(), "sends": send_triggers(), "counts": sampled_counts(), "shutdown": shutdown_first(),
                       "now_ns": time.time_ns()}))
 
 
@@ -186,6 +188,25 @@ def send_triggers() -> list:
     step()  # the scheduler holds no request after it
     ENGINE.requests = {"live": None}
     TAP.send = None
+    TAP.held.clear()
+    return calls
+
+
+def shutdown_first() -> list:
+    """vLLM's scheduler shutdown (SIGTERM to the server) with a step held, no send due: the
+    wrapper calls the plugin's close (on_shutdown) first, the rows still held, then vLLM's
+    own shutdown; once: [(who, rows held then)]."""
+    new_tap()
+    calls: list = []
+    TAP.due_ns = TAP.late_ns = 2**62
+    TAP.on_shutdown = lambda: calls.append(("tokentrace", len(TAP.held)))
+    out = output([], cached([("t", 5, None, 1)]), {"t": 1})
+    NEXT["out"] = out
+    Scheduler.schedule(ENGINE)
+    Scheduler.update_from_output(ENGINE, out, runner({"t": 1}))
+    Scheduler.shutdown(ENGINE)
+    Scheduler.shutdown(ENGINE)  # (vLLM may call it again: the close runs once)
+    calls += [("vllm", held) for held in SHUT]
     TAP.held.clear()
     return calls
 
