@@ -88,7 +88,9 @@ def check_continuous(model: Any, *, tokens: int, sequences: int, prompt_tokens: 
     provider = setup_tracing(exporter="none", span_exporters=[_EncodeOnly()])
     provider.add_span_processor(SimpleSpanProcessor(memory))
     engine = ContinuousEngine(_handle(model), provider, max_batch_tokens=2048, max_batch_size=sequences)
-    print(f"continuous engine: {engine.health()}")
+    health = engine.health()
+    print(f"continuous engine: {health['kv_blocks_total']} KV blocks of {health['kv_block_tokens']} tokens, "
+          f"{health['kv_bytes_per_block']} bytes a block")
     _round(engine, prompts, tokens, provider.force_flush)  # warm, and the spans checked below
     spans = memory.get_finished_spans()
     steps = {s.attributes["tokentrace.engine.step"]: s for s in spans if s.name == "engine_step"}
@@ -112,8 +114,8 @@ def check_continuous(model: Any, *, tokens: int, sequences: int, prompt_tokens: 
     device = [s.attributes.get("tokentrace.device_ns", 0) for s in steps.values()]
     wall = [s.end_time - s.start_time for s in steps.values()]
     if steps:
-        print(f"engine steps: {len(steps)}, median wall {statistics.median(wall) / 1e3:.1f} µs, "
-              f"median device {statistics.median(device) / 1e3:.1f} µs, "
+        print(f"engine steps: {len(steps)}, median wall {statistics.median(wall) / 1e6:.1f} ms, "
+              f"device {statistics.median(device) / 1e6:.1f} ms, "
               f"max batch {max(s.attributes['tokentrace.batch.size'] for s in steps.values())}")
     else:
         failures.append("no engine_step spans")
@@ -127,7 +129,8 @@ def check_continuous(model: Any, *, tokens: int, sequences: int, prompt_tokens: 
     engine.close()
     provider.shutdown()
     paired = [t / u for t, u in zip(per_step[True], per_step[False])]
-    print(f"continuous tracing cost: step {statistics.median(per_step[False]):.1f} µs untraced, "
-          f"{statistics.median(per_step[True]):.1f} µs traced, paired median ratio {statistics.median(paired):.4f} "
-          f"({rounds} rounds x {sequences} sequences x {tokens} tokens)")
+    print(f"continuous tracing cost: a step {statistics.median(per_step[False]) / 1e3:.1f} ms untraced, "
+          f"{statistics.median(per_step[True]) / 1e3:.1f} ms traced")
+    print(f"  paired median ratio {statistics.median(paired):.3f} ({rounds} rounds x {sequences} sequences "
+          f"x {tokens} tokens)")
     return failures

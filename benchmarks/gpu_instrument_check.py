@@ -145,10 +145,10 @@ def check_spans(model: Any, input_ids: Any, tokens: int) -> list[str]:
         device = [d.attributes["tokentrace.device_ns"] for d in decodes if "tokentrace.device_ns" in d.attributes]
         wall = [d.end_time - d.start_time for d in decodes]
         # no device_ns at all is already a failure above: report it, do not end the run here
-        median_device = f"{statistics.median(device) / 1e3:.1f} µs" if device else "none"
-        print(f"decode steps: median wall {statistics.median(wall) / 1e3:.1f} µs, median device "
-              f"{median_device}; prefill device "
-              f"{prefill[0].attributes.get('tokentrace.device_ns', 0) / 1e3:.1f} µs" if prefill else "")
+        median_device = f"{statistics.median(device) / 1e6:.1f} ms" if device else "none"
+        print(f"decode steps: median wall {statistics.median(wall) / 1e6:.1f} ms, device {median_device}")
+        if prefill:
+            print(f"prefill: device {prefill[0].attributes.get('tokentrace.device_ns', 0) / 1e6:.1f} ms")
     print(f"kv: {prefill[0].attributes.get('tokentrace.kv.bytes_per_token')} bytes/token, "
           f"last step {decodes[-1].attributes.get('tokentrace.kv.bytes')} bytes, cache {cache_bytes} bytes"
           if prefill and decodes else "kv: no spans")
@@ -170,8 +170,8 @@ def tracing_cost_gpu(model: Any, batches: list[int], tokens: int, rounds: int, p
     result = tracing_cost.section_engine(_handle(model), batches, tokens, rounds, max_batch_tokens=4096,
                                          prompts=prompts, capture=True, unfreeze=False, span_export=span_export)
     spans = result.pop("captured_spans", [])
-    print(f"tracing cost on {torch.cuda.get_device_name()}, {tokens} tokens/sequence, {rounds} rounds/side (ABBA), "
-          f"--span-export {span_export}")
+    print(f"tracing cost on {torch.cuda.get_device_name()}, --span-export {span_export}")
+    print(f"  {tokens} tokens a sequence, {rounds} rounds a side (ABBA)")
     print(tracing_cost.engine_table(result))
     if spans:
         print(tracing_cost.encode_table(tracing_cost.section_encode(spans)))
@@ -252,8 +252,8 @@ def main() -> int:
     def overheads() -> list[str]:
         for device_time in (True, False):
             r = overhead(model, input_ids, args.tokens, args.reps, device_time)
-            print(f"device_time={device_time}: plain {r['plain_ms']:.1f} ms, traced {r['traced_ms']:.1f} ms, "
-                  f"added {r['added_us_per_step']:+.2f} µs/decode step, ratio {r['ratio']:.4f}")
+            print(f"device_time={device_time}: plain {r['plain_ms']:.1f} ms, traced {r['traced_ms']:.1f} ms")
+            print(f"  added {r['added_us_per_step']:+.1f} µs per decode step, ratio {r['ratio']:.3f}")
         return []
 
     if not args.tracing_cost_only:
