@@ -186,7 +186,7 @@ def tracing_cost_cpu_fallback(span_export: str = "process") -> int:
 
     from instrument.model_handle import load_model_handle
 
-    print("gpu_instrument_check: no CUDA; --cpu-fallback: tracing cost on the tiny model on the CPU")
+    print("gpu_instrument_check: no CUDA (--cpu-fallback): tracing cost, tiny model, CPU")
     result = tracing_cost.section_engine(load_model_handle("tiny"), [8, 16], 8, 1, capture=True, unfreeze=False,
                                          span_export=span_export)
     spans = result.pop("captured_spans", [])
