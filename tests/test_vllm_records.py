@@ -316,11 +316,14 @@ def test_close_sends_what_is_held(tmp_path: Path, capfd: pytest.CaptureFixture[s
     (a send waits up to 10 s): close() alone sends the held rows (_sends' first: steps 1-5
     updated, step 6 scheduled), and the exporter process exports their spans before it
     stops: every engine step and decode span of steps 1-5, as the direct path gives them;
-    step 6, never updated, said in one line (by the exporter process); nothing counted lost."""
+    step 6, never updated, and the three requests still running, said in a line each (by the
+    exporter process); nothing counted lost."""
     out = tmp_path / "spans.jsonl"
     sink = sink_module.RecordSink(["otlp_json"], str(out), _Taken(_sends()[:1]).take)
     sink.close()
-    assert "1 vLLM engine steps scheduled and never updated" in capfd.readouterr().err
+    said = capfd.readouterr().err
+    assert "1 vLLM engine steps scheduled and never updated" in said
+    assert "3 vLLM requests still running at shutdown" in said  # A, B, C: their ends were not held
     assert sink.sends == 1 and sink.lost_steps == 0
     assert sum(c.dropped + c.failed for c in sink.exporter.counts()) == 0
     spans = _otlp_json_spans(out)

@@ -144,9 +144,14 @@ class RecordConsumer:
             raise ValueError(f"vLLM step records: a row does not read ({type(exc).__name__}: {exc})") from None
 
     def close(self) -> None:
-        """Shutdown: end the open engine trace (requests still live stay unended: never exported);
-        say how many steps were scheduled and never updated (an engine error, or in flight at
-        shutdown)."""
+        """Shutdown: end the open engine trace; say how many requests were still running (their
+        ``engine_request`` span, and the ``queue`` span of one never scheduled, stay unended:
+        never exported; their prefill and decode spans were) and how many steps were scheduled and never updated (an engine
+        error, or in flight at shutdown)."""
+        live = len(self.builder.live)
+        if live:
+            log.warning("tokentrace: %d vLLM requests still running at shutdown: their engine_request spans not "
+                        "exported", live)
         never = self.reader.let_go + len(self.reader._opened)
         if never:
             log.warning("tokentrace: %d vLLM engine steps scheduled and never updated: not traced", never)
