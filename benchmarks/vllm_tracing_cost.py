@@ -21,7 +21,9 @@ concurrency:
   (``TOKENTRACE_VLLM_STATS``: the engine thread's CPU clock around its step wrappers and
   its sends (packing, the socket, freeing what the rows held), net of the clock read's own
   cost; writing the stats file excluded), and per round its parts per scheduler step: the
-  schedule wrapper, the update wrapper, the sends. These are exact where the process
+  schedule wrapper, the update wrapper, the sends, and of the sends: ``marshal`` packing the
+  rows, the socket (with counting the spans they stand for), freeing what the rows held
+  (vLLM's per-step lists, their last reference). These are exact where the process
   figures above are not
   (the engine core's CPU time on a shared 2-core machine varies by several times between
   rounds).
@@ -29,8 +31,14 @@ concurrency:
 The load average (1 min) is printed per round: on a shared machine read the figures next to it.
 vLLM's own tracing is off on both sides.
 
+``--model tiny`` serves instead tokentrace's tiny random Llama (instrument/tiny_model.py, built
+with 2 query heads of 32 for vLLM's CPU attention; ~0.1 MB of weights) under the same name: a
+model step that no longer streams 270 MB of weights through the CPU's caches, as on a host
+whose model runs on a GPU, where the engine thread's caches hold vLLM's own code and objects.
+What the plugin's per-step work costs depends on that (docs/spans.md "vLLM", cost).
+
 Run:  .venv/bin/python benchmarks/vllm_tracing_cost.py [--rounds 1] [--concurrency 8 32]
-      [--max-tokens 16] [--requests-per-stream 2]
+      [--max-tokens 16] [--requests-per-stream 2] [--model smollm2|tiny]
 """
 
 from __future__ import annotations
@@ -103,6 +111,15 @@ def _settled_cpu_s(pid: int, wait_s: float = 20.0) -> float:
             return now
         last = now
     return last
+
+
+def _tiny_model(folder: Path) -> Path:
+    """tokentrace's tiny Llama built into ``folder`` by vLLM's Python (its transformers reads it)."""
+    code = ("import sys; from instrument.tiny_model import build_tiny_model; "
+            "build_tiny_model(sys.argv[1], q_heads=2, kv_heads=1)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    subprocess.run([str(VLLM_PYTHON), "-c", code, str(folder)], check=True, env=env, capture_output=True)
+    return folder
 
 
 def _load_average() -> float:
@@ -184,22 +201,32 @@ def _plugin_stats(spans: Path, tokens_before: int, wait_s: float = 10.0) -> dict
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="example: .venv/bin/python benchmarks/vllm_tracing_cost.py --rounds 1 --concurrency 8 --max-tokens 64")
     parser.add_argument("--rounds", type=int, default=1, help="ABBA blocks (each: off, on, on, off)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--requests-per-stream", type=int, default=2)
+    parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2",
+                        help="smollm2 (default) or tiny: tokentrace's 0.1 MB random Llama, a model step "
+                             "that leaves the CPU caches to vLLM, as on a GPU host")
     args = parser.parse_args()
     if not VLLM_PYTHON.exists():
         raise SystemExit("vllm_tracing_cost: .venv-vllm absent (scripts/test-vllm BUILD_ONLY=1 builds it)")
     from instrument.smollm2 import smollm2_cache_dir
 
     model = smollm2_cache_dir()
+    if args.model == "smollm2" and not (model / "config.json").exists():
+        raise SystemExit(f"vllm_tracing_cost: no SmolLM2 folder at {model} (./scripts/test-vllm converts it)")
     order = [False, True, True, False] * args.rounds
     results: dict[tuple[bool, int], list[tuple[float, float]]] = {}
     own: dict[int, list[tuple[float, float]]] = {}  # concurrency -> (hooks, exporter process) µs per token
     loads: list[float] = []
     with tempfile.TemporaryDirectory(prefix="vllm-cost-") as tmp:
+        if args.model == "tiny":
+            model = _tiny_model(Path(tmp) / "tiny-llama")
+        print(f"model: {args.model} ({model.name})", flush=True)
         for index, plugin in enumerate(order):
             spans = Path(tmp) / f"spans-{index}.jsonl"
             server = _start(model, plugin, spans, Path(tmp) / f"server-{index}.log")
@@ -225,12 +252,15 @@ def main() -> None:
                         own.setdefault(concurrency, []).append(
                             ((now["hook_cpu_ns"] - last["hook_cpu_ns"]) / seen / 1e3, child_cpu / tokens * 1e6))
                         steps = max(now["steps"] - last["steps"], 1)
-                        parts = {k: (now[f"{k}_cpu_ns"] - last[f"{k}_cpu_ns"]) / steps / 1e3 for k in ("hook", "schedule", "send")}
+                        parts = {k: (now[f"{k}_cpu_ns"] - last[f"{k}_cpu_ns"]) / steps / 1e3
+                                 for k in ("hook", "schedule", "send", "pack", "socket", "free")}
                         extra = f" hooks {own[concurrency][-1][0]:.2f} exp {own[concurrency][-1][1]:.1f}"
                         detail = (f"\n    per step: schedule hook {parts['schedule']:.1f} µs, update hook "
                                   f"{parts['hook'] - parts['schedule'] - parts['send']:.1f} µs, sends "
                                   f"{parts['send']:.1f} µs\n    ({seen / steps:.1f} tokens and "
-                                  f"{(now['sends'] - last['sends']) / steps:.2f} sends per step)")
+                                  f"{(now['sends'] - last['sends']) / steps:.2f} sends per step)\n    of the "
+                                  f"sends: marshal {parts['pack']:.1f}, socket {parts['socket']:.1f}, freeing "
+                                  f"the rows {parts['free']:.1f} µs per step")
                         if now["dropped_spans"] or now["dropped_steps"]:
                             print(f"  dropped: {now['dropped_spans']} spans, {now['dropped_steps']} steps")
                         last = now

@@ -392,8 +392,18 @@ def test_a_send_is_cut_into_messages_of_flush_bytes(tmp_path: Path) -> None:
         send(payload, units)
 
     sink._send = spy  # type: ignore[method-assign]
+    sink.measure = True  # (TOKENTRACE_VLLM_STATS): the send's parts timed too, into the stats file
     try:
         sink.flush(idle=True)
+        from instrument.vllm import _write_stats
+        from instrument.vllm.hooks import StepTap
+
+        _write_stats(str(tmp_path / "stats.json"), StepTap(send=None), sink)
+        stats = json.loads((tmp_path / "stats.json").read_text())
+        parts = {k: stats[f"{k}_cpu_ns"] for k in ("send", "pack", "socket", "free")}
+        assert parts == {"send": sink.send_cpu_ns, "pack": sink.pack_cpu_ns, "socket": sink.socket_cpu_ns,
+                         "free": sink.free_cpu_ns} and parts["pack"] != 0 and parts["socket"] != 0, parts
+        assert stats["sends"] == sink.sends
         sizes = [len(p) for p in payloads]
         assert sink.sends == len(sizes) > 2 and max(sizes) <= 2 * sink_module.FLUSH_BYTES, sizes
         assert all(records.unpack(p)[-1][0] == UPDATED for p in payloads[:-1])  # each after a step's end
@@ -513,3 +523,15 @@ def test_a_failing_hook_counts_the_steps_it_held(caplog: pytest.LogCaptureFixtur
         tap.fail()  # once
     assert tap.failed and tap.held == [] and tap.dropped_steps == 2
     assert caplog.text.count("the vLLM hooks failed") == 1 and "2 steps held not sent" in caplog.text
+
+
+def test_the_self_timing_floor_comes_from_two_warm_clock_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TOKENTRACE_VLLM_STATS's windows subtract one clock read's cost measured between two warm
+    reads: the first read after a model step is cold and its interval to the next held ~3.5 µs
+    more than a warm one (benchmarks/clock_floor.py), so a floor taken from it made every window
+    read short. A scripted clock: 9,000 ns cold read, then reads 300 ns apart."""
+    from instrument.vllm import hooks
+
+    reads = iter([1_000, 10_000, 10_300])
+    monkeypatch.setattr(hooks.time, "thread_time_ns", lambda: next(reads))
+    assert hooks.clock_start() == (10_300, 300)

@@ -25,10 +25,12 @@ its own figures so far (JSON: ``steps`` updated with requests in them and ``toke
 (both counted only when this is set, outside the timed hooks), ``hook_cpu_ns``: CPU time of
 its hooks on vLLM's engine thread, packing and sending included, timed only when this is
 set, with ``schedule_cpu_ns`` and ``send_cpu_ns`` its parts in the schedule hook and in
-packing and sending, ``sends`` (messages); ``stats_cpu_ns``: writing this file, not in
-``hook_cpu_ns``; ``dropped_steps``: steps not sent because a hook or a send failed;
-``exporter_pid``; ``sent_spans``, ``dropped_spans``, ``dropped_messages``;
-benchmarks/vllm_tracing_cost.py reads it). Steps scheduled and never updated are said by the
+packing and sending, and of the latter ``pack_cpu_ns`` (marshal), ``socket_cpu_ns`` (spans
+counted, the socket) and ``free_cpu_ns`` (freeing what the rows held), ``sends``
+(messages); ``stats_cpu_ns``: writing this file, not in ``hook_cpu_ns``;
+``dropped_steps``: steps not sent because a hook or a send failed; ``exporter_pid``;
+``sent_spans``, ``dropped_spans``, ``dropped_messages``; benchmarks/vllm_tracing_cost.py
+reads it). Steps scheduled and never updated are said by the
 exporter process, which pairs the rows, at its exit.
 
 Spans leave the exporter process through the standard ``OTEL_*`` variables (instrument/tracing.py;
@@ -146,7 +148,8 @@ def _write_stats(path: str, tap: Any, sink: Any) -> None:
     sender = sink.sender
     stats = {"steps": tap.steps, "tokens": tap.tokens, "hook_cpu_ns": tap.hook_cpu_ns - tap.stats_cpu_ns,
              "stats_cpu_ns": tap.stats_cpu_ns,
-             "schedule_cpu_ns": tap.schedule_cpu_ns, "send_cpu_ns": sink.send_cpu_ns, "sends": sink.sends,
+             "schedule_cpu_ns": tap.schedule_cpu_ns, "send_cpu_ns": sink.send_cpu_ns, "pack_cpu_ns": sink.pack_cpu_ns,
+             "socket_cpu_ns": sink.socket_cpu_ns, "free_cpu_ns": sink.free_cpu_ns, "sends": sink.sends,
              "dropped_steps": tap.dropped_steps + sink.lost_steps, "exporter_pid": sink.exporter.process.pid,
              "sent_spans": sender.sent_units, "dropped_spans": sender.dropped_units,
              "dropped_messages": sender.dropped_messages}

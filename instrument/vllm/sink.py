@@ -14,6 +14,7 @@ import os
 import time
 from typing import Any
 
+from instrument.vllm.hooks import clock_start
 from instrument.vllm.records import UPDATED, message, message_end, pack, units
 
 __all__ = ["EXPORTER_NICE", "FLUSH_BYTES", "FLUSH_LATE_NS", "FLUSH_NS", "RecordSink"]
@@ -61,6 +62,9 @@ class RecordSink:
         self.writer = RecordWriter()
         self.measure = False  # time each send with the thread's CPU clock
         self.send_cpu_ns = 0  # CPU time spent taking, packing and sending (measure), ns
+        self.pack_cpu_ns = 0  # ... of which marshalling the rows (measure), ns
+        self.socket_cpu_ns = 0  # ... counting their spans and handing them to the socket (measure), ns
+        self.free_cpu_ns = 0  # ... freeing what the rows held: vLLM's per-step lists (measure), ns
         self.sends = 0  # messages sent (each numbered: the exporter process sees a gap)
         self.lost_steps = 0  # steps taken and not sent: packing raised (tracing stops)
         self.closed = False
@@ -75,12 +79,8 @@ class RecordSink:
         engine core, where the model step between two sends evicts this code and vLLM's
         objects from the CPU's caches, the same work done per step cost several times what it
         costs in a loop (docs/spans.md "vLLM", cost)."""
-        if self.measure:  # (the cost of a clock read subtracted, as in hooks._clock_start)
-            first = time.thread_time_ns()
-            cpu = time.thread_time_ns()
-            floor = cpu - first
-        else:
-            cpu = floor = 0
+        cpu, floor = clock_start() if self.measure else (0, 0)  # (net of a warm clock read's cost)
+        clock = time.thread_time_ns if cpu else None  # the parts too, each net of one read
         header, rows = self.take(idle)
         start, end, chunk = 0, len(rows), None
         try:
@@ -88,11 +88,17 @@ class RecordSink:
                 count = self.rows_per_message
                 stop = message_end(rows, start, count)
                 chunk = rows[start:stop]
+                mark = clock() if clock else 0
                 payload = pack(message(header, self.sends + 1, chunk))
+                if clock:
+                    self.pack_cpu_ns += clock() - mark - floor
                 if len(payload) > 2 * FLUSH_BYTES and count > 1:  # too large for one message: fewer rows
                     self.rows_per_message = max(1, count * FLUSH_BYTES // len(payload))
                     continue
+                mark = clock() if clock else 0
                 self._send(payload, units(chunk))
+                if clock:
+                    self.socket_cpu_ns += clock() - mark - floor
                 start = stop
                 if len(payload) < FLUSH_BYTES // 2 and start < end:
                     self.rows_per_message = count * 2
@@ -100,7 +106,10 @@ class RecordSink:
             self.lost_steps += sum(1 for row in rows[start:] if row[0] == UPDATED)
             raise
         finally:
+            mark = clock() if clock else 0
             chunk = rows = None  # (vLLM's lists the rows held go now, inside the measured window)
+            if clock:
+                self.free_cpu_ns += clock() - mark - floor
         if cpu:
             self.send_cpu_ns += time.thread_time_ns() - cpu - floor
 

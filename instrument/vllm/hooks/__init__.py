@@ -46,7 +46,7 @@ from instrument.vllm.hooks.tap import (ARRIVED, FINISHED, LEAST_HELD, MAX_HELD, 
 
 __all__ = ["ARRIVED", "FINISHED", "FINISHED_ABORTED", "FINISHED_ERROR", "FINISHED_LENGTH", "FINISHED_STOPPED",
            "LEAST_HELD", "MAX_HELD", "PREEMPTED", "SCHEDULED", "TESTED_VLLM", "UPDATED", "StepFacts", "StepTap",
-           "check_version", "external_request_id", "install", "installed_version"]
+           "check_version", "clock_start", "external_request_id", "install", "installed_version"]
 
 TESTED_VLLM = "0.32.0"
 _MARK = "_tokentrace_tap"
@@ -75,10 +75,17 @@ def check_version(version: str | None = None) -> None:
         )
 
 
-def _clock_start() -> tuple[int, int]:
+def clock_start() -> tuple[int, int]:
     """(the thread's CPU clock now, ns; what reading it costs here, ns): timing a few µs of
     work with a clock that is a system call (~0.25 µs warm, several µs with cold caches), the
-    window also holds one read's cost, measured just before and subtracted."""
+    window also holds one read's cost, measured just before and subtracted.
+
+    Three reads: the first, cold after a model step, is only a warm-up. The interval between
+    a cold read and the next holds the cold read's return path (~3-4 µs more than a warm
+    interval in benchmarks/clock_floor.py), so a floor taken from it made every window read
+    that much short; the floor is the interval between the two warm reads, like the one
+    that closes the window."""
+    time.thread_time_ns()
     first = time.thread_time_ns()
     now = time.thread_time_ns()
     return now, now - first
@@ -111,7 +118,7 @@ def install(tap: StepTap) -> bool:
         start = perf_ns()
         out = schedule(self, *args, **kwargs)
         if out.total_num_scheduled_tokens > 0 and not tap.failed:
-            cpu, floor = _clock_start() if tap.measure else (0, 0)
+            cpu, floor = clock_start() if tap.measure else (0, 0)
             try:
                 free = tap.free_queue or (tap.geometry(self) and tap.free_queue)
                 cached, news = out.scheduled_cached_reqs, out.scheduled_new_reqs
@@ -134,7 +141,7 @@ def install(tap: StepTap) -> bool:
         finally:
             tap._in_update = False
         if not tap.failed:
-            cpu, floor = _clock_start() if tap.measure else (0, 0)
+            cpu, floor = clock_start() if tap.measure else (0, 0)
             try:
                 end = perf_ns()
                 # tokens sampled per request, counted now in one C pass while vLLM's lists are
@@ -170,7 +177,7 @@ def install(tap: StepTap) -> bool:
     def traced_finish(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = finish(self, *args, **kwargs)
         if not tap.failed:
-            cpu, floor = _clock_start() if tap.measure else (0, 0)
+            cpu, floor = clock_start() if tap.measure else (0, 0)
             try:  # an abort from the frontend, outside a step: its end goes out now
                 if not tap._in_update and held and held[-1][0] == FINISHED:
                     tap.send(not self.requests)
