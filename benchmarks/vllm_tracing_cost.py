@@ -37,8 +37,13 @@ model step that no longer streams 270 MB of weights through the CPU's caches, as
 whose model runs on a GPU, where the engine thread's caches hold vLLM's own code and objects.
 What the plugin's per-step work costs depends on that (docs/spans.md "vLLM", cost).
 
+``--gc`` starts both sides with vLLM's GC debugger (``VLLM_GC_DEBUG=1``) and sums, per round,
+the engine core's garbage collections during the load: the rows the plugin holds keep
+vLLM's per-step lists alive past the young generation, where the collector walks them
+(the debugger's own cost, ``gc.get_objects`` per collection, is in its times).
+
 Run:  .venv/bin/python benchmarks/vllm_tracing_cost.py [--rounds 1] [--concurrency 8 32]
-      [--max-tokens 16] [--requests-per-stream 2] [--model smollm2|tiny]
+      [--max-tokens 16] [--requests-per-stream 2] [--model smollm2|tiny] [--gc]
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -57,6 +63,7 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
+_GC_LINE = re.compile(r"GC took ([0-9.]+)ms to complete\. Collected \S+ objects \(out of \d+\) in GC generation (\d)")
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 PORT = 18767
 
@@ -126,8 +133,22 @@ def _load_average() -> float:
     return os.getloadavg()[0]
 
 
-def _start(model: Path, plugin: bool, spans: Path, log: Path) -> subprocess.Popen[bytes]:
+def _gc_ms(log: Path, offset: int) -> tuple[int, float, dict[int, float]]:
+    """vLLM's GC debugger lines (VLLM_GC_DEBUG=1) written to ``log`` after byte ``offset``:
+    (collections, ms in all, ms per generation)."""
+    with log.open("rb") as lines:
+        lines.seek(offset)
+        found = _GC_LINE.findall(lines.read().decode("utf-8", "replace"))
+    per: dict[int, float] = {}
+    for ms, generation in found:
+        per[int(generation)] = per.get(int(generation), 0.0) + float(ms)
+    return len(found), sum(per.values()), per
+
+
+def _start(model: Path, plugin: bool, spans: Path, log: Path, gc_debug: bool = False) -> subprocess.Popen[bytes]:
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1"}
+    if gc_debug:
+        env["VLLM_GC_DEBUG"] = "1"
     env.pop("TOKENTRACE_VLLM_TRACING", None)
     if plugin:
         env.update({"TOKENTRACE_VLLM_TRACING": "1", "TOKENTRACE_OTLP_JSON": str(spans),
@@ -208,6 +229,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--requests-per-stream", type=int, default=2)
+    parser.add_argument("--gc", action="store_true",
+                        help="both sides with VLLM_GC_DEBUG=1: the engine core's garbage collections per round")
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2",
                         help="smollm2 (default) or tiny: tokentrace's 0.1 MB random Llama, a model step "
                              "that leaves the CPU caches to vLLM, as on a GPU host")
@@ -223,13 +246,15 @@ def main() -> None:
     results: dict[tuple[bool, int], list[tuple[float, float]]] = {}
     own: dict[int, list[tuple[float, float]]] = {}  # concurrency -> (hooks, exporter process) µs per token
     loads: list[float] = []
+    gc_us: dict[tuple[bool, int], list[float]] = {}  # (plugin, concurrency) -> GC µs per token (--gc)
     with tempfile.TemporaryDirectory(prefix="vllm-cost-") as tmp:
         if args.model == "tiny":
             model = _tiny_model(Path(tmp) / "tiny-llama")
         print(f"model: {args.model} ({model.name})", flush=True)
         for index, plugin in enumerate(order):
             spans = Path(tmp) / f"spans-{index}.jsonl"
-            server = _start(model, plugin, spans, Path(tmp) / f"server-{index}.log")
+            log = Path(tmp) / f"server-{index}.log"
+            server = _start(model, plugin, spans, log, args.gc)
             try:
                 core = _engine_core_pid(server.pid)
                 _load(4, 4, args.max_tokens)  # warm-up
@@ -238,6 +263,7 @@ def main() -> None:
                 for concurrency in args.concurrency:
                     child_before = _settled_cpu_s(child) if plugin else 0.0
                     before = _cpu_s(core)
+                    log_at = log.stat().st_size
                     tokens, wall = _load(concurrency, concurrency * args.requests_per_stream, args.max_tokens)
                     time.sleep(0.5)  # the engine's idle send
                     cpu = _cpu_s(core) - before
@@ -264,6 +290,11 @@ def main() -> None:
                         if now["dropped_spans"] or now["dropped_steps"]:
                             print(f"  dropped: {now['dropped_spans']} spans, {now['dropped_steps']} steps")
                         last = now
+                    if args.gc:
+                        count, ms, per = _gc_ms(log, log_at)
+                        gc_us.setdefault((plugin, concurrency), []).append(ms * 1e3 / tokens)
+                        detail += (f"\n    GC (vLLM's debugger): {count} collections, {ms * 1e3 / tokens:.2f} µs per "
+                                   f"token ({', '.join(f'gen {g} {t:.1f} ms' for g, t in sorted(per.items()))})")
                     print(f"r{index + 1}/{len(order)} {'on ' if plugin else 'off'} c={concurrency}: "
                           f"{tokens / wall:6.1f} tok/s; µs/token core {cpu / tokens * 1e6:.1f}{extra}; "
                           f"load {load:.2f}{detail}", flush=True)
@@ -282,6 +313,11 @@ def main() -> None:
         child = statistics.median(c for _, c in own[concurrency])
         print(f"{concurrency:>3}  {off_rate:9.1f}  {on_rate:9.1f}  {on_rate / off_rate:5.3f}  {off_cpu:8.1f}  "
               f"{on_cpu:8.1f}  {on_cpu - off_cpu:6.1f}  {hooks:5.2f}  {child:8.1f}")
+    for concurrency in args.concurrency if args.gc else []:
+        off_gc = statistics.median(gc_us[(False, concurrency)])
+        on_gc = statistics.median(gc_us[(True, concurrency)])
+        print(f"c={concurrency}: GC in the engine core {off_gc:.2f} µs per token off, {on_gc:.2f} on\n"
+              f"      (medians; vLLM's GC debugger, its own cost included)")
 
 
 if __name__ == "__main__":
