@@ -11,10 +11,11 @@
 --   request_metrics, gaps from view request_gap_times.
 --   Prefix cache (engines that report gen_ai.usage.cache_read.input_tokens, e.g. tokentrace's
 --   continuous engine): ttft_ms_prefix_cache_hit / ttft_ms_prefix_cache_miss are the TTFT
---   distribution over the requests with cached_tokens > 0 / = 0 (no row for a perspective
---   without such a request, as itl_*); prefix_cache_hit_share is one figure in mean: cached
---   prompt tokens / input tokens over the requests reporting both (count those requests,
---   null_count the others), NULL with its reason when none reports cached tokens.
+--   distribution over the requests reporting both cached and input tokens (request_metrics'
+--   cache_reporting, the rule window.sql uses too) with cached_tokens > 0 / = 0 (no row for a
+--   perspective without such a request, as itl_*); prefix_cache_hit_share is one figure in
+--   mean: cached prompt tokens / input tokens over those requests (count them, null_count the
+--   others), NULL with its reason when none reports cached tokens.
 -- param: $perspective VARCHAR default NULL -- client, server or engine; NULL = every perspective
 -- param: $include_unsuccessful BOOLEAN default false -- also count failed and cancelled requests (default: succeeded only, as vLLM's benchmark)
 -- units: ttft_ms, tpot_ms, e2e_ms, itl_ms, itl_per_token_ms milliseconds; *_per_second tokens
@@ -54,19 +55,18 @@ vals AS (
     UNION ALL
     SELECT perspective, 7, whole_request_output_tokens_per_second FROM req
     UNION ALL
-    SELECT perspective, 8, ttft_ms FROM req WHERE cached_tokens > 0
+    SELECT perspective, 8, ttft_ms FROM req WHERE cache_reporting AND cached_tokens > 0
     UNION ALL
-    SELECT perspective, 9, ttft_ms FROM req WHERE cached_tokens = 0
+    SELECT perspective, 9, ttft_ms FROM req WHERE cache_reporting AND cached_tokens = 0
 ),
 -- the token share: one ratio of sums per perspective, over the requests that report both
 cache_share AS (
     SELECT
         10 AS metric_order,
         perspective,
-        count(*) FILTER (WHERE cached_tokens IS NOT NULL AND input_tokens > 0) AS count,
-        count(*) - count(*) FILTER (WHERE cached_tokens IS NOT NULL AND input_tokens > 0) AS null_count,
-        sum(cached_tokens) FILTER (WHERE input_tokens > 0)
-            / sum(input_tokens) FILTER (WHERE cached_tokens IS NOT NULL AND input_tokens > 0) AS mean
+        count(*) FILTER (WHERE cache_reporting) AS count,
+        count(*) - count(*) FILTER (WHERE cache_reporting) AS null_count,
+        sum(cached_tokens) FILTER (WHERE cache_reporting) / sum(input_tokens) FILTER (WHERE cache_reporting) AS mean
     FROM req
     GROUP BY perspective
 ),

@@ -19,8 +19,9 @@
 --   events, ...); request_counting_rule says what attempted counts and which requests a
 --   source cannot show (vLLM: no span for aborted or rejected requests).
 --   Prefix cache: prefix_cache_hit_share = cached prompt tokens / input tokens over the
---   counted requests that report both (gen_ai.usage.cache_read.input_tokens, e.g. tokentrace's
---   continuous engine), prefix_cache_hit_requests those with cached_tokens > 0;
+--   counted requests that report both (request_metrics' cache_reporting, the rule summary.sql
+--   uses too; gen_ai.usage.cache_read.input_tokens, e.g. tokentrace's continuous engine),
+--   prefix_cache_hit_requests those of them with cached_tokens > 0;
 --   prefix_cache_note says why the share is NULL.
 -- param: $window_start_ns BIGINT default NULL -- window start (inclusive); NULL = earliest s
 -- param: $window_end_ns BIGINT default NULL -- window end (inclusive); NULL = latest request end
@@ -58,6 +59,7 @@ req AS (
         output_tokens_basis,
         input_tokens,
         cached_tokens,
+        cache_reporting,
         source,
         visible_chunks,
         ttft_ms,
@@ -118,10 +120,10 @@ totals AS (
             AS output_tokens_bases,
         count(*) FILTER (WHERE tokens_count AND visible_chunks = 0 AND output_tokens > 0) AS requests_without_chunks,
         count(*) FILTER (WHERE source = 'vllm') AS vllm_requests,
-        count(*) FILTER (WHERE cached_tokens IS NOT NULL AND input_tokens > 0) AS cache_reporting_requests,
-        count(*) FILTER (WHERE cached_tokens > 0) AS cache_hit_requests,
-        sum(cached_tokens) FILTER (WHERE input_tokens > 0) AS cached_prompt_tokens,
-        sum(input_tokens) FILTER (WHERE cached_tokens IS NOT NULL AND input_tokens > 0) AS cache_reporting_input_tokens
+        count(*) FILTER (WHERE cache_reporting) AS cache_reporting_requests,
+        count(*) FILTER (WHERE cache_reporting AND cached_tokens > 0) AS cache_hit_requests,
+        sum(cached_tokens) FILTER (WHERE cache_reporting) AS cached_prompt_tokens,
+        sum(input_tokens) FILTER (WHERE cache_reporting) AS cache_reporting_input_tokens
     FROM counted
 )
 SELECT

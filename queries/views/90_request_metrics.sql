@@ -33,6 +33,9 @@ SELECT
     end_ns,
     input_tokens,
     cached_tokens,  -- prompt tokens served from a prefix cache; NULL: the source reports none
+    -- the one rule for prefix-cache figures (summary, window): the request reports cached
+    -- tokens and has input tokens to share them with
+    cached_tokens IS NOT NULL AND coalesce(input_tokens, 0) > 0 AS cache_reporting,
     output_tokens,
     generated_tokens,
     visible_chunks,
