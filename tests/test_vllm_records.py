@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -274,6 +276,28 @@ def _otlp_json_spans(path: Path) -> list[tuple[str, dict[str, Any]]]:
     return found
 
 
+def _exporter_pid(sink: Any, timeout_s: float = 20.0) -> int:
+    """The detached exporter process's pid (it comes with its first report)."""
+    deadline = time.monotonic() + timeout_s
+    while sink.exporter.pid is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sink.exporter.pid is not None, "no report from the exporter process"
+    return sink.exporter.pid
+
+
+def _gone(pid: int, timeout_s: float = 5.0) -> bool:
+    """The process ended (gone, or a zombie waiting for its new parent to reap it)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        time.sleep(0.05)
+    return False
+
+
 class _Taken:
     """What the hooks hold, as RecordSink takes it: one prepared send per flush."""
 
@@ -292,7 +316,7 @@ def test_through_a_real_exporter_process(tmp_path: Path) -> None:
     held = _Taken(_sends())
     sink = sink_module.RecordSink(["otlp_json"], str(out), held.take)
     nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + sink_module.EXPORTER_NICE)
-    assert os.getpriority(os.PRIO_PROCESS, sink.exporter.process.pid) == nice  # below the engine's priority
+    assert os.getpriority(os.PRIO_PROCESS, _exporter_pid(sink)) == nice  # below the engine's priority
     try:
         for i in range(4):
             sink.flush(idle=i == 3)  # one message each: far under FLUSH_BYTES
@@ -316,14 +340,16 @@ def test_close_sends_what_is_held(tmp_path: Path, capfd: pytest.CaptureFixture[s
     (a send waits up to 10 s): close() alone sends the held rows (_sends' first: steps 1-5
     updated, step 6 scheduled), and the exporter process exports their spans before it
     stops: every engine step and decode span of steps 1-5, as the direct path gives them;
-    step 6, never updated, and the three requests still running, said in a line each (by the
-    exporter process); nothing counted lost."""
+    step 6, never updated, said in a line (by the exporter process); the three requests
+    still running end as failed at the last step's end (error.type shutdown), so their
+    engine_request spans are exported and no prefill or decode span is left without its
+    parent; nothing counted lost."""
     out = tmp_path / "spans.jsonl"
     sink = sink_module.RecordSink(["otlp_json"], str(out), _Taken(_sends()[:1]).take)
     sink.close()
     said = capfd.readouterr().err
     assert "1 vLLM engine steps scheduled and never updated" in said
-    assert "3 vLLM requests still running at shutdown" in said  # A, B, C: their ends were not held
+    assert "3 vLLM requests still running at shutdown: ended as failed" in said  # A, B, C: no end held
     assert sink.sends == 1 and sink.lost_steps == 0
     assert sum(c.dropped + c.failed for c in sink.exporter.counts()) == 0
     spans = _otlp_json_spans(out)
@@ -335,6 +361,18 @@ def test_close_sends_what_is_held(tmp_path: Path, capfd: pytest.CaptureFixture[s
     assert steps(spans, "engine_step") == [1, 2, 3, 4, 5]
     assert steps(spans, "decode") == [k for k in steps(direct, "decode") if k <= 5]
     assert len(steps(spans, "decode")) == 7  # B at 2; A and B at 3; A and C at 4 and 5 (B recomputes)
+    raw = [span for line in out.read_text().splitlines() for rs in json.loads(line)["resourceSpans"]
+           for ss in rs["scopeSpans"] for span in ss["spans"]]
+    requests = {span["spanId"]: span for span in raw if span["name"] == "engine_request"}
+    step5_end = max(int(span["endTimeUnixNano"]) for span in raw if span["name"] == "engine_step")
+    ended = sorted((a["gen_ai.request.id"], a["error.type"], a["gen_ai.response.finish_reasons"], r["status"]["code"],
+                    int(r["endTimeUnixNano"]) == step5_end)
+                   for r in requests.values() for a in [{x["key"]: next(iter(x["value"].values()))
+                                                         for x in r["attributes"]}])
+    shut = ("shutdown", {"values": [{"stringValue": "error"}]}, 2, True)
+    assert ended == [("chatcmpl-a", *shut), ("chatcmpl-b", *shut), ("cmpl-c-0", *shut)], ended
+    children = [span for span in raw if span["name"] in ("queue", "prefill", "decode")]
+    assert children and all(span["parentSpanId"] in requests for span in children)
 
 
 def test_close_is_bounded_when_the_exporter_process_hangs(caplog: pytest.LogCaptureFixture) -> None:
@@ -343,14 +381,14 @@ def test_close_is_bounded_when_the_exporter_process_hangs(caplog: pytest.LogCapt
     the spans it could not account for."""
     held = _Taken([[_header(0)] + [row for _, *rows in _sends() for row in rows]])
     sink = sink_module.RecordSink(["none"], None, held.take)
-    pid = sink.exporter.process.pid
+    pid = _exporter_pid(sink)
     os.kill(pid, signal.SIGSTOP)
     start = time.monotonic()
     with caplog.at_level("WARNING", logger="tokentrace.vllm"):
         sink.close()
     elapsed = time.monotonic() - start
     assert 2.5 < elapsed < 4.6, elapsed  # waited for the child's report (3 s), then killed it
-    assert sink.exporter.process.poll() is not None
+    assert _gone(pid)
     assert "vLLM spans not exported" in caplog.text, caplog.text
 
 
@@ -535,3 +573,61 @@ def test_the_self_timing_floor_comes_from_two_warm_clock_reads(monkeypatch: pyte
     reads = iter([1_000, 10_000, 10_300])
     monkeypatch.setattr(hooks.time, "thread_time_ns", lambda: next(reads))
     assert hooks.clock_start() == (10_300, 300)
+
+
+_KILLED_ENGINE = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import test_vllm_records as t
+from instrument.vllm import sink as sink_module
+sink = sink_module.RecordSink(["otlp_json"], sys.argv[2], t._Taken(t._sends()[:1]).take)
+sink.flush()
+t._exporter_pid(sink)
+print("sent", flush=True)
+time.sleep(120)
+"""
+
+
+def _process_tree(pid: int) -> list[int]:
+    """``pid``'s descendants, as vLLM's ``kill_process_tree`` finds them (psutil: by parent pid)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def test_the_exporter_outlives_an_engine_core_killed_with_its_process_tree(tmp_path: Path) -> None:
+    """vLLM's default stop (``--shutdown-timeout 0``): SIGTERM, then at once SIGKILL to the
+    engine core and every descendant (``kill_process_tree``), before any handler or the plugin's
+    close can run. The exporter process, detached, is not among them: it builds what was sent,
+    ends the three requests still open as failed (error.type shutdown), exports, says why in
+    two lines and exits; what the engine had not sent is lost (said)."""
+    out = tmp_path / "spans.jsonl"
+    engine = subprocess.Popen([sys.executable, "-c", _KILLED_ENGINE, str(Path(__file__).parent), str(out)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert engine.stdout is not None and engine.stdout.readline().strip() == "sent", engine.stderr
+        tree = _process_tree(engine.pid)
+        for pid in tree:  # (vLLM's order: the descendants, then the engine core)
+            os.kill(pid, signal.SIGKILL)
+        os.kill(engine.pid, signal.SIGKILL)
+        _, said = engine.communicate(timeout=30)  # the exporter holds stderr open until it exits
+    finally:
+        if engine.poll() is None:
+            engine.kill()
+    assert tree == [] or all(_gone(pid) for pid in tree)  # (the process started to fork it: gone already)
+    assert "ended without stopping its exporter process (killed?)" in said, said
+    assert "3 vLLM requests still running at shutdown: ended as failed" in said, said
+    spans = _otlp_json_spans(out)
+    assert sorted((a["gen_ai.request.id"], a["error.type"]) for n, a in spans if n == "engine_request") == \
+        [("chatcmpl-a", "shutdown"), ("chatcmpl-b", "shutdown"), ("cmpl-c-0", "shutdown")]
+    assert sorted(int(a["tokentrace.engine.step"]) for n, a in spans if n == "engine_step") == [1, 2, 3, 4, 5]

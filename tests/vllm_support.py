@@ -285,3 +285,47 @@ class VllmRun:
             proc.wait(10)
         if hasattr(self, "log"):
             self.log.close()
+
+
+# the SIGTERM run: long streams (ignore_eos) still running when vLLM is stopped
+SIGTERM_STREAMS = 4
+SIGTERM_MAX_TOKENS = 400
+
+
+def drive_until_sigterm(run: "VllmRun", sent: Any) -> dict[str, Any]:
+    """SIGTERM_STREAMS streams of SIGTERM_MAX_TOKENS tokens; once ``sent()`` is true (polled
+    every 0.5 s, at most 120 s), SIGTERM the server (vLLM's default ``--shutdown-timeout 0``:
+    its engine core and every descendant are killed at once). A client gives up 10 s after its
+    last chunk (the server then has no engine left), so the server's HTTP side can close.
+    Returns the client record (chunks read per request)."""
+    import httpx
+
+    started = threading.Barrier(SIGTERM_STREAMS + 1)
+    read: dict[str, int] = {}
+
+    def one(i: int) -> None:
+        rid = f"tt-sigterm-{i}"
+        body = {"model": "smollm2", "messages": [{"role": "user", "content": f"Tell story number {i}."}],
+                "max_tokens": SIGTERM_MAX_TOKENS, "ignore_eos": True, "stream": True}
+        started.wait()
+        try:
+            with httpx.Client(timeout=httpx.Timeout(300, read=10)) as client, \
+                    client.stream("POST", f"{run.base}/v1/chat/completions", json=body,
+                                  headers={"X-Request-Id": rid}) as resp:
+                for line in resp.iter_lines():
+                    if line.startswith("data: {"):
+                        read[f"chatcmpl-{rid}"] = read.get(f"chatcmpl-{rid}", 0) + 1
+        except httpx.HTTPError:
+            pass  # the stream cut: what the test is about
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(SIGTERM_STREAMS)]
+    for t in threads:
+        t.start()
+    started.wait()
+    deadline = time.monotonic() + 120
+    while not sent() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    run.procs[-1].send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join(60)
+    return {"chunks": read}

@@ -29,6 +29,15 @@ engine roots and ``every:N`` differ), the gateway's forwarded spans
 (instrument/records/span_forward.py) count exactly.
 If the child dies, serving goes on, one error line says tracing stopped, and no restart
 is attempted (sequences in flight would have lost their OPEN entries).
+
+``detach=True`` (the vLLM plugin's): the child forks once more at start and the process
+started exits, so the exporter is no longer a descendant of the serving process. vLLM
+stops its engine core by SIGKILL to the whole process tree (``kill_process_tree``; with its
+default ``--shutdown-timeout 0`` right after SIGTERM, before any handler runs); a detached
+exporter outlives that, sees both sockets close, builds what was sent, ends what was still
+open (the builder's ``close()``), exports, says in one line that the sender ended without
+stopping it, and exits within ~5 s. Its liveness is then its control socket, and its pid
+comes in its reports.
 """
 
 from __future__ import annotations
@@ -103,7 +112,7 @@ def _child_main(sock: socket.socket, control: _Control, settings: dict[str, Any]
 
     def report(final: bool = False, flushed: int | None = None) -> None:
         counts = [c.as_dict() for c in export_health(provider)]
-        control.send({"counts": counts, "received": received, "malformed": malformed,
+        control.send({"pid": os.getpid(), "counts": counts, "received": received, "malformed": malformed,
                       "malformed_units": malformed_units,
                       "unknown_slots": builder.unknown_slots, "final": final, "flushed": flushed})
 
@@ -113,6 +122,8 @@ def _child_main(sock: socket.socket, control: _Control, settings: dict[str, Any]
         try:
             n = sock.recv_into(buf, 0, socket.MSG_DONTWAIT)
         except BlockingIOError:
+            return False
+        except ConnectionResetError:  # (the sender was killed with messages unread: they were read first)
             return False
         if n == 0:
             return False
@@ -130,6 +141,7 @@ def _child_main(sock: socket.socket, control: _Control, settings: dict[str, Any]
     sock_fd, control_fd = sock.fileno(), control.sock.fileno()
     waiter.register(sock_fd, select.POLLIN)
     waiter.register(control_fd, select.POLLIN)
+    report()  # at once: a detached child's pid reaches the parent this way
     last = time.monotonic()
     stop_timeout = None
     while stop_timeout is None:
@@ -142,8 +154,11 @@ def _child_main(sock: socket.socket, control: _Control, settings: dict[str, Any]
         if control_fd in ready:
             try:
                 order = control.recv()
-            except EOFError:  # the serving process is gone: flush what came and leave
-                order = {"stop": 5.0}
+            except (EOFError, ConnectionResetError):  # the serving process is gone: flush what came and leave
+                order = {"stop": 5.0, "orphaned": True}
+                LOGGER.warning("tokentrace: the process that sent spans (pid %d) ended without stopping its exporter "
+                               "process (killed?): exporting what it sent; what it had not sent is lost",
+                               settings.get("sender_pid", 0))
             if "flush" in order:  # everything sent before the order, built and exported
                 while drain():
                     pass
@@ -162,15 +177,20 @@ def _child_main(sock: socket.socket, control: _Control, settings: dict[str, Any]
     done = threading.Event()
     threading.Thread(target=lambda: (provider.shutdown(), done.set()), daemon=True).start()
     done.wait(max(0.1, deadline - time.monotonic()))
-    report(final=True)
+    try:
+        report(final=True)
+    except OSError:  # nobody left to read it (orphaned)
+        pass
 
 
 class ExporterProcess:
     """The parent's side: the socket the engine thread sends on, the child, its counts."""
 
     def __init__(self, resource_attributes: dict[str, Any], exporters: list[str], json_path: str | None = None,
-                 name: str = "exporter-process", endpoint: str | None = None, protocol: str | None = None) -> None:
+                 name: str = "exporter-process", endpoint: str | None = None, protocol: str | None = None,
+                 detach: bool = False, nice: int = 0) -> None:
         self.name = name
+        self.detached = detach  # the child forks and the process started exits (module docstring)
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         parent_sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
         child_sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SEND_BUFFER_BYTES)
@@ -179,7 +199,8 @@ class ExporterProcess:
         control, child_control = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._control = _Control(control)
         settings = {"resource": {k: v for k, v in resource_attributes.items()}, "exporters": list(exporters),
-                    "json_path": json_path, "endpoint": endpoint, "protocol": protocol, "records_fd": child_sock.fileno(), "control_fd": child_control.fileno()}
+                    "json_path": json_path, "endpoint": endpoint, "protocol": protocol, "records_fd": child_sock.fileno(),
+                    "control_fd": child_control.fileno(), "detach": detach, "sender_pid": os.getpid(), "nice": nice}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "instrument.records.exporter_process", json.dumps(settings)],
             pass_fds=(child_sock.fileno(), child_control.fileno()), start_new_session=True)
@@ -193,6 +214,7 @@ class ExporterProcess:
         self._stopped = False
         self._flushes = 0
         self._flushed = threading.Condition()
+        self._pid: int | None = None if detach else self.process.pid  # (detached: from its first report)
         self._monitor = threading.Thread(target=self._watch, name="tokentrace-exporter-watch", daemon=True)
         self._monitor.start()
 
@@ -247,7 +269,16 @@ class ExporterProcess:
         with self._flushed:  # a flush() waiting on the dead child returns now, not at its timeout
             self._flushed.notify_all()
         LOGGER.error("tokentrace: tracing stopped: the span exporter process (pid %s) %s; serving goes on, "
-                     "the spans sent after this are counted as dropped", self.process.pid, why)
+                     "the spans sent after this are counted as dropped", self.pid, why)
+
+    @property
+    def pid(self) -> int | None:
+        """The exporter process's pid (detached: None until its first report, ~0.5 s)."""
+        return self._pid
+
+    def _alive(self) -> bool:
+        """The child still runs (detached: its control socket is open and it was not killed)."""
+        return not self.dead if self.detached else self.process.poll() is None
 
     def _watch(self) -> None:
         while not self._stopped:
@@ -255,13 +286,19 @@ class ExporterProcess:
                 if self._control.poll(0.2):
                     report = self._control.recv()
                     self._report = report
+                    self._pid = report.get("pid", self._pid)
                     if report.get("flushed") is not None:
                         with self._flushed:
                             self._flushed.notify_all()
                     if report.get("final"):
                         return
-            except (EOFError, OSError, ValueError):
-                pass
+            except (EOFError, OSError, ValueError) as exc:
+                if self.detached and isinstance(exc, (EOFError, OSError)) and not self._stopped:
+                    self._died("closed its socket")  # (detached: no process of ours to poll)
+                    return
+            if self.detached:
+                self.process.poll()  # reaps the process started, which exits once it has forked
+                continue
             if self.process.poll() is not None and not self._stopped:
                 self._died(f"exited with code {self.process.returncode}")
                 return
@@ -297,13 +334,13 @@ class ExporterProcess:
 
     def health(self) -> dict[str, Any]:
         """For /health: alive or not, and what was dropped on the way."""
-        return {"pid": self.process.pid, "alive": self.process.poll() is None, "dead": self.dead,
+        return {"pid": self.pid, "alive": self._alive(), "dead": self.dead,
                 "dropped_messages": self.dropped_messages, "dropped_spans": self.dropped_units,
                 "malformed_messages": self._report.get("malformed", 0)}
 
     def stop(self, timeout_s: float = 10.0) -> list[ExportCounts]:
         """Ask the child to drain, flush and report within ``timeout_s``; kill it past that."""
-        if not self.dead and self.process.poll() is None:
+        if not self.dead and self._alive():
             try:
                 self._control.send({"stop": max(0.5, timeout_s - 1.0)})
             except OSError:
@@ -315,6 +352,11 @@ class ExporterProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(1.0)
+        if self.detached and not self._report.get("final") and self._pid is not None:  # no final report in time
+            try:
+                os.kill(self._pid, signal.SIGKILL)
+            except OSError:
+                pass
         self._sock.close()
         self._control.sock.close()
         return self.counts()
@@ -355,6 +397,13 @@ class RecordSender:
 def main(argv: list[str]) -> int:
     """``python -m instrument.records.exporter_process SETTINGS_JSON`` (started by ExporterProcess)."""
     settings = json.loads(argv[0])
+    if settings.get("nice"):  # this much nicer than the sender (at most 19), before forking
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, min(19, os.getpriority(os.PRIO_PROCESS, 0) + int(settings["nice"])))
+        except OSError:
+            pass
+    if settings.pop("detach", False) and os.fork() > 0:  # the process started exits; its child goes on
+        os._exit(0)
     sock = socket.socket(fileno=settings.pop("records_fd"))
     control = _Control(socket.socket(fileno=settings.pop("control_fd")))
     _child_main(sock, control, settings)

@@ -136,8 +136,8 @@ def _start_pipeline(idle: bool) -> None:
     tap.on_shutdown = close  # vLLM's scheduler shutdown; atexit and multiprocessing's exit as fallbacks
     atexit.register(sink.close)
     multiprocessing.util.Finalize(sink, sink.close, exitpriority=10)
-    log.info("tokentrace: tracing vLLM scheduler steps; spans built in the exporter process pid %d (exporters: %s)",
-             sink.exporter.process.pid, ", ".join(_exporters()))
+    log.info("tokentrace: tracing vLLM scheduler steps; spans built in a detached exporter process (exporters: %s)",
+             ", ".join(_exporters()))
     send(idle)
 
 
@@ -150,7 +150,7 @@ def _write_stats(path: str, tap: Any, sink: Any) -> None:
              "stats_cpu_ns": tap.stats_cpu_ns,
              "schedule_cpu_ns": tap.schedule_cpu_ns, "send_cpu_ns": sink.send_cpu_ns, "pack_cpu_ns": sink.pack_cpu_ns,
              "socket_cpu_ns": sink.socket_cpu_ns, "free_cpu_ns": sink.free_cpu_ns, "sends": sink.sends,
-             "dropped_steps": tap.dropped_steps + sink.lost_steps, "exporter_pid": sink.exporter.process.pid,
+             "dropped_steps": tap.dropped_steps + sink.lost_steps, "exporter_pid": sink.exporter.pid,
              "sent_spans": sender.sent_units, "dropped_spans": sender.dropped_units,
              "dropped_messages": sender.dropped_messages}
     tmp = f"{path}.tmp"

@@ -144,15 +144,15 @@ class RecordConsumer:
             raise ValueError(f"vLLM step records: a row does not read ({type(exc).__name__}: {exc})") from None
 
     def close(self) -> None:
-        """Shutdown: end the open engine trace; say how many requests were still running (their
-        ``engine_request`` span, and the ``queue`` span of one never scheduled, stay unended:
-        never exported; their prefill and decode spans were) and how many steps were scheduled and never updated (an engine
-        error, or in flight at shutdown)."""
-        live = len(self.builder.live)
+        """Shutdown: end the requests still running as failed at the engine's last send (its
+        shutdown; :meth:`~instrument.vllm.spans.SpanBuilder.end_at_shutdown`: their
+        ``engine_request`` spans are exported, ``error.type`` ``shutdown``) and the open engine
+        trace; say in a line each how many requests were still running and how many steps
+        were scheduled and never updated (an engine error, or in flight at shutdown)."""
+        live = self.builder.end_at_shutdown(max(self.reader.sent_ns, self.builder.last_end_ns))
         if live:
-            log.warning("tokentrace: %d vLLM requests still running at shutdown: their engine_request spans not "
-                        "exported", live)
+            log.warning("tokentrace: %d vLLM requests still running at shutdown: ended as failed (error.type "
+                        "shutdown)", live)
         never = self.reader.let_go + len(self.reader._opened)
         if never:
             log.warning("tokentrace: %d vLLM engine steps scheduled and never updated: not traced", never)
-        self.builder.close_engine_trace()

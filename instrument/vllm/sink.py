@@ -1,8 +1,8 @@
 """The engine-core process's side of the vLLM records: pack, send in batches, stop.
 
 :class:`RecordSink` runs on vLLM's engine thread: it starts tokentrace's span exporter process
-(instrument/records/exporter_process.py, a child of the engine-core process, at nice
-+``EXPORTER_NICE``), packs the hooks' step rows with instrument/vllm/records.py's
+(instrument/records/exporter_process.py, started by the engine-core process, detached from
+its process tree, at nice +``EXPORTER_NICE``), packs the hooks' step rows with instrument/vllm/records.py's
 :func:`~instrument.vllm.records.pack` and sends them as channel-1 BLOB messages on a socket
 that never blocks; at shutdown it sends the rest and stops the child within ~4 s.
 """
@@ -10,7 +10,6 @@ that never blocks; at shutdown it sends the rest and stops the child within ~4 s
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
@@ -52,12 +51,12 @@ class RecordSink:
         # the resource setup_tracing gives (OTEL_RESOURCE_ATTRIBUTES, service name, instance id, host),
         # without building a provider in vLLM's process
         resource = dict(default_resource().attributes)
-        self.exporter = ExporterProcess(resource, exporters, json_path, name="vllm-exporter-process")
-        try:  # on a saturated host the exporter waits for vLLM, not the reverse (it catches up when idle)
-            nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + EXPORTER_NICE)
-            os.setpriority(os.PRIO_PROCESS, self.exporter.process.pid, nice)
-        except OSError:
-            pass
+        # nicer: on a saturated host the exporter waits for vLLM, not the reverse (it catches up
+        # when idle); detached: vLLM stops an engine core by SIGKILL to its whole process tree
+        # (at once on SIGTERM with its default --shutdown-timeout 0), and a detached exporter
+        # still exports what was sent and ends the requests left open (module docstring)
+        self.exporter = ExporterProcess(resource, exporters, json_path, name="vllm-exporter-process", detach=True,
+                                        nice=EXPORTER_NICE)
         self.sender = self.exporter.sender()
         self.writer = RecordWriter()
         self.measure = False  # time each send with the thread's CPU clock
@@ -123,9 +122,11 @@ class RecordSink:
     def close(self, timeout_s: float = 3.0) -> None:
         """Send the rest, let the exporter process build, export and report; log what was lost.
 
-        Bounded well inside vLLM's own: it kills an engine core (and its children, the
-        exporter process included) 5 s after asking it to stop; ``stop(3.0)`` takes at most
-        ~4 s."""
+        Runs at vLLM's scheduler shutdown: after a drain (``--shutdown-timeout N``), or an
+        engine error. ``stop(3.0)`` takes at most ~4 s, inside the ~5 s vLLM's process
+        manager grants when it has no timeout of its own; when vLLM kills the engine core
+        first (its default ``--shutdown-timeout 0``) this never runs, and the exporter
+        process, detached from the engine core's process tree, exports what was sent."""
         if self.closed:
             return
         self.closed = True

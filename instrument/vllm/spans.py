@@ -12,7 +12,8 @@ Per request (vLLM's request id; trace context = the ``traceparent`` vLLM receive
 - ``engine_request`` (INTERNAL): arrival .. end; a child of the received context (a sibling
   of vLLM's ``llm_request``), a root when there was none. ``gen_ai.request.id`` = the id
   ``llm_request`` carries (vLLM's request id without the 8 random characters the frontend
-  appends), usage, cached tokens, finish reason (``cancelled`` on abort), one
+  appends), usage, cached tokens, finish reason (``cancelled`` on abort; ``error``, status
+  ERROR and ``error.type`` ``shutdown`` when the engine shut down while it ran), one
   ``tokentrace.chunk`` event per generated token (at the end of the step that produced it),
   one ``tokentrace.preempted`` event per preemption.
 - below it ``queue`` (arrival .. start of the first step that scheduled it), ``prefill`` per
@@ -31,7 +32,7 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from instrument.span_writer import span_writer_for
@@ -88,6 +89,7 @@ class SpanBuilder:
         self.steps = 0  # scheduler steps consumed
         self.tokens = 0  # generated tokens seen (sampled in a step, for a live request)
         self.lost_requests = 0  # live requests forgotten at an idle engine (engine_idle)
+        self.last_end_ns = 0  # the latest step end consumed, ns since the epoch
 
     # -- the seam ---------------------------------------------------------------------------
     def consume(self, facts: StepFacts) -> None:
@@ -101,6 +103,7 @@ class SpanBuilder:
         if facts.step >= 0 and facts.n:
             self.steps += 1
             self._step(facts)
+            self.last_end_ns = max(self.last_end_ns, facts.end_ns)
         for req_id, blocks, time_ns in facts.preempted:
             rec = self.live.get(req_id)
             if rec is not None:
@@ -129,6 +132,19 @@ class SpanBuilder:
         if self.on_idle is not None:
             self.on_idle()
         return lost
+
+    def end_at_shutdown(self, end_ns: int) -> int:
+        """The engine shut down with requests still running (vLLM's scheduler shutdown, e.g.
+        SIGTERM mid-load: vLLM frees no request then). Each ends as failed: finish reason
+        ``error``, status ERROR, ``error.type`` ``shutdown``, at ``end_ns`` (ns since the
+        epoch; no earlier than its last step), so its ``engine_request`` span (and the
+        ``queue`` span of one never scheduled) is exported and its prefill and decode spans
+        keep their parent. Then the open ``engine`` root ends. Returns how many ended so."""
+        running = list(self.live)
+        for req_id in running:
+            self._finish(req_id, FINISHED_ERROR, end_ns, error_type="shutdown")
+        self.close_engine_trace()
+        return len(running)
 
     # -- requests ---------------------------------------------------------------------------
     def _arrive(self, req_id: str, arrival_s: float, headers: Any, prompt_tokens: int) -> None:
@@ -197,10 +213,14 @@ class SpanBuilder:
         step_attributes["tokentrace.batch.discarded_sequences"] = discarded_sequences
         self._engine_step(facts, step_attributes, prefill_sequences=sum(1 for i in range(n) if facts.prefill[i]))
 
-    def _finish(self, req_id: str, status: int, end_ns: int) -> None:
+    def _finish(self, req_id: str, status: int, end_ns: int, error_type: str | None = None) -> None:
         rec = self.live.pop(req_id, None)
         if rec is None:
             return
+        if error_type is not None:  # ended by the engine, not by vLLM's scheduler: after its last step
+            end_ns = max(end_ns, rec.emits[-1][0] if rec.emits else 0)
+            rec.span.set_attribute("error.type", error_type)
+            rec.span.set_status(Status(StatusCode.ERROR, f"the vLLM engine stopped ({error_type}) while it ran"))
         self._remember_ended(req_id)
         reason = _FINISH.get(status, "stop")
         last = len(rec.emits) - 1
