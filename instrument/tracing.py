@@ -283,7 +283,7 @@ def setup_tracing(
         _SETTINGS[provider] = {"exporters": [n for n in names if n != "none"],
                                "json_path": str(json_path if json_path is not None else _env(ENV_JSON_PATH) or "")
                                or None, "extra_exporters": len(span_exporters), "endpoint": endpoint,
-                               "protocol": protocol}
+                               "protocol": protocol, "built": bool(exporters)}
     except TypeError:  # pragma: no cover - SDK providers are weak-referenceable
         pass
     return provider
@@ -295,7 +295,8 @@ _SETTINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def exporter_settings(provider: object) -> dict[str, object] | None:
     """How ``setup_tracing`` made ``provider``'s exporters (names from ``EXPORTER_NAMES``, the
     OTLP-JSON path, how many extra exporter objects were given, the OTLP endpoint and protocol
-    given, None: from the ``OTEL_*`` variables), so that another process
+    given, None: from the ``OTEL_*`` variables; ``built``: exporters were made in this
+    process), so that another process
     can make the same ones (instrument/records/exporter_process.py); None for other providers."""
     try:
         return _SETTINGS.get(provider)

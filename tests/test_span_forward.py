@@ -196,3 +196,15 @@ def test_forward_spans_exports_from_the_exporter_process_only(tmp_path: Path) ->
     assert sp["name"] == "gateway" and sp["kind"] == 2
     assert [(e["timeUnixNano"], e["attributes"][0]["value"]["intValue"]) for e in sp["events"]] == [
         (str(at), str(index)) for index, _, _, at in CHUNKS]
+
+
+def test_forward_spans_refuses_a_provider_that_already_exports(tmp_path: Path) -> None:
+    """Exporters made in this process and forwarded too would export every span twice: refused,
+    with what to do, and no exporter process is started."""
+    provider = setup_tracing("forward-test", exporter=["otlp_json"], json_path=tmp_path / "spans.jsonl")
+    try:
+        with pytest.raises(ValueError, match="exported twice; make it with setup_tracing\\(..., make_exporters=False\\)"):
+            forward_spans(provider)
+        assert forwarder_of(provider) is None
+    finally:
+        provider.shutdown()

@@ -206,12 +206,18 @@ def forward_spans(tracer_provider: Any) -> Any:
     """Start the span exporter process for ``tracer_provider`` (exporters given by name to
     ``setup_tracing``, ideally with ``make_exporters=False``) and forward every span the
     provider finishes there; returns the ExporterProcess. ValueError when the provider's
-    exporters cannot be made again in another process."""
+    exporters cannot be made again in another process, or were already made in this one
+    (every span would be exported twice)."""
     from instrument.export_health import add_counts_source
     from instrument.records.exporter_process import ExporterProcess
+    from instrument.tracing import exporter_settings
 
     if tracer_provider in _PROCESSES:
         return _PROCESSES[tracer_provider][0]
+    if (exporter_settings(tracer_provider) or {}).get("built"):
+        raise ValueError("--span-export process: the tracer provider already exports from this process "
+                         "(setup_tracing made its exporters): forwarded too, every span would be exported "
+                         "twice; make it with setup_tracing(..., make_exporters=False)")
     exporter = ExporterProcess.for_provider(tracer_provider)
     forwarder = SpanForwarder(exporter, owns=True)
     tracer_provider.add_span_processor(forwarder)
