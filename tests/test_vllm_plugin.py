@@ -54,6 +54,7 @@ def test_rows_carry_vllms_own_step_objects() -> None:
     columns = ("req_ids", "tokens", "computed", "prefill", "blocks", "sampled")
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6, 7, -1]
     by_step = {r["step"]: r for r in records}
+    assert [by_step[k]["waiting"] for k in range(1, 8)] == [2] * 7  # vLLM's FCFS queue, read without its __len__
     want = {
         1: (["a"], [20], [0], [1], [2], [1]),
         # b new with 16 prompt tokens in the prefix cache (its first chunk, cached tokens 16)

@@ -15,6 +15,7 @@ import time
 from types import SimpleNamespace
 
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from vllm.v1.core.sched.request_queue import FCFSRequestQueue
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import ModelRunnerOutput
 
@@ -25,8 +26,9 @@ from instrument.vllm.steps import StepReader
 
 READERS: dict[StepTap, StepReader] = {}  # the exporter process's side of the tap
 NEXT: dict[str, SchedulerOutput] = {}  # what the stand-in schedule() returns next
-# the attributes of a Scheduler instance the wrappers read (requests: never empty, so no send is due)
-ENGINE = SimpleNamespace(current_step=0, waiting=[], requests={"live": None})
+# the attributes of a Scheduler instance the wrappers read (requests: never empty, so no send is
+# due; waiting: vLLM's default FCFS queue, two requests in it)
+ENGINE = SimpleNamespace(current_step=0, waiting=FCFSRequestQueue([None, None]), requests={"live": None})
 Scheduler.schedule = lambda self, *args, **kwargs: NEXT["out"]  # (replaced before install: wrapped)
 Scheduler.update_from_output = lambda self, scheduler_output, model_runner_output: {}
 SHUT: list[int] = []  # the stand-in shutdown's calls

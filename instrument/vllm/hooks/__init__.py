@@ -96,6 +96,9 @@ def install(tap: StepTap) -> bool:
 
     Call only after :func:`check_version` passed.
     """
+    from collections import deque
+
+    from vllm.v1.core.sched.request_queue import FCFSRequestQueue
     from vllm.v1.core.sched.scheduler import Scheduler
 
     if getattr(Scheduler, _MARK, None) is not None:
@@ -108,6 +111,9 @@ def install(tap: StepTap) -> bool:
     append, perf_ns = held.append, time.perf_counter_ns
     most, least = MAX_HELD, LEAST_HELD
     scheduled_kind, updated_kind = SCHEDULED, UPDATED
+    # the FCFS waiting queue (vLLM's default policy) is a deque whose __len__ is a Python method
+    # (super().__len__()): its C length is read directly, a Python call there costs µs
+    fcfs, deque_len = FCFSRequestQueue, deque.__len__
 
     # per step, each wrapper appends one row (instrument/vllm/records.py): a tuple of vLLM's own
     # per-step lists, dicts and sets, taken by reference, and a few ints. The rows are built
@@ -121,8 +127,9 @@ def install(tap: StepTap) -> bool:
             cpu, floor = clock_start() if tap.measure else (0, 0)
             try:
                 free = tap.free_queue or (tap.geometry(self) and tap.free_queue)
-                cached, news = out.scheduled_cached_reqs, out.scheduled_new_reqs
-                append((scheduled_kind, id(out), self.current_step, start, perf_ns(), len(self.waiting),
+                cached, news, waiting = out.scheduled_cached_reqs, out.scheduled_new_reqs, self.waiting
+                append((scheduled_kind, id(out), self.current_step, start, perf_ns(),
+                        deque_len(waiting) if type(waiting) is fcfs else len(waiting),
                         free.num_free_blocks, out.num_scheduled_tokens, new_rows(news) if news else None,
                         cached.req_ids, cached.resumed_req_ids, cached.new_block_ids, cached.num_computed_tokens,
                         cached.num_output_tokens))
