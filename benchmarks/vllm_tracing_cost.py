@@ -221,6 +221,25 @@ def _plugin_stats(spans: Path, tokens_before: int, wait_s: float = 10.0) -> dict
     raise SystemExit(f"vllm_tracing_cost: no plugin stats in {path}")
 
 
+def _exporter_pid(spans: Path, wait_s: float = 30.0) -> int:
+    """The pid of the exporter process writing ``spans`` (detached from the engine core, so
+    found by its command line, which names the file)."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                text = cmdline.read_bytes().decode(errors="replace")
+                state = (cmdline.parent / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if "instrument.records.exporter_process" in text and str(spans) in text and state != "Z":
+                time.sleep(1.0)  # (the process the engine core starts forks and exits: not that one)
+                if (cmdline.parent / "task").exists():
+                    return int(cmdline.parent.name)
+        time.sleep(0.2)
+    raise SystemExit(f"vllm_tracing_cost: no exporter process writing {spans}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -259,7 +278,7 @@ def main() -> None:
                 core = _engine_core_pid(server.pid)
                 _load(4, 4, args.max_tokens)  # warm-up
                 last = _plugin_stats(spans, 0) if plugin else {}
-                child = int(last["exporter_pid"]) if plugin else 0
+                child = _exporter_pid(spans) if plugin else 0
                 for concurrency in args.concurrency:
                     child_before = _settled_cpu_s(child) if plugin else 0.0
                     before = _cpu_s(core)

@@ -10,6 +10,7 @@ ends after the last step. Prints the records read, as one JSON line."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import time
 from types import SimpleNamespace
@@ -29,7 +30,11 @@ NEXT: dict[str, SchedulerOutput] = {}  # what the stand-in schedule() returns ne
 # the attributes of a Scheduler instance the wrappers read (requests: never empty, so no send is
 # due; waiting: vLLM's default FCFS queue, two requests in it)
 ENGINE = SimpleNamespace(current_step=0, waiting=FCFSRequestQueue([None, None]), requests={"live": None})
-Scheduler.schedule = lambda self, *args, **kwargs: NEXT["out"]  # (replaced before install: wrapped)
+# the signature the schedule wrapper repeats (instrument/vllm/hooks/__init__.py)
+SIGNATURE = inspect.signature(Scheduler.schedule)
+assert [(p.name, p.default) for p in SIGNATURE.parameters.values()] == [("self", inspect.Parameter.empty),
+                                                                      ("throttle_prefills", False)], SIGNATURE
+Scheduler.schedule = lambda self, throttle_prefills=False: NEXT["out"]  # (replaced before install: wrapped)
 Scheduler.update_from_output = lambda self, scheduler_output, model_runner_output: {}
 SHUT: list[int] = []  # the stand-in shutdown's calls
 Scheduler.shutdown = lambda self: SHUT.append(len(TAP.held))

@@ -123,7 +123,7 @@ def _child_main(sock: socket.socket, control: _Control, settings: dict[str, Any]
             n = sock.recv_into(buf, 0, socket.MSG_DONTWAIT)
         except BlockingIOError:
             return False
-        except ConnectionResetError:  # (the sender was killed with messages unread: they were read first)
+        except ConnectionResetError:  # the sender's end was reset: nothing more to read
             return False
         if n == 0:
             return False
@@ -155,7 +155,7 @@ def _child_main(sock: socket.socket, control: _Control, settings: dict[str, Any]
             try:
                 order = control.recv()
             except (EOFError, ConnectionResetError):  # the serving process is gone: flush what came and leave
-                order = {"stop": 5.0, "orphaned": True}
+                order = {"stop": 5.0}
                 LOGGER.warning("tokentrace: the process that sent spans (pid %d) ended without stopping its exporter "
                                "process (killed?): exporting what it sent; what it had not sent is lost",
                                settings.get("sender_pid", 0))
@@ -273,7 +273,8 @@ class ExporterProcess:
 
     @property
     def pid(self) -> int | None:
-        """The exporter process's pid (detached: None until its first report, ~0.5 s)."""
+        """The exporter process's pid (detached: None until its first report, sent once it has
+        started, ~1 s)."""
         return self._pid
 
     def _alive(self) -> bool:

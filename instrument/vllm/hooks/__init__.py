@@ -120,9 +120,11 @@ def install(tap: StepTap) -> bool:
     # here, inline from closure names: code run between two model steps finds the CPU's caches
     # cold, and a call to a helper function cost ~3 µs there (measured); what is read from the
     # lists waits for the send (marshal, in C, many steps at once)
-    def traced_schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
+    # vLLM 0.32's signature (tests/vllm_step_scenario.py checks it), not *args / **kwargs: no
+    # tuple and dict packed per step
+    def traced_schedule(self: Any, throttle_prefills: bool = False) -> Any:
         start = perf_ns()
-        out = schedule(self, *args, **kwargs)
+        out = schedule(self, throttle_prefills)
         if out.total_num_scheduled_tokens > 0 and not tap.failed:
             cpu, floor = clock_start() if tap.measure else (0, 0)
             try:
