@@ -8,8 +8,8 @@ run). On any other version it logs one line and vLLM runs untraced. Calling it t
 harmless.
 
 No span is built in vLLM's processes. On the first scheduler step the plugin starts tokentrace's
-span exporter process (instrument/records/exporter_process.py, a child of the engine-core
-process); from then on vLLM's engine thread holds one row per step and request event
+span exporter process (instrument/records/exporter_process.py, started by the engine-core
+process and detached from its process tree); from then on vLLM's engine thread holds one row per step and request event
 (vLLM's own per-step lists by reference, instrument/vllm/records.py) and, batched (whenever
 the engine goes idle, else at 512 rows, or 2 s after the last send once about 64 steps are
 held, or 10 s after it: instrument/vllm/sink.py says why), packs them with ``marshal`` and sends them as
@@ -17,8 +17,10 @@ channel-1 BLOB messages of about 32 KiB on a socket that never blocks; the expor
 reads them into step facts (instrument/vllm/steps.py) and builds the spans
 (instrument/vllm/spans.py). At vLLM's scheduler shutdown (or
 process exit) the plugin sends the rest and stops the child within ~4 s, logging one line
-with the spans lost if any. A dead exporter process: vLLM goes on,
-one error line, later spans counted as dropped.
+with the spans lost if any. When vLLM kills the engine core instead (its default
+``--shutdown-timeout 0`` on SIGTERM), the exporter, outside the killed tree, exports what
+was sent and ends the requests still running as failed (docs/spans.md "Stopping vLLM"). A
+dead exporter process: vLLM goes on, one error line, later spans counted as dropped.
 
 ``TOKENTRACE_VLLM_STATS=FILE``: whenever the engine goes idle, the plugin rewrites FILE with
 its own figures so far (JSON: ``steps`` updated with requests in them and ``tokens`` sampled
