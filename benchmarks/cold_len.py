@@ -71,7 +71,7 @@ def main() -> None:
             times[kind, "cold"].append(window(kind))
             window(kind)  # (warms it)
             times[kind, "warm"].append(window(kind))
-    print(f"{'window':<18} {'median':>8} {'q1':>8} {'q3':>8}   ns, net of the empty window's median")
+    print(f"{'window, ns':<18} {'median':>8} {'q1':>8} {'q3':>8}   (net of an empty window)")
     for warmth in ("cold", "warm"):
         base = statistics.median(times["empty", warmth])
         print(f"{'empty, ' + warmth:<18} {base:8.0f} {'':>8} {'':>8}   (not net)")

@@ -30,7 +30,8 @@ set, with ``schedule_cpu_ns`` and ``send_cpu_ns`` its parts in the schedule hook
 packing and sending, and of the latter ``pack_cpu_ns`` (marshal), ``socket_cpu_ns`` (spans
 counted, the socket) and ``free_cpu_ns`` (freeing what the rows held), ``sends``
 (messages); ``stats_cpu_ns``: writing this file, not in ``hook_cpu_ns``;
-``dropped_steps``: steps not sent because a hook or a send failed; ``exporter_pid``;
+``dropped_steps``: steps not sent because a hook or a send failed; ``exporter_pid`` (null
+until the detached exporter process's first report, ~1 s after the first step);
 ``sent_spans``, ``dropped_spans``, ``dropped_messages``; benchmarks/vllm_tracing_cost.py
 reads it). Steps scheduled and never updated are said by the
 exporter process, which pairs the rows, at its exit.
