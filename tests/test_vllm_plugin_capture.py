@@ -211,3 +211,38 @@ def test_builder_on_records_vllm_did_not_make_in_the_saved_runs() -> None:
     assert "prefill" not in spans and "decode" not in spans
     assert spans["engine_step"].attributes["tokentrace.batch.discarded_tokens"] == 20
     assert spans["engine_step"].attributes["tokentrace.batch.discarded_sequences"] == 1
+
+
+def test_prefix_cache_figures_count_the_same_requests(tmp_path: Path) -> None:
+    """summary's TTFT hit/miss rows and share and window's hit requests and share follow one
+    rule (request_metrics.cache_reporting: cached and input tokens both reported). The saved
+    run as written, then with the input tokens taken off its one prefix-cache hit (the repeated
+    prompt, 384 cached): that request leaves every cache figure, not only the share."""
+    import json
+
+    from analyzer.db.store import connect
+    from analyzer.formats.load import load_paths
+    from analyzer.query.runner import run_query
+
+    edited = tmp_path / "tokentrace.jsonl"
+    docs = [json.loads(line) for line in (RUN / "tokentrace.jsonl").read_text().splitlines() if line.strip()]
+    for span in (s for d in docs for rs in d["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]):
+        if span["name"] == "engine_request" and {"key": "gen_ai.request.id", "value": {
+                "stringValue": "chatcmpl-tt-plugin-repeat-1"}} in span["attributes"]:
+            span["attributes"] = [a for a in span["attributes"] if a["key"] != "gen_ai.usage.input_tokens"]
+    edited.write_text("".join(json.dumps(d) + "\n" for d in docs))
+
+    def figures(path: Path) -> tuple:
+        con = connect()
+        try:
+            load_paths(con, [str(path)])
+            window = run_query(con, "window").dicts()[0]
+            summary = {r["metric"]: r for r in run_query(con, "summary").dicts()}
+        finally:
+            con.close()
+        hit = summary.get("ttft_ms_prefix_cache_hit")
+        return (window["prefix_cache_hit_requests"], round(window["prefix_cache_hit_share"], 6),
+                hit["count"] if hit else None, summary["prefix_cache_hit_share"]["count"])
+
+    assert figures(RUN / "tokentrace.jsonl") == (1, round(384 / 1193, 6), 1, 9)
+    assert figures(edited) == (0, 0.0, None, 8)
