@@ -144,6 +144,26 @@ class DirectSpanWriter:
             limits.max_span_attributes, attributes, immutable=True, max_value_len=limits.max_span_attribute_length
         )
 
+    def _decide(self, key: Any, parent: Context, trace_id: int, name: str,
+                attributes: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """(the sampler's decision for a span named ``name`` under ``parent``, the attributes
+        the sampler adds of its own). The decision is taken once per ``key`` (parent span,
+        name) and reused for that parent's later spans of the name. What the sampler hands back
+        holds the attributes it was given (the SDK's static and parent-based samplers return
+        them whole): only the keys it added or changed are kept with the decision, so a later
+        span never takes the first span's attributes as its own."""
+        cached = self._decisions.get(key) if key is not None else None
+        if cached is not None:
+            return cached
+        sampling = self.sampler.should_sample(parent, trace_id, name, SpanKind.INTERNAL, attributes, ())
+        missing = object()
+        extra = {k: v for k, v in (sampling.attributes or {}).items() if attributes.get(k, missing) != v}
+        if key is not None:
+            if len(self._decisions) > 64:
+                self._decisions.clear()
+            self._decisions[key] = (sampling, extra)
+        return sampling, extra
+
     def _within_limits(self, attributes: dict[str, Any], *, strings: bool = True) -> bool:
         """Whether the span limits would leave ``attributes`` as they are: no more keys than
         ``max_span_attributes`` and no string (alone or in a sequence) longer than
@@ -178,20 +198,15 @@ class DirectSpanWriter:
         # The standard samplers decide on parent, trace id and name, never on per-step
         # attributes: one decision per (parent, name) serves every decode step of a sequence.
         key = (parent_span_context.span_id, name) if parent_span_context is not None else None
-        sampling = self._decisions.get(key) if key is not None else None
-        if sampling is None:
-            sampling = self.sampler.should_sample(parent, trace_id, name, SpanKind.INTERNAL, attributes, ())
-            if len(self._decisions) > 64:
-                self._decisions.clear()
-            self._decisions[key] = sampling
+        sampling, extra = self._decide(key, parent, trace_id, name, attributes)
         flags = trace.TraceFlags(trace.TraceFlags.SAMPLED if sampling.decision.is_sampled() else trace.TraceFlags.DEFAULT)
         context = trace.SpanContext(
             trace_id, self.id_generator.generate_span_id(), is_remote=False, trace_flags=flags,
             trace_state=sampling.trace_state,
         )
         if sampling.decision.is_recording():
-            if sampling.attributes:
-                attributes = {**sampling.attributes, **attributes}
+            if extra:
+                attributes = {**extra, **attributes}
             event_list: BoundedList | LazyEvents | tuple[()] = ()
             max_events = self.limits.max_events
             if isinstance(events, LazyEvents) and (max_events is None or len(events) <= max_events):
@@ -231,16 +246,11 @@ class DirectSpanWriter:
             return 0
         trace_id = parent_span_context.trace_id
         key = (parent_span_context.span_id, name)
-        sampling = self._decisions.get(key)
-        if sampling is None:
-            sampling = self.sampler.should_sample(parent, trace_id, name, SpanKind.INTERNAL, first[0], ())
-            if len(self._decisions) > 64:
-                self._decisions.clear()
-            self._decisions[key] = sampling
+        sampling, extra = self._decide(key, parent, trace_id, name, first[0])
         if not sampling.decision.is_recording():
             return 1 + sum(1 for _ in iterator)
         flags = trace.TraceFlags(trace.TraceFlags.SAMPLED if sampling.decision.is_sampled() else trace.TraceFlags.DEFAULT)
-        trace_state, extra = sampling.trace_state, sampling.attributes
+        trace_state = sampling.trace_state
         new_span_id, span_context, readable = self.id_generator.generate_span_id, trace.SpanContext, ReadableSpan
         resource, scope, internal, bounded = self.resource, self.scope, SpanKind.INTERNAL, self._bounded
         spans = []
@@ -279,19 +289,14 @@ class DirectSpanWriter:
         trace_id = parent_span_context.trace_id
         key = (parent_span_context.span_id, name)
         first = attributes_of(steps[0])
-        sampling = self._decisions.get(key)
-        if sampling is None:
-            sampling = self.sampler.should_sample(parent, trace_id, name, SpanKind.INTERNAL, first, ())
-            if len(self._decisions) > 64:
-                self._decisions.clear()
-            self._decisions[key] = sampling
+        sampling, extra = self._decide(key, parent, trace_id, name, first)
         if not sampling.decision.is_recording():
             return len(steps)
         # The SDK's samplers hand back the attributes they were given; one that adds its own
         # keys gets them merged into every span, by the eager path.
         # The same for span attribute limits that a step's attributes would exceed (the lazy
         # spans hold plain dicts; the eager path bounds them as the SDK's spans do).
-        adds_keys = sampling.attributes and any(k not in first for k in sampling.attributes)
+        adds_keys = bool(extra)
         # The default setup sets a value length limit; step attributes are numbers, which no
         # limit touches, so only a step with string values (or too many keys) goes eager.
         if adds_keys or not self._within_limits(first, strings=False):

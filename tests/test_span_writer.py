@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import threading
+from typing import Any
 
 import pytest
+from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
@@ -19,7 +21,7 @@ from instrument.generate_spans import DecodeSpanPolicy, SequenceTrace, emit_sequ
 from instrument.kv import KVLayout
 from instrument.kv_runtime import RuntimeKV
 from instrument.recorder import RecordedTimeline
-from instrument.span_writer import ApiSpanWriter, DirectSpanWriter, LazyEvents
+from instrument.span_writer import ApiSpanWriter, DirectSpanWriter, LazyEvents, resolve_context
 from instrument.tracing import get_tracer, setup_tracing
 
 T0 = 1_700_000_000_000_000_000
@@ -142,6 +144,32 @@ def test_a_sampler_that_adds_attributes_gets_them_on_every_span() -> None:
     direct = _write("direct", _AddsAttribute())
     assert _comparable(direct) == _comparable(_write("api", _AddsAttribute()))
     assert {s.attributes["sampler.note"] for s in direct if s.name == "decode"} == {"decode"}
+
+
+@pytest.mark.parametrize("sampler", [ALWAYS_ON, "adds"], ids=["always-on", "adds-attribute"])
+def test_sibling_spans_keep_their_own_attribute_keys(sampler: Any) -> None:
+    """The writer takes one sampling decision per (parent, name) and reuses it for the parent's
+    later spans of that name; the SDK's samplers hand back the attributes of the span they
+    decided for, and those must not reach its siblings (a vLLM speculative decode step's keys
+    once showed up on the plain decode steps after it). A sampler's own keys reach every span."""
+    sampler = _AddsAttribute() if sampler == "adds" else sampler
+    got = {}
+    for kind in ("direct", "api"):
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider(sampler=sampler)
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        writer = DirectSpanWriter(get_tracer(provider)) if kind == "direct" else ApiSpanWriter(get_tracer(provider))
+        parent = writer.write("parent", Context(), {}, T0, T0 + 100)
+        if kind == "direct":
+            parent = resolve_context(parent)
+        writer.write("decode", parent, {"k": 1, "only.first": 4}, T0, T0 + 10)
+        writer.write("decode", parent, {"k": 2}, T0 + 10, T0 + 20)
+        writer.write_children("decode", parent, [({"k": 3}, T0 + 20, T0 + 30)])
+        provider.shutdown()
+        got[kind] = sorted((dict(s.attributes) for s in exporter.get_finished_spans() if s.name == "decode"),
+                           key=lambda a: a["k"])
+    note = {"sampler.note": "decode"} if isinstance(sampler, _AddsAttribute) else {}
+    assert got["direct"] == got["api"] == [{"k": 1, "only.first": 4, **note}, {"k": 2, **note}, {"k": 3, **note}]
 
 
 def test_span_attribute_limits_apply_as_through_the_tracer_api() -> None:
