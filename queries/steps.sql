@@ -2,7 +2,9 @@
 --   engine_steps): when it ran, how long it took (step_ms = schedule_ms + execute_ms), the
 --   sequences and tokens it held (batch_size, scheduled_tokens = prefill_tokens +
 --   decode_tokens, their buckets), the sequences left waiting, and the paged KV cache's
---   blocks in use at scheduling. device_ms: CUDA time of the step's forward and sampling,
+--   blocks in use at scheduling; under speculative decoding (the vLLM plugin) the draft tokens
+--   verified in the step and how many were accepted (spec_draft_tokens, spec_accepted_tokens:
+--   0 for a step without drafts). device_ms: CUDA time of the step's forward and sampling,
 --   NULL where not measured (CPU: the engine records no CUDA events). A clock domain whose request spans ran without engine steps
 --   (traces from --engine sequential, or engine traces not loaded) gets one row with every
 --   step column NULL and null_reason saying why (never 0). Ordered by clock domain, step.
@@ -37,13 +39,14 @@ without_steps AS (
 )
 SELECT clock_domain, step, start_ns, end_ns, step_ms, schedule_ms, execute_ms, device_ms, batch_size, scheduled_tokens,
        prefill_tokens, decode_tokens, prefill_tokens_bucket, scheduled_tokens_bucket, waiting, kv_blocks_used,
-       kv_blocks_total, kv_block_tokens, kv_used_fraction, trace_id, span_id, CAST(NULL AS VARCHAR) AS null_reason
+       kv_blocks_total, kv_block_tokens, kv_used_fraction, spec_draft_tokens, spec_accepted_tokens, trace_id, span_id,
+       CAST(NULL AS VARCHAR) AS null_reason
 FROM steps
 UNION ALL
 SELECT clock_domain, CAST(NULL AS BIGINT), CAST(NULL AS BIGINT), CAST(NULL AS BIGINT), CAST(NULL AS DOUBLE),
        CAST(NULL AS DOUBLE), CAST(NULL AS DOUBLE), CAST(NULL AS DOUBLE), CAST(NULL AS BIGINT), CAST(NULL AS BIGINT), CAST(NULL AS BIGINT),
        CAST(NULL AS BIGINT), CAST(NULL AS VARCHAR), CAST(NULL AS VARCHAR), CAST(NULL AS BIGINT), CAST(NULL AS BIGINT),
-       CAST(NULL AS BIGINT), CAST(NULL AS BIGINT), CAST(NULL AS DOUBLE), CAST(NULL AS VARCHAR), CAST(NULL AS VARCHAR),
-       null_reason
+       CAST(NULL AS BIGINT), CAST(NULL AS BIGINT), CAST(NULL AS DOUBLE), CAST(NULL AS BIGINT), CAST(NULL AS BIGINT),
+       CAST(NULL AS VARCHAR), CAST(NULL AS VARCHAR), null_reason
 FROM without_steps
 ORDER BY clock_domain, step, start_ns;

@@ -104,6 +104,8 @@ def steps(spans: Sequence[Span]) -> list[dict[str, Any]]:
             "waiting": a["tokentrace.batch.waiting"], "kv_blocks_used": a["tokentrace.kv.blocks_used"],
             "kv_blocks_total": a["tokentrace.kv.blocks_total"], "kv_block_tokens": a["tokentrace.kv.block_tokens"],
             "kv_used_fraction": a["tokentrace.kv.blocks_used"] / a["tokentrace.kv.blocks_total"],
+            "spec_draft_tokens": a.get("tokentrace.spec.draft_tokens", 0),
+            "spec_accepted_tokens": a.get("tokentrace.spec.accepted_tokens", 0),
             "trace_id": s.trace_id, "span_id": s.span_id,
         })
     return sorted(rows, key=lambda r: (r["clock_domain"], r["step"]))
@@ -125,16 +127,20 @@ def gaps(spans: Sequence[Span]) -> list[dict[str, Any]]:
             k = d.attrs["tokentrace.step"]
             step_id = d.attrs.get("tokentrace.engine.step")
             st = by_step.get((d.domain, step_id))
-            rows.append({
-                "trace_id": key[0], "request_span_id": key[1], "clock_domain": d.domain, "token_index": k + 1,
-                "decode_step": k, "prev_emit_ns": prev_emit, "emit_ns": d.end_ns, "itl_ms": (d.end_ns - prev_emit) / 1e6,
-                "step": step_id, "steps_in_gap": None if step_id is None else step_id - prev_step,
-                "between_steps_ms": None if st is None else (st["start_ns"] - prev_emit) / 1e6,
-                **{c: None if st is None else st[c] for c in ("step_ms", "batch_size", "scheduled_tokens",
-                                                              "prefill_tokens", "prefill_tokens_bucket", "waiting",
-                                                              "kv_blocks_used", "kv_blocks_total")},
-            })
-            prev_emit, prev_step = d.end_ns, step_id
+            # a speculative decode step emits tokens k + 1 .. k + m at once (tokentrace.decode.tokens)
+            for i in range(d.attrs.get("tokentrace.decode.tokens", 1)):
+                same = i > 0  # came with the token before it, in the same step
+                rows.append({
+                    "trace_id": key[0], "request_span_id": key[1], "clock_domain": d.domain, "token_index": k + 1 + i,
+                    "decode_step": k, "prev_emit_ns": prev_emit, "emit_ns": d.end_ns,
+                    "itl_ms": (d.end_ns - prev_emit) / 1e6,
+                    "step": step_id, "steps_in_gap": None if step_id is None else step_id - prev_step,
+                    "between_steps_ms": None if st is None or same else (st["start_ns"] - prev_emit) / 1e6,
+                    **{c: None if st is None else st[c] for c in ("step_ms", "batch_size", "scheduled_tokens",
+                                                                  "prefill_tokens", "prefill_tokens_bucket", "waiting",
+                                                                  "kv_blocks_used", "kv_blocks_total")},
+                })
+                prev_emit, prev_step = d.end_ns, step_id
     return sorted(rows, key=lambda r: (r["trace_id"], r["request_span_id"], r["token_index"]))
 
 

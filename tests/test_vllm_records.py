@@ -631,3 +631,46 @@ def test_the_exporter_outlives_an_engine_core_killed_with_its_process_tree(tmp_p
     assert sorted((a["gen_ai.request.id"], a["error.type"]) for n, a in spans if n == "engine_request") == \
         [("chatcmpl-a", "shutdown"), ("chatcmpl-b", "shutdown"), ("cmpl-c-0", "shutdown")]
     assert sorted(int(a["tokentrace.engine.step"]) for n, a in spans if n == "engine_step") == [1, 2, 3, 4, 5]
+
+
+def test_speculative_decode_steps_say_what_they_verified_and_emitted() -> None:
+    """vLLM's speculative decoding, worked by hand: a decode step schedules its own token and
+    the drafts (here 3) and emits the accepted drafts and one more; the decode span says so
+    (tokentrace.decode.tokens, .spec.draft_tokens, .spec.accepted_tokens), keeps only that KV in
+    its context, the next decode's k counts every emitted token, the engine step and the
+    request sum the drafts, and a last chunk that carried the stop token with accepted drafts
+    stays visible (one that carried only the stop token does not)."""
+    s = T0 / 1e9
+    stream = [
+        _facts(-1, 0, [], arrivals=[(A, s, None, 30), (B, s, None, 20)]),
+        _facts(1, 2, [(A, 30, 0, 1, 2, 1), (B, 20, 0, 1, 2, 1)], first=[(A, 0), (B, 0)]),
+        # A: 3 drafts, all accepted -> 4 tokens; B: 3 drafts, 1 accepted -> 2 tokens
+        _facts(2, 12, [(A, 4, 30, 0, 3, 4), (B, 4, 20, 0, 2, 2)]),
+        # A: no draft found (a plain decode); B: 2 drafts, both accepted, the last one its stop token
+        _facts(3, 22, [(A, 1, 34, 0, 3, 1), (B, 3, 22, 0, 2, 3)], finished=[(B, FINISHED_STOPPED, T0 + 31 * MS)]),
+        # A: 3 drafts, none accepted: only its own token, the stop token
+        _facts(4, 32, [(A, 4, 35, 0, 3, 1)], finished=[(A, FINISHED_STOPPED, T0 + 41 * MS)]),
+    ]
+    spans = _direct(stream)
+    by_id = {s.context.span_id: s for s in spans}
+    requests = {s.attributes["gen_ai.request.id"]: s for s in spans if s.name == "engine_request"}
+    decodes = {(by_id[s.parent.span_id].attributes["gen_ai.request.id"], s.attributes["tokentrace.engine.step"]): s
+               for s in spans if s.name == "decode"}
+    spec = ("tokentrace.step", "tokentrace.decode.tokens", "tokentrace.spec.draft_tokens",
+            "tokentrace.spec.accepted_tokens", "tokentrace.context_tokens")
+    got = {key: tuple(d.attributes.get(a) for a in spec) for key, d in decodes.items()}
+    assert got == {("chatcmpl-a", 2): (1, 4, 3, 3, 34), ("chatcmpl-b", 2): (1, 2, 3, 1, 22),
+                   ("chatcmpl-a", 3): (5, None, None, None, 35), ("chatcmpl-b", 3): (3, 3, 2, 2, 25),
+                   ("chatcmpl-a", 4): (6, 1, 3, 0, 36)}
+    a, b = requests["chatcmpl-a"].attributes, requests["chatcmpl-b"].attributes
+    assert (a["tokentrace.generated_tokens"], a["tokentrace.spec.draft_tokens"], a["tokentrace.spec.accepted_tokens"]) \
+        == (7, 6, 3)
+    assert (b["tokentrace.generated_tokens"], b["tokentrace.spec.draft_tokens"], b["tokentrace.spec.accepted_tokens"]) \
+        == (6, 5, 3)
+    steps = {s.attributes["tokentrace.engine.step"]: s.attributes for s in spans if s.name == "engine_step"}
+    assert [(steps[k].get("tokentrace.spec.draft_tokens"), steps[k].get("tokentrace.spec.accepted_tokens"))
+            for k in (1, 2, 3, 4)] == [(None, None), (6, 4), (2, 2), (3, 0)]
+    chunks = {rid: [(e.attributes["tokentrace.chunk.tokens"], e.attributes["tokentrace.chunk.visible"])
+                    for e in r.events if e.name == "tokentrace.chunk"] for rid, r in requests.items()}
+    assert chunks == {"chatcmpl-a": [(1, True), (4, True), (1, True), (1, False)],
+                      "chatcmpl-b": [(1, True), (2, True), (3, True)]}

@@ -105,7 +105,10 @@ def check_run(ours: list[Span], theirs: list[Span], client: dict[str, Any], *, r
         recomputes = [p for p in prefills if p.attrs["tokentrace.prefill.recompute"]]
         preempted = [e for e in req.events if e[0] == "tokentrace.preempted"]
         assert len(recomputes) == len(preempted) == req.attrs["tokentrace.preemptions"], r["vllm_id"]
-        assert len(decodes) == usage["completion_tokens"] - 1 - len(recomputes), (r["vllm_id"], len(decodes))
+        # one decode span per step: one token, or under speculative decoding the accepted drafts
+        # and its own (tokentrace.decode.tokens)
+        assert sum(_emitted(d) for d in decodes) == usage["completion_tokens"] - 1 - len(recomputes), \
+            (r["vllm_id"], len(decodes))
         assert sum(p.attrs["tokentrace.prefill.tokens"] for p in prefills if p not in recomputes) \
             + req.attrs["tokentrace.cached_tokens"] == usage["prompt_tokens"], r["vllm_id"]
         chunks = [e for e in req.events if e[0] == "tokentrace.chunk"]
@@ -113,7 +116,14 @@ def check_run(ours: list[Span], theirs: list[Span], client: dict[str, Any], *, r
         assert req.attrs["tokentrace.cached_tokens"] == usage["prompt_tokens_details"]["cached_tokens"], r["vllm_id"]
         # decode step k feeds token k; the tokens recomputed prefills emitted have no decode step
         if not recomputes:
-            assert sorted(d.attrs["tokentrace.step"] for d in decodes) == list(range(1, len(decodes) + 1))
+            ordered = sorted(decodes, key=lambda d: d.attrs["tokentrace.step"])
+            assert [d.attrs["tokentrace.step"] for d in ordered] == \
+                [1 + sum(_emitted(d) for d in ordered[:j]) for j in range(len(ordered))], r["vllm_id"]
+        drafts = [d for d in decodes if "tokentrace.spec.draft_tokens" in d.attrs]
+        assert req.attrs.get("tokentrace.spec.draft_tokens", 0) == sum(d.attrs["tokentrace.spec.draft_tokens"]
+                                                                       for d in drafts)
+        assert req.attrs.get("tokentrace.spec.accepted_tokens", 0) == sum(d.attrs["tokentrace.spec.accepted_tokens"]
+                                                                          for d in drafts)
         # joins vLLM's own llm_request: same trace when the client sent a traceparent, by id otherwise
         llm = [s for s in theirs if s.name == "llm_request" and s.attrs.get("gen_ai.request.id") == r["vllm_id"]]
         assert len(llm) == 1, f"{r['vllm_id']}: {len(llm)} llm_request spans"
@@ -133,13 +143,17 @@ def check_run(ours: list[Span], theirs: list[Span], client: dict[str, Any], *, r
     for s in ours:
         if s.name in ("prefill", "decode"):
             step = s.attrs["tokentrace.engine.step"]
-            tokens[step] = tokens.get(step, 0) + (s.attrs["tokentrace.prefill.tokens"] if s.name == "prefill" else 1)
+            tokens[step] = tokens.get(step, 0) + (s.attrs["tokentrace.prefill.tokens"] if s.name == "prefill"
+                                                  else 1 + s.attrs.get("tokentrace.spec.draft_tokens", 0))
             count[step] = count.get(step, 0) + 1
             assert by_id[s.parent_id].name == "engine_request"
             # KV blocks held (followed from vLLM's block lists) cover the context, full attention:
             # prefix-cache hits included, one block per block_tokens begun
             block_tokens = steps[step].attrs["tokentrace.kv.block_tokens"]
-            assert s.attrs["tokentrace.kv.blocks"] == -(-s.attrs["tokentrace.context_tokens"] // block_tokens), \
+            context, drafts = s.attrs["tokentrace.context_tokens"], s.attrs.get("tokentrace.spec.draft_tokens", 0)
+            # (a step with drafts got blocks for them all; the rejected ones' KV is not kept)
+            computed = context - _emitted(s) + 1 + drafts if drafts else context
+            assert -(-context // block_tokens) <= s.attrs["tokentrace.kv.blocks"] <= -(-computed // block_tokens), \
                 (s.name, step, s.attrs)
     assert steps and set(tokens) <= set(steps)
     discarded = 0
@@ -149,9 +163,62 @@ def check_run(ours: list[Span], theirs: list[Span], client: dict[str, Any], *, r
         assert tokens.get(step, 0) + span.attrs["tokentrace.batch.discarded_tokens"] == span.attrs["tokentrace.batch.tokens"], step
         assert count.get(step, 0) + span.attrs["tokentrace.batch.discarded_sequences"] == span.attrs["tokentrace.batch.size"], step
         discarded += span.attrs["tokentrace.batch.discarded_sequences"]
+    for step, span in steps.items():  # a step's drafts are its decode spans' drafts
+        spans = [s for s in ours if s.name == "decode" and s.attrs["tokentrace.engine.step"] == step]
+        for key in ("tokentrace.spec.draft_tokens", "tokentrace.spec.accepted_tokens"):
+            assert span.attrs.get(key, 0) == sum(s.attrs.get(key, 0) for s in spans), (step, key)
     return {"requests": len(sent), "steps": len(steps), "discarded_sequences": discarded,
+            "draft_tokens": sum(s.attrs.get("tokentrace.spec.draft_tokens", 0) for s in ours if s.name == "decode"),
+            "accepted_tokens": sum(s.attrs.get("tokentrace.spec.accepted_tokens", 0) for s in ours
+                                   if s.name == "decode"),
             "decode_spans": sum(1 for s in ours if s.name == "decode"),
             "preemptions": sum(1 for s in ours if s.name == "prefill" and s.attrs["tokentrace.prefill.recompute"])}
+
+
+def check_spec_run(folder: Path) -> dict[str, int]:
+    """The invariants of a speculative-decoding run (drive_spec_load) on top of check_run's:
+    draft tokens = vLLM's own counter (its /metrics, over the load); accepted tokens at most
+    vLLM's, short by no more than the drafts a request's last step verified and did not deliver
+    (vLLM counts drafts accepted past a stop token or max_tokens); the analyzer gives every
+    engine gap (G - 1 per request), 0 ms for each accepted draft token, and the steps' drafts."""
+    from analyzer.db.store import connect
+    from analyzer.formats.load import load_paths
+    from analyzer.query.runner import run_query
+
+    ours, theirs, client = run_spans(folder)
+    counts = check_run(ours, theirs, client, repeated_prompt=False)
+    vllm = client["vllm_spec_counters"]
+    assert counts["draft_tokens"] == vllm["draft_tokens"] > 0, (counts, vllm)
+    requests = [s for s in ours if s.name == "engine_request"]
+    undelivered = 0
+    for req in requests:
+        last = max((s for s in ours if s.parent_id == req.span_id and s.name == "decode"),
+                   key=lambda s: s.attrs["tokentrace.step"])
+        undelivered += last.attrs.get("tokentrace.spec.draft_tokens", 0) - last.attrs.get("tokentrace.spec.accepted_tokens", 0)
+    assert 0 < counts["accepted_tokens"] <= vllm["accepted_tokens"] <= counts["accepted_tokens"] + undelivered, \
+        (counts, vllm, undelivered)
+    con = connect()
+    try:
+        load_paths(con, [str(folder / "tokentrace.jsonl")])
+        gaps = run_query(con, "stalls").dicts()
+        steps = run_query(con, "steps").dicts()
+    finally:
+        con.close()
+    generated = sum(r.attrs["tokentrace.generated_tokens"] for r in requests)
+    assert len(gaps) == generated - len(requests) and all(g["itl_ms"] is not None for g in gaps)
+    same = [g for g in gaps if g["steps_in_gap"] == 0]
+    assert len(same) == counts["accepted_tokens"], (len(same), counts)
+    assert all(g["itl_ms"] == 0 and g["between_steps_ms"] is None and "speculative decoding" in g["null_reason"]
+               for g in same)
+    assert all(g["null_reason"] is None for g in gaps if g["steps_in_gap"] != 0)
+    assert sum(s["spec_draft_tokens"] for s in steps) == counts["draft_tokens"]
+    assert sum(s["spec_accepted_tokens"] for s in steps) == counts["accepted_tokens"]
+    return counts
+
+
+def _emitted(span: Span) -> int:
+    """Tokens a decode span's step emitted for its request (1 without speculative decoding)."""
+    return span.attrs.get("tokentrace.decode.tokens", 1)
 
 
 # -- running vLLM (only with .venv-vllm) -------------------------------------------------------
@@ -285,6 +352,52 @@ class VllmRun:
             proc.wait(10)
         if hasattr(self, "log"):
             self.log.close()
+
+
+# speculative decoding, vLLM's n-gram proposer (drafts looked up in the prompt and output so
+# far; on the CPU too). vLLM turns async scheduling off with it
+SPEC_ARGS = ("--speculative-config",
+             '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}')
+SPEC_MAX_TOKENS = 48
+SPEC_TEXT = "one two three four five six seven eight nine ten " * 6
+
+
+def spec_counters(base: str) -> dict[str, float]:
+    """vLLM's own speculative-decoding counters from its /metrics (Prometheus text): draft
+    tokens proposed and accepted since the server started."""
+    import httpx
+
+    wanted = {"vllm:spec_decode_num_draft_tokens_total": "draft_tokens",
+              "vllm:spec_decode_num_accepted_tokens_total": "accepted_tokens"}
+    found = {v: 0.0 for v in wanted.values()}
+    for line in httpx.get(f"{base}/metrics", timeout=30).text.splitlines():
+        name = line.split("{")[0].split(" ")[0]
+        if name in wanted:
+            found[wanted[name]] += float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def drive_spec_load(base: str) -> dict[str, Any]:
+    """4 concurrent streams with a traceparent under n-gram speculative decoding (SPEC_ARGS):
+    three ask for a repetitive text to be copied (the proposer finds drafts in the prompt),
+    one for free text. Returns the client record, with vLLM's counters before and after."""
+    before = spec_counters(base)
+
+    def one(i: int) -> dict[str, Any]:
+        content = f"Copy this text exactly, {i}: {SPEC_TEXT}" if i < 3 else "Write a short poem about the sea."
+        trace_id = secrets.token_hex(16)
+        traceparent = f"00-{trace_id}-{secrets.token_hex(8)}-01"
+        rid = f"tt-spec-{i}"
+        body = {"model": "smollm2", "messages": [{"role": "user", "content": content}], "temperature": 0,
+                "max_tokens": SPEC_MAX_TOKENS, "stream": True, "stream_options": {"include_usage": True}}
+        usage = _stream(base, body, {"traceparent": traceparent, "X-Request-Id": rid}, False)
+        return {"kind": "stream", "vllm_id": f"chatcmpl-{rid}", "traceparent": traceparent,
+                "max_tokens": SPEC_MAX_TOKENS, "usage": usage}
+
+    with ThreadPoolExecutor(4) as pool:
+        records = sorted(pool.map(one, range(4)), key=lambda r: r["vllm_id"])
+    after = spec_counters(base)
+    return {"requests": records, "vllm_spec_counters": {k: after[k] - before[k] for k in after}}
 
 
 # the SIGTERM run: long streams (ignore_eos) still running when vLLM is stopped

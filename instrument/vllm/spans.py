@@ -14,11 +14,12 @@ Per request (vLLM's request id; trace context = the ``traceparent`` vLLM receive
   ``llm_request`` carries (vLLM's request id without the 8 random characters the frontend
   appends), usage, cached tokens, finish reason (``cancelled`` on abort; ``error``, status
   ERROR and ``error.type`` ``shutdown`` when the engine shut down while it ran), one
-  ``tokentrace.chunk`` event per generated token (at the end of the step that produced it),
+  ``tokentrace.chunk`` event per step that generated tokens for it (at the step's end),
   one ``tokentrace.preempted`` event per preemption.
 - below it ``queue`` (arrival .. start of the first step that scheduled it), ``prefill`` per
-  prompt chunk, ``decode`` per generated token after the first, each spanning its engine
-  step and naming it (``tokentrace.engine.step``).
+  prompt chunk, ``decode`` per generated token after the first (per step under speculative
+  decoding: the tokens it emitted and the drafts it verified), each spanning its engine step
+  and naming it (``tokentrace.engine.step``).
 
 Per step: ``engine_step`` under an ``engine`` root (at most 1,000 steps per engine trace; a
 trace ends when the engine goes idle).
@@ -49,7 +50,7 @@ class _Request:
     """What the builder keeps per live request (in the exporter process)."""
 
     __slots__ = ("span", "context", "arrival_ns", "prompt_tokens", "cached", "queued", "chunks", "decodes",
-                 "generated", "emits", "blocks", "block_bytes", "preemptions")
+                 "generated", "emits", "blocks", "block_bytes", "preemptions", "drafts", "accepted")
 
     def __init__(self, span: Any, arrival_ns: int, prompt_tokens: int) -> None:
         self.span = span
@@ -65,6 +66,8 @@ class _Request:
         self.blocks = 0
         self.block_bytes = 0
         self.preemptions = 0
+        self.drafts = 0  # speculative decoding: draft tokens verified in its decode steps
+        self.accepted = 0  # ... of which accepted
 
 
 class SpanBuilder:
@@ -165,7 +168,7 @@ class SpanBuilder:
             "tokentrace.batch.tokens": batch_tokens, "tokentrace.batch.prefill_tokens": prefill_tokens,
         }
         per_token = facts.bytes_per_block // facts.block_tokens if facts.block_tokens else 0
-        discarded_tokens = discarded_sequences = 0
+        discarded_tokens = discarded_sequences = step_drafts = step_accepted = 0
         for i in range(n):
             rec = self.live.get(facts.req_ids[i])  # type: ignore[arg-type]
             if rec is None:  # ended before this step's output: computed, delivered to no one
@@ -201,8 +204,22 @@ class SpanBuilder:
                 # decode step k feeds token k (k = tokens generated so far) and emits token k + 1;
                 # after a recomputed prefill (which emitted a token) k skips that token's step
                 rec.decodes += 1
-                attributes.update({"tokentrace.step": rec.generated,
-                                   "tokentrace.context_tokens": facts.computed[i] + tokens})
+                attributes["tokentrace.step"] = rec.generated
+                drafts = tokens - 1  # speculative decoding: draft tokens verified with the step's own token
+                if drafts > 0:
+                    # it emits the accepted drafts and one token of its own, and keeps their KV
+                    # only (vLLM rolls the rejected drafts back)
+                    emitted = facts.sampled[i]
+                    accepted = max(0, emitted - 1)
+                    attributes.update({"tokentrace.decode.tokens": emitted, "tokentrace.spec.draft_tokens": drafts,
+                                       "tokentrace.spec.accepted_tokens": accepted,
+                                       "tokentrace.context_tokens": facts.computed[i] + emitted})
+                    rec.drafts += drafts
+                    rec.accepted += accepted
+                    step_drafts += drafts
+                    step_accepted += accepted
+                else:
+                    attributes["tokentrace.context_tokens"] = facts.computed[i] + tokens
                 name = "decode"
             self.writer.write(name, rec.context, attributes, facts.start_ns, facts.end_ns)
             if facts.sampled[i]:
@@ -211,6 +228,9 @@ class SpanBuilder:
                 rec.emits.append((facts.end_ns, facts.sampled[i]))
         step_attributes["tokentrace.batch.discarded_tokens"] = discarded_tokens
         step_attributes["tokentrace.batch.discarded_sequences"] = discarded_sequences
+        if step_drafts:
+            step_attributes["tokentrace.spec.draft_tokens"] = step_drafts
+            step_attributes["tokentrace.spec.accepted_tokens"] = step_accepted
         self._engine_step(facts, step_attributes, prefill_sequences=sum(1 for i in range(n) if facts.prefill[i]))
 
     def _finish(self, req_id: str, status: int, end_ns: int, error_type: str | None = None) -> None:
@@ -225,8 +245,9 @@ class SpanBuilder:
         reason = _FINISH.get(status, "stop")
         last = len(rec.emits) - 1
         for index, (time_ns, tokens) in enumerate(rec.emits):
-            # vLLM counts a final stop token (EOS) in completion_tokens; it is not shown
-            visible = not (reason == "stop" and index == last)
+            # vLLM counts a final stop token (EOS) in completion_tokens; it is not shown (a
+            # speculative step that emitted it with accepted drafts showed those)
+            visible = not (reason == "stop" and index == last and tokens == 1)
             rec.span.add_event("tokentrace.chunk", {"tokentrace.chunk.index": index, "tokentrace.chunk.tokens": tokens,
                                                     "tokentrace.chunk.visible": visible}, timestamp=time_ns)
         rec.span.set_attributes({
@@ -235,6 +256,9 @@ class SpanBuilder:
             "gen_ai.response.finish_reasons": [reason], "tokentrace.kv.blocks": rec.blocks,
             "tokentrace.kv.physical_bytes": rec.block_bytes, "tokentrace.preemptions": rec.preemptions,
         })
+        if rec.drafts:
+            rec.span.set_attributes({"tokentrace.spec.draft_tokens": rec.drafts,
+                                     "tokentrace.spec.accepted_tokens": rec.accepted})
         if not rec.queued:  # ended before it was ever scheduled: all of it was queue time
             self.writer.write("queue", rec.context, {}, rec.arrival_ns, max(end_ns, rec.arrival_ns))
         rec.span.end(end_time=max(end_ns, rec.arrival_ns))

@@ -35,7 +35,9 @@ WITH step_spans AS (
            attr_int['tokentrace.batch.waiting'] AS waiting,
            attr_int['tokentrace.kv.blocks_used'] AS kv_blocks_used,
            attr_int['tokentrace.kv.blocks_total'] AS kv_blocks_total,
-           attr_int['tokentrace.kv.block_tokens'] AS kv_block_tokens
+           attr_int['tokentrace.kv.block_tokens'] AS kv_block_tokens,
+           attr_int['tokentrace.spec.draft_tokens'] AS spec_draft_tokens,
+           attr_int['tokentrace.spec.accepted_tokens'] AS spec_accepted_tokens
     FROM spans
     WHERE scope_name = 'tokentrace' AND name = 'engine_step'
 )
@@ -61,6 +63,10 @@ SELECT
     s.kv_blocks_total,
     s.kv_block_tokens,
     CASE WHEN s.kv_blocks_total > 0 THEN s.kv_blocks_used / s.kv_blocks_total END AS kv_used_fraction,
+    -- speculative decoding (the vLLM plugin): draft tokens verified in the step and accepted;
+    -- 0 when the step carries none (no draft was scheduled in it)
+    coalesce(s.spec_draft_tokens, 0) AS spec_draft_tokens,
+    coalesce(s.spec_accepted_tokens, 0) AS spec_accepted_tokens,
     count(*) OVER (PARTITION BY s.clock_domain, s.step) AS step_spans,
     s.trace_id,
     s.span_id,
@@ -82,7 +88,9 @@ FROM spans
 WHERE scope_name = 'tokentrace' AND name = 'prefill' AND attr_int['tokentrace.engine.step'] IS NOT NULL
 UNION ALL
 SELECT clock_domain, attr_int['tokentrace.engine.step'] AS step, trace_id, parent_span_id AS request_span_id, span_id,
-       'decode' AS phase, 1 AS tokens, CAST(NULL AS BIGINT) AS prefill_chunk, attr_int['tokentrace.step'] AS decode_step,
+       -- its own token and, under speculative decoding, the draft tokens verified with it
+       'decode' AS phase, 1 + coalesce(attr_int['tokentrace.spec.draft_tokens'], 0) AS tokens,
+       CAST(NULL AS BIGINT) AS prefill_chunk, attr_int['tokentrace.step'] AS decode_step,
        start_ns, end_ns
 FROM spans
 WHERE scope_name = 'tokentrace' AND name = 'decode' AND attr_int['tokentrace.engine.step'] IS NOT NULL;
@@ -97,12 +105,19 @@ WHERE scope_name = 'tokentrace' AND name = 'decode' AND attr_int['tokentrace.eng
 -- this step - the step of the previous token (1 when the sequence ran in consecutive
 -- steps); between_steps_ms = the step's start - the previous emission (loop time between
 -- the steps); itl_ms = between_steps_ms + step_ms when the emission is the step's end.
+-- Speculative decoding (vLLM): a decode span that emitted m tokens (tokentrace.decode.tokens)
+-- gives m rows; the m - 1 after the first came with the one before them in the same step:
+-- itl_ms = 0, steps_in_gap = 0, between_steps_ms NULL (null_reason says so).
 CREATE OR REPLACE VIEW request_step_gaps AS
 WITH later AS (
     -- tokens 2.. : decode step k emits token k + 1; so does a recompute prefill chunk that
-    -- emitted a token after a preemption (it carries the k of the decode step it stands for)
-    SELECT trace_id, parent_span_id AS request_span_id, clock_domain, attr_int['tokentrace.step'] + 1 AS token_index,
-           end_ns AS emit_ns, attr_int['tokentrace.engine.step'] AS step
+    -- emitted a token after a preemption (it carries the k of the decode step it stands for).
+    -- A speculative decode step (vLLM plugin: tokentrace.decode.tokens = m) emits tokens
+    -- k + 1 .. k + m at once: one row each
+    SELECT trace_id, parent_span_id AS request_span_id, clock_domain,
+           attr_int['tokentrace.step'] + unnest(generate_series(1, coalesce(attr_int['tokentrace.decode.tokens'], 1)))
+               AS token_index,
+           end_ns AS emit_ns, attr_int['tokentrace.engine.step'] AS step, attr_int['tokentrace.step'] AS decode_step
     FROM spans
     WHERE scope_name = 'tokentrace'
       AND (name = 'decode' OR (name = 'prefill' AND attr_int['tokentrace.step'] IS NOT NULL))
@@ -121,7 +136,8 @@ emissions AS (
     -- token 1: the end of the last prompt chunk before any later token (a recompute after a
     -- preemption follows decode steps: it is not the prompt's prefill)
     SELECT p.trace_id, p.parent_span_id AS request_span_id, max(p.clock_domain) AS clock_domain, 1 AS token_index,
-           max(p.end_ns) AS emit_ns, arg_max(p.attr_int['tokentrace.engine.step'], p.end_ns) AS step
+           max(p.end_ns) AS emit_ns, arg_max(p.attr_int['tokentrace.engine.step'], p.end_ns) AS step,
+           CAST(NULL AS BIGINT) AS decode_step
     FROM spans p
     LEFT JOIN first_later f ON f.trace_id = p.trace_id AND f.request_span_id = p.parent_span_id
     WHERE p.scope_name = 'tokentrace' AND p.name = 'prefill' AND p.attr_int['tokentrace.step'] IS NULL
@@ -147,14 +163,16 @@ joined AS (
         o.request_span_id,
         o.clock_domain,
         o.token_index,
-        o.token_index - 1 AS decode_step,
+        o.decode_step,
         CASE WHEN o.prev_token_index = o.token_index - 1 THEN o.prev_emit_ns END AS prev_emit_ns,
         o.emit_ns,
         CASE WHEN o.prev_token_index = o.token_index - 1 THEN (o.emit_ns - o.prev_emit_ns) / 1e6 END AS itl_ms,
         o.step,
         CASE WHEN o.prev_token_index = o.token_index - 1 THEN o.prev_step END AS prev_step,
         CASE WHEN o.prev_token_index = o.token_index - 1 THEN o.step - o.prev_step END AS steps_in_gap,
-        CASE WHEN o.prev_token_index = o.token_index - 1 THEN (s.start_ns - o.prev_emit_ns) / 1e6 END AS between_steps_ms,
+        -- (a token emitted in the same step as the one before it has no gap before its step)
+        CASE WHEN o.prev_token_index = o.token_index - 1 AND o.prev_step IS DISTINCT FROM o.step
+             THEN (s.start_ns - o.prev_emit_ns) / 1e6 END AS between_steps_ms,
         s.step_ms,
         s.batch_size,
         s.scheduled_tokens,
@@ -182,17 +200,17 @@ joined AS (
                 || 'which (no tokentrace.step on it: spans written before tokentrace carried it)'
             WHEN o.prev_token_index <> o.token_index - 1 THEN
                 'gap unknown: the previous token''s decode span is missing (decode_spans every:N, or spans lost)'
-        END AS itl_null_reason
+        END AS itl_null_reason,
+        CASE WHEN o.prev_token_index = o.token_index - 1 AND o.prev_step = o.step THEN
+            'between_steps_ms NULL: emitted in the same engine step as the token before it (speculative decoding: '
+            || 'an accepted draft token), so itl_ms = 0 and steps_in_gap = 0'
+        END AS same_step_reason
     FROM ordered o
     LEFT JOIN ambiguous a ON a.clock_domain = o.clock_domain AND a.step = o.step
     LEFT JOIN engine_steps s ON s.clock_domain = o.clock_domain AND s.step = o.step AND s.step_spans = 1
     WHERE o.token_index > 1
 )
 SELECT
-    *,
-    CASE
-        WHEN itl_null_reason IS NULL THEN step_null_reason
-        WHEN step_null_reason IS NULL THEN itl_null_reason
-        ELSE itl_null_reason || '; ' || step_null_reason
-    END AS null_reason
+    * EXCLUDE (same_step_reason),
+    nullif(concat_ws('; ', itl_null_reason, same_step_reason, step_null_reason), '') AS null_reason
 FROM joined;
