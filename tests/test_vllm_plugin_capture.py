@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -259,3 +260,54 @@ def test_prefix_cache_figures_count_the_same_requests(tmp_path: Path) -> None:
 
     assert figures(RUN / "tokentrace.jsonl") == (1, round(384 / 1193, 6), 1, 9)
     assert figures(edited) == (0, 0.0, None, 8)
+
+
+def test_saved_probe_run_chunked_prefill_priority_and_n2() -> None:
+    """probe/ (PROBE_ARGS of tests/vllm_support.py): a 443-token prompt prefilled in chunks of at
+    most 128 tokens, one prefill span per chunk in consecutive steps; vLLM's priority policy
+    with 2 running at most (the others wait, then run in priority order); a request with n = 2,
+    which vLLM runs as two requests "<choice>_<id>" and traces as two llm_requests with the
+    request's id and no choice: the analyzer leaves the choices unmerged and says why."""
+    folder = CAPTURE / "probe"
+    ours, theirs, client = run_spans(folder)
+    sent = {r["vllm_id"]: r for r in client["requests"]}
+    requests = {s.attrs["gen_ai.request.id"]: s for s in ours if s.name == "engine_request"}
+    assert sorted(requests) == sorted([*(r for r in sent if not r.endswith("-n2")),
+                                       "0_chatcmpl-tt-probe-n2", "1_chatcmpl-tt-probe-n2"])
+
+    def kids(rid: str, name: str) -> list[Any]:
+        return sorted((s for s in ours if s.parent_id == requests[rid].span_id and s.name == name),
+                      key=lambda s: s.start_ns)
+
+    for rid, req in requests.items():  # every token after the first is a decode step
+        assert len(kids(rid, "decode")) == req.attrs["tokentrace.generated_tokens"] - 1, rid
+    chunks = [(p.attrs["tokentrace.prefill.chunk"], p.attrs["tokentrace.prefill.tokens"],
+               p.attrs["tokentrace.engine.step"]) for p in kids("chatcmpl-tt-probe-0", "prefill")]
+    assert chunks == [(0, 128, 1), (1, 128, 2), (2, 128, 3), (3, 59, 4)]
+    assert sum(c[1] for c in chunks) == sent["chatcmpl-tt-probe-0"]["usage"]["prompt_tokens"] == 443
+    for rid in ("chatcmpl-tt-probe-1", "chatcmpl-tt-probe-2", "chatcmpl-tt-probe-3"):
+        assert requests[rid].attrs["tokentrace.generated_tokens"] == sent[rid]["usage"]["completion_tokens"]
+    # priority: lower runs first (-5, 0, 5); two at most in a step, the rest waiting
+    first = {rid: kids(rid, "prefill")[0].attrs["tokentrace.engine.step"] for rid in requests}
+    assert first["chatcmpl-tt-probe-2"] < first["chatcmpl-tt-probe-3"] < first["chatcmpl-tt-probe-1"]
+    steps = [s.attrs for s in ours if s.name == "engine_step"]
+    assert max(a["tokentrace.batch.size"] for a in steps) == 2 and max(a["tokentrace.batch.waiting"] for a in steps) >= 2
+    # n = 2: two sequences of 8 tokens, 16 in the usage; vLLM's two llm_requests carry 8 each
+    n2 = [requests[f"{i}_chatcmpl-tt-probe-n2"].attrs["tokentrace.generated_tokens"] for i in (0, 1)]
+    assert n2 == [8, 8] and sum(n2) == sent["chatcmpl-tt-probe-n2"]["usage"]["completion_tokens"]
+    llm = [s.attrs for s in theirs if s.name == "llm_request" and s.attrs["gen_ai.request.id"] == "chatcmpl-tt-probe-n2"]
+    assert [a["gen_ai.usage.completion_tokens"] for a in llm] == [8, 8]
+    from analyzer.db.store import connect
+    from analyzer.formats.load import load_paths
+    from analyzer.query.runner import run_query
+
+    con = connect()
+    load_paths(con, [str(folder / "tokentrace.jsonl"), str(folder / "vllm" / "otlp-traces.jsonl")])
+    rows = run_query(con, "requests").dicts()
+    con.close()
+    engine = {r["response_id"]: r for r in rows if r["perspective"] == "engine"}
+    for i in (0, 1):
+        row = engine[f"{i}_chatcmpl-tt-probe-n2"]
+        assert row["output_tokens"] == 8 and row["request_id_note"].startswith(
+            f"vllm engine: choice {i} of a request with n > 1"), row["request_id_note"]
+    assert engine["chatcmpl-tt-probe-0"]["request_id_note"].startswith("vllm engine: merged with llm_request")

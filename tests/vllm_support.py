@@ -400,6 +400,34 @@ def drive_spec_load(base: str) -> dict[str, Any]:
     return {"requests": records, "vllm_spec_counters": {k: after[k] - before[k] for k in after}}
 
 
+# chunked prefill (a 443-token prompt in chunks of at most 128 tokens), vLLM's priority
+# policy with 2 running at most (the others wait), and a request with n = 2 choices
+PROBE_ARGS = ("--max-num-batched-tokens", "128", "--scheduling-policy", "priority", "--max-num-seqs", "2")
+
+
+def drive_probe_load(base: str) -> dict[str, Any]:
+    """4 concurrent streams (the first with LONG_PROMPT, priorities 0, 5, -5, 0), then one
+    non-streaming request with n = 2 (vLLM runs each choice as a request of its own)."""
+    import httpx
+
+    def one(i: int, priority: int) -> dict[str, Any]:
+        content = LONG_PROMPT if i == 0 else f"Count to {i + 3}."
+        body = {"model": "smollm2", "messages": [{"role": "user", "content": content}], "max_tokens": 10,
+                "stream": True, "stream_options": {"include_usage": True}, "priority": priority}
+        rid = f"tt-probe-{i}"
+        return {"kind": "stream", "vllm_id": f"chatcmpl-{rid}", "priority": priority, "max_tokens": 10,
+                "usage": _stream(base, body, {"X-Request-Id": rid}, False)}
+
+    with ThreadPoolExecutor(4) as pool:
+        records = list(pool.map(one, range(4), (0, 5, -5, 0)))
+    body = {"model": "smollm2", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8, "n": 2}
+    answer = httpx.post(f"{base}/v1/chat/completions", json=body, headers={"X-Request-Id": "tt-probe-n2"},
+                        timeout=300).json()
+    records.append({"kind": "n2", "vllm_id": "chatcmpl-tt-probe-n2", "max_tokens": 8, "n": 2,
+                    "usage": answer["usage"], "finish_reasons": [c["finish_reason"] for c in answer["choices"]]})
+    return {"requests": records}
+
+
 # the SIGTERM run: long streams (ignore_eos) still running when vLLM is stopped
 SIGTERM_STREAMS = 4
 SIGTERM_MAX_TOKENS = 400

@@ -10,7 +10,8 @@
 -- sent a traceparent: both are children of it), else the one with that id anywhere when the
 -- engine_request is a root (no traceparent) and exactly one llm_request carries the id. A
 -- merged request has one identity over both perspectives: trace_id and request_span_id are
--- the llm_request's; unmerged (an aborted request: vLLM 0.32 writes no llm_request for it),
+-- the llm_request's; unmerged (an aborted request: vLLM 0.32 writes no llm_request for it;
+-- a choice of a request with n > 1, whose llm_requests do not say which choice they are),
 -- the engine_request's own.
 -- keep: vllm_engine_request_spans
 
@@ -152,6 +153,12 @@ SELECT
     CASE WHEN r.request_id LIKE 'chatcmpl-%' THEN substr(r.request_id, 10)
          WHEN r.request_id LIKE 'cmpl-%' THEN substr(r.request_id, 6) END AS client_request_id,
     CASE
+        WHEN r.llm_span_id IS NULL AND regexp_matches(r.request_id, '^[0-9]+_') AND EXISTS (
+                SELECT 1 FROM vllm_request_spans v WHERE v.request_id = regexp_replace(r.request_id, '^[0-9]+_', '')) THEN
+            'vllm engine: choice ' || regexp_extract(r.request_id, '^([0-9]+)_', 1) || ' of a request with n > 1 '
+            || '(vLLM runs each choice as a request of its own, id <choice>_<request id>, and writes one llm_request '
+            || 'per choice, each with the request''s id and none saying which choice): not merged, response_id = '
+            || 'gen_ai.request.id'
         WHEN r.llm_span_id IS NULL THEN
             'vllm engine: no llm_request with this gen_ai.request.id (vLLM 0.32 writes none for an aborted '
             || 'request, or vLLM''s spans were not loaded): response_id = gen_ai.request.id'
