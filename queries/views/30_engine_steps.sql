@@ -109,18 +109,22 @@ WHERE scope_name = 'tokentrace' AND name = 'decode' AND attr_int['tokentrace.eng
 -- gives m rows; the m - 1 after the first came with the one before them in the same step:
 -- itl_ms = 0, steps_in_gap = 0, between_steps_ms NULL (null_reason says so).
 CREATE OR REPLACE VIEW request_step_gaps AS
-WITH later AS (
+WITH emitted AS (
     -- tokens 2.. : decode step k emits token k + 1; so does a recompute prefill chunk that
     -- emitted a token after a preemption (it carries the k of the decode step it stands for).
     -- A speculative decode step (vLLM plugin: tokentrace.decode.tokens = m) emits tokens
-    -- k + 1 .. k + m at once: one row each
-    SELECT trace_id, parent_span_id AS request_span_id, clock_domain,
-           attr_int['tokentrace.step'] + unnest(generate_series(1, coalesce(attr_int['tokentrace.decode.tokens'], 1)))
-               AS token_index,
-           end_ns AS emit_ns, attr_int['tokentrace.engine.step'] AS step, attr_int['tokentrace.step'] AS decode_step
+    -- k + 1 .. k + m at once: one row each (the generator alone in its select list, as Spark
+    -- SQL wants it)
+    SELECT trace_id, parent_span_id AS request_span_id, clock_domain, end_ns AS emit_ns,
+           attr_int['tokentrace.engine.step'] AS step, attr_int['tokentrace.step'] AS decode_step,
+           unnest(generate_series(1, coalesce(attr_int['tokentrace.decode.tokens'], 1))) AS nth
     FROM spans
     WHERE scope_name = 'tokentrace'
       AND (name = 'decode' OR (name = 'prefill' AND attr_int['tokentrace.step'] IS NOT NULL))
+),
+later AS (
+    SELECT trace_id, request_span_id, clock_domain, decode_step + nth AS token_index, emit_ns, step, decode_step
+    FROM emitted
 ),
 first_later AS (
     SELECT trace_id, request_span_id, min(emit_ns) AS first_ns FROM later GROUP BY trace_id, request_span_id
