@@ -8,9 +8,10 @@
 --   between_steps_ms + step_ms = itl_ms. A request with G generated tokens has G - 1 rows
 --   (a final stop token included: these are engine gaps, not the visible chunks of
 --   queries/itl.sql; under speculative decoding the drafts a step accepted came with the token
---   before them: itl_ms 0, steps_in_gap 0, between_steps_ms NULL with the reason). Step columns of a gap without step data (traces from --engine
---   sequential) are NULL with null_reason (never 0); so is itl_ms when the previous token's
---   span is missing. Ordered by trace, request span, token.
+--   before them: itl_ms 0, steps_in_gap 0, between_steps_ms NULL with the reason). Step
+--   columns of a gap without step data (traces from --engine sequential) are NULL with
+--   null_reason (never 0); so is itl_ms when the previous token's span is missing. Ordered by
+--   trace, request span, token.
 -- param: $trace_id VARCHAR default NULL -- only requests of this trace (32 lowercase hex); NULL = all
 -- param: $clock_domain VARCHAR default NULL -- only gaps of this clock domain (the engine's); NULL = all
 -- units: *_ns nanoseconds since the Unix epoch on the engine's clock; *_ms milliseconds;
