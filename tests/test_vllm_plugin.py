@@ -260,21 +260,28 @@ def sigterm_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[st
 
 def test_sigterm_mid_load_exports_what_was_sent_and_ends_the_running_requests(
         sigterm_run: tuple[Path, dict[str, Any]]) -> None:
-    """vLLM 0.32 SIGKILLs its engine core and the core's process tree right after SIGTERM:
-    the plugin's exporter process, detached from that tree, still builds and exports what was
-    sent (SIGTERM comes once a send held decode steps of every stream; the rows held since
-    are lost); each running request ends as failed (error.type shutdown) with its spans
-    under it, and two lines in vLLM's log say so."""
+    """vLLM 0.32 sends its engine core SIGTERM and, with its default --shutdown-timeout 0,
+    SIGKILLs the core's process tree right after: the plugin's exporter process, detached from
+    that tree, still builds and exports what was sent (SIGTERM comes once a send held decode
+    steps of every stream; the rows held since are lost), and says so in vLLM's log. The two
+    signals race: a request still running when the kill lands ends as failed (error.type
+    shutdown, counted in one more line); one the engine core's own SIGTERM handler aborted
+    first ("aborting in-flight requests", its end sent at once) ends cancelled (both seen
+    here). Either way its spans are under it."""
     out, client = sigterm_run
     log = (out / "vllm-server.log").read_text()
     assert "force killing remaining process EngineCore" in log  # (vLLM's own line: the default stop)
     assert "ended without stopping its exporter process (killed?)" in log
-    assert f"{SIGTERM_STREAMS} vLLM requests still running at shutdown: ended as failed" in log
     ours = read_spans([out / "tokentrace.jsonl"])
     requests = {s.attrs["gen_ai.request.id"]: s for s in ours if s.name == "engine_request"}
     assert sorted(requests) == sorted(client["chunks"]), (sorted(requests), client)
+    ends = [(r.attrs.get("error.type"), tuple(r.attrs["gen_ai.response.finish_reasons"])) for r in requests.values()]
+    assert set(ends) <= {("shutdown", ("error",)), (None, ("cancelled",))}, ends
+    failed = ends.count(("shutdown", ("error",)))
+    assert (f"{failed} vLLM requests still running at shutdown: ended as failed" in log) == (failed > 0), (failed, ends)
+    if failed < len(ends):  # vLLM's engine core aborted them before the kill
+        assert "EngineCore: aborting in-flight requests" in log
     for rid, req in requests.items():
-        assert (req.attrs["error.type"], req.attrs["gen_ai.response.finish_reasons"]) == ("shutdown", ["error"])
         kids = [s for s in ours if s.parent_id == req.span_id]
         decodes = sum(1 for s in kids if s.name == "decode")
         # every token built has its decode step (after the first); some were sent before the kill
