@@ -19,7 +19,7 @@ socket (its cost is counted in vllm_tracing_cost.py's ``socket_cpu_ns``).
 Three sides, interleaved step by step: ``bare`` (the stand-ins alone), ``pass-through``
 (wrappers that only call through: a wrapper frame's own cost, which the self-timing inside
 vLLM leaves out) and ``plugin``. Prints per step, ns: the median schedule and update call of
-each side (quartiles beside them), what the plugin adds and what a frame alone adds, the
+each side (the interquartile ranges of bare and plugin beside them), what the plugin adds and what a frame alone adds, the
 sends' median over the steps they cover, and the total per step and per token (batch tokens
 per step). This is harsher than vLLM: nothing runs between the eviction and the call but the
 building of the step's objects, so the interpreter's own code is cold too, where vLLM's
@@ -166,9 +166,12 @@ def main() -> None:
             times[side, "update"].append(end - start)
 
     names = list(sides)
+    run_cpu, run_wall = time.thread_time_ns(), time.perf_counter_ns()
     for step in range(args.steps):  # interleaved: every side in every step, the order rotating
         for side in names[step % 3:] + names[:step % 3]:
             timed_step(side, sides[side], step)
+
+    run_cpu, run_wall = time.thread_time_ns() - run_cpu, time.perf_counter_ns() - run_wall
 
     def quart(values: list[int]) -> tuple[float, float, float]:
         q1, med, q3 = statistics.quantiles(values, n=4)
@@ -176,22 +179,25 @@ def main() -> None:
 
     per_send = statistics.median(sends) if sends else 0.0
     steps_per_send = args.steps / max(1, len(sends))
-    print(f"batch {args.batch}, {args.steps} steps per side, {args.evict_mib} MiB streamed before each call; "
-          f"ns per call (median, quartiles)")
+    print(f"batch {args.batch}, {args.steps} steps per side, {args.evict_mib} MiB streamed before each call")
+    # windows are wall time: one that another process interrupted reads long (the medians
+    # resist a few); the thread's CPU over the run next to its wall time says how often
+    print(f"run: {run_wall / 1e9:.1f} s wall, {run_cpu / 1e9:.1f} s thread CPU ({run_cpu / run_wall:.0%} on a CPU)")
     total = frames = 0.0
-    print(f"{'':<9} {'bare':>16} {'pass-through':>16} {'plugin':>16} {'added':>7} {'frame':>7}")
+    print(f"{'ns per call':<11} {'bare':>7} {'through':>8} {'plugin':>7} {'added':>7} {'frame':>6}   "
+          f"{'IQR bare / plugin':>18}")
     for method in ("schedule", "update"):
         bare, through, traced = (quart(times[side, method]) for side in names)
         added = traced[0] - bare[0]
         total += added
         frames += through[0] - bare[0]
-        print(f"{method:<9} " + " ".join(f"{m:6.0f} ({q1:.0f}-{q3:.0f})".rjust(16) for m, q1, q3 in (bare, through, traced))
-              + f" {added:7.0f} {through[0] - bare[0]:7.0f}")
-    print(f"sends     {len(sends)} of median {per_send:,.0f} ns, one per {steps_per_send:.0f} steps: "
-          f"{per_send / steps_per_send:,.0f} ns per step")
+        print(f"{method:<11} {bare[0]:7.0f} {through[0]:8.0f} {traced[0]:7.0f} {added:7.0f} {through[0] - bare[0]:6.0f}   "
+              f"{bare[2] - bare[1]:>8.0f} / {traced[2] - traced[1]:<7.0f}")
+    print(f"sends: {len(sends)}, median {per_send / 1000:,.0f} µs, one per {steps_per_send:.0f} steps: "
+          f"{per_send / steps_per_send / 1000:.1f} µs per step")
     total += per_send / steps_per_send
-    print(f"added per step {total:,.0f} ns = {total / args.batch / 1000:.2f} µs per token at batch {args.batch} "
-          f"(no socket); of it the two wrappers' frames {frames:,.0f} ns")
+    print(f"added per step: {total / 1000:.1f} µs = {total / args.batch / 1000:.2f} µs per token at batch "
+          f"{args.batch}\n(no socket); of it the two wrappers' frames: {frames / 1000:.1f} µs")
 
 
 if __name__ == "__main__":
