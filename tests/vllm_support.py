@@ -120,6 +120,10 @@ def check_run(ours: list[Span], theirs: list[Span], client: dict[str, Any], *, r
             assert [d.attrs["tokentrace.step"] for d in ordered] == \
                 [1 + sum(_emitted(d) for d in ordered[:j]) for j in range(len(ordered))], r["vllm_id"]
         drafts = [d for d in decodes if "tokentrace.spec.draft_tokens" in d.attrs]
+        # a step emits its accepted drafts and one token of its own; it cannot accept more than it drafted
+        assert all(d.attrs["tokentrace.spec.accepted_tokens"] <= d.attrs["tokentrace.spec.draft_tokens"]
+                   and d.attrs["tokentrace.decode.tokens"] == d.attrs["tokentrace.spec.accepted_tokens"] + 1
+                   for d in drafts), r["vllm_id"]
         assert req.attrs.get("tokentrace.spec.draft_tokens", 0) == sum(d.attrs["tokentrace.spec.draft_tokens"]
                                                                        for d in drafts)
         assert req.attrs.get("tokentrace.spec.accepted_tokens", 0) == sum(d.attrs["tokentrace.spec.accepted_tokens"]
