@@ -34,7 +34,8 @@ def stalls_command(db_path, parquet_dir, trace_id, clock_domain, per_request, se
     batch size. slowest: the --per-request largest gaps of each request and the sequences
     that shared their step (decoding, prefilling, the largest co-scheduled prefill). Traces
     from `--engine sequential` keep their gaps; the step columns are empty with a reason,
-    never zeros. Units: milliseconds, tokens, sequences.
+    never zeros. Under vLLM's speculative decoding an accepted draft token came with the one
+    before it: its gap is 0 ms (steps_in_gap 0). Units: milliseconds, tokens, sequences.
 
     \b
     Example:

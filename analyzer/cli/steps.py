@@ -24,11 +24,13 @@ SECTIONS = ("steps", "summary")
 @section_option(SECTIONS)
 @format_option
 def steps_command(db_path, parquet_dir, clock_domain, min_fit_steps, min_fit_r2, sections, output_format) -> None:
-    """Every engine step of the continuous engine (one `engine_step` span each), then step time
-    against batch size and against scheduled tokens.
+    """Every engine step of the continuous engine or of vLLM through tokentrace's plugin (one
+    `engine_step` span each), then step time against batch size and against scheduled tokens.
 
     steps: start/end, step_ms = schedule_ms + execute_ms, batch_size, scheduled_tokens =
-    prefill_tokens + decode_tokens, waiting sequences, KV blocks used of the total.
+    prefill_tokens + decode_tokens, waiting sequences, KV blocks used of the total; under
+    vLLM's speculative decoding the draft tokens verified and accepted (spec_draft_tokens,
+    spec_accepted_tokens; with --format csv or json).
     summary: per group (all steps, each batch size, scheduled-token buckets 1-16, 17-128,
     129-1024, >1024) steps, step_ms mean/p50/p90/p99/max, and the least-squares line
     step_ms = fixed_ms + ms_per_scheduled_token x scheduled_tokens. A line over fewer than
