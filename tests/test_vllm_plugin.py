@@ -84,6 +84,10 @@ def test_rows_carry_vllms_own_step_objects() -> None:
     assert by_step[7]["finished"] == [["a", 1]] and by_step[-1]["finished"] == [["b", 2]]
     # nothing left held, every step and token counted, no state kept for ended requests
     assert (got["held"], got["in_flight"], got["steps"], got["tokens"], got["state"]) == (0, 0, 7, 12, [0, 0, 0, 0])
+    # a wrapper that raises: vLLM gets its step, its own methods go back on the class
+    assert got["failing"] == {"returned": True, "failed": True, "was_wrapped": True, "schedule_back": True,
+                              "update_back": True, "held": 0}, got["failing"]
+    assert "tokentrace: the vLLM hooks failed; tracing stops" in out.stderr
 
     # async scheduling: the step after r's last was scheduled before r's end was known; it
     # still names r (with the blocks r held, not as a new request), then r's state goes

@@ -149,6 +149,26 @@ def _sends() -> list[list[tuple[Any, ...]]]:
     ]
 
 
+def _as_the_wrappers_write(sends: list[list[tuple[Any, ...]]]) -> list[list[tuple[Any, ...]]]:
+    """``sends`` with each row in the form hooks.install's wrappers write it: None for the
+    tokens of a plain decode step (no new request, one token each), None, None for an update
+    where each request was scheduled one token and sampled one."""
+    totals: dict[int, int] = {}
+    out = []
+    for header, *rows in sends:
+        written = [header]
+        for row in rows:
+            if row[0] == SCHEDULED:
+                totals[row[1]] = sum(row[7].values())
+                if not row[8] and totals[row[1]] == len(row[9]):
+                    row = (*row[:7], None, *row[8:])
+            elif row[0] == UPDATED and totals[row[1]] == len(row[3]) == sum(row[4]):
+                row = (*row[:3], None, None)
+            written.append(row)
+        out.append(written)
+    return out
+
+
 def _through_records(sends: list[list[Any]], per_message: int) -> list[Any]:
     """Pack each send as RecordSink does (about ``per_message`` rows a message, cut where
     records.message_end says, each after its numbered GEOMETRY row), as BLOB messages, into
@@ -187,10 +207,21 @@ def _canonical(spans: list[Any]) -> list[tuple[Any, ...]]:
     return out
 
 
+def test_the_wrappers_write_plain_decode_steps_without_their_lists() -> None:
+    """Steps 4 and 6 of _sends are plain decode steps (no new request, one token each), and
+    their updates sampled one token per request: written without vLLM's dict and lists."""
+    compact = [row for send in _as_the_wrappers_write(_sends()) for row in send[1:]]
+    assert [row[1] for row in compact if row[0] == SCHEDULED and row[7] is None] == [4, 6]
+    assert [row[1] for row in compact if row[0] == UPDATED and row[3] is None] == [4, 6]
+    assert records.units(compact) == records.units([row for send in _sends() for row in send[1:]])
+
+
+@pytest.mark.parametrize("written", ["full", "as the wrappers write"])
 @pytest.mark.parametrize("per_message", [1, 3, 100])  # rows: one a message (events kept with their step) .. one per send
-def test_records_give_the_spans_consume_gives(per_message: int) -> None:
+def test_records_give_the_spans_consume_gives(per_message: int, written: str) -> None:
     direct = _canonical(_direct(_stream()))
-    through = _canonical(_through_records(_sends(), per_message))
+    sends = _sends() if written == "full" else _as_the_wrappers_write(_sends())
+    through = _canonical(_through_records(sends, per_message))
     assert len(through) == len(direct)
     for mine, theirs in zip(through, direct):
         assert mine == theirs
@@ -213,12 +244,14 @@ def test_records_give_the_spans_consume_gives(per_message: int) -> None:
     assert last_step["tokentrace.batch.discarded_sequences"] == 1  # C, scheduled before its abort
 
 
-def test_the_reader_gives_the_hand_worked_facts() -> None:
+@pytest.mark.parametrize("written", ["full", "as the wrappers write"])
+def test_the_reader_gives_the_hand_worked_facts(written: str) -> None:
     """StepReader on the rows gives, step by step, the columns worked out by hand in _stream
     (events attach to the step they came before, so only the steps are compared)."""
     reader = StepReader()
     got = []
-    for number, (header, *rows) in enumerate(_sends(), 1):
+    sends = _sends() if written == "full" else _as_the_wrappers_write(_sends())
+    for number, (header, *rows) in enumerate(sends, 1):
         for f in reader.read(records.unpack(records.pack(records.message(header, number, rows)))):
             if f is not None and f.step >= 0:
                 got.append((f.step, f.start_ns, f.sched_end_ns, f.end_ns, f.waiting, f.kv_used, f.kv_total,
@@ -409,8 +442,8 @@ def test_close_stops_the_exporter_even_when_the_last_send_fails(caplog: pytest.L
 
 def test_a_send_is_cut_into_messages_of_flush_bytes(tmp_path: Path) -> None:
     """Many steps held (a busy engine at batch 256): one send packs them into several
-    messages of at most 2 × FLUSH_BYTES, none ending on an event row but the last; the
-    exporter process rebuilds every span."""
+    messages of at most 2 × the sink's message size (32 KiB here, FLUSH_BYTES by default),
+    none ending on an event row but the last; the exporter process rebuilds every span."""
     out = tmp_path / "spans.jsonl"
     ids = [f"chatcmpl-{i:032x}-0-{i:08x}" for i in range(256)]
     s = T0 / 1e9
@@ -430,6 +463,8 @@ def test_a_send_is_cut_into_messages_of_flush_bytes(tmp_path: Path) -> None:
         send(payload, units)
 
     sink._send = spy  # type: ignore[method-assign]
+    assert sink.message_bytes == sink_module.FLUSH_BYTES == 256 * 1024
+    sink.message_bytes = 32 * 1024
     sink.measure = True  # (TOKENTRACE_VLLM_STATS): the send's parts timed too, into the stats file
     try:
         sink.flush(idle=True)
@@ -443,7 +478,7 @@ def test_a_send_is_cut_into_messages_of_flush_bytes(tmp_path: Path) -> None:
                          "free": sink.free_cpu_ns} and parts["pack"] != 0 and parts["socket"] != 0, parts
         assert stats["sends"] == sink.sends
         sizes = [len(p) for p in payloads]
-        assert sink.sends == len(sizes) > 2 and max(sizes) <= 2 * sink_module.FLUSH_BYTES, sizes
+        assert sink.sends == len(sizes) > 2 and max(sizes) <= 2 * 32 * 1024, sizes
         assert all(records.unpack(p)[-1][0] == UPDATED for p in payloads[:-1])  # each after a step's end
         assert records.unpack(payloads[-1])[-1] == (IDLE,)
         assert [records.unpack(p)[0][6] for p in payloads] == list(range(1, len(payloads) + 1))  # numbered

@@ -34,8 +34,8 @@ ENGINE = SimpleNamespace(current_step=0, waiting=FCFSRequestQueue([None, None]),
 SIGNATURE = inspect.signature(Scheduler.schedule)
 assert [(p.name, p.default) for p in SIGNATURE.parameters.values()] == [("self", inspect.Parameter.empty),
                                                                       ("throttle_prefills", False)], SIGNATURE
-Scheduler.schedule = lambda self, throttle_prefills=False: NEXT["out"]  # (replaced before install: wrapped)
-Scheduler.update_from_output = lambda self, scheduler_output, model_runner_output: {}
+STAND_IN_SCHEDULE = Scheduler.schedule = lambda self, throttle_prefills=False: NEXT["out"]  # (wrapped by install)
+STAND_IN_UPDATE = Scheduler.update_from_output = lambda self, scheduler_output, model_runner_output: {}
 SHUT: list[int] = []  # the stand-in shutdown's calls
 Scheduler.shutdown = lambda self: SHUT.append(len(TAP.held))
 TAP = StepTap(send=None)
@@ -158,7 +158,22 @@ def main() -> None:
                       "tokens": sum(sum(r["sampled"]) for r in records),
                       "state": state(tap), "async": async_end(), "v1": v1_resume(), "v2": v2_live_tokens(),
                       "reuse": id_used_again(), "sends": send_triggers(), "counts": sampled_counts(), "shutdown": shutdown_first(),
-                      "now_ns": time.time_ns()}))
+                      "now_ns": time.time_ns(), "failing": failing_hook()}))  # (last: it takes the wrappers off)
+
+
+def failing_hook() -> dict:
+    """A wrapper that raises (here: vLLM's block pool without the counter the schedule wrapper
+    reads): the step's output still reaches vLLM, tracing stops, and vLLM's own schedule and
+    update_from_output are back on the class, so no later step runs the plugin's code."""
+    new_tap()
+    TAP.free_queue = SimpleNamespace()  # no num_free_blocks
+    out = output([], cached([("f", 5, None, 1)]), {"f": 1})
+    NEXT["out"] = out
+    wrapped = Scheduler.schedule
+    returned = Scheduler.schedule(ENGINE) is out
+    return {"returned": returned, "failed": TAP.failed, "was_wrapped": wrapped is not STAND_IN_SCHEDULE,
+            "schedule_back": Scheduler.schedule is STAND_IN_SCHEDULE,
+            "update_back": Scheduler.update_from_output is STAND_IN_UPDATE, "held": len(TAP.held)}
 
 
 def send_triggers() -> list:

@@ -13,7 +13,7 @@ process and detached from its process tree); from then on vLLM's engine thread h
 (vLLM's own per-step lists by reference, instrument/vllm/records.py) and, batched (whenever
 the engine goes idle, else at 512 rows, or 2 s after the last send once about 64 steps are
 held, or 10 s after it: instrument/vllm/sink.py says why), packs them with ``marshal`` and sends them as
-channel-1 BLOB messages of about 32 KiB on a socket that never blocks; the exporter process
+channel-1 BLOB messages of up to about 256 KiB on a socket that never blocks; the exporter process
 reads them into step facts (instrument/vllm/steps.py) and builds the spans
 (instrument/vllm/spans.py). At vLLM's scheduler shutdown (or
 process exit) the plugin sends the rest and stops the child within ~4 s, logging one line

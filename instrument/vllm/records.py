@@ -7,7 +7,7 @@ ints (and the tokens sampled per request, counted in one C pass), plus a row per
 preemption and end. When a send is due (the engine went idle; 512 rows held; 2 s since the
 last send with about 64 steps held; 10 s since it) :class:`~instrument.vllm.sink.RecordSink` packs
 the rows with :func:`pack` (``marshal`` format 4, in C: each string object once per message) into
-channel-1 BLOB messages of about 32 KiB (instrument/records/channels.py). Measured
+channel-1 BLOB messages of up to about 256 KiB (instrument/records/channels.py). Measured
 inside vLLM's engine core, where a model step between two sends leaves vLLM's objects and
 this code cold in the CPU's caches, that costs the engine thread about a third less than
 reading each step into per-request columns there (docs/spans.md "vLLM", cost). No span,
@@ -30,12 +30,14 @@ flight: vLLM keeps it alive until the step's update), ``step`` vLLM's ``Schedule
 row        fields after the kind (vLLM 0.32 names in ``code``)
 =========  ====================================================================================
 SCHEDULED  key, step, start, schedule end, requests ``waiting``, KV blocks free,
-           ``num_scheduled_tokens`` (id -> tokens), new: ``[(req_id, num_computed_tokens,
+           ``num_scheduled_tokens`` (id -> tokens; None for a plain decode step: no new
+           request and one token for each scheduled one), new: ``[(req_id, num_computed_tokens,
            blocks given (first KV group), tokens so far when the V2 model runner gives them,
            else -1)]`` or None, then ``scheduled_cached_reqs``' ``req_ids``,
            ``resumed_req_ids``, ``new_block_ids``, ``num_computed_tokens``, ``num_output_tokens``
 UPDATED    key, end, ``ModelRunnerOutput.req_ids``, tokens sampled per request (in that order:
-           the lengths of ``sampled_token_ids``, counted in the update wrapper)
+           the lengths of ``sampled_token_ids``, counted in the update wrapper); None, None
+           when each request was scheduled one token and sampled one
 ARRIVED    request id, arrival (s, vLLM's float), trace headers (dict or None), prompt tokens
 PREEMPTED  request id, KV blocks freed, time
 FINISHED   request id, status (facts.FINISHED_*), time
@@ -89,7 +91,8 @@ def message_end(rows: list[tuple[Any, ...]], start: int, count: int) -> int:
 def units(rows: list[tuple[Any, ...]]) -> int:
     """The spans ``rows`` stand for (loss counting): a step's engine_step and one per request
     scheduled, two per request ended."""
-    return sum([len(row[7]) + 1 if row[0] == SCHEDULED else 2 if row[0] == FINISHED else 0 for row in rows])
+    return sum([len(row[9] if row[7] is None else row[7]) + 1 if row[0] == SCHEDULED else 2 if row[0] == FINISHED
+                else 0 for row in rows])
 
 
 def unpack(payload: bytes | memoryview) -> list[tuple[Any, ...]]:

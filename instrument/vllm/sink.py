@@ -29,7 +29,11 @@ log = logging.getLogger("tokentrace.vllm")
 # ~0.5; at ~300 ms a step, 2 s covered ~7 steps (~1.5-2 µs per token from the fixed part alone),
 # hence the steps asked for. Spans reach the SDK's batch processor (5 s between exports by
 # default) at most FLUSH_LATE_NS after their step; at once when the engine goes idle.
-FLUSH_BYTES = 32 * 1024  # a message is cut once about this much is packed
+# A message is cut once about FLUSH_BYTES are packed: the cost of a send on the socket is
+# mostly fixed (sendmsg after a model step, caches cold, on this 2-core VM: ~55-75 µs for 4 KiB,
+# ~75 for 32 KiB, ~130 for 256 KiB, the exporter process woken included), so a send's rows
+# (at most hooks.MAX_HELD, ~100-250 KiB at batch 8) go as one message, not one per 32 KiB
+FLUSH_BYTES = 256 * 1024
 EXPORTER_NICE = 10  # the exporter process runs this much nicer than the engine core (at most 19)
 FLUSH_NS = 2_000_000_000
 FLUSH_LATE_NS = 10_000_000_000
@@ -68,10 +72,11 @@ class RecordSink:
         self.lost_steps = 0  # steps taken and not sent: packing raised (tracing stops)
         self.closed = False
         self.take = take  # (idle) -> (GEOMETRY fields, the held rows): StepTap.take
-        self.rows_per_message = 512  # adapted so that a message packs to about FLUSH_BYTES
+        self.message_bytes = FLUSH_BYTES  # a message is cut once about this much is packed
+        self.rows_per_message = 512  # adapted so that a message packs to about message_bytes
 
     def flush(self, idle: bool = False) -> None:
-        """Pack the held rows and send them, messages of about ``FLUSH_BYTES`` (never waits);
+        """Pack the held rows and send them, messages of about ``message_bytes`` (never waits);
         ``idle``: the scheduler holds no request after them (an IDLE row ends them).
 
         Taken and packed here, all together, rather than at each step: measured inside vLLM's
@@ -91,15 +96,15 @@ class RecordSink:
                 payload = pack(message(header, self.sends + 1, chunk))
                 if clock:
                     self.pack_cpu_ns += clock() - mark - floor
-                if len(payload) > 2 * FLUSH_BYTES and count > 1:  # too large for one message: fewer rows
-                    self.rows_per_message = max(1, count * FLUSH_BYTES // len(payload))
+                if len(payload) > 2 * self.message_bytes and count > 1:  # too large for one message: fewer rows
+                    self.rows_per_message = max(1, count * self.message_bytes // len(payload))
                     continue
                 mark = clock() if clock else 0
                 self._send(payload, units(chunk))
                 if clock:
                     self.socket_cpu_ns += clock() - mark - floor
                 start = stop
-                if len(payload) < FLUSH_BYTES // 2 and start < end:
+                if len(payload) < self.message_bytes // 2 and start < end:
                     self.rows_per_message = count * 2
         except Exception:  # (the hook's caller logs it and stops tracing) the steps not sent, counted
             self.lost_steps += sum(1 for row in rows[start:] if row[0] == UPDATED)

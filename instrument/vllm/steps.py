@@ -121,7 +121,7 @@ class StepReader:
         ending = self._ending
         ending.update(end[0] for end in finished if end[0] not in reborn)
         for req_id in list(ending):
-            if not any(req_id in row[7] for row in self._opened.values()):
+            if not any(req_id in (row[9] if row[7] is None else row[7]) for row in self._opened.values()):
                 ending.discard(req_id)
                 self._prompt.pop(req_id, None)
                 self._blocks.pop(req_id, None)
@@ -162,9 +162,11 @@ class StepReader:
         prompt_of, blocks_of, phase_of = self._prompt, self._blocks, self._phase
         (_, _, _, _, _, _, _, tokens_of, news, cached_ids, resumed_ids, cached_blocks, cached_computed,
          cached_outputs) = scheduled
-        sampled = updated[4] if updated is not None else ()  # tokens sampled per request
-        index = {req_id: i for i, req_id in enumerate(updated[3])} if updated is not None else {}
-        got = len(sampled)
+        # tokens sampled per request, in the runner's order (None: one each)
+        sampled = updated[4] if updated is not None else ()
+        one_each = sampled is None
+        index = {req_id: i for i, req_id in enumerate(updated[3])} if updated is not None and not one_each else {}
+        got = 0 if one_each else len(sampled)
         # (id, tokens computed before the step, blocks given in the step, output tokens so far
         # (< 0 for scheduled_new_reqs: -2 - its tokens so far when the V2 model runner gives
         # them, else -1), resumed)
@@ -204,11 +206,14 @@ class StepReader:
             elif before < prompt:
                 prefill[i] = 1
             req_ids.append(req_id)
-            tokens[i] = tokens_of[req_id]
+            tokens[i] = 1 if tokens_of is None else tokens_of[req_id]  # (None: a plain decode step)
             computed[i] = before
             blocks[i] = blocks_of[req_id]
-            j = index.get(req_id)
-            counts[i] = sampled[j] if j is not None and j < got else 0
+            if one_each:
+                counts[i] = 1
+            else:
+                j = index.get(req_id)
+                counts[i] = sampled[j] if j is not None and j < got else 0
         facts.req_ids, facts.n = req_ids, n
         facts.tokens, facts.computed, facts.blocks, facts.sampled, facts.prefill = tokens, computed, blocks, counts, prefill
         facts.prefix_hit_tokens = hits

@@ -37,6 +37,7 @@ leaves vLLM untraced.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from typing import Any
 
@@ -108,64 +109,78 @@ def install(tap: StepTap) -> bool:
     finish, shutdown = Scheduler.finish_requests, Scheduler.shutdown
 
     held = tap.held  # (never rebound)
-    append, perf_ns = held.append, time.perf_counter_ns
-    most, least = MAX_HELD, LEAST_HELD
-    scheduled_kind, updated_kind = SCHEDULED, UPDATED
     # the FCFS waiting queue (vLLM's default policy) is a deque whose __len__ is a Python method
     # (super().__len__()): its C length is read directly, a Python call there costs µs
     fcfs, deque_len = FCFSRequestQueue, deque.__len__
 
     # per step, each wrapper appends one row (instrument/vllm/records.py): a tuple of vLLM's own
     # per-step lists, dicts and sets, taken by reference, and a few ints. The rows are built
-    # here, inline from closure names: code run between two model steps finds the CPU's caches
-    # cold, and a call to a helper function cost ~3 µs there (measured); what is read from the
-    # lists waits for the send (marshal, in C, many steps at once)
+    # here, inline: code run between two model steps finds the CPU's caches cold, and a call to
+    # a helper function cost ~3 µs there (measured); what is read from the lists waits for the
+    # send (marshal, in C, many steps at once). What the wrappers use comes in as keyword-only
+    # defaults (read from one tuple at the call, where closure cells and globals are each an
+    # object of their own, cold), and a wrapper that raised takes the plugin's wrappers off the
+    # class (tap.fail), so nothing checks per step whether tracing still runs.
+    # A plain decode step (every scheduled request scheduled one token, none new) holds None
+    # for num_scheduled_tokens; an update where every request sampled one token of one
+    # scheduled holds None for the runner's ids and counts: vLLM frees those itself, marshal
+    # does not read them cold (instrument/vllm/steps.py reads None as one token each).
     # vLLM 0.32's signature (tests/vllm_step_scenario.py checks it), not *args / **kwargs: no
     # tuple and dict packed per step
-    def traced_schedule(self: Any, throttle_prefills: bool = False) -> Any:
-        start = perf_ns()
-        out = schedule(self, throttle_prefills)
-        if out.total_num_scheduled_tokens > 0 and not tap.failed:
-            cpu, floor = clock_start() if tap.measure else (0, 0)
+    def traced_schedule(self: Any, throttle_prefills: bool = False, _schedule: Any = schedule,
+                        _perf: Any = time.perf_counter_ns, _append: Any = held.append, _tap: StepTap = tap,
+                        _measure: bool = tap.measure, _kind: int = SCHEDULED, _fcfs: type = fcfs,
+                        _deque_len: Any = deque_len, _new_rows: Any = new_rows, _id: Any = id, _len: Any = len,
+                        _type: Any = type) -> Any:
+        start = _perf()
+        out = _schedule(self, throttle_prefills)
+        total = out.total_num_scheduled_tokens
+        if total > 0:
+            cpu, floor = clock_start() if _measure else (0, 0)
             try:
-                free = tap.free_queue or (tap.geometry(self) and tap.free_queue)
+                free = _tap.free_queue or (_tap.geometry(self) and _tap.free_queue)
                 cached, news, waiting = out.scheduled_cached_reqs, out.scheduled_new_reqs, self.waiting
-                append((scheduled_kind, id(out), self.current_step, start, perf_ns(),
-                        deque_len(waiting) if type(waiting) is fcfs else len(waiting),
-                        free.num_free_blocks, out.num_scheduled_tokens, new_rows(news) if news else None,
-                        cached.req_ids, cached.resumed_req_ids, cached.new_block_ids, cached.num_computed_tokens,
-                        cached.num_output_tokens))
+                ids = cached.req_ids
+                _append((_kind, _id(out), self.current_step, start, _perf(),
+                         _deque_len(waiting) if _type(waiting) is _fcfs else _len(waiting),
+                         free.num_free_blocks, None if total == _len(ids) and not news else out.num_scheduled_tokens,
+                         _new_rows(news) if news else None, ids, cached.resumed_req_ids, cached.new_block_ids,
+                         cached.num_computed_tokens, cached.num_output_tokens))
             except Exception:
-                tap.fail()
+                _tap.fail()
             if cpu:
                 spent = time.thread_time_ns() - cpu - floor
-                tap.hook_cpu_ns += spent
-                tap.schedule_cpu_ns += spent
+                _tap.hook_cpu_ns += spent
+                _tap.schedule_cpu_ns += spent
         return out
 
-    def traced_update(self: Any, scheduler_output: Any, model_runner_output: Any) -> Any:
-        tap._in_update = True
+    def traced_update(self: Any, scheduler_output: Any, model_runner_output: Any, _update: Any = update,
+                      _perf: Any = time.perf_counter_ns, _append: Any = held.append, _held: list[Any] = held,
+                      _tap: StepTap = tap, _measure: bool = tap.measure, _kind: int = UPDATED,
+                      _most: int = MAX_HELD, _least: int = LEAST_HELD, _id: Any = id, _len: Any = len,
+                      _map: Any = map, _sum: Any = sum) -> Any:
+        result = _update(self, scheduler_output, model_runner_output)
+        cpu, floor = clock_start() if _measure else (0, 0)
         try:
-            result = update(self, scheduler_output, model_runner_output)
-        finally:
-            tap._in_update = False
-        if not tap.failed:
-            cpu, floor = clock_start() if tap.measure else (0, 0)
-            try:
-                end = perf_ns()
-                # tokens sampled per request, counted now in one C pass while vLLM's lists are
-                # warm: held, its lists and token ints would be read (and freed) cold at the send
-                sampled = [*map(len, model_runner_output.sampled_token_ids)]
-                append((updated_kind, id(scheduler_output), end, model_runner_output.req_ids, sampled))
-                idle = not self.requests
-                if idle or len(held) >= most or end >= tap.due_ns and (len(held) >= least or end >= tap.late_ns):
-                    tap.send(idle)
-                if cpu:
-                    tap.hook_cpu_ns += time.thread_time_ns() - cpu - floor
-                    tap.steps += bool(model_runner_output.req_ids)  # (only when measuring: TOKENTRACE_VLLM_STATS)
-                    tap.tokens += sum(sampled)
-            except Exception:
-                tap.fail()
+            end = _perf()
+            ids, sampled = model_runner_output.req_ids, model_runner_output.sampled_token_ids
+            n = _len(ids)
+            # one token scheduled and one sampled per request (without drafts a request samples
+            # at most one): None, None; else tokens sampled per request, counted now in one C
+            # pass while vLLM's lists are warm (held, they would be read and freed cold)
+            if scheduler_output.total_num_scheduled_tokens == n and _sum(_map(_len, sampled)) == n:
+                _append((_kind, _id(scheduler_output), end, None, None))
+            else:
+                _append((_kind, _id(scheduler_output), end, ids, [*_map(_len, sampled)]))
+            idle = not self.requests
+            if idle or _len(_held) >= _most or end >= _tap.due_ns and (_len(_held) >= _least or end >= _tap.late_ns):
+                _tap.send(idle)
+            if cpu:
+                _tap.hook_cpu_ns += time.thread_time_ns() - cpu - floor
+                _tap.steps += bool(n)  # (only when measuring: TOKENTRACE_VLLM_STATS)
+                _tap.tokens += _sum(_map(_len, sampled))
+        except Exception:
+            _tap.fail()
         return result
 
     def noting(method: Any, note: Any) -> Any:
@@ -183,12 +198,15 @@ def install(tap: StepTap) -> bool:
     traced_free = noting(free, lambda sched, request: tap.on_free(request))
     traced_add = noting(add, lambda sched, request: tap.on_add(request))
 
+    update_code = update.__code__
+
     def traced_finish(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = finish(self, *args, **kwargs)
         if not tap.failed:
             cpu, floor = clock_start() if tap.measure else (0, 0)
             try:  # an abort from the frontend, outside a step: its end goes out now
-                if not tap._in_update and held and held[-1][0] == FINISHED:
+                # (not when update_from_output itself finishes requests: its step's row comes after)
+                if held and held[-1][0] == FINISHED and sys._getframe(1).f_code is not update_code:
                     tap.send(not self.requests)
             except Exception:
                 tap.fail()
@@ -213,6 +231,12 @@ def install(tap: StepTap) -> bool:
     Scheduler.finish_requests = traced_finish
     Scheduler.shutdown = traced_shutdown
     setattr(Scheduler, _MARK, tap)
+
+    def uninstall() -> None:
+        """vLLM's own step methods back (a wrapper raised: vLLM runs on untraced)."""
+        Scheduler.schedule, Scheduler.update_from_output = schedule, update
+
+    tap.uninstall = uninstall
     return True
 
 

@@ -51,21 +51,24 @@ class StepTap:
         self.late_ns = 0  # perf_counter ns (... and this FLUSH_LATE_NS after)
         self._geometry: tuple[int, int, int] | None = None
         self.free_queue: Any = None  # vLLM's free KV block queue (its num_free_blocks read per step)
-        self._in_update = False
         self.dropped_steps = 0  # steps held when a hook or a send failed: not sent
         self.failed = False  # a hook raised: tracing stops, vLLM goes on (one log line)
-        self.measure = False  # time the hooks with the thread's CPU clock (0.25 µs a read here)
+        self.measure = False  # time the hooks with the thread's CPU clock (0.25 µs a read here; read by install)
         self.hook_cpu_ns = 0  # CPU time the engine thread spent in schedule/update hooks, ns (measure)
         self.schedule_cpu_ns = 0  # ... of which in the schedule hook
         self.stats_cpu_ns = 0  # ... of which writing the plugin's stats file (TOKENTRACE_VLLM_STATS)
         self.steps = 0  # scheduler steps updated (counted only when measure is on)
         self.tokens = 0  # tokens sampled in them (likewise)
         self.on_shutdown: Any = None  # called (once) when vLLM shuts the scheduler down
+        self.uninstall: Any = None  # puts vLLM's own step methods back (hooks.install sets it)
 
     def fail(self) -> None:
-        """A hook raised (vLLM state this module did not expect): log it once, stop tracing."""
+        """A hook raised (vLLM state this module did not expect): log it once, stop tracing
+        (vLLM's own step methods go back on its scheduler class)."""
         if not self.failed:
             self.failed = True
+            if self.uninstall is not None:
+                self.uninstall()
             # what it holds may miss an event: not sent, its steps counted
             self.dropped_steps += sum(1 for row in self.held if row[0] == UPDATED)
             self.held.clear()
