@@ -117,10 +117,12 @@ def install(tap: StepTap) -> bool:
     # per-step lists, dicts and sets, taken by reference, and a few ints. The rows are built
     # here, inline: code run between two model steps finds the CPU's caches cold, and a call to
     # a helper function cost ~3 µs there (measured); what is read from the lists waits for the
-    # send (marshal, in C, many steps at once). What the wrappers use comes in as keyword-only
-    # defaults (read from one tuple at the call, where closure cells and globals are each an
-    # object of their own, cold), and a wrapper that raised takes the plugin's wrappers off the
-    # class (tap.fail), so nothing checks per step whether tracing still runs.
+    # send (marshal, in C, many steps at once). What the wrappers use comes in as positional
+    # defaults after vLLM's own parameters (copied from one tuple at the call, where closure
+    # cells and globals are each an object of their own, cold; keyword-only defaults cost more
+    # than either: a dict lookup each at the call, benchmarks/cold_capture.py), and a wrapper
+    # that raised takes the plugin's wrappers off the class (tap.fail), so nothing checks per
+    # step whether tracing still runs (or is measured: tap.measure is read here, once).
     # A plain decode step (every scheduled request scheduled one token, none new) holds None
     # for num_scheduled_tokens; an update where every request sampled one token of one
     # scheduled holds None for the runner's ids and counts: vLLM frees those itself, marshal
