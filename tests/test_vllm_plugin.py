@@ -88,6 +88,10 @@ def test_rows_carry_vllms_own_step_objects() -> None:
     assert got["failing"] == {"returned": True, "failed": True, "was_wrapped": True, "schedule_back": True,
                               "update_back": True, "held": 0}, got["failing"]
     assert "tokentrace: the vLLM hooks failed; tracing stops" in out.stderr
+    # the exporter process does not start: likewise, one line, the step held counted
+    assert got["start"] == {"failed": True, "schedule_back": True, "update_back": True, "held": 0, "dropped": 1}, \
+        got["start"]
+    assert "the span exporter process did not start (1 steps held not sent)" in out.stderr
 
     # async scheduling: the step after r's last was scheduled before r's end was known; it
     # still names r (with the blocks r held, not as a new request), then r's state goes

@@ -158,7 +158,41 @@ def main() -> None:
                       "tokens": sum(sum(r["sampled"]) for r in records),
                       "state": state(tap), "async": async_end(), "v1": v1_resume(), "v2": v2_live_tokens(),
                       "reuse": id_used_again(), "sends": send_triggers(), "counts": sampled_counts(), "shutdown": shutdown_first(),
-                      "now_ns": time.time_ns(), "failing": failing_hook()}))  # (last: it takes the wrappers off)
+                      "now_ns": time.time_ns(), "start": start_failure(),
+                      "failing": failing_hook()}))  # (last: it takes the wrappers off)
+
+
+def start_failure() -> dict:
+    """The span exporter process does not start at the first send (here: RecordSink raises):
+    tracing stops with one error line and vLLM's own schedule and update_from_output go back
+    on the class (no row held per step after). The wrappers are put back afterwards for the
+    scenarios that follow."""
+    import instrument.vllm as plugin
+    import instrument.vllm.sink as sink_module
+
+    new_tap()
+    wrapped = Scheduler.schedule, Scheduler.update_from_output
+    plugin._state["tap"], TAP.send = TAP, plugin._start_pipeline
+    real = sink_module.RecordSink
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise OSError("no process")
+
+    sink_module.RecordSink = broken
+    try:
+        out = output([], cached([("g", 5, None, 1)]), {"g": 1})
+        NEXT["out"] = out
+        Scheduler.schedule(ENGINE)
+        idle = SimpleNamespace(current_step=1, waiting=ENGINE.waiting, requests={})  # the first send is due
+        Scheduler.update_from_output(idle, out, runner({"g": 1}))
+    finally:
+        sink_module.RecordSink = real
+    got = {"failed": TAP.failed, "schedule_back": Scheduler.schedule is STAND_IN_SCHEDULE,
+           "update_back": Scheduler.update_from_output is STAND_IN_UPDATE, "held": len(TAP.held),
+           "dropped": TAP.dropped_steps}
+    Scheduler.schedule, Scheduler.update_from_output = wrapped
+    TAP.failed, TAP.send, TAP.dropped_steps = False, None, 0
+    return got
 
 
 def failing_hook() -> dict:

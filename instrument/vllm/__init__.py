@@ -103,8 +103,10 @@ def _start_pipeline(idle: bool) -> None:
     tap = _state["tap"]
     try:
         sink = RecordSink(_exporters(), os.environ.get(ENV_JSON), take=tap.take)
-    except Exception:  # no exporter process: vLLM goes on untraced (one line)
+    except Exception:  # no exporter process: vLLM goes on untraced (one line), its own methods back
         tap.failed = True
+        if tap.uninstall is not None:
+            tap.uninstall()
         tap.dropped_steps += sum(1 for row in tap.held if row[0] == UPDATED)
         tap.held.clear()
         log.exception("tokentrace: the span exporter process did not start (%d steps held not sent); vLLM runs "
