@@ -3,7 +3,8 @@
 The plugin's scheduler wrappers (instrument/vllm/hooks/) append one *row* per scheduled step
 and one per updated step, on vLLM's engine thread: a tuple of the builtin lists, dicts and
 sets vLLM built for the step (referenced, not copied or read element by element) and a few
-ints (and the tokens sampled per request, counted in one C pass), plus a row per arrival,
+ints (and the tokens sampled per request, counted in one C pass; None, None for an update
+where each request was scheduled one token and sampled one), plus a row per arrival,
 preemption and end. When a send is due (the engine went idle; 512 rows held; 2 s since the
 last send with about 64 steps held; 10 s since it) :class:`~instrument.vllm.sink.RecordSink` packs
 the rows with :func:`pack` (``marshal`` format 4, in C: each string object once per message) into

@@ -29,10 +29,13 @@ log = logging.getLogger("tokentrace.vllm")
 # ~0.5; at ~300 ms a step, 2 s covered ~7 steps (~1.5-2 µs per token from the fixed part alone),
 # hence the steps asked for. Spans reach the SDK's batch processor (5 s between exports by
 # default) at most FLUSH_LATE_NS after their step; at once when the engine goes idle.
-# A message is cut once about FLUSH_BYTES are packed: the cost of a send on the socket is
-# mostly fixed (sendmsg after a model step, caches cold, on this 2-core VM: ~55-75 µs for 4 KiB,
-# ~75 for 32 KiB, ~130 for 256 KiB, the exporter process woken included), so a send's rows
-# (at most hooks.MAX_HELD, ~100-250 KiB at batch 8) go as one message, not one per 32 KiB
+# A message is cut once about FLUSH_BYTES are packed (one packs to at most twice that, else
+# it is packed again with fewer rows): a sendmsg costs the engine thread nearly the same for
+# any size (benchmarks/send_size.py, after streaming 32 MiB through the caches, the exporter
+# process woken: ~75-100 µs for 4 KiB, ~85-105 for 32 KiB, ~180 for 256 KiB), so a send's
+# rows go as one message where they fit (512 rows of plain decode steps at batch 8, ~230
+# steps: ~55 KiB, ~93 KiB with vLLM's dict and runner lists, which 32 KiB messages, used
+# before, cut in two or three; ~4× that at batch 32)
 FLUSH_BYTES = 256 * 1024
 EXPORTER_NICE = 10  # the exporter process runs this much nicer than the engine core (at most 19)
 FLUSH_NS = 2_000_000_000

@@ -15,7 +15,8 @@ a step: its end goes out at once) and ``shutdown()`` (the plugin's pipeline clos
 
 Per step each step wrapper appends one row of instrument/vllm/records.py to
 :attr:`StepTap.held`: vLLM's per-step lists, dicts and sets by reference (vLLM builds them
-anew each step), a few ints and ``perf_counter`` times; the update wrapper counts the tokens
+anew each step; None for those of a plain decode step: one token scheduled and sampled
+per request), a few ints and ``perf_counter`` times; the update wrapper counts the tokens
 sampled per request in one C pass (``map(len, ...)``, while vLLM's lists are still warm in
 the caches) and compares a few ints to see whether a send is due (the engine went idle;
 ``MAX_HELD`` rows; 2 s after the last send with ``LEAST_HELD`` rows, about 64 steps; 10 s
