@@ -84,6 +84,8 @@ def test_rows_carry_vllms_own_step_objects() -> None:
     assert by_step[7]["finished"] == [["a", 1]] and by_step[-1]["finished"] == [["b", 2]]
     # nothing left held, every step and token counted, no state kept for ended requests
     assert (got["held"], got["in_flight"], got["steps"], got["tokens"], got["state"]) == (0, 0, 7, 12, [0, 0, 0, 0])
+    # an abort's end goes out at once from outside a step, not from inside vLLM's update
+    assert got["aborts"] == [0, [False]], got["aborts"]
     # a wrapper that raises: vLLM gets its step, its own methods go back on the class
     assert got["failing"] == {"returned": True, "failed": True, "was_wrapped": True, "schedule_back": True,
                               "update_back": True, "held": 0}, got["failing"]

@@ -440,10 +440,12 @@ def test_close_stops_the_exporter_even_when_the_last_send_fails(caplog: pytest.L
     assert "the last vLLM step records were not sent" in caplog.text, caplog.text
 
 
-def test_a_send_is_cut_into_messages_of_flush_bytes(tmp_path: Path) -> None:
-    """Many steps held (a busy engine at batch 256): one send packs them into several
-    messages of at most 2 × the sink's message size (32 KiB here, FLUSH_BYTES by default),
-    none ending on an event row but the last; the exporter process rebuilds every span."""
+@pytest.mark.parametrize("message_kib", [32, 256])  # 256: FLUSH_BYTES, the default
+def test_a_send_is_cut_into_messages_of_flush_bytes(tmp_path: Path, message_kib: int) -> None:
+    """Many steps held (a busy engine at batch 256): one send packs them into messages of at
+    most 2 × the sink's message size (several at 32 KiB; at the default 256 KiB fewer, each
+    larger than 64 KiB), none ending on an event row but the last; the exporter process
+    rebuilds every span."""
     out = tmp_path / "spans.jsonl"
     ids = [f"chatcmpl-{i:032x}-0-{i:08x}" for i in range(256)]
     s = T0 / 1e9
@@ -464,7 +466,7 @@ def test_a_send_is_cut_into_messages_of_flush_bytes(tmp_path: Path) -> None:
 
     sink._send = spy  # type: ignore[method-assign]
     assert sink.message_bytes == sink_module.FLUSH_BYTES == 256 * 1024
-    sink.message_bytes = 32 * 1024
+    sink.message_bytes = message_kib * 1024
     sink.measure = True  # (TOKENTRACE_VLLM_STATS): the send's parts timed too, into the stats file
     try:
         sink.flush(idle=True)
@@ -478,7 +480,11 @@ def test_a_send_is_cut_into_messages_of_flush_bytes(tmp_path: Path) -> None:
                          "free": sink.free_cpu_ns} and parts["pack"] != 0 and parts["socket"] != 0, parts
         assert stats["sends"] == sink.sends
         sizes = [len(p) for p in payloads]
-        assert sink.sends == len(sizes) > 2 and max(sizes) <= 2 * 32 * 1024, sizes
+        assert sink.sends == len(sizes) and max(sizes) <= 2 * message_kib * 1024, sizes
+        if message_kib == 32:
+            assert len(sizes) > 2, sizes
+        else:  # what 32 KiB messages would have cut, whole
+            assert len(sizes) < sum(sizes) // (64 * 1024) and min(sizes) > 64 * 1024, sizes
         assert all(records.unpack(p)[-1][0] == UPDATED for p in payloads[:-1])  # each after a step's end
         assert records.unpack(payloads[-1])[-1] == (IDLE,)
         assert [records.unpack(p)[0][6] for p in payloads] == list(range(1, len(payloads) + 1))  # numbered

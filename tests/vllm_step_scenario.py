@@ -35,7 +35,21 @@ SIGNATURE = inspect.signature(Scheduler.schedule)
 assert [(p.name, p.default) for p in SIGNATURE.parameters.values()] == [("self", inspect.Parameter.empty),
                                                                       ("throttle_prefills", False)], SIGNATURE
 STAND_IN_SCHEDULE = Scheduler.schedule = lambda self, throttle_prefills=False: NEXT["out"]  # (wrapped by install)
-STAND_IN_UPDATE = Scheduler.update_from_output = lambda self, scheduler_output, model_runner_output: {}
+FINISH_INSIDE: list[str] = []  # ids the stand-in update finishes itself (vLLM: requests in error)
+
+
+def stand_in_update(self: object, scheduler_output: object, model_runner_output: object) -> dict:
+    """vLLM's update_from_output stand-in; finishes FINISH_INSIDE's ids through
+    finish_requests, as vLLM 0.32's own update does for requests in error."""
+    for req_id in FINISH_INSIDE:
+        TAP.held.append((FINISHED, req_id, 3, 1))  # (what the _free_request wrapper appends)
+        Scheduler.finish_requests(self, [req_id], None)
+    FINISH_INSIDE.clear()
+    return {}
+
+
+STAND_IN_UPDATE = Scheduler.update_from_output = stand_in_update
+Scheduler.finish_requests = lambda self, request_ids, finished_status: []  # (wrapped by install)
 SHUT: list[int] = []  # the stand-in shutdown's calls
 Scheduler.shutdown = lambda self: SHUT.append(len(TAP.held))
 TAP = StepTap(send=None)
@@ -158,8 +172,29 @@ def main() -> None:
                       "tokens": sum(sum(r["sampled"]) for r in records),
                       "state": state(tap), "async": async_end(), "v1": v1_resume(), "v2": v2_live_tokens(),
                       "reuse": id_used_again(), "sends": send_triggers(), "counts": sampled_counts(), "shutdown": shutdown_first(),
-                      "now_ns": time.time_ns(), "start": start_failure(),
+                      "now_ns": time.time_ns(), "aborts": abort_sends(), "start": start_failure(),
                       "failing": failing_hook()}))  # (last: it takes the wrappers off)
+
+
+def abort_sends() -> list:
+    """finish_requests with an end as the last row held: from the frontend, outside a step, it
+    sends at once; from inside vLLM's update_from_output (requests in error) it does not (the
+    step's own row comes after). [idle flag of each send]."""
+    new_tap()
+    sends: list = []
+    TAP.send = lambda idle: (sends.append(idle), TAP.held.clear())
+    TAP.due_ns = TAP.late_ns = 2**62
+    out = output([], cached([("h", 5, None, 1)]), {"h": 1})
+    NEXT["out"] = out
+    Scheduler.schedule(ENGINE)
+    FINISH_INSIDE.append("h")
+    Scheduler.update_from_output(ENGINE, out, runner({"h": 1}))
+    inside = len(sends)
+    TAP.held.append((FINISHED, "i", 0, 2))  # an abort from the frontend, between two steps
+    Scheduler.finish_requests(ENGINE, ["i"], None)
+    TAP.send = None
+    TAP.held.clear()
+    return [inside, sends]
 
 
 def start_failure() -> dict:
