@@ -19,9 +19,9 @@ socket (its cost is counted in vllm_tracing_cost.py's ``socket_cpu_ns``).
 Three sides, interleaved step by step: ``bare`` (the stand-ins alone), ``pass-through``
 (wrappers that only call through: a wrapper frame's own cost, which the self-timing inside
 vLLM leaves out) and ``plugin``. Prints per step, ns: the median schedule and update call of
-each side (the interquartile ranges of bare and plugin beside them), what the plugin adds and what a frame alone adds, the
-sends' median over the steps they cover, and the total per step and per token (batch tokens
-per step). This is harsher than vLLM: nothing runs between the eviction and the call but the
+each side (the interquartile ranges of bare and plugin beside them), what the plugin adds
+and what a frame alone adds; then, µs, the sends' median over the steps they cover, and the
+total per step and per token (batch tokens per step). This is harsher than vLLM: nothing runs between the eviction and the call but the
 building of the step's objects, so the interpreter's own code is cold too, where vLLM's
 scheduler and runner have just warmed much of it; compare sides within one run.
 
