@@ -50,7 +50,7 @@ def _round(engine: Any, prompts: list[list[int]], args: argparse.Namespace, tag:
     from opentelemetry import trace
 
     from instrument.engines.base import EngineRequest
-    from instrument.sampling import SamplingParams
+    from instrument.hf.token_sampling import SamplingParams
 
     done = threading.Event()
     left = [args.batch]
@@ -123,7 +123,7 @@ def main() -> None:
 
     from instrument.engines.continuous import ContinuousEngine
     from instrument.gateway.metrics import ServerMetrics
-    from instrument.model_handle import load_model_handle
+    from instrument.hf.model_handle import load_model_handle
 
     handle = load_model_handle(args.model)
     prompts = [handle.tokenize([{"role": "user", "content": p}], None) for p in PROMPTS]

@@ -58,7 +58,7 @@ def section_stepcost(args: argparse.Namespace, handle: Any) -> dict[str, Any]:
 
     from instrument.engines.base import EngineRequest
     from instrument.engines.continuous import ContinuousEngine
-    from instrument.sampling import SamplingParams
+    from instrument.hf.token_sampling import SamplingParams
 
     engine = ContinuousEngine(handle, TracerProvider())
     processor = engine.manager.batch_processor
@@ -138,7 +138,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
-    from instrument.model_handle import load_model_handle
+    from instrument.hf.model_handle import load_model_handle
 
     out = {"model": args.model, "load_average_start": os.getloadavg()[0]}
     out["stepcost"] = section_stepcost(args, load_model_handle(args.model))

@@ -197,8 +197,8 @@ def section_tracing(args: argparse.Namespace, handle: Any) -> dict[str, Any]:
 
     from instrument.engines.base import EngineRequest
     from instrument.engines.continuous import ContinuousEngine
-    from instrument.sampling import SamplingParams
-    from instrument.tracing import get_tracer, setup_tracing
+    from instrument.hf.token_sampling import SamplingParams
+    from instrument.otel.tracing import get_tracer, setup_tracing
 
     spans = Path(tempfile.mkdtemp(prefix="tt-trace-cost-")) / "spans.jsonl"
     provider = setup_tracing("engine-throughput", exporter="otlp_json", json_path=str(spans))
@@ -425,7 +425,7 @@ def main() -> None:
     if any(s in sections for s in ("tracing", "gateway", "startup", "stepcost")):
         import torch
 
-        from instrument.model_handle import load_model_handle
+        from instrument.hf.model_handle import load_model_handle
 
         if args.threads:
             torch.set_num_threads(args.threads)

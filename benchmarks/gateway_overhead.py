@@ -77,7 +77,7 @@ def _free_port() -> int:
 
 def direct_once(handle: Any, provider: Any, prompt: str, max_tokens: int) -> tuple[float, float]:
     """(TTFT ms, E2E ms) of one direct traced_generate call."""
-    from instrument.generate import traced_generate
+    from instrument.hf.generate import traced_generate
 
     tokenizer = handle.tokenizer
     texts: list[int] = []
@@ -149,7 +149,7 @@ sys.path.insert(0, sys.argv[1])
 import uvicorn
 from instrument.client import local_tracer_provider
 from instrument.gateway.app import GatewaySettings, create_app
-from instrument.model_handle import load_model_handle
+from instrument.hf.model_handle import load_model_handle
 model, port, spans, max_tokens, loop, http = sys.argv[2:8]
 provider = local_tracer_provider("tokentrace-gateway-baseline", json_path=spans)
 app = create_app(load_model_handle(model), provider, GatewaySettings(max_tokens_limit=int(max_tokens), engine="sequential"))
@@ -235,8 +235,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import httpx
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from instrument.model_handle import load_model_handle
-    from instrument.tracing import setup_tracing
+    from instrument.hf.model_handle import load_model_handle
+    from instrument.otel.tracing import setup_tracing
 
     load_start = os.getloadavg()[0]
     handle = load_model_handle(args.model)

@@ -40,7 +40,7 @@ class _EncodeOnly(SpanExporter):
 
 
 def _handle(model: Any) -> Any:
-    from instrument.model_handle import ModelHandle, _kv_bytes_per_token
+    from instrument.hf.model_handle import ModelHandle, _kv_bytes_per_token
 
     return ModelHandle(model, None, "llama-1b-random-bf16", (), None, _kv_bytes_per_token(model))
 
@@ -49,7 +49,7 @@ def _round(engine: Any, prompts: list[list[int]], tokens: int, flush: Any) -> tu
     from opentelemetry.trace import SpanKind
 
     from instrument.engines.base import EngineRequest
-    from instrument.sampling import SamplingParams
+    from instrument.hf.token_sampling import SamplingParams
 
     done = threading.Event()
     left = [len(prompts)]
@@ -78,7 +78,7 @@ def _round(engine: Any, prompts: list[list[int]], tokens: int, flush: Any) -> tu
 def check_continuous(model: Any, *, tokens: int, sequences: int, prompt_tokens: int, rounds: int) -> list[str]:
     """Run the checks of the module docstring; the failed ones (empty: all passed)."""
     from instrument.engines.continuous import ContinuousEngine
-    from instrument.tracing import setup_tracing
+    from instrument.otel.tracing import setup_tracing
 
     failures: list[str] = []
     generator = torch.Generator(device="cpu").manual_seed(1)

@@ -48,9 +48,9 @@ import torch  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 
-from instrument.generate import traced_generate  # noqa: E402
-from instrument.kv_runtime import cache_tensor_bytes  # noqa: E402
-from instrument.tracing import setup_tracing  # noqa: E402
+from instrument.hf.generate import traced_generate  # noqa: E402
+from instrument.kv.runtime import cache_tensor_bytes  # noqa: E402
+from instrument.otel.tracing import setup_tracing  # noqa: E402
 
 
 def build_llama_1b(device: str = "cuda") -> Any:
@@ -184,7 +184,7 @@ def tracing_cost_cpu_fallback(span_export: str = "process") -> int:
     """The tracing-cost part on the tiny model on the CPU (wiring check without CUDA)."""
     import tracing_cost
 
-    from instrument.model_handle import load_model_handle
+    from instrument.hf.model_handle import load_model_handle
 
     print("gpu_instrument_check: no CUDA (--cpu-fallback): tracing cost, tiny model, CPU")
     result = tracing_cost.section_engine(load_model_handle("tiny"), [8, 16], 8, 1, capture=True, unfreeze=False,

@@ -27,13 +27,13 @@ import torch
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from instrument.generate import traced_generate
-from instrument.generate_spans import DecodeSpanPolicy, SequenceTrace, emit_sequence_spans
-from instrument.kv_runtime import inspect_runtime_kv
-from instrument.recorder import GenerationRecorder, RecordedTimeline
-from instrument.span_writer import ApiSpanWriter, DirectSpanWriter
-from instrument.tiny_model import load_tiny_model
-from instrument.tracing import get_tracer, setup_tracing
+from instrument.hf.generate import traced_generate
+from instrument.hf.generate_spans import DecodeSpanPolicy, SequenceTrace, emit_sequence_spans
+from instrument.kv.runtime import inspect_runtime_kv
+from instrument.hf.recorder import GenerationRecorder, RecordedTimeline
+from instrument.otel.span_writer import ApiSpanWriter, DirectSpanWriter
+from instrument.hf.tiny_model import load_tiny_model
+from instrument.otel.tracing import get_tracer, setup_tracing
 
 
 class DiscardingExporter(SpanExporter):
@@ -256,7 +256,7 @@ def main() -> None:
     compare(model, tok, "tiny llama, tracer API", args.tokens, args.reps, "all", direct_spans=False)
     microbenchmarks(model, tok)
     if not args.no_smollm2:
-        from instrument.smollm2 import load_smollm2
+        from instrument.hf.smollm2 import load_smollm2
 
         smol, smol_tok = load_smollm2()
         freeze()

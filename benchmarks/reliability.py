@@ -13,7 +13,7 @@ Definitions (one place, used by every row):
 - ``tried``: the unit the scenario counts (spans submitted to the exporter, requests sent,
   batches delivered, corrupted files loaded).
 - ``lost``: tried units that are in none of the accounted outcomes: for export, spans not
-  counted as exported, failed or dropped (``instrument.export_health``), or counted as
+  counted as exported, failed or dropped (``instrument.otel.export_health``), or counted as
   exported but absent at the endpoint; for serving, requests without a completion, a 429,
   or a cancelled/ended gateway span; for loads, records_read != loaded + duplicates + rejected.
 """
@@ -149,7 +149,7 @@ class ExportRun:
     requests: int
     per_request_s: list[float]
     shutdown_s: float
-    counts: Any  # instrument.export_health.ExportCounts
+    counts: Any  # instrument.otel.export_health.ExportCounts
     received: int  # spans the endpoint answered 200 for (repeats included)
     received_unique: int
     exported_ids: set[bytes] = field(default_factory=set)
@@ -171,7 +171,7 @@ def export_fault_runs(requests: int = 4, max_tokens: int = 32, timeout_s: float 
     Requests are interleaved across the four providers (round-robin), so CPU noise from
     other processes hits every mode alike; each provider is shut down (timed) at the end."""
     from instrument import setup_tracing, traced_generate
-    from instrument.export_health import export_health
+    from instrument.otel.export_health import export_health
 
     model, tok = tiny()
     modes = ("ok", "503", "slow", "down")
@@ -218,7 +218,7 @@ def recovery_503(requests: int = 2, max_tokens: int = 16, timeout_s: float = 1.0
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from instrument import setup_tracing, traced_generate
-    from instrument.export_health import export_health
+    from instrument.otel.export_health import export_health
 
     model, tok = tiny()
     memory = InMemorySpanExporter()
@@ -247,7 +247,7 @@ def recovery_receiver_restart(out_dir: Path, requests: int = 2, max_tokens: int 
 
     from analyzer.collect import Receiver
     from instrument import setup_tracing, traced_generate
-    from instrument.export_health import export_health
+    from instrument.otel.export_health import export_health
 
     model, tok = tiny()
     port = closed_port()
@@ -294,7 +294,7 @@ _HANDLE: Any = None
 def tiny_handle() -> Any:
     global _HANDLE
     if _HANDLE is None:
-        from instrument.model_handle import load_model_handle
+        from instrument.hf.model_handle import load_model_handle
 
         _HANDLE = load_model_handle("tiny")
     return _HANDLE
@@ -366,7 +366,7 @@ def overload(burst: int = 16, max_queued: int = 3, max_tokens: int = 12, disconn
     from instrument.client import chat_body, stream_chat
     from instrument.gateway.admission import AdmissionBudgets
     from instrument.gateway.app import GatewaySettings
-    from instrument.tracing import get_tracer
+    from instrument.otel.tracing import get_tracer
 
     client_provider, client_memory = memory_provider()
     settings = GatewaySettings(budgets=AdmissionBudgets(max_queued_requests=max_queued), max_tokens_limit=512)
@@ -482,7 +482,7 @@ def serving_with_export_down(requests: int = 4, max_tokens: int = 12, timeout_s:
     import httpx
 
     from instrument.client import chat_body
-    from instrument.export_health import export_health
+    from instrument.otel.export_health import export_health
 
     def timed(url: str) -> list[float]:
         out = []

@@ -9,7 +9,7 @@ engine   The real continuous engine (instrument/engines/continuous.py) on ``--mo
          stand-in of the gateway's event-loop thread, which keeps one ``tokentrace.chunk``
          event per token and ends the ``queue`` and ``gateway`` spans when the sequence ends.
          Traced rounds use the provider ``tokentrace serve --otlp-json F`` builds (SDK
-         BatchSpanProcessor -> OTLP-JSON lines exporter, instrument/tracing.py; with
+         BatchSpanProcessor -> OTLP-JSON lines exporter, instrument/otel/tracing.py; with
          ``--span-export process`` the exporter is only named there and the stand-in's
          spans are forwarded, its chunk events as raw tuples, to the span exporter process
          that also gets the engine's step records, as ``serve`` does it); untraced
@@ -158,7 +158,7 @@ def section_engine(handle: Any, batches: list[int], max_tokens: int, rounds: int
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from instrument.tracing import setup_tracing
+    from instrument.otel.tracing import setup_tracing
 
     spans_file = Path(tempfile.mkdtemp(prefix="tt-tracing-cost-")) / "spans.jsonl"
     # as `tokentrace serve` builds it: under process the exporters are only named here, and one
@@ -218,7 +218,7 @@ def _export_gil(batch: list[Any], repeat: int) -> dict[str, float]:
     thread sleeps 0.5 ms at a time: wall per batch and how late the probe woke (p99, max)."""
     from tracing_cost_harness import Probe, percentile
 
-    from instrument.otlp_json import OTLPJsonLinesSpanExporter
+    from instrument.otel.otlp_json import OTLPJsonLinesSpanExporter
 
     variants = {"sliced": {}, "one_line": {"max_spans": 1 << 30, "max_events": 1 << 30}}
     walls: dict[str, list[float]] = {name: [] for name in variants}
@@ -251,7 +251,7 @@ def section_encode(spans: list[Any], repeat: int = 5) -> dict[str, Any]:
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.resources import Resource
 
-    from instrument import otlp_json
+    from instrument.otel import otlp_json
 
     batch = list(spans[:EXPORT_BATCH])
     n = len(batch)
@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--batches, --rounds must be >= 1 and --max-tokens >= 2")
     import torch
 
-    from instrument.model_handle import load_model_handle
+    from instrument.hf.model_handle import load_model_handle
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -191,7 +191,7 @@ class Harness:
                  probe_interval_s: float, prompts: list[list[int]] | None = None,
                  span_export: str = "inline") -> None:
         from instrument.engines.continuous import ContinuousEngine
-        from instrument.tracing import get_tracer
+        from instrument.otel.tracing import get_tracer
 
         self.handle = handle
         self.provider = provider
@@ -253,7 +253,7 @@ class Harness:
 
         from instrument.clock import now_wall_ns
         from instrument.engines.base import EngineRequest
-        from instrument.sampling import SamplingParams
+        from instrument.hf.token_sampling import SamplingParams
 
         engine, inbox = self.engine, self.gateway.inbox
         engine.tracing = traced

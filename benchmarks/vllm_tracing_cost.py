@@ -31,7 +31,7 @@ concurrency:
 The load average (1 min) is printed per round: on a shared machine read the figures next to it.
 vLLM's own tracing is off on both sides.
 
-``--model tiny`` serves instead tokentrace's tiny random Llama (instrument/tiny_model.py, built
+``--model tiny`` serves instead tokentrace's tiny random Llama (instrument/hf/tiny_model.py, built
 with 2 query heads of 32 for vLLM's CPU attention; ~0.1 MB of weights) under the same name: a
 model step that no longer streams 270 MB of weights through the CPU's caches, as on a host
 whose model runs on a GPU, where the engine thread's caches hold vLLM's own code and objects.
@@ -122,7 +122,7 @@ def _settled_cpu_s(pid: int, wait_s: float = 20.0) -> float:
 
 def _tiny_model(folder: Path) -> Path:
     """tokentrace's tiny Llama built into ``folder`` by vLLM's Python (its transformers reads it)."""
-    code = ("import sys; from instrument.tiny_model import build_tiny_model; "
+    code = ("import sys; from instrument.hf.tiny_model import build_tiny_model; "
             "build_tiny_model(sys.argv[1], q_heads=2, kv_heads=1)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     subprocess.run([str(VLLM_PYTHON), "-c", code, str(folder)], check=True, env=env, capture_output=True)
@@ -256,7 +256,7 @@ def main() -> None:
     args = parser.parse_args()
     if not VLLM_PYTHON.exists():
         raise SystemExit("vllm_tracing_cost: .venv-vllm absent (scripts/test-vllm BUILD_ONLY=1 builds it)")
-    from instrument.smollm2 import smollm2_cache_dir
+    from instrument.hf.smollm2 import smollm2_cache_dir
 
     model = smollm2_cache_dir()
     if args.model == "smollm2" and not (model / "config.json").exists():

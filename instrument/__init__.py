@@ -1,6 +1,6 @@
 """tokentrace instrumentation: KV math, traced generate, tracing setup.
 
-Public names are imported lazily, so ``import instrument.kv`` stays light (no torch, no
+Public names are imported lazily, so ``import instrument.kv.formula`` stays light (no torch, no
 OpenTelemetry SDK) and ``instrument`` never needs duckdb.
 """
 
@@ -25,18 +25,18 @@ __all__ = [
 ]
 
 _HOMES = {
-    "setup_tracing": "instrument.tracing",
-    "get_tracer": "instrument.tracing",
-    "traced_generate": "instrument.generate",
-    "instrument_model": "instrument.generate",
-    "uninstrument_model": "instrument.generate",
-    "TracedGeneration": "instrument.generate",
-    "SequenceTrace": "instrument.generate_spans",
-    "DecodeSpanPolicy": "instrument.generate_spans",
-    "GenerationRecorder": "instrument.recorder",
-    "OTLPJsonLinesSpanExporter": "instrument.otlp_json",
-    "load_tiny_model": "instrument.tiny_model",
-    "load_smollm2": "instrument.smollm2",
+    "setup_tracing": "instrument.otel.tracing",
+    "get_tracer": "instrument.otel.tracing",
+    "traced_generate": "instrument.hf.generate",
+    "instrument_model": "instrument.hf.generate",
+    "uninstrument_model": "instrument.hf.generate",
+    "TracedGeneration": "instrument.hf.generate",
+    "SequenceTrace": "instrument.hf.generate_spans",
+    "DecodeSpanPolicy": "instrument.hf.generate_spans",
+    "GenerationRecorder": "instrument.hf.recorder",
+    "OTLPJsonLinesSpanExporter": "instrument.otel.otlp_json",
+    "load_tiny_model": "instrument.hf.tiny_model",
+    "load_smollm2": "instrument.hf.smollm2",
 }
 
 

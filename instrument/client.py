@@ -33,7 +33,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from instrument.clock import now_wall_ns
-from instrument.tracing import get_tracer
+from instrument.otel.tracing import get_tracer
 
 __all__ = ["SEED_PROMPT", "ClientResult", "chat_body", "stream_chat", "run_load", "run_load_sync",
            "poisson_arrival_offsets_s", "local_tracer_provider"]
@@ -88,7 +88,7 @@ def local_tracer_provider(service_name: str, *, json_path: str | None = None, sp
     exporter process to make (``serve --span-export process``)."""
     import os
 
-    from instrument.tracing import setup_tracing
+    from instrument.otel.tracing import setup_tracing
 
     names = []
     if json_path is not None:

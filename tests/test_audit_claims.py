@@ -122,7 +122,7 @@ def test_synthetic_presented_as_measured(tmp_path) -> None:
 
 def test_tokentrace_artifact(tmp_path, seed_csv) -> None:
     from analyzer.formats.timeline import WindowCounts, compute_artifact, read_timeline_csv
-    from instrument.kv import explicit_layout
+    from instrument.kv.formula import explicit_layout
 
     artifact = compute_artifact(read_timeline_csv(seed_csv), input_tokens=1025, output_tokens=150,
                                 kv=explicit_layout(80, 8, 128, "bf16", q_heads=64),

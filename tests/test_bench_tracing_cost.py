@@ -45,7 +45,7 @@ def test_children_cpu_counts_a_live_child_process():
 
 
 def test_engine_section_on_the_tiny_model():
-    from instrument.model_handle import load_model_handle
+    from instrument.hf.model_handle import load_model_handle
 
     result = TC.section_engine(load_model_handle("tiny"), [3], 5, 1, log=lambda line: None)
     summary = result["batches"]["3"]
@@ -77,7 +77,7 @@ def test_engine_section_on_the_tiny_model():
 def test_engine_section_with_the_exporter_process():
     """--span-export process: the engine thread writes no sequence spans, its sends are timed
     in the step bucket, and the spans file gets the exporter process's spans."""
-    from instrument.model_handle import load_model_handle
+    from instrument.hf.model_handle import load_model_handle
 
     result = TC.section_engine(load_model_handle("tiny"), [3], 5, 1, log=lambda line: None,
                                span_export="process")

@@ -24,7 +24,7 @@ from analyzer.cli import cli  # noqa: E402
 from instrument.client import poisson_arrival_offsets_s  # noqa: E402
 from instrument.gateway.app import GatewaySettings, create_app  # noqa: E402
 from instrument.gateway.server import ServerThread  # noqa: E402
-from instrument.model_handle import load_model_handle  # noqa: E402
+from instrument.hf.model_handle import load_model_handle  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -27,8 +27,8 @@ from instrument.client import chat_body, stream_chat  # noqa: E402
 from instrument.gateway.admission import AdmissionBudgets  # noqa: E402
 from instrument.gateway.app import GatewaySettings, create_app  # noqa: E402
 from instrument.gateway.server import ServerThread  # noqa: E402
-from instrument.model_handle import ModelHandle, load_model_handle  # noqa: E402
-from instrument.tracing import get_tracer  # noqa: E402
+from instrument.hf.model_handle import ModelHandle, load_model_handle  # noqa: E402
+from instrument.otel.tracing import get_tracer  # noqa: E402
 
 TIMEOUT_S = 60.0
 PROMPTS = ["hi", "Tell me about Kyoto hotels with onsen access. " * 3, "The quick brown fox", "KV cache " * 12]
@@ -261,7 +261,7 @@ def test_a_process_that_never_closes_its_engine_still_exits() -> None:
     import subprocess
     import sys
 
-    code = ("from instrument.model_handle import load_model_handle\n"
+    code = ("from instrument.hf.model_handle import load_model_handle\n"
             "from instrument.engines.continuous import ContinuousEngine\n"
             "from opentelemetry.sdk.trace import TracerProvider\n"
             "engine = ContinuousEngine(load_model_handle('tiny'), TracerProvider())\n"

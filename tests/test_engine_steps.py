@@ -33,8 +33,8 @@ from analyzer.db.store import connect, insert_rows  # noqa: E402
 from instrument.client import chat_body, stream_chat  # noqa: E402
 from instrument.gateway.app import GatewaySettings, create_app  # noqa: E402
 from instrument.gateway.server import ServerThread  # noqa: E402
-from instrument.model_handle import load_model_handle  # noqa: E402
-from instrument.tracing import get_tracer  # noqa: E402
+from instrument.hf.model_handle import load_model_handle  # noqa: E402
+from instrument.otel.tracing import get_tracer  # noqa: E402
 
 TIMEOUT_S = 60.0
 CONTINUOUS = "tokentrace-gateway|continuous-1|test"

@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from instrument.gateway.app import GatewaySettings, create_app  # noqa: E402
 from instrument.gateway.server import ServerThread  # noqa: E402
-from instrument.model_handle import load_model_handle  # noqa: E402
+from instrument.hf.model_handle import load_model_handle  # noqa: E402
 
 MODEL = "tiny"
 PROMPT = [{"role": "user", "content": "Tell me about hotels in Kyoto with onsen access."}]

@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from instrument.gateway import sse  # noqa: E402
 from instrument.gateway.request_state import Detokenizer  # noqa: E402
-from instrument.model_handle import ModelHandle, load_model_handle  # noqa: E402
+from instrument.hf.model_handle import ModelHandle, load_model_handle  # noqa: E402
 
 TIMEOUT_S = 30.0
 
@@ -65,7 +65,7 @@ def _tokenizers(handle: ModelHandle) -> list[tuple[str, Any]]:
     try:
         from transformers import AutoTokenizer
 
-        from instrument.smollm2 import smollm2_cache_dir
+        from instrument.hf.smollm2 import smollm2_cache_dir
 
         directory = smollm2_cache_dir()
         if (directory / "tokenizer.json").is_file():
@@ -121,7 +121,7 @@ def _state(handle: ModelHandle, loop: asyncio.AbstractEventLoop, *, waker: bool 
     from instrument.gateway.admission import AdmissionBudgets, AdmissionController
     from instrument.gateway.request_state import LoopWaker, RequestState
     from instrument.gateway.validation import validate_request
-    from instrument.tracing import get_tracer
+    from instrument.otel.tracing import get_tracer
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider(span_limits=SpanLimits(max_events=4096))

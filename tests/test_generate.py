@@ -13,10 +13,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 from opentelemetry.trace import SpanKind  # noqa: E402
 
-from instrument.generate import instrument_model, traced_generate, uninstrument_model  # noqa: E402
-from instrument.kv_runtime import cache_tensor_bytes  # noqa: E402
-from instrument.tiny_model import load_tiny_model  # noqa: E402
-from instrument.tracing import setup_tracing  # noqa: E402
+from instrument.hf.generate import instrument_model, traced_generate, uninstrument_model  # noqa: E402
+from instrument.kv.runtime import cache_tensor_bytes  # noqa: E402
+from instrument.hf.tiny_model import load_tiny_model  # noqa: E402
+from instrument.otel.tracing import setup_tracing  # noqa: E402
 
 PROMPT = "Hello world, the quick brown fox"
 
@@ -123,7 +123,7 @@ def test_decode_span_policy_thins_steps_but_keeps_chunks(tiny, spans_out, policy
 
 @pytest.mark.parametrize("policy", ["all", "none", "every:1", "every:2", "every:3", "every:50"])
 def test_decode_span_policy_steps_and_keeps_agree(policy):
-    from instrument.generate_spans import DecodeSpanPolicy
+    from instrument.hf.generate_spans import DecodeSpanPolicy
 
     p = DecodeSpanPolicy.parse(policy)
     for generated in range(0, 40):
@@ -266,7 +266,7 @@ def test_sampler_is_respected(tiny, direct_spans):
 def test_decode_spans_handed_off_as_a_batch_are_counted_and_exported(tiny):
     """The bulk decode-span path (``write_steps`` -> ``on_end_many``) keeps the export
     accounting exact: every span submitted is counted, exported and parented."""
-    from instrument.export_health import export_health
+    from instrument.otel.export_health import export_health
 
     model, tok = tiny
     exporter = InMemorySpanExporter()
@@ -291,7 +291,7 @@ def test_decode_spans_handed_off_as_a_batch_are_counted_and_exported(tiny):
 
 def test_visible_token_cache_matches_a_fresh_decode(tiny):
     """Visibility answers remembered per tokenizer give the same O as decoding afresh."""
-    from instrument import generate as generate_module
+    from instrument.hf import generate as generate_module
 
     model, tok = tiny
     provider = setup_tracing(exporter="none", span_exporters=[InMemorySpanExporter()], batch=False)

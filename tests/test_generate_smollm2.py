@@ -15,9 +15,9 @@ pytest.importorskip("gguf")
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 
-from instrument.generate import traced_generate  # noqa: E402
-from instrument.smollm2 import load_smollm2, smollm2_package_dir  # noqa: E402
-from instrument.tracing import setup_tracing  # noqa: E402
+from instrument.hf.generate import traced_generate  # noqa: E402
+from instrument.hf.smollm2 import load_smollm2, smollm2_package_dir  # noqa: E402
+from instrument.otel.tracing import setup_tracing  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

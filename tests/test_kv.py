@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from instrument.kv import (
+from instrument.kv.formula import (
     UnsupportedArchitecture,
     bytes_to_mib,
     dtype_bytes,

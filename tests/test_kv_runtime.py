@@ -11,9 +11,9 @@ pytest.importorskip("transformers")
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 
-from instrument.generate import traced_generate  # noqa: E402
-from instrument.tiny_model import load_tiny_model  # noqa: E402
-from instrument.tracing import setup_tracing  # noqa: E402
+from instrument.hf.generate import traced_generate  # noqa: E402
+from instrument.hf.tiny_model import load_tiny_model  # noqa: E402
+from instrument.otel.tracing import setup_tracing  # noqa: E402
 
 PROMPT = "The quick brown fox"
 

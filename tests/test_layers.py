@@ -7,7 +7,7 @@ Every ``import`` and ``from … import`` in analyzer/ and instrument/ is read fr
 
 A module may import its own layer and the layers below it, never one above. Between the two
 halves: ``instrument`` never imports ``analyzer``; below the verbs, ``analyzer`` imports only
-``instrument.kv`` (the KV formula, no torch); verbs and CLI import the engine side inside
+``instrument.kv.formula`` (the KV formula, no torch); verbs and CLI import the engine side inside
 functions only, so ``analyzer`` imports without torch and ``instrument`` without duckdb (also
 checked by importing every module in a child process with those packages blocked).
 """

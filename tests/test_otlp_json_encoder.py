@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from instrument.otlp_json import spans_to_otlp_json, spans_to_otlp_json_via_protobuf
+from instrument.otel.otlp_json import spans_to_otlp_json, spans_to_otlp_json_via_protobuf
 
 
 def _sdk_spans() -> list:
@@ -51,8 +51,8 @@ def test_every_shape_matches_the_protobuf_path() -> None:
 
 def test_the_instruments_own_spans_match_lazy_steps_included() -> None:
     pytest.importorskip("torch")
-    from instrument.generate import traced_generate
-    from instrument.tiny_model import load_tiny_model
+    from instrument.hf.generate import traced_generate
+    from instrument.hf.tiny_model import load_tiny_model
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider(span_limits=SpanLimits(max_events=4096))
@@ -113,7 +113,7 @@ def _many_spans(count: int, events_each: int = 0) -> list:
 
 
 def test_a_batch_larger_than_the_slice_bound_gives_several_lines_holding_every_span_once() -> None:
-    from instrument.otlp_json import encode_lines, slice_spans
+    from instrument.otel.otlp_json import encode_lines, slice_spans
 
     spans = _many_spans(23) + _two_resource_batch()
     slices = slice_spans(spans, max_spans=5, max_events=100)
@@ -134,7 +134,7 @@ def test_a_batch_larger_than_the_slice_bound_gives_several_lines_holding_every_s
 
 
 def test_a_span_with_more_events_than_the_bound_is_dumped_in_pieces_to_the_same_text() -> None:
-    from instrument.otlp_json import encode_lines
+    from instrument.otel.otlp_json import encode_lines
 
     spans = _many_spans(3, events_each=25)
     lines = encode_lines(spans, max_spans=64, max_events=10)
@@ -149,7 +149,7 @@ def test_the_exporter_writes_sliced_lines_that_tokentrace_load_reads(tmp_path) -
     pytest.importorskip("duckdb")
     from analyzer.db.store import connect
     from analyzer.formats.load import load_paths
-    from instrument.otlp_json import OTLPJsonLinesSpanExporter
+    from instrument.otel.otlp_json import OTLPJsonLinesSpanExporter
 
     spans = _many_spans(12) + _many_spans(1, events_each=30)
     path = tmp_path / "spans.jsonl"

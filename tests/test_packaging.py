@@ -61,11 +61,11 @@ def test_analyzer_imports_without_torch_and_instrument_without_duckdb() -> None:
     code = (
         "import sys, analyzer.cli, analyzer.query.runner, analyzer.formats.timeline; "
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'analyzer pulled torch'; "
-        "import instrument.kv; print('ok')"
+        "import instrument.kv.formula; print('ok')"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "ok", out.stderr[-2000:]
-    code = "import sys, instrument, instrument.kv; assert 'duckdb' not in sys.modules; print('ok')"
+    code = "import sys, instrument, instrument.kv.formula; assert 'duckdb' not in sys.modules; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "ok", out.stderr[-2000:]
 

@@ -26,7 +26,7 @@ from analyzer.collect import Receiver  # noqa: E402
 from analyzer.formats.load import load_paths  # noqa: E402
 from analyzer.db.store import connect  # noqa: E402
 from instrument import setup_tracing, traced_generate  # noqa: E402
-from instrument.export_health import LOGGER_NAME, CountingSpanExporter, export_health  # noqa: E402
+from instrument.otel.export_health import LOGGER_NAME, CountingSpanExporter, export_health  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import reliability  # noqa: E402

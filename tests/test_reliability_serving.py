@@ -56,7 +56,7 @@ def test_health_endpoint_reports_export_counts() -> None:
         assert reliability.wait_idle(server) == 0
         health = httpx.get(server.url + "/health", timeout=10).json()
         spans = len(memory.get_finished_spans())
-    # memory_provider() counts its one (in-memory, synchronous) exporter: instrument/export_health.py
+    # memory_provider() counts its one (in-memory, synchronous) exporter: instrument/otel/export_health.py
     (counts,) = health["export"]
     assert {"submitted", "exported", "failed", "dropped", "pending", "lost", "last_error"} <= set(counts)
     assert spans > 0 and counts["submitted"] == counts["exported"] == spans, (counts, spans)

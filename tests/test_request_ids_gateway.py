@@ -19,7 +19,7 @@ from analyzer.query.runner import run_query  # noqa: E402
 from analyzer.db.store import connect, insert_rows  # noqa: E402
 from instrument.gateway.app import GatewaySettings, create_app  # noqa: E402
 from instrument.gateway.server import ServerThread  # noqa: E402
-from instrument.model_handle import load_model_handle  # noqa: E402
+from instrument.hf.model_handle import load_model_handle  # noqa: E402
 
 TIMEOUT_S = 30.0
 

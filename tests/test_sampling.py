@@ -1,4 +1,4 @@
-"""instrument/sampling.py and the stop-sequence text filter, against the definitions they cite."""
+"""instrument/hf/token_sampling.py and the stop-sequence text filter, against the definitions they cite."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from instrument.gateway.choice_text import StopText  # noqa: E402
-from instrument.sampling import SamplingParams, SequenceSampler, one_hot_scores  # noqa: E402
+from instrument.hf.token_sampling import SamplingParams, SequenceSampler, one_hot_scores  # noqa: E402
 
 VOCAB = 8
 EOS = 7
@@ -105,7 +105,7 @@ def test_stop_text_never_shows_a_partial_stop(stops: tuple[str, ...], deltas: li
 
 
 def test_batched_draws_equal_single_row_draws_and_follow_the_distribution() -> None:
-    from instrument.sampling import draw_tokens
+    from instrument.hf.token_sampling import draw_tokens
 
     g = torch.Generator().manual_seed(0)
     scores = torch.randn(5, VOCAB, generator=g)

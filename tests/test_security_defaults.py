@@ -56,7 +56,7 @@ def test_no_prompt_or_completion_text_in_spans_unless_opted_in(tiny, monkeypatch
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from instrument import setup_tracing, traced_generate
-    from instrument.generate import CAPTURE_CONTENT_ENV
+    from instrument.hf.generate import CAPTURE_CONTENT_ENV
 
     monkeypatch.delenv(CAPTURE_CONTENT_ENV, raising=False)
     if opt_in:
@@ -82,7 +82,7 @@ def test_gateway_spans_carry_no_prompt_text(tiny) -> None:
     from instrument.client import chat_body
     from instrument.gateway.app import create_app
     from instrument.gateway.server import ServerThread
-    from instrument.model_handle import load_model_handle
+    from instrument.hf.model_handle import load_model_handle
 
     memory = InMemorySpanExporter()
     provider = setup_tracing("gw", exporter="none", span_exporters=[memory], batch=False)
@@ -101,7 +101,7 @@ def test_span_event_limit_is_above_max_tokens_and_enforced(tiny) -> None:
     from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 
     from instrument import setup_tracing, traced_generate
-    from instrument.tracing import DEFAULT_SPAN_EVENT_LIMIT, get_tracer, span_event_limit_of
+    from instrument.otel.tracing import DEFAULT_SPAN_EVENT_LIMIT, get_tracer, span_event_limit_of
 
     assert span_event_limit_of(get_tracer(setup_tracing(exporter="none"))) == DEFAULT_SPAN_EVENT_LIMIT >= 1024 + 4
     low = TracerProvider(span_limits=SpanLimits(max_events=8))
@@ -110,7 +110,7 @@ def test_span_event_limit_is_above_max_tokens_and_enforced(tiny) -> None:
         traced_generate(model, tok, PROMPT, tracer_provider=low, max_new_tokens=16)
     pytest.importorskip("fastapi")
     from instrument.gateway.app import GatewaySettings, create_app
-    from instrument.model_handle import load_model_handle
+    from instrument.hf.model_handle import load_model_handle
 
     with pytest.raises(ValueError, match="span event limit"):
         create_app(load_model_handle("tiny"), low, GatewaySettings(max_tokens_limit=64))
@@ -118,7 +118,7 @@ def test_span_event_limit_is_above_max_tokens_and_enforced(tiny) -> None:
 
 def test_span_attribute_value_length_is_limited() -> None:
     from instrument import setup_tracing
-    from instrument.tracing import get_tracer
+    from instrument.otel.tracing import get_tracer
 
     limits = get_tracer(setup_tracing(exporter="none"))._span_limits
     assert limits.max_attribute_length is not None and limits.max_span_attribute_length is not None

@@ -28,12 +28,12 @@ import httpx  # noqa: E402
 from opentelemetry.trace import NoOpTracer  # noqa: E402
 
 from instrument.client import chat_body, stream_chat  # noqa: E402
-from instrument.export_health import export_health  # noqa: E402
+from instrument.otel.export_health import export_health  # noqa: E402
 from instrument.gateway.app import GatewaySettings, create_app  # noqa: E402
 from instrument.gateway.server import ServerThread  # noqa: E402
-from instrument.model_handle import ModelHandle, load_model_handle  # noqa: E402
+from instrument.hf.model_handle import ModelHandle, load_model_handle  # noqa: E402
 from instrument.records.span_forward import forward_spans  # noqa: E402
-from instrument.tracing import setup_tracing  # noqa: E402
+from instrument.otel.tracing import setup_tracing  # noqa: E402
 
 TIMEOUT_S = 60.0
 LONG = "Tell me about the KV cache and paged attention. " * 8  # > 64 tokens: prefilled in chunks

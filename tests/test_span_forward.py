@@ -20,10 +20,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from instrument.export_health import export_health
+from instrument.otel.export_health import export_health
 from instrument.gateway.request_state import CHUNK_EVENT, CHUNK_KEYS
 from instrument.records.span_forward import Decoder, SpanForwarder, encode_span, forward_spans, forwarder_of
-from instrument.tracing import get_tracer, setup_tracing
+from instrument.otel.tracing import get_tracer, setup_tracing
 
 CHUNKS = [(0, 0, False, 1_000), (1, 1, True, 2_000), (2, 2, True, 3_500), (3, 0, False, 3_600)]
 

@@ -16,13 +16,13 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision, Sampler, SamplingResult
 
-from instrument.export_health import CountingSpanExporter, CountingSpanProcessor, emit_sampled_spans
-from instrument.generate_spans import DecodeSpanPolicy, SequenceTrace, emit_sequence_spans
-from instrument.kv import KVLayout
-from instrument.kv_runtime import RuntimeKV
-from instrument.recorder import RecordedTimeline
-from instrument.span_writer import ApiSpanWriter, DirectSpanWriter, LazyEvents, resolve_context
-from instrument.tracing import get_tracer, setup_tracing
+from instrument.otel.export_health import CountingSpanExporter, CountingSpanProcessor, emit_sampled_spans
+from instrument.hf.generate_spans import DecodeSpanPolicy, SequenceTrace, emit_sequence_spans
+from instrument.kv.formula import KVLayout
+from instrument.kv.runtime import RuntimeKV
+from instrument.hf.recorder import RecordedTimeline
+from instrument.otel.span_writer import ApiSpanWriter, DirectSpanWriter, LazyEvents, resolve_context
+from instrument.otel.tracing import get_tracer, setup_tracing
 
 T0 = 1_700_000_000_000_000_000
 STEPS = 40
@@ -267,8 +267,8 @@ def test_default_setup_keeps_decode_steps_on_the_lazy_path() -> None:
     """setup_tracing sets an attribute value length limit; decode-step attributes are numbers
     that no limit touches, so the steps must still be lazy ``_StepSpan``s (the ~0.2 µs/step
     path), while a root attribute past the length limit is still cut."""
-    from instrument.span_writer import _StepSpan
-    from instrument.tracing import DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT
+    from instrument.otel.span_writer import _StepSpan
+    from instrument.otel.tracing import DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT
 
     memory = InMemorySpanExporter()
     provider = setup_tracing(exporter="none", span_exporters=[memory], batch=False)

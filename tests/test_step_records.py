@@ -21,12 +21,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
 from instrument.engines.cb_spans import EngineTraceWriter, SequenceRecord, StepRecord, write_sequence_spans
-from instrument.generate_spans import DecodeSpanPolicy
-from instrument.kv import KVLayout
+from instrument.hf.generate_spans import DecodeSpanPolicy
+from instrument.kv.formula import KVLayout
 from instrument.records import format as fmt
 from instrument.records.span_builder import SpanBuilder, layout_meta
-from instrument.span_writer import span_writer_for
-from instrument.tracing import get_tracer
+from instrument.otel.span_writer import span_writer_for
+from instrument.otel.tracing import get_tracer
 
 LAYOUT = KVLayout(layers=2, q_heads=4, kv_heads=2, head_dim=16, dtype="torch.float32", bytes_per_element=4,
                   layout="gqa", source="config.json")

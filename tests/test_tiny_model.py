@@ -7,8 +7,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from instrument import kv  # noqa: E402
-from instrument.tiny_model import TINY_MODEL_VERSION, load_tiny_model, tiny_model_dir  # noqa: E402
+from instrument.kv import formula as kv  # noqa: E402
+from instrument.hf.tiny_model import TINY_MODEL_VERSION, load_tiny_model, tiny_model_dir  # noqa: E402
 
 
 def test_tiny_model_is_a_gqa_llama_with_a_working_tokenizer(tmp_path):

@@ -18,10 +18,10 @@ from google.protobuf import json_format  # noqa: E402
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 
-from instrument.generate import traced_generate  # noqa: E402
-from instrument.otlp_json import otlp_json_ids_to_base64  # noqa: E402
-from instrument.tiny_model import load_tiny_model  # noqa: E402
-from instrument.tracing import DEFAULT_SPAN_EVENT_LIMIT, get_tracer, setup_tracing, span_event_limit_of  # noqa: E402
+from instrument.hf.generate import traced_generate  # noqa: E402
+from instrument.otel.otlp_json import otlp_json_ids_to_base64  # noqa: E402
+from instrument.hf.tiny_model import load_tiny_model  # noqa: E402
+from instrument.otel.tracing import DEFAULT_SPAN_EVENT_LIMIT, get_tracer, setup_tracing, span_event_limit_of  # noqa: E402
 
 PROMPT = "Hello world, the quick brown fox"
 NEW_TOKENS = 7
@@ -246,7 +246,7 @@ def test_the_providers_resource_hashes_once_and_groups_like_the_sdks():
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-    from instrument.tracing import HashOnceResource
+    from instrument.otel.tracing import HashOnceResource
 
     provider = setup_tracing(exporter="none", batch=False, resource_attributes={"deployment.environment": "t"})
     resource = provider.resource

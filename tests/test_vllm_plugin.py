@@ -136,7 +136,7 @@ def test_rows_carry_vllms_own_step_objects() -> None:
 
 def _run(out: Path, drive, port: int, extra_args: tuple[str, ...] = ()) -> Path:
     """Start collect + vLLM with the plugin, drive the load, wait for every span, stop both."""
-    from instrument.smollm2 import smollm2_cache_dir
+    from instrument.hf.smollm2 import smollm2_cache_dir
 
     model = smollm2_cache_dir()
     if not (model / "config.json").exists():
@@ -243,7 +243,7 @@ def test_speculative_decoding_steps_say_what_they_verified_and_emitted(spec_run:
 @pytest.fixture(scope="module")
 def sigterm_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     """vLLM stopped by SIGTERM mid-load (its default --shutdown-timeout 0)."""
-    from instrument.smollm2 import smollm2_cache_dir
+    from instrument.hf.smollm2 import smollm2_cache_dir
 
     out = _out(tmp_path_factory, "sigterm")
     run = VllmRun(out, port=18767)

@@ -197,7 +197,7 @@ def test_builder_on_records_vllm_did_not_make_in_the_saved_runs() -> None:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from instrument.tracing import get_tracer
+    from instrument.otel.tracing import get_tracer
     from instrument.vllm.hooks import FINISHED_ABORTED, StepFacts
     from instrument.vllm.spans import SpanBuilder
 

@@ -31,7 +31,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from instrument.records import format as fmt
 from instrument.records.channels import VLLM_STEPS
 from instrument.records.span_builder import SpanBuilder as ExporterSpanBuilder
-from instrument.tracing import get_tracer
+from instrument.otel.tracing import get_tracer
 from instrument.vllm import records
 from instrument.vllm.records import ARRIVED, FINISHED, IDLE, PREEMPTED, SCHEDULED, UPDATED
 from instrument.vllm.steps import StepReader

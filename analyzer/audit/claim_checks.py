@@ -1,6 +1,6 @@
 """Checks of a claims file (or tokentrace artifact): per-request identities, token rates, KV,
 the system window, and labelling. Every implied figure comes from ``queries/audit/*.sql``
-(request_identities, window_identities) or :mod:`instrument.kv`; this module compares."""
+(request_identities, window_identities) or :mod:`instrument.kv.formula`; this module compares."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import duckdb
 from analyzer.audit.claims_file import Claims
 from analyzer.audit.compare import CANNOT, FAIL, PASS, Finding, agree, audit_query, compare_figure
 from analyzer.audit.claims import check_e2e_claim, check_kv_claim
-from instrument.kv import PHYSICAL_MEMORY_OMISSIONS, kv_bytes_per_token
+from instrument.kv.formula import PHYSICAL_MEMORY_OMISSIONS, kv_bytes_per_token
 
 __all__ = ["check_claims", "SEED_SYNTHETIC_FIGURES"]
 

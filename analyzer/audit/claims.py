@@ -2,7 +2,7 @@
 
 Each check returns a :class:`Finding` (check name, verdict, detail, numbers). The timeline
 calculator uses the two seed checks; the audit (``tokentrace audit``) runs these and more.
-Recomputed figures come from the metric SQL or from :mod:`instrument.kv`; this module only
+Recomputed figures come from the metric SQL or from :mod:`instrument.kv.formula`; this module only
 compares them with claims.
 """
 
@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from instrument.kv import KVLayout, kv_bytes_per_token
+from instrument.kv.formula import KVLayout, kv_bytes_per_token
 
 __all__ = [
     "Finding",

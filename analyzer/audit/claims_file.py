@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from analyzer.audit.inputs import AuditInputError, read_json
-from instrument.kv import KVLayout, UnsupportedArchitecture, explicit_layout, kv_layout_from_config
+from instrument.kv.formula import KVLayout, UnsupportedArchitecture, explicit_layout, kv_layout_from_config
 
 __all__ = [
     "COUNT_FIGURES",

@@ -93,7 +93,7 @@ def bench_command(url, n_requests, concurrency, rate_per_s, api_key, model, prom
     from analyzer.formats.sdk_spans import rows_from_sdk_spans
     from analyzer.db.store import connect, insert_rows
     from instrument.client import SEED_PROMPT, chat_body, local_tracer_provider, run_load_sync
-    from instrument.shutdown import StopSignals, export_summary, shutdown_tracing
+    from instrument.otel.shutdown import StopSignals, export_summary, shutdown_tracing
 
     if (concurrency is None) == (rate_per_s is None):
         raise UserError("give exactly one of --concurrency (closed loop) or --rate (open loop)")

@@ -9,7 +9,7 @@ import click
 from analyzer.cli.group import cli
 from analyzer.cli.kv_options import kv_layout_from_flags, model_options
 from analyzer.cli.options import UserError
-from instrument.kv import bytes_to_mib
+from instrument.kv.formula import bytes_to_mib
 
 
 @cli.command("kv")

@@ -8,7 +8,7 @@ from typing import Any, Callable
 import click
 
 from analyzer.cli.options import UserError
-from instrument.kv import KVLayout, UnsupportedArchitecture, explicit_layout, kv_layout_from_config
+from instrument.kv.formula import KVLayout, UnsupportedArchitecture, explicit_layout, kv_layout_from_config
 
 __all__ = ["kv_layout_from_flags", "model_options"]
 
@@ -36,7 +36,7 @@ def model_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _naming(model_config: str, message: str) -> str:
-    """``message`` led by the config path once: instrument.kv's errors about the file already
+    """``message`` led by the config path once: instrument.kv.formula's errors about the file already
     name it (``config.json:1: not valid JSON``, ``dir/config.json: model config not found``)."""
     return message if message.startswith(str(model_config)) else f"{model_config}: {message}"
 

@@ -123,7 +123,7 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
     import logging
 
     from instrument.client import local_tracer_provider
-    from instrument.generate_spans import DecodeSpanPolicy
+    from instrument.hf.generate_spans import DecodeSpanPolicy
     from instrument.gateway.admission import AdmissionBudgets
     from instrument.gateway.server import is_loopback
 
@@ -152,7 +152,7 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
         import uvicorn
 
         from instrument.gateway.app import GatewaySettings, create_app
-        from instrument.model_handle import load_model_handle
+        from instrument.hf.model_handle import load_model_handle
     except ImportError as exc:
         raise UserError(f"serve needs the server extras: pip install 'tokentrace[hf,server]' ({exc})") from None
     try:
@@ -176,7 +176,7 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
         log.addHandler(handler)
         log.setLevel(logging.INFO)
     from instrument.gateway.server import GracefulServer
-    from instrument.shutdown import export_summary, shutdown_tracing
+    from instrument.otel.shutdown import export_summary, shutdown_tracing
 
     try:
         if span_export == "process":

@@ -5,7 +5,7 @@ on one synthetic reference clock. It becomes a synthetic trace in the canonical 
 CLIENT span with a chunk event at the first and at the last visible token; a gateway span
 and a prefill span when the CSV gives their start), and every timing figure comes from
 ``queries/requests.sql``; the window figures come from ``queries/window.sql`` over a
-synthetic closed cohort built from the counts. KV figures come from :mod:`instrument.kv`.
+synthetic closed cohort built from the counts. KV figures come from :mod:`instrument.kv.formula`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import duckdb
 
 from analyzer.query.runner import run_query
 from analyzer.db.store import EventRow, SpanRow, connect, insert_rows
-from instrument.kv import KVLayout, bytes_to_mib
+from instrument.kv.formula import KVLayout, bytes_to_mib
 from analyzer.errors import TimelineError  # noqa: F401  (defined at the bottom layer; re-exported)
 
 __all__ = [

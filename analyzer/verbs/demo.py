@@ -72,7 +72,7 @@ class DemoResult:
 class DemoStopped(Exception):
     """SIGINT or SIGTERM stopped the demo before it loaded the spans. ``signal_name``:
     ``SIGINT`` | ``SIGTERM``; ``sent``/``total``: requests sent (including the seed) and planned;
-    ``summary``: :func:`instrument.shutdown.export_summary` of both span files' exporters."""
+    ``summary``: :func:`instrument.otel.shutdown.export_summary` of both span files' exporters."""
 
     def __init__(self, signal_name: str, sent: int, total: int, summary: str, paths: list[Path]) -> None:
         self.signal_name, self.sent, self.total, self.summary, self.paths = signal_name, sent, total, summary, paths
@@ -112,7 +112,7 @@ def model_step(spec: str) -> str:
     """What loading ``spec`` will do, in words: SmolLM2 is converted from its GGUF file the
     first time (minutes on 2 cores) and loaded from the converted copy afterwards."""
     if spec == "smollm2":
-        from instrument.smollm2 import smollm2_cache_dir
+        from instrument.hf.smollm2 import smollm2_cache_dir
 
         directory = smollm2_cache_dir()
         if (directory / "config.json").is_file() and (directory / "tokenizer.json").is_file():
@@ -168,7 +168,7 @@ def run_demo(options: DemoOptions, progress: ProgressFn | None = None) -> DemoRe
     out.mkdir(parents=True, exist_ok=True)
     say = StepLog(options.say_steps, options.width)
     say(f"starting: model {options.model}, {1 + options.load_requests} requests, output in {options.out_dir}")
-    from instrument.shutdown import StopSignals, export_summary, shutdown_tracing
+    from instrument.otel.shutdown import StopSignals, export_summary, shutdown_tracing
 
     report = progress or (lambda _stage, _done, _total: None)
     server_path, client_path, db_path = out / "server-spans.jsonl", out / "client-spans.jsonl", out / "traces.duckdb"
@@ -202,7 +202,7 @@ def run_demo(options: DemoOptions, progress: ProgressFn | None = None) -> DemoRe
             from instrument.client import SEED_PROMPT, chat_body, local_tracer_provider, run_load_sync
             from instrument.gateway.app import GatewaySettings, create_app
             from instrument.gateway.server import ServerThread
-            from instrument.model_handle import load_model_handle
+            from instrument.hf.model_handle import load_model_handle
 
             _fresh([server_path, client_path, db_path, out / "report.html"])  # no stale report without matplotlib
             server_provider = local_tracer_provider("tokentrace-gateway", json_path=str(server_path))

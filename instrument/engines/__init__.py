@@ -15,7 +15,7 @@ ENGINE_CHOICES = ("continuous", "sequential")
 
 
 def create_engine(name: str, handle: Any, tracer_provider: Any, **options: Any) -> Any:
-    """The engine called ``name`` for a loaded :class:`~instrument.model_handle.ModelHandle`.
+    """The engine called ``name`` for a loaded :class:`~instrument.hf.model_handle.ModelHandle`.
 
     ``options``: ``decode_spans`` and ``kv_budget_bytes`` for both; the continuous engine's
     own (``kv_block_tokens``, ``max_batch_tokens``, ...) are listed on

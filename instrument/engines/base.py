@@ -26,7 +26,7 @@ from typing import Any, Callable, Protocol
 from opentelemetry.context import Context
 
 from instrument.clock import now_wall_ns
-from instrument.sampling import SamplingParams, TokenLogprobs
+from instrument.hf.token_sampling import SamplingParams, TokenLogprobs
 
 __all__ = ["Engine", "EngineRequest", "EngineResult", "QueueWaitExceeded", "SamplingParams", "TokenLogprobs"]
 

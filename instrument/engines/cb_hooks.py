@@ -14,7 +14,7 @@ three things the public API does not give, and takes them here, on the manager's
 2. **Per-sequence sampling.** transformers' per-request logits processors cover temperature,
    top-k and top-p, and greedy vs sampling is one switch for the whole batch. A
    :class:`RowSampler` (a ``ContinuousBatchingLogitsProcessor``) runs each row's own
-   :class:`~instrument.sampling.SequenceSampler` and leaves one finite score per row; the
+   :class:`~instrument.hf.token_sampling.SequenceSampler` and leaves one finite score per row; the
    manager is built greedy, so it picks exactly that token.
 3. **Outputs without copies.** Finished and failed sequences reach the manager's output
    router; :class:`EngineOutputRouter` hands them to the listener instead of a queue.
@@ -45,7 +45,7 @@ from transformers.generation.continuous_batching.continuous_api import OutputRou
 from transformers.generation.continuous_batching.requests import RequestStatus
 
 from instrument.clock import now_wall_ns
-from instrument.sampling import SequenceSampler, TokenLogprobs, draw_tokens, one_hot_scores
+from instrument.hf.token_sampling import SequenceSampler, TokenLogprobs, draw_tokens, one_hot_scores
 
 __all__ = ["PREEMPT_RECOMPUTE", "TESTED_TRANSFORMERS", "EngineOutputRouter", "RowSampler", "ScheduledSequence",
            "StepListener",

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from opentelemetry import trace
 
 from instrument.clock import now_wall_ns
-from instrument.kv import KVLayout
+from instrument.kv.formula import KVLayout
 from instrument.records.exporter_process import ExporterProcess
 from instrument.records.format import (SEQ, SEQ_PREFILL, SEQ_RECOMPUTE, SEQ_RECOMPUTE_EMITS, SEQ_SIZE, RecordWriter,
                                       pack_seq)
@@ -37,7 +37,7 @@ class StepRecordSink:
 
     def __init__(self, tracer_provider: Any, layout: KVLayout | None, layout_name: str, bytes_per_block: int,
                  decode_spans: str, steps_per_trace: int) -> None:
-        from instrument.export_health import add_counts_source
+        from instrument.otel.export_health import add_counts_source
         from instrument.records.span_forward import exporter_process_of
 
         shared = exporter_process_of(tracer_provider)  # the serve's one, when its spans are forwarded

@@ -5,7 +5,7 @@ continuous batching").
 The engine records per step one :class:`StepRecord` (O(batch): what ran, KV blocks) and per
 sequence a :class:`SequenceRecord` (O(1) per token: references to the step records it ran
 in). Spans are written from these after the fact, with explicit times; decode spans are the
-lazy step spans of :mod:`instrument.span_writer` (id and attributes built by the exporter).
+lazy step spans of :mod:`instrument.otel.span_writer` (id and attributes built by the exporter).
 
 A request's spans name their step (``tokentrace.engine.step``), and an ``engine_step`` span
 carries the same number: a reader joins the two on (``service.instance.id``,
@@ -23,9 +23,9 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 
 from instrument.engines.base import EngineRequest
-from instrument.generate_spans import DecodeSpanPolicy
-from instrument.kv import KVLayout
-from instrument.sampling import SequenceSampler, TokenLogprobs
+from instrument.hf.generate_spans import DecodeSpanPolicy
+from instrument.kv.formula import KVLayout
+from instrument.hf.token_sampling import SequenceSampler, TokenLogprobs
 
 __all__ = ["EngineTraceWriter", "SequenceRecord", "StepRecord", "record_run", "write_preemption_events", "write_sequence_spans"]
 

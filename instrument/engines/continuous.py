@@ -29,18 +29,18 @@ import threading
 import time
 from typing import Any
 
-from instrument import kv
+from instrument.kv import formula as kv
 from instrument.clock import now_wall_ns
 from instrument.engines import cb_hooks
 from instrument.engines.base import EngineRequest, EngineResult
 from instrument.engines.cb_queue import RequestQueue
 from instrument.engines.cb_spans import (EngineTraceWriter, SequenceRecord, StepRecord, record_run,
                                         write_preemption_events, write_sequence_spans)
-from instrument.generate_spans import DecodeSpanPolicy
-from instrument.model_handle import ModelHandle
-from instrument.sampling import SequenceSampler, TokenLogprobs
-from instrument.span_writer import span_writer_for
-from instrument.tracing import get_tracer
+from instrument.hf.generate_spans import DecodeSpanPolicy
+from instrument.hf.model_handle import ModelHandle
+from instrument.hf.token_sampling import SequenceSampler, TokenLogprobs
+from instrument.otel.span_writer import span_writer_for
+from instrument.otel.tracing import get_tracer
 
 __all__ = ["ContinuousEngine", "DEFAULT_KV_BUDGET_BYTES", "DEFAULT_KV_CACHE_TOKENS", "SPAN_EXPORT_CHOICES"]
 

@@ -8,7 +8,7 @@ one plain HF ``generate`` per request.
 The worker thread is the only thread that touches the model. Each generated token reaches
 ``EngineRequest.on_token`` from the worker thread right after ``generate`` emitted it;
 cancellation sets a flag that a ``StoppingCriteria`` reads after every generated token, so a
-cancelled sequence stops within one decode step. Sampling is :mod:`instrument.sampling`'s,
+cancelled sequence stops within one decode step. Sampling is :mod:`instrument.hf.token_sampling`'s,
 as a logits processor under greedy search (the processor has already chosen the token).
 """
 
@@ -20,8 +20,8 @@ from typing import Any
 
 from instrument.clock import now_wall_ns
 from instrument.engines.base import EngineRequest, EngineResult
-from instrument.model_handle import ModelHandle
-from instrument.sampling import SamplerLogitsProcessor, SequenceSampler
+from instrument.hf.model_handle import ModelHandle
+from instrument.hf.token_sampling import SamplerLogitsProcessor, SequenceSampler
 
 __all__ = ["SequentialEngine"]
 
@@ -30,7 +30,7 @@ class SequentialEngine:
     """A single thread that runs sequences in arrival order with ``traced_generate``.
 
     - ``kv_budget_bytes``: the logical KV budget requests are admitted against (None: none).
-    - ``decode_spans``: ``all`` | ``every:N`` | ``none`` (instrument.generate_spans).
+    - ``decode_spans``: ``all`` | ``every:N`` | ``none`` (instrument.hf.generate_spans).
     """
 
     name = "sequential"
@@ -127,7 +127,7 @@ class SequentialEngine:
         import torch
         from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
-        from instrument.generate import traced_generate
+        from instrument.hf.generate import traced_generate
 
         model = self.handle.model
         params = request.params

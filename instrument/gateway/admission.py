@@ -7,7 +7,7 @@ waiting + running) or the token budget is refused at once (the app answers 429 w
 KV memory depends on the engine (``Engine.kv_admission``):
 
 - ``reserve`` (the sequential engine): each request reserves its worst case while in flight,
-  the logical figure ``kv_bytes_per_token x (input_tokens + max_tokens)`` (instrument/kv.py's
+  the logical figure ``kv_bytes_per_token x (input_tokens + max_tokens)`` (instrument/kv/formula.py's
   formula); a request that does not fit the KV left now is refused (429). Released when the
   request ends (completed, failed or cancelled).
 - ``paged`` (the continuous engine): nothing is reserved. The engine allocates blocks as a

@@ -32,9 +32,9 @@ from instrument.engines.base import EngineRequest, QueueWaitExceeded
 from instrument.gateway import responses
 from instrument.gateway.request_state import LoopWaker, RequestState, log_request
 from instrument.gateway.validation import ValidationError, validate_request
-from instrument.model_handle import ModelHandle
+from instrument.hf.model_handle import ModelHandle
 from instrument.records.span_forward import forwarder_of
-from instrument.tracing import get_tracer, span_event_limit_of
+from instrument.otel.tracing import get_tracer, span_event_limit_of
 
 __all__ = ["GatewaySettings", "create_app"]
 
@@ -397,7 +397,7 @@ def create_app(handle: ModelHandle, tracer_provider: Any, settings: GatewaySetti
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        from instrument.export_health import export_health
+        from instrument.otel.export_health import export_health
 
         adm = gateway.admission
         # Span export counts per exporter (submitted / exported / failed / dropped / lost):

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from instrument.gateway.request_state import Detokenizer
-from instrument.sampling import TokenLogprobs
+from instrument.hf.token_sampling import TokenLogprobs
 
 __all__ = ["ChoiceText", "StopText", "completion_logprobs"]
 

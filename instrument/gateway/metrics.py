@@ -124,7 +124,7 @@ class ServerMetrics:
         if resource is not None:
             kwargs["resource"] = resource
         self.provider = MeterProvider(**kwargs)
-        from instrument.tracing import CONTRACT_VERSION
+        from instrument.otel.tracing import CONTRACT_VERSION
 
         meter = self.provider.get_meter(SCOPE, CONTRACT_VERSION)
         self.ttft = meter.create_histogram("gen_ai.server.time_to_first_token", unit="s",

@@ -24,7 +24,7 @@ from instrument.clock import now_wall_ns
 from instrument.engines.base import EngineRequest, EngineResult
 from instrument.gateway.admission import AdmissionController, Ticket
 from instrument.gateway.validation import GenerationRequest
-from instrument.sampling import TokenLogprobs
+from instrument.hf.token_sampling import TokenLogprobs
 
 __all__ = ["CHUNK_EVENT", "CHUNK_KEYS", "Detokenizer", "LoopWaker", "RequestState", "log_request"]
 

@@ -29,12 +29,12 @@ def _graceful_server_class() -> Any:
 
     import uvicorn
 
-    from instrument.shutdown import StopSignals
+    from instrument.otel.shutdown import StopSignals
 
     class _GracefulServer(uvicorn.Server):
         """uvicorn's server, but SIGINT and SIGTERM both stop it gracefully and neither is
         re-raised afterwards (uvicorn re-raises a caught SIGTERM with the default handler,
-        which kills the process before its spans are flushed: instrument/shutdown.py).
+        which kills the process before its spans are flushed: instrument/otel/shutdown.py).
         ``stop_signal`` names the signal that stopped it; ``on_listening(url)`` is called
         once the sockets listen."""
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from instrument.gateway.request_fields import MAX_STOP_SEQUENCES, refusal, unknown_fields
-from instrument.sampling import SamplingParams
+from instrument.hf.token_sampling import SamplingParams
 
 __all__ = ["CHAT_ROLES", "GenerationRequest", "ValidationError", "validate_request"]
 

@@ -55,7 +55,7 @@ import threading
 import time
 from typing import Any
 
-from instrument.export_health import ExportCounts
+from instrument.otel.export_health import ExportCounts
 
 __all__ = ["ExporterProcess", "RecordSender"]
 
@@ -94,9 +94,9 @@ def _child_main(sock: socket.socket, control: _Control, settings: dict[str, Any]
     # SIGINT / SIGTERM sent to the whole process group or cgroup must not cut the export short
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    from instrument.export_health import export_health
+    from instrument.otel.export_health import export_health
     from instrument.records.span_builder import SpanBuilder
-    from instrument.tracing import setup_tracing
+    from instrument.otel.tracing import setup_tracing
 
     attrs = dict(settings["resource"])
     provider = setup_tracing(str(attrs.pop("service.name", "tokentrace")), exporter=settings["exporters"] or ["none"],
@@ -224,7 +224,7 @@ class ExporterProcess:
         name (the child makes them again: same names, OTLP-JSON path, endpoint, protocol,
         resource). ValueError for any other provider (extra exporter objects, e.g. in-memory,
         cannot cross a process boundary)."""
-        from instrument.tracing import exporter_settings
+        from instrument.otel.tracing import exporter_settings
 
         settings = exporter_settings(tracer_provider)
         if settings is None or settings["extra_exporters"]:

@@ -19,12 +19,12 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
 from instrument.engines.cb_spans import EngineTraceWriter, StepRecord, record_run, write_sequence_spans
-from instrument.generate_spans import DecodeSpanPolicy
-from instrument.kv import KVLayout
+from instrument.hf.generate_spans import DecodeSpanPolicy
+from instrument.kv.formula import KVLayout
 from instrument.records import format as fmt
 from instrument.records.channels import ChannelDecoder, open_channel
-from instrument.span_writer import span_writer_for
-from instrument.tracing import get_tracer
+from instrument.otel.span_writer import span_writer_for
+from instrument.otel.tracing import get_tracer
 
 __all__ = ["SpanBuilder", "layout_meta"]
 

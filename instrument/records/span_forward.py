@@ -208,9 +208,9 @@ def forward_spans(tracer_provider: Any) -> Any:
     provider finishes there; returns the ExporterProcess. ValueError when the provider's
     exporters cannot be made again in another process, or were already made in this one
     (every span would be exported twice)."""
-    from instrument.export_health import add_counts_source
+    from instrument.otel.export_health import add_counts_source
     from instrument.records.exporter_process import ExporterProcess
-    from instrument.tracing import exporter_settings
+    from instrument.otel.tracing import exporter_settings
 
     if tracer_provider in _PROCESSES:
         return _PROCESSES[tracer_provider][0]
@@ -250,8 +250,8 @@ class Decoder:
     process's span processors."""
 
     def __init__(self, tracer_provider: Any) -> None:
-        from instrument.span_writer import span_writer_for
-        from instrument.tracing import get_tracer
+        from instrument.otel.span_writer import span_writer_for
+        from instrument.otel.tracing import get_tracer
 
         tracer = get_tracer(tracer_provider)
         self.writer = span_writer_for(tracer)

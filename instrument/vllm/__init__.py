@@ -36,7 +36,7 @@ until the detached exporter process's first report, ~1 s after the first step);
 reads it). Steps scheduled and never updated are said by the
 exporter process, which pairs the rows, at its exit.
 
-Spans leave the exporter process through the standard ``OTEL_*`` variables (instrument/tracing.py;
+Spans leave the exporter process through the standard ``OTEL_*`` variables (instrument/otel/tracing.py;
 the child inherits the environment) and, when ``TOKENTRACE_OTLP_JSON`` names a file, the
 OTLP/JSON lines exporter (alone, unless ``OTEL_TRACES_EXPORTER`` names others too).
 docs/spans.md "vLLM" has the span contract.

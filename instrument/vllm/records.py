@@ -117,7 +117,7 @@ class RecordConsumer:
     """Channel 1's decoder in the exporter process: payloads in, spans out (one thread)."""
 
     def __init__(self, tracer_provider: Any) -> None:
-        from instrument.tracing import get_tracer
+        from instrument.otel.tracing import get_tracer
         from instrument.vllm.hooks import external_request_id
         from instrument.vllm.spans import SpanBuilder
         from instrument.vllm.steps import StepReader

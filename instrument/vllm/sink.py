@@ -53,7 +53,7 @@ class RecordSink:
     def __init__(self, exporters: list[str], json_path: str | None, take: Any) -> None:
         from instrument.records.exporter_process import ExporterProcess
         from instrument.records.format import RecordWriter
-        from instrument.tracing import default_resource
+        from instrument.otel.tracing import default_resource
 
         # the resource setup_tracing gives (OTEL_RESOURCE_ATTRIBUTES, service name, instance id, host),
         # without building a provider in vLLM's process

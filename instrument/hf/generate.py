@@ -1,7 +1,7 @@
 """``traced_generate``: HuggingFace ``generate`` with a prefill span and one span per decode step.
 
-The hot path only records timestamps (:mod:`instrument.recorder`); spans are created after
-``generate`` returns, with explicit start/end times (:mod:`instrument.generate_spans`), and
+The hot path only records timestamps (:mod:`instrument.hf.recorder`); spans are created after
+``generate`` returns, with explicit start/end times (:mod:`instrument.hf.generate_spans`), and
 exported by the provider's span processor (batched, off the request path).
 
 With a parent context (the gateway, issue #6) no ``generate`` root is created: ``prefill``
@@ -26,11 +26,11 @@ from typing import Any
 from opentelemetry.context import Context
 
 from instrument.clock import now_wall_ns
-from instrument.generate_spans import DecodeSpanPolicy, SequenceTrace, emit_failed_generate_span, emit_sequence_spans
-from instrument.kv_runtime import RuntimeKV, inspect_runtime_kv
-from instrument.recorder import GenerationRecorder, RecordedTimeline, model_device
-from instrument.span_writer import span_writer_for
-from instrument.tracing import get_tracer, span_event_limit_of
+from instrument.hf.generate_spans import DecodeSpanPolicy, SequenceTrace, emit_failed_generate_span, emit_sequence_spans
+from instrument.kv.runtime import RuntimeKV, inspect_runtime_kv
+from instrument.hf.recorder import GenerationRecorder, RecordedTimeline, model_device
+from instrument.otel.span_writer import span_writer_for
+from instrument.otel.tracing import get_tracer, span_event_limit_of
 
 __all__ = ["TracedGeneration", "traced_generate", "instrument_model", "uninstrument_model", "CAPTURE_CONTENT_ENV"]
 
@@ -161,7 +161,7 @@ def traced_generate(
       ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``).
     - ``device_time``: CUDA event timing per forward (``tokentrace.device_ns``); default on CUDA.
     - ``direct_spans``: with an SDK tracer, hand finished spans straight to its span processor
-      (~5 µs/step) instead of the tracer API (~18 µs/step); see :mod:`instrument.span_writer`.
+      (~5 µs/step) instead of the tracer API (~18 µs/step); see :mod:`instrument.otel.span_writer`.
     - ``generate_kwargs``: passed to ``generate`` (``streamer=`` still receives every put).
     """
     policy = DecodeSpanPolicy.parse(decode_spans)

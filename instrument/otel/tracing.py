@@ -236,7 +236,7 @@ def setup_tracing(
     - ``batch``: BatchSpanProcessor (default, exports off the request path) or
       SimpleSpanProcessor (synchronous; for scripts and tests).
     - ``count_exports``: wrap each exporter and its processor to count spans exported, failed
-      and dropped (``instrument.export_health``; one log line per exporter at shutdown).
+      and dropped (``instrument.otel.export_health``; one log line per exporter at shutdown).
     - ``make_exporters``: False checks and records the exporter settings (``exporter_settings``)
       but builds no exporter in this process: the span exporter process makes them
       (``--span-export process``, instrument/records/span_forward.py ``forward_spans``).
@@ -254,7 +254,7 @@ def setup_tracing(
         elif name == "console":
             exporters.append(ConsoleSpanExporter(out=sys.stderr))
         elif name == "otlp_json":
-            from instrument.otlp_json import OTLPJsonLinesSpanExporter
+            from instrument.otel.otlp_json import OTLPJsonLinesSpanExporter
 
             path = json_path if json_path is not None else _env(ENV_JSON_PATH)
             if path is None:
@@ -268,14 +268,14 @@ def setup_tracing(
     queue_size = None if _env(ENV_BSP_QUEUE_SIZE) else DEFAULT_BATCH_QUEUE_SIZE
     for span_exporter in exporters:
         if count_exports:
-            from instrument.export_health import CountingSpanExporter
+            from instrument.otel.export_health import CountingSpanExporter
 
             span_exporter = CountingSpanExporter(span_exporter)
         processor = (
             BatchSpanProcessor(span_exporter, max_queue_size=queue_size) if batch else SimpleSpanProcessor(span_exporter)
         )
         if count_exports:
-            from instrument.export_health import CountingSpanProcessor
+            from instrument.otel.export_health import CountingSpanProcessor
 
             processor = CountingSpanProcessor(processor, span_exporter)  # type: ignore[arg-type]
         provider.add_span_processor(processor)

@@ -1,6 +1,6 @@
 """KV attributes from the cache ``generate`` really built (dtype as held at run time).
 
-The formula lives in :mod:`instrument.kv`; this module only decides its inputs from the
+The formula lives in :mod:`instrument.kv.formula`; this module only decides its inputs from the
 returned cache: the dtype its key tensors hold (a GGUF model dequantized to fp32 on CPU holds
 fp32 even when its config says bf16), whether the cache is static (pre-allocated), and a
 cross-check: for a dynamic cache the summed ``nbytes`` of the returned K/V tensors must equal
@@ -14,7 +14,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from instrument import kv
+from instrument.kv import formula as kv
 
 __all__ = ["RuntimeKV", "inspect_runtime_kv", "cache_tensor_bytes"]
 

@@ -32,8 +32,8 @@ from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from instrument.export_health import emit_sampled_spans
-from instrument.tracing import CONTRACT_VERSION, SCOPE_NAME
+from instrument.otel.export_health import emit_sampled_spans
+from instrument.otel.tracing import CONTRACT_VERSION, SCOPE_NAME
 
 __all__ = ["ApiSpanWriter", "DirectSpanWriter", "LazyEvents", "span_writer_for", "resolve_context"]
 

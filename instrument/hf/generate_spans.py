@@ -19,9 +19,9 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Event
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from instrument.kv_runtime import RuntimeKV
-from instrument.recorder import RecordedTimeline
-from instrument.span_writer import ApiSpanWriter, DirectSpanWriter, LazyEvents, resolve_context
+from instrument.kv.runtime import RuntimeKV
+from instrument.hf.recorder import RecordedTimeline
+from instrument.otel.span_writer import ApiSpanWriter, DirectSpanWriter, LazyEvents, resolve_context
 
 __all__ = ["DecodeSpanPolicy", "SequenceTrace", "emit_sequence_spans", "emit_failed_generate_span"]
 
