@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 
 def _rows() -> list[tuple[object, ...]]:
-    """20 steps of 8 requests, shaped like instrument/vllm/records.py's SCHEDULED rows."""
+    """20 steps of 8 requests, shaped like instrument/vllm/rows.py's SCHEDULED rows."""
     ids = [f"chatcmpl-{i:04d}-0123abcd" for i in range(8)]
     return [(0, 1000 + s, s, 10**9 + s, 10**9 + s + 5, 0, 900, dict.fromkeys(ids, 1), None, ids, set(),
              [None] * 8, [300 + s + i for i in range(8)], [s] * 8) for s in range(20)]

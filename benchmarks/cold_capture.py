@@ -45,7 +45,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 
 from instrument.vllm import hooks
 from instrument.vllm.hooks import StepTap
-from instrument.vllm.records import message, pack
+from instrument.vllm.rows import message, pack
 
 NEXT: dict[str, Any] = {}  # what the stand-in schedule() returns next
 

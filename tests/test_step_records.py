@@ -24,7 +24,7 @@ from instrument.engines.cb_spans import EngineTraceWriter, SequenceRecord, StepR
 from instrument.hf.generate_spans import DecodeSpanPolicy
 from instrument.kv.formula import KVLayout
 from instrument.records import format as fmt
-from instrument.records.span_builder import SpanBuilder, layout_meta
+from instrument.engines.cb_span_builder import SpanBuilder, layout_meta
 from instrument.otel.span_writer import span_writer_for
 from instrument.otel.tracing import get_tracer
 

@@ -1,4 +1,4 @@
-"""vLLM step records (#28, instrument/vllm/records.py, steps.py): the rows the hooks take from
+"""vLLM step records (#28, instrument/vllm/rows.py, steps.py): the rows the hooks take from
 vLLM's per-step objects, sent as messages and read in the exporter process, give exactly the
 spans SpanBuilder.consume writes from the hand-worked StepFacts of the same steps, attribute by
 attribute, with the same times, events and parents (docs/spans.md "vLLM").
@@ -30,10 +30,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from instrument.records import format as fmt
 from instrument.records.channels import VLLM_STEPS
-from instrument.records.span_builder import SpanBuilder as ExporterSpanBuilder
+from instrument.engines.cb_span_builder import SpanBuilder as ExporterSpanBuilder
 from instrument.otel.tracing import get_tracer
-from instrument.vllm import records
-from instrument.vllm.records import ARRIVED, FINISHED, IDLE, PREEMPTED, SCHEDULED, UPDATED
+from instrument.vllm import rows as records
+from instrument.vllm.rows import ARRIVED, FINISHED, IDLE, PREEMPTED, SCHEDULED, UPDATED
 from instrument.vllm.steps import StepReader
 from instrument.vllm import sink as sink_module
 from instrument.vllm.hooks import FINISHED_ABORTED, FINISHED_LENGTH, FINISHED_STOPPED, StepFacts, external_request_id

@@ -22,7 +22,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 
 from instrument.vllm import hooks
 from instrument.vllm.hooks import ARRIVED, FINISHED, PREEMPTED, StepTap
-from instrument.vllm.records import message, pack, unpack
+from instrument.vllm.rows import message, pack, unpack
 from instrument.vllm.steps import StepReader
 
 READERS: dict[StepTap, StepReader] = {}  # the exporter process's side of the tap

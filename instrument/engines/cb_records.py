@@ -21,7 +21,7 @@ from instrument.kv.formula import KVLayout
 from instrument.records.exporter_process import ExporterProcess
 from instrument.records.format import (SEQ, SEQ_PREFILL, SEQ_RECOMPUTE, SEQ_RECOMPUTE_EMITS, SEQ_SIZE, RecordWriter,
                                       pack_seq)
-from instrument.records.span_builder import layout_meta
+from instrument.engines.cb_span_builder import layout_meta
 
 __all__ = ["FLUSH_BYTES", "FLUSH_NS", "StepRecordSink"]
 

@@ -10,7 +10,7 @@ cannot read (the exporter process counts the message as malformed and goes on).
 ====  ==========================================  ===========================================
 no.   decoder                                     writer
 ====  ==========================================  ===========================================
-1     ``instrument.vllm.records:RecordConsumer``  the vLLM plugin (scheduler step facts)
+1     ``instrument.vllm.rows:RecordConsumer``  the vLLM plugin (scheduler step facts)
 2     ``instrument.records.span_forward:Decoder`` the gateway (its own finished spans)
 ====  ==========================================  ===========================================
 """
@@ -24,7 +24,7 @@ __all__ = ["CHANNELS", "ChannelDecoder", "VLLM_STEPS", "FORWARDED_SPANS", "open_
 
 VLLM_STEPS, FORWARDED_SPANS = 1, 2
 CHANNELS: dict[int, str] = {
-    VLLM_STEPS: "instrument.vllm.records:RecordConsumer",
+    VLLM_STEPS: "instrument.vllm.rows:RecordConsumer",
     FORWARDED_SPANS: "instrument.records.span_forward:Decoder",
 }
 

@@ -16,7 +16,7 @@ The child (``python -m instrument.records.exporter_process``, a fresh interprete
 the parent's threads, locks or ``__main__`` come along; the two sockets are passed as file
 descriptors) builds a TracerProvider with the parent's resource and the same exporters (``setup_tracing``: OTLP
 from the ``OTEL_*`` variables it inherits, OTLP-JSON lines), feeds each message to a
-:class:`~instrument.records.span_builder.SpanBuilder`, and at start and every 0.5 s reports its export
+:class:`~instrument.engines.cb_span_builder.SpanBuilder`, and at start and every 0.5 s reports its export
 counts on a control socket (JSON messages). ``stop()`` asks it to drain the socket, flush and report; what
 it has not exported by the bound is counted as dropped.
 
@@ -95,7 +95,7 @@ def _child_main(sock: socket.socket, control: _Control, settings: dict[str, Any]
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from instrument.otel.export_health import export_health
-    from instrument.records.span_builder import SpanBuilder
+    from instrument.engines.cb_span_builder import SpanBuilder
     from instrument.otel.tracing import setup_tracing
 
     attrs = dict(settings["resource"])

@@ -26,7 +26,7 @@ kind  name      fields (struct format after the kind byte)
 7     BLOB      ``<BI`` channel, length + that many bytes: a payload for the exporter
                 process's decoder of that channel (instrument/records/channels.py), for
                 facts that are not steps of this engine: 1 = vLLM scheduler steps
-                (instrument/vllm/records.py), 2 = spans finished in the serving process
+                (instrument/vllm/rows.py), 2 = spans finished in the serving process
                 and forwarded whole (instrument/records/span_forward.py).
 ====  ========  ==============================================================================
 

@@ -10,7 +10,7 @@ harmless.
 No span is built in vLLM's processes. On the first scheduler step the plugin starts tokentrace's
 span exporter process (instrument/records/exporter_process.py, started by the engine-core
 process and detached from its process tree); from then on vLLM's engine thread holds one row per step and request event
-(vLLM's own per-step lists by reference, instrument/vllm/records.py) and, batched (whenever
+(vLLM's own per-step lists by reference, instrument/vllm/rows.py) and, batched (whenever
 the engine goes idle, else at 512 rows, or 2 s after the last send once about 64 steps are
 held, or 10 s after it: instrument/vllm/sink.py says why), packs them with ``marshal`` and sends them as
 channel-1 BLOB messages of up to about 256 KiB on a socket that never blocks; the exporter process
@@ -97,7 +97,7 @@ def _start_pipeline(idle: bool) -> None:
     then send what the hooks hold."""
     import multiprocessing.util
 
-    from instrument.vllm.records import UPDATED
+    from instrument.vllm.rows import UPDATED
     from instrument.vllm.sink import FLUSH_LATE_NS, FLUSH_NS, RecordSink
 
     tap = _state["tap"]

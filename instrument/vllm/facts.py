@@ -1,5 +1,5 @@
 """One vLLM scheduler step as plain ints and request ids: what the plugin's hooks read from vLLM
-(instrument/vllm/hooks/), what the records carry (instrument/vllm/records.py) and what the
+(instrument/vllm/hooks/), what the records carry (instrument/vllm/rows.py) and what the
 span builder consumes (instrument/vllm/spans.py). No vLLM object crosses this seam."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class StepFacts:
         self.n = self.waiting = self.kv_used = self.kv_total = self.prefix_hit_tokens = 0
         self.block_tokens = self.bytes_per_block = 0  # KV geometry (first KV cache group)
         self.req_ids: list[str | None] = [None] * capacity
-        self.tokens = array("I", bytes(4 * capacity))  # u32 columns: instrument/vllm/records.py copies them whole
+        self.tokens = array("I", bytes(4 * capacity))  # u32 columns: instrument/vllm/rows.py copies them whole
         self.computed = array("I", bytes(4 * capacity))
         self.prefill = array("b", bytes(capacity))
         self.blocks = array("I", bytes(4 * capacity))

@@ -2,8 +2,8 @@
 
 :class:`RecordSink` runs on vLLM's engine thread: it starts tokentrace's span exporter process
 (instrument/records/exporter_process.py, started by the engine-core process, detached from
-its process tree, at nice +``EXPORTER_NICE``), packs the hooks' step rows with instrument/vllm/records.py's
-:func:`~instrument.vllm.records.pack` and sends them as channel-1 BLOB messages on a socket
+its process tree, at nice +``EXPORTER_NICE``), packs the hooks' step rows with instrument/vllm/rows.py's
+:func:`~instrument.vllm.rows.pack` and sends them as channel-1 BLOB messages on a socket
 that never blocks; at shutdown it sends the rest and stops the child within ~4 s.
 """
 
@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from instrument.vllm.hooks import clock_start
-from instrument.vllm.records import UPDATED, message, message_end, pack, units
+from instrument.vllm.rows import UPDATED, message, message_end, pack, units
 
 __all__ = ["EXPORTER_NICE", "FLUSH_BYTES", "FLUSH_LATE_NS", "FLUSH_NS", "RecordSink"]
 
@@ -47,7 +47,7 @@ class RecordSink:
 
     ``flush(idle)`` runs on vLLM's engine thread when the plugin's hooks find a send due: it
     packs the rows ``take(idle)`` gives (:meth:`instrument.vllm.hooks.StepTap.take`: the
-    GEOMETRY fields and the held rows of instrument/vllm/records.py) into numbered messages.
+    GEOMETRY fields and the held rows of instrument/vllm/rows.py) into numbered messages.
     Never waits (a full socket drops the message, counted by the sender)."""
 
     def __init__(self, exporters: list[str], json_path: str | None, take: Any) -> None:

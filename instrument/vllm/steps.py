@@ -1,4 +1,4 @@
-"""The exporter process's reading of vLLM step rows into StepFacts (instrument/vllm/records.py).
+"""The exporter process's reading of vLLM step rows into StepFacts (instrument/vllm/rows.py).
 
 :class:`StepReader` takes the rows of each message in order and follows every request across
 steps and messages, as vLLM's scheduler reports it: ``scheduled_new_reqs`` is a request
@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from instrument.vllm.facts import StepFacts
-from instrument.vllm.records import ARRIVED, FINISHED, GEOMETRY, IDLE, PREEMPTED, SCHEDULED, UPDATED
+from instrument.vllm.rows import ARRIVED, FINISHED, GEOMETRY, IDLE, PREEMPTED, SCHEDULED, UPDATED
 
 __all__ = ["MAX_IN_FLIGHT", "StepReader"]
 

@@ -13,7 +13,7 @@ client disconnected or the frontend aborted), ``add_request()`` (arrival: the fr
 wall clock, s; ``trace_headers``; prompt tokens), ``finish_requests()`` (an abort outside
 a step: its end goes out at once) and ``shutdown()`` (the plugin's pipeline closes first).
 
-Per step each step wrapper appends one row of instrument/vllm/records.py to
+Per step each step wrapper appends one row of instrument/vllm/rows.py to
 :attr:`StepTap.held`: vLLM's per-step lists, dicts and sets by reference (vLLM builds them
 anew each step; None for those of a plain decode step: one token scheduled and sampled
 per request), a few ints and ``perf_counter`` times; the update wrapper counts the tokens
@@ -114,7 +114,7 @@ def install(tap: StepTap) -> bool:
     # (super().__len__()): its C length is read directly, a Python call there costs µs
     fcfs, deque_len = FCFSRequestQueue, deque.__len__
 
-    # per step, each wrapper appends one row (instrument/vllm/records.py): a tuple of vLLM's own
+    # per step, each wrapper appends one row (instrument/vllm/rows.py): a tuple of vLLM's own
     # per-step lists, dicts and sets, taken by reference, and a few ints. The rows are built
     # here, inline: code run between two model steps finds the CPU's caches cold, and a call to
     # a helper function cost ~3 µs there (measured); what is read from the lists waits for the

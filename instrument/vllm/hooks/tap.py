@@ -2,7 +2,7 @@
 
 Part of the guarded package instrument/vllm/hooks/ (pinned to ``TESTED_VLLM``): it reads
 vLLM's ``NewRequestData``, ``Request`` and KV cache manager fields. :class:`StepTap` keeps
-the rows of instrument/vllm/records.py the wrappers in hooks/__init__.py append (vLLM's
+the rows of instrument/vllm/rows.py the wrappers in hooks/__init__.py append (vLLM's
 per-step lists, dicts and sets by reference; read by the exporter process,
 instrument/vllm/steps.py) and hands them over at each send (:meth:`StepTap.take`).
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 from instrument.clock import ANCHOR_PERF_NS, ANCHOR_WALL_NS, now_wall_ns
 from instrument.vllm.facts import FINISHED_ABORTED, FINISHED_ERROR, FINISHED_LENGTH, FINISHED_STOPPED
-from instrument.vllm.records import ARRIVED, FINISHED, IDLE, PREEMPTED, SCHEDULED, UPDATED
+from instrument.vllm.rows import ARRIVED, FINISHED, IDLE, PREEMPTED, SCHEDULED, UPDATED
 
 __all__ = ["ARRIVED", "FINISHED", "LEAST_HELD", "MAX_HELD", "PREEMPTED", "SCHEDULED", "UPDATED", "StepTap", "new_rows"]
 
@@ -40,7 +40,7 @@ class StepTap:
     """Per-step capture for one engine-core process (one scheduler); see the module docstring."""
 
     def __init__(self, send: Any) -> None:
-        # the rows of instrument/vllm/records.py the wrapped methods append, oldest first, on
+        # the rows of instrument/vllm/rows.py the wrapped methods append, oldest first, on
         # the engine thread. Never rebound: the wrappers hold it
         self.held: list[tuple[Any, ...]] = []
         # send(idle): called on the engine thread when the held rows are due (the engine went
