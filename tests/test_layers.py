@@ -5,11 +5,21 @@ Every ``import`` and ``from … import`` in analyzer/ and instrument/ is read fr
 
     errors (0) → db (1) → query (2) → formats (3) → collect, audit, report (4) → verbs (5) → cli (6)
 
-A module may import its own layer and the layers below it, never one above. Between the two
-halves: ``instrument`` never imports ``analyzer``; below the verbs, ``analyzer`` imports only
-``instrument.kv.formula`` (the KV formula, no torch); verbs and CLI import the engine side inside
-functions only, so ``analyzer`` imports without torch and ``instrument`` without duckdb (also
-checked by importing every module in a child process with those packages blocked).
+and each instrument package likewise:
+
+    clock (0) → otel, kv (1) → hf (2) → records (3) → engines (4) → vllm (5) → gateway (6)
+    → client (7)
+
+A module may import its own layer and the layers below it, never one above; two instrument
+packages never import each other both ways (each has its own rank). The whole project's
+import graph has no circle (a module that imports, through any chain, a module that imports
+it), function-level imports included.
+
+Between the two halves: ``instrument`` never imports ``analyzer``; below the verbs,
+``analyzer`` imports only ``instrument.kv.formula`` (the KV formula, no torch); verbs and CLI
+import the engine side inside functions only, so ``analyzer`` imports without torch and
+``instrument`` without duckdb (also checked by importing every module in a child process with
+those packages blocked).
 """
 
 from __future__ import annotations
@@ -32,8 +42,19 @@ RANKS: dict[str, int] = {
     "analyzer.verbs": 5,
     "analyzer.cli": 6,
 }
+#: the instrument side, bottom to top (docs/architecture.md)
+INSTRUMENT_RANKS: dict[str, int] = {
+    "instrument": 0, "instrument.clock": 0,
+    "instrument.otel": 1, "instrument.kv": 1,
+    "instrument.hf": 2,
+    "instrument.records": 3,
+    "instrument.engines": 4,
+    "instrument.vllm": 5,
+    "instrument.gateway": 6,
+    "instrument.client": 7,
+}
 #: engine-side modules the lower analyzer layers may import (torch-free by design)
-TORCH_FREE_INSTRUMENT = {"instrument.kv"}
+TORCH_FREE_INSTRUMENT = {"instrument.kv.formula", "instrument.kv"}
 
 
 def _module_name(path: Path) -> str:
@@ -43,14 +64,14 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _layer(name: str) -> str:
-    """The longest key of RANKS that is ``name`` or a package above it."""
+def _layer(name: str, ranks: dict[str, int] = RANKS) -> str:
+    """The longest key of ``ranks`` that is ``name`` or a package above it."""
     parts = name.split(".")
     for n in range(len(parts), 0, -1):
         key = ".".join(parts[:n])
-        if key in RANKS:
+        if key in ranks:
             return key
-    raise AssertionError(f"{name}: no layer in tests/test_layers.py RANKS: give its package a rank")
+    raise AssertionError(f"{name}: no layer in tests/test_layers.py ranks: give its package a rank")
 
 
 def _imports(path: Path) -> list[tuple[int, str, bool]]:
@@ -93,11 +114,14 @@ def upward_imports() -> list[str]:
             if module.startswith("instrument"):
                 if name.startswith("analyzer"):
                     bad.append(f"{where}:{line}: {module} -> {name} (instrument never imports analyzer)")
+                    continue
+                here, there = _layer(module, INSTRUMENT_RANKS), _layer(name, INSTRUMENT_RANKS)
+                if INSTRUMENT_RANKS[there] > INSTRUMENT_RANKS[here]:
+                    bad.append(f"{where}:{line}: {module} ({here}) -> {name} ({there}) climbs")
                 continue
             if name.startswith("instrument"):
                 rank = RANKS[_layer(module)]
-                root = ".".join(name.split(".")[:2])
-                if root not in TORCH_FREE_INSTRUMENT and (rank < RANKS["analyzer.verbs"] or top):
+                if name not in TORCH_FREE_INSTRUMENT and (rank < RANKS["analyzer.verbs"] or top):
                     bad.append(f"{where}:{line}: {module} -> {name} (engine side: verbs/cli only, inside a function)")
                 continue
             if name in ("analyzer.sql",) or name.startswith("analyzer.sql."):
@@ -105,6 +129,85 @@ def upward_imports() -> list[str]:
             if RANKS[_layer(name)] > RANKS[_layer(module)]:
                 bad.append(f"{where}:{line}: {module} ({_layer(module)}) -> {name} ({_layer(name)}) climbs")
     return bad
+
+
+def import_circles() -> list[list[str]]:
+    """Every circle of the project's import graph (function-level imports included), each as
+    the modules on it, smallest first: the strongly connected components of more than one
+    module, and a module that imports itself."""
+    graph: dict[str, set[str]] = {}
+    for path in _sources("analyzer") + _sources("instrument"):
+        module = _module_name(path)
+        graph.setdefault(module, set()).update(name for _, name, _ in _imports(path))
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(start: str) -> None:  # Tarjan's algorithm, iterative (no recursion limit)
+        work = [(start, iter(sorted(graph.get(start, ()))))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in graph:
+                    continue
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1 or node in graph[node]:
+                        circles.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(circles, key=len)
+
+
+def test_no_import_circle() -> None:
+    circles = import_circles()
+    assert not circles, "modules that import each other (through the chain shown):\n" + "\n".join(
+        " <-> ".join(c) for c in circles)
+
+
+def test_the_check_sees_a_circle() -> None:
+    """The circle finder is not blind: a planted pair of modules importing each other is found."""
+    first = REPO / "instrument" / "otel" / "_planted_circle_a.py"
+    second = REPO / "instrument" / "otel" / "_planted_circle_b.py"
+    first.write_text("def f():\n    from instrument.otel import _planted_circle_b\n    return _planted_circle_b\n")
+    second.write_text("from instrument.otel import _planted_circle_a\n")
+    try:
+        circles = import_circles()
+    finally:
+        first.unlink()
+        second.unlink()
+    assert ["instrument.otel._planted_circle_a", "instrument.otel._planted_circle_b"] in circles, circles
+
+
+def test_the_instrument_root_holds_few_modules() -> None:
+    """instrument/ by layer: the root holds the package, the clock and the client only."""
+    assert sorted(p.name for p in (REPO / "instrument").glob("*.py")) == ["__init__.py", "client.py", "clock.py"], \
+        "instrument/ root: put a module in the folder of its layer (docs/architecture.md)"
 
 
 def test_no_import_climbs_a_layer() -> None:

@@ -114,7 +114,7 @@ def test_plugin_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_external_request_id() -> None:
-    from instrument.vllm.hooks import external_request_id
+    from instrument.vllm.request_ids import external_request_id
 
     assert external_request_id("chatcmpl-tt-plugin-3-1a2b3c4d") == "chatcmpl-tt-plugin-3"
     assert external_request_id("chatcmpl-abc") == "chatcmpl-abc"

@@ -32,11 +32,13 @@ from instrument.records import format as fmt
 from instrument.records.channels import VLLM_STEPS
 from instrument.engines.cb_span_builder import SpanBuilder as ExporterSpanBuilder
 from instrument.otel.tracing import get_tracer
-from instrument.vllm import rows as records
+from instrument.vllm import rows as vllm_rows
+from instrument.vllm.consumer import RecordConsumer
 from instrument.vllm.rows import ARRIVED, FINISHED, IDLE, PREEMPTED, SCHEDULED, UPDATED
 from instrument.vllm.steps import StepReader
 from instrument.vllm import sink as sink_module
-from instrument.vllm.hooks import FINISHED_ABORTED, FINISHED_LENGTH, FINISHED_STOPPED, StepFacts, external_request_id
+from instrument.vllm.hooks import FINISHED_ABORTED, FINISHED_LENGTH, FINISHED_STOPPED, StepFacts
+from instrument.vllm.request_ids import external_request_id
 from instrument.vllm.spans import SpanBuilder
 
 T0 = 1_764_000_000_000_000_000
@@ -171,7 +173,7 @@ def _as_the_wrappers_write(sends: list[list[tuple[Any, ...]]]) -> list[list[tupl
 
 def _through_records(sends: list[list[Any]], per_message: int) -> list[Any]:
     """Pack each send as RecordSink does (about ``per_message`` rows a message, cut where
-    records.message_end says, each after its numbered GEOMETRY row), as BLOB messages, into
+    vllm_rows.message_end says, each after its numbered GEOMETRY row), as BLOB messages, into
     the exporter's SpanBuilder."""
     provider, exporter = _provider()
     builder = ExporterSpanBuilder(provider)
@@ -180,9 +182,9 @@ def _through_records(sends: list[list[Any]], per_message: int) -> list[Any]:
     for header, *rows in sends:
         start = 0
         while start < len(rows):
-            stop = records.message_end(rows, start, per_message)
+            stop = vllm_rows.message_end(rows, start, per_message)
             number += 1
-            writer.blob(VLLM_STEPS, records.pack(records.message(header, number, rows[start:stop])))
+            writer.blob(VLLM_STEPS, vllm_rows.pack(vllm_rows.message(header, number, rows[start:stop])))
             builder.feed(bytes(writer.take()))  # a copy, as the socket gives the child
             start = stop
     builder.close()
@@ -213,7 +215,7 @@ def test_the_wrappers_write_plain_decode_steps_without_their_lists() -> None:
     compact = [row for send in _as_the_wrappers_write(_sends()) for row in send[1:]]
     assert [row[1] for row in compact if row[0] == SCHEDULED and row[7] is None] == [4, 6]
     assert [row[1] for row in compact if row[0] == UPDATED and row[3] is None] == [4, 6]
-    assert records.units(compact) == records.units([row for send in _sends() for row in send[1:]])
+    assert vllm_rows.units(compact) == vllm_rows.units([row for send in _sends() for row in send[1:]])
 
 
 @pytest.mark.parametrize("written", ["full", "as the wrappers write"])
@@ -252,7 +254,7 @@ def test_the_reader_gives_the_hand_worked_facts(written: str) -> None:
     got = []
     sends = _sends() if written == "full" else _as_the_wrappers_write(_sends())
     for number, (header, *rows) in enumerate(sends, 1):
-        for f in reader.read(records.unpack(records.pack(records.message(header, number, rows)))):
+        for f in reader.read(vllm_rows.unpack(vllm_rows.pack(vllm_rows.message(header, number, rows)))):
             if f is not None and f.step >= 0:
                 got.append((f.step, f.start_ns, f.sched_end_ns, f.end_ns, f.waiting, f.kv_used, f.kv_total,
                             f.prefix_hit_tokens, f.block_tokens, f.bytes_per_block, list(f.req_ids[:f.n]),
@@ -268,17 +270,17 @@ def test_the_reader_gives_the_hand_worked_facts(written: str) -> None:
 
 
 def test_a_malformed_payload_is_a_value_error() -> None:
-    payload = records.pack(records.message(_header(0), 1, _sends()[0][1:]))
+    payload = vllm_rows.pack(vllm_rows.message(_header(0), 1, _sends()[0][1:]))
     bad_rows = [
-        records.pack((1, 2)),  # not a list
-        records.pack([(UPDATED, 1)]),  # a row of the wrong width
-        records.pack([(9,)]),  # no such row
-        records.pack([_scheduled(1, 2, {A: 1}, None, [(A, 0, None, 0)]), (UPDATED, 1, 0, [A], [None])]),  # no count
+        vllm_rows.pack((1, 2)),  # not a list
+        vllm_rows.pack([(UPDATED, 1)]),  # a row of the wrong width
+        vllm_rows.pack([(9,)]),  # no such row
+        vllm_rows.pack([_scheduled(1, 2, {A: 1}, None, [(A, 0, None, 0)]), (UPDATED, 1, 0, [A], [None])]),  # no count
     ]
     provider, _ = _provider()
     for bad in [payload[:-3], payload[:10], b"\xff" + payload[1:], *bad_rows]:
         with pytest.raises(ValueError, match="vLLM step records"):
-            records.RecordConsumer(provider).feed(memoryview(bad))
+            RecordConsumer(provider).feed(memoryview(bad))
 
 
 def test_what_a_client_controls_never_breaks_a_message() -> None:
@@ -287,12 +289,12 @@ def test_what_a_client_controls_never_breaks_a_message() -> None:
     long_id = "cmpl-abc" + "é" * 40_000
     state = "k=" + "a" * 509 + "é"
     headers = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": state}
-    rows = records.message(_header(0), 1, [
+    rows = vllm_rows.message(_header(0), 1, [
         (ARRIVED, long_id, T0 / 1e9, headers, 8), _scheduled(1, 0, {long_id: 8}, [(long_id, 0, 1, -1)], []),
         _updated(1, 0, {long_id: 1}), (FINISHED, long_id, FINISHED_STOPPED, T0 + 9 * MS)])
     provider, exporter = _provider()
-    consumer = records.RecordConsumer(provider)
-    consumer.feed(memoryview(records.pack(rows)))
+    consumer = RecordConsumer(provider)
+    consumer.feed(memoryview(vllm_rows.pack(rows)))
     (request,) = [s for s in exporter.get_finished_spans() if s.name == "engine_request"]
     assert request.attributes["gen_ai.request.id"] == external_request_id(long_id) == long_id
     assert request.context.trace_id == 0x4BF92F3577B34DA6A3CE929D0E0E4736
@@ -485,9 +487,9 @@ def test_a_send_is_cut_into_messages_of_flush_bytes(tmp_path: Path, message_kib:
             assert len(sizes) > 2, sizes
         else:  # what 32 KiB messages would have cut, whole
             assert len(sizes) < sum(sizes) // (64 * 1024) and min(sizes) > 64 * 1024, sizes
-        assert all(records.unpack(p)[-1][0] == UPDATED for p in payloads[:-1])  # each after a step's end
-        assert records.unpack(payloads[-1])[-1] == (IDLE,)
-        assert [records.unpack(p)[0][6] for p in payloads] == list(range(1, len(payloads) + 1))  # numbered
+        assert all(vllm_rows.unpack(p)[-1][0] == UPDATED for p in payloads[:-1])  # each after a step's end
+        assert vllm_rows.unpack(payloads[-1])[-1] == (IDLE,)
+        assert [vllm_rows.unpack(p)[0][6] for p in payloads] == list(range(1, len(payloads) + 1))  # numbered
         assert sink.sender.dropped_messages == 0
         assert sink.exporter.flush(60)
     finally:
@@ -504,9 +506,9 @@ def test_steps_never_updated_are_said_at_shutdown(caplog: pytest.LogCaptureFixtu
     """A step still scheduled and not updated when the exporter closes (in flight at shutdown,
     or an engine error) gives no spans, and one line says how many."""
     provider, exporter = _provider()
-    consumer = records.RecordConsumer(provider)
+    consumer = RecordConsumer(provider)
     header, *rows = _sends()[0]
-    consumer.feed(memoryview(records.pack(records.message(header, 1, rows))))  # ends with step 6 scheduled
+    consumer.feed(memoryview(vllm_rows.pack(vllm_rows.message(header, 1, rows))))  # ends with step 6 scheduled
     with caplog.at_level("WARNING", logger="tokentrace.vllm"):
         consumer.close()
     assert [r.getMessage() for r in caplog.records if "never updated" in r.getMessage()] == [
@@ -534,9 +536,9 @@ def test_a_send_that_fails_counts_the_steps_it_did_not_send() -> None:
 def test_a_message_ends_after_a_step_or_where_the_rows_end() -> None:
     rows = [(ARRIVED, A, 1.0, None, 4), (PREEMPTED, B, 1, 1), _scheduled(1, 0, {A: 4}, None, []),
             _updated(1, 0, {A: 1}), (FINISHED, A, 0, 1), (FINISHED, B, 0, 1)]
-    assert [records.message_end(rows, 0, n) for n in (1, 2, 3, 4, 5, 6, 9)] == [4, 4, 4, 4, 6, 6, 6]
-    assert records.message_end(rows, 4, 1) == 6 and records.message_end(rows + [(IDLE,)], 4, 3) == 7
-    assert records.units(rows) == 2 + 2 * 2 and records.units([_scheduled(1, 2, {A: 100, B: 40}, None, [])]) == 3
+    assert [vllm_rows.message_end(rows, 0, n) for n in (1, 2, 3, 4, 5, 6, 9)] == [4, 4, 4, 4, 6, 6, 6]
+    assert vllm_rows.message_end(rows, 4, 1) == 6 and vllm_rows.message_end(rows + [(IDLE,)], 4, 3) == 7
+    assert vllm_rows.units(rows) == 2 + 2 * 2 and vllm_rows.units([_scheduled(1, 2, {A: 100, B: 40}, None, [])]) == 3
 
 
 def test_a_lost_message_costs_its_spans_and_one_line_per_request(caplog: pytest.LogCaptureFixture) -> None:
@@ -545,10 +547,10 @@ def test_a_lost_message_costs_its_spans_and_one_line_per_request(caplog: pytest.
     unknown request, not one per step."""
     header, *rows = _sends()[0]
     provider, exporter = _provider()
-    consumer = records.RecordConsumer(provider)
+    consumer = RecordConsumer(provider)
     with caplog.at_level("WARNING", logger="tokentrace.vllm"):
         # message 1 (A and B arrive, step 1) lost on the way
-        consumer.feed(memoryview(records.pack(records.message(header, 2, rows[4:]))))
+        consumer.feed(memoryview(vllm_rows.pack(vllm_rows.message(header, 2, rows[4:]))))
     consumer.close()
     spans = exporter.get_finished_spans()
     steps = [s for s in spans if s.name == "engine_step"]
@@ -569,13 +571,13 @@ def test_an_idle_engine_forgets_requests_whose_end_was_lost(caplog: pytest.LogCa
     looks idle again (its engine trace closes, the provider is flushed), instead of holding
     them for good; the reader keeps nothing of them either."""
     provider, exporter = _provider()
-    consumer = records.RecordConsumer(provider)
+    consumer = RecordConsumer(provider)
     header, *rows = _sends()[0]
-    consumer.feed(memoryview(records.pack(records.message(header, 1, rows[:-1]))))  # to step 5; the rest lost
+    consumer.feed(memoryview(vllm_rows.pack(vllm_rows.message(header, 1, rows[:-1]))))  # to step 5; the rest lost
     live = len(consumer.builder.live)
     assert live == 3  # A, B, C: requests the exporter now holds with their end lost
     with caplog.at_level("WARNING", logger="tokentrace.vllm"):
-        consumer.feed(memoryview(records.pack(records.message(_header(80), 5, [(IDLE,)]))))
+        consumer.feed(memoryview(vllm_rows.pack(vllm_rows.message(_header(80), 5, [(IDLE,)]))))
     assert consumer.builder.live == {} and consumer.builder.lost_requests == live
     reader = consumer.reader
     assert (reader._prompt, reader._blocks, reader._phase, reader._ending) == ({}, {}, {}, set())

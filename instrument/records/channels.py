@@ -1,18 +1,22 @@
-"""The exporter process's decoders for BLOB entries (instrument/records/format.py), by channel.
+"""The exporter process's decoders, by channel: every engine is a channel of the record stream.
 
-A channel carries facts that are not the continuous engine's steps: another engine's step
-records, or spans finished in the serving process and forwarded whole. The exporter process
-opens a channel's decoder on its first BLOB entry (imported then, by name, so that this
-package never imports the engines that write them) and feeds it every payload in order;
-``close()`` at shutdown ends what is still open. A decoder raises ValueError on a payload it
-cannot read (the exporter process counts the message as malformed and goes on).
+Channel 0 is the decoder of the messages themselves (instrument/records/format.py): the
+continuous engine's STEP / SEQ / OPEN / END / IDLE / META entries, and each BLOB entry handed
+to its own channel's decoder. A BLOB channel carries facts that are not the continuous
+engine's steps: another engine's step records, or spans finished in the serving process and
+forwarded whole. The exporter process opens each decoder when it is first needed (imported
+then, by name, so that this package never imports the engines that write them) and feeds it
+every payload in order; ``close()`` at shutdown ends what is still open. A decoder raises
+ValueError on a payload it cannot read (the exporter process counts the message as
+malformed and goes on).
 
-====  ==========================================  ===========================================
-no.   decoder                                     writer
-====  ==========================================  ===========================================
-1     ``instrument.vllm.rows:RecordConsumer``  the vLLM plugin (scheduler step facts)
-2     ``instrument.records.span_forward:Decoder`` the gateway (its own finished spans)
-====  ==========================================  ===========================================
+====  ================================================  ======================================
+no.   decoder                                           writer
+====  ================================================  ======================================
+0     ``instrument.engines.cb_span_builder:SpanBuilder``  the continuous engine (every message)
+1     ``instrument.vllm.consumer:RecordConsumer``         the vLLM plugin (scheduler step facts)
+2     ``instrument.records.span_forward:Decoder``         the gateway (its own finished spans)
+====  ================================================  ======================================
 """
 
 from __future__ import annotations
@@ -20,11 +24,12 @@ from __future__ import annotations
 import importlib
 from typing import Any, Protocol
 
-__all__ = ["CHANNELS", "ChannelDecoder", "VLLM_STEPS", "FORWARDED_SPANS", "open_channel"]
+__all__ = ["CHANNELS", "ChannelDecoder", "MESSAGES", "VLLM_STEPS", "FORWARDED_SPANS", "open_channel"]
 
-VLLM_STEPS, FORWARDED_SPANS = 1, 2
+MESSAGES, VLLM_STEPS, FORWARDED_SPANS = 0, 1, 2
 CHANNELS: dict[int, str] = {
-    VLLM_STEPS: "instrument.vllm.rows:RecordConsumer",
+    MESSAGES: "instrument.engines.cb_span_builder:SpanBuilder",
+    VLLM_STEPS: "instrument.vllm.consumer:RecordConsumer",
     FORWARDED_SPANS: "instrument.records.span_forward:Decoder",
 }
 
@@ -32,7 +37,7 @@ CHANNELS: dict[int, str] = {
 class ChannelDecoder(Protocol):
     """What the exporter process calls for one channel (one thread)."""
 
-    def feed(self, payload: memoryview) -> None:
+    def feed(self, payload: bytes | memoryview) -> None:
         """Build (and hand to the exporters) the spans this payload completes; the view is
         valid only during the call."""
 

@@ -16,7 +16,8 @@ The child (``python -m instrument.records.exporter_process``, a fresh interprete
 the parent's threads, locks or ``__main__`` come along; the two sockets are passed as file
 descriptors) builds a TracerProvider with the parent's resource and the same exporters (``setup_tracing``: OTLP
 from the ``OTEL_*`` variables it inherits, OTLP-JSON lines), feeds each message to a
-:class:`~instrument.engines.cb_span_builder.SpanBuilder`, and at start and every 0.5 s reports its export
+channel 0's decoder (instrument/records/channels.py: the continuous engine's span builder,
+which hands each BLOB entry to its channel's decoder), and at start and every 0.5 s reports its export
 counts on a control socket (JSON messages). ``stop()`` asks it to drain the socket, flush and report; what
 it has not exported by the bound is counted as dropped.
 
@@ -95,15 +96,15 @@ def _child_main(sock: socket.socket, control: _Control, settings: dict[str, Any]
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from instrument.otel.export_health import export_health
-    from instrument.engines.cb_span_builder import SpanBuilder
     from instrument.otel.tracing import setup_tracing
+    from instrument.records.channels import MESSAGES, open_channel
 
     attrs = dict(settings["resource"])
     provider = setup_tracing(str(attrs.pop("service.name", "tokentrace")), exporter=settings["exporters"] or ["none"],
                              json_path=settings.get("json_path"), endpoint=settings.get("endpoint"),
                              protocol=settings.get("protocol"), instance_id=attrs.pop("service.instance.id", None),
                              resource_attributes=attrs)
-    builder = SpanBuilder(provider)
+    builder = open_channel(MESSAGES, provider)  # the continuous engine's decoder: every message
     received = malformed = malformed_units = 0
     buf = bytearray(_RECV_BYTES)
     # non-blocking: a socket with a timeout waits for data before every receive, MSG_DONTWAIT or

@@ -14,7 +14,7 @@ this code cold in the CPU's caches, that costs the engine thread about a third l
 reading each step into per-request columns there (docs/spans.md "vLLM", cost). No span,
 dict or string is made per token on that side.
 
-In the exporter process :class:`RecordConsumer` unpacks each message, reads the rows in order
+In the exporter process :class:`~instrument.vllm.consumer.RecordConsumer` unpacks each message, reads the rows in order
 into :class:`~instrument.vllm.facts.StepFacts` with
 :class:`~instrument.vllm.steps.StepReader` (which pairs each step's two rows and follows each
 request across steps and messages: blocks held, prompt chunk / recompute / decode, first
@@ -54,14 +54,12 @@ pair between the engine core and its own exporter process, both running the same
 
 from __future__ import annotations
 
-import logging
 import marshal
 from typing import Any
 
-__all__ = ["ARRIVED", "FINISHED", "GEOMETRY", "IDLE", "PREEMPTED", "SCHEDULED", "UPDATED", "RecordConsumer",
-           "message", "message_end", "pack", "units", "unpack"]
+__all__ = ["ARRIVED", "FINISHED", "GEOMETRY", "IDLE", "PREEMPTED", "SCHEDULED", "UPDATED", "message", "message_end",
+           "pack", "units", "unpack"]
 
-log = logging.getLogger("tokentrace.vllm")
 SCHEDULED, UPDATED, ARRIVED, PREEMPTED, FINISHED, GEOMETRY, IDLE = range(7)
 MARSHAL_VERSION = 4  # shares repeated objects (each request id string object written once per message)
 
@@ -111,52 +109,3 @@ def unpack(payload: bytes | memoryview) -> list[tuple[Any, ...]]:
 
 
 _WIDTH = {SCHEDULED: 14, UPDATED: 5, ARRIVED: 5, PREEMPTED: 4, FINISHED: 4, GEOMETRY: 7, IDLE: 1}
-
-
-class RecordConsumer:
-    """Channel 1's decoder in the exporter process: payloads in, spans out (one thread)."""
-
-    def __init__(self, tracer_provider: Any) -> None:
-        from instrument.otel.tracing import get_tracer
-        from instrument.vllm.hooks import external_request_id
-        from instrument.vllm.spans import SpanBuilder
-        from instrument.vllm.steps import StepReader
-
-        self.provider = tracer_provider
-        self.builder = SpanBuilder(get_tracer(tracer_provider), request_id_of=external_request_id,
-                                   on_idle=self._idle)
-        self.reader = StepReader()
-
-    def _idle(self) -> None:
-        """No live request: export what was built now (the engine went idle)."""
-        self.provider.force_flush()
-
-    def feed(self, payload: memoryview) -> None:
-        """Build the spans of every row in ``payload`` (ValueError: malformed; the rows read
-        before the fault keep their spans)."""
-        rows = unpack(payload)
-        try:
-            for facts in self.reader.read(rows):
-                if facts is None:  # the scheduler held no request
-                    self.builder.engine_idle()
-                    continue
-                try:
-                    self.builder.consume(facts)
-                except Exception:  # a bug here must not stop the exporter; logged with its step
-                    log.exception("tokentrace: spans of vLLM engine step %s not written", facts.step)
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise ValueError(f"vLLM step records: a row does not read ({type(exc).__name__}: {exc})") from None
-
-    def close(self) -> None:
-        """Shutdown: end the requests still running as failed at the engine's last send (its
-        shutdown; :meth:`~instrument.vllm.spans.SpanBuilder.end_at_shutdown`: their
-        ``engine_request`` spans are exported, ``error.type`` ``shutdown``) and the open engine
-        trace; say in a line each how many requests were still running and how many steps
-        were scheduled and never updated (an engine error, or in flight at shutdown)."""
-        live = self.builder.end_at_shutdown(max(self.reader.sent_ns, self.builder.last_end_ns))
-        if live:
-            log.warning("tokentrace: %d vLLM requests still running at shutdown: ended as failed (error.type "
-                        "shutdown)", live)
-        never = self.reader.let_go + len(self.reader._opened)
-        if never:
-            log.warning("tokentrace: %d vLLM engine steps scheduled and never updated: not traced", never)

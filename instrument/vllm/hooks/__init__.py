@@ -48,7 +48,7 @@ from instrument.vllm.hooks.tap import (ARRIVED, FINISHED, LEAST_HELD, MAX_HELD, 
 
 __all__ = ["ARRIVED", "FINISHED", "FINISHED_ABORTED", "FINISHED_ERROR", "FINISHED_LENGTH", "FINISHED_STOPPED",
            "LEAST_HELD", "MAX_HELD", "PREEMPTED", "SCHEDULED", "TESTED_VLLM", "UPDATED", "StepFacts", "StepTap",
-           "check_version", "clock_start", "external_request_id", "install", "installed_version"]
+           "check_version", "clock_start", "install", "installed_version"]
 
 TESTED_VLLM = "0.32.0"
 _MARK = "_tokentrace_tap"
@@ -241,18 +241,3 @@ def install(tap: StepTap) -> bool:
 
     tap.uninstall = uninstall
     return True
-
-
-
-def external_request_id(req_id: str) -> str:
-    """The id vLLM's ``llm_request`` span carries (``gen_ai.request.id``) for an engine-core id.
-
-    vLLM 0.32's frontend appends ``-`` and 8 random characters to the client-facing id
-    (``InputProcessor.assign_request_id``) unless VLLM_DISABLE_REQUEST_ID_RANDOMIZATION is set.
-    """
-    import os
-
-    if os.environ.get("VLLM_DISABLE_REQUEST_ID_RANDOMIZATION", "0").lower() in ("1", "true"):
-        return req_id
-    head, sep, tail = req_id.rpartition("-")
-    return head if sep and len(tail) == 8 else req_id
