@@ -84,13 +84,14 @@ def test_check_run_fails_on_a_missing_decode_span() -> None:
         check_run([s for s in ours if s is not decode], theirs, client)
 
 
-def test_plugin_refuses_another_vllm_version(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """Without vLLM 0.32.0 (here: none at all) the plugin logs one line and hooks nothing."""
+def test_plugin_refuses_without_vllm(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Without vLLM's scheduler (here: no vLLM at all) the plugin logs one line and hooks
+    nothing (a vLLM whose scheduler differs: tests/test_vllm_real_scheduler.py)."""
     from instrument.vllm import hooks
 
-    with pytest.raises(ValueError, match="vLLM 0.32.0 scheduler internals; vLLM 0.31.1 is installed"):
-        hooks.check_version("0.31.1")
-    hooks.check_version("0.32.0")
+    with pytest.raises(ValueError, match=r"no vLLM distribution is installed \(vllm.v1.core.sched.scheduler.Scheduler "
+                                         r"is not there \(ModuleNotFoundError\)\): nothing traced"):
+        hooks.check_scheduler()
     import instrument.vllm as plugin
 
     monkeypatch.setattr(plugin, "_state", {})
@@ -99,8 +100,8 @@ def test_plugin_refuses_another_vllm_version(monkeypatch: pytest.MonkeyPatch, ca
         plugin.register()
         plugin.register()  # loading twice is harmless: still one line
     lines = [r.getMessage() for r in caplog.records if r.name == "tokentrace.vllm"]
-    assert lines == ["tokentrace's vLLM plugin reads vLLM 0.32.0 scheduler internals; no vLLM distribution is "
-                     "installed: vLLM runs untraced (check instrument/vllm/hooks/ against that version)"]
+    assert lines == ["tokentrace's vLLM plugin: no vLLM distribution is installed (vllm.v1.core.sched.scheduler."
+                     "Scheduler is not there (ModuleNotFoundError)): nothing traced"]
     assert "tap" not in plugin._state and "vllm" not in sys.modules
 
 

