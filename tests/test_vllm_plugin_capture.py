@@ -209,7 +209,7 @@ def test_builder_on_records_vllm_did_not_make_in_the_saved_runs() -> None:
     t0 = 1_800_000_000 * 10**9
     events = StepFacts(4)
     events.step, events.end_ns = -1, t0 + 5_000_000
-    events.arrivals.append(("chatcmpl-a-1234abcd", t0 / 1e9, None, 20))
+    events.arrivals.append(("chatcmpl-a-1234abcd", t0 / 1e9, None, 20, True))
     events.finished.append(("chatcmpl-a-1234abcd", FINISHED_ABORTED, t0 + 5_000_000))
     builder.consume(events)
     step = StepFacts(4)

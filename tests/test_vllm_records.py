@@ -68,17 +68,17 @@ def _facts(step: int, t: int, rows: list[tuple[str, int, int, int, int, int]], *
 def _stream() -> list[StepFacts]:
     s = T0 / 1e9
     return [
-        _facts(-1, 0, [], arrivals=[(A, s, PARENT, 300), (B, s + 0.001, None, 40)]),  # events only
+        _facts(-1, 0, [], arrivals=[(A, s, PARENT, 300, True), (B, s + 0.001, None, 40, True)]),  # events only
         _facts(1, 2, [(A, 100, 128, 1, 15, 0), (B, 40, 0, 1, 3, 1)], first=[(A, 128), (B, 0)], hits=128, waiting=1),
         _facts(2, 12, [(A, 72, 228, 1, 19, 1), (B, 1, 40, 0, 3, 1)],
-               arrivals=[(C, s + 0.013, {"traceparent": PARENT["traceparent"]}, 20)]),
+               arrivals=[(C, s + 0.013, {"traceparent": PARENT["traceparent"]}, 20, True)]),
         _facts(3, 22, [(C, 20, 0, 1, 2, 1), (A, 1, 300, 0, 19, 1), (B, 1, 41, 0, 3, 1)], first=[(C, 0)]),
         _facts(4, 32, [(A, 1, 301, 0, 19, 1), (C, 1, 20, 0, 2, 1)], preempted=[(B, 3, T0 + 32 * MS + 10_000)]),
         _facts(5, 42, [(A, 1, 302, 0, 19, 1), (B, 42, 0, 2, 3, 1), (C, 1, 21, 0, 2, 1)], hits=0),
         _facts(-1, 52, [], finished=[(C, FINISHED_ABORTED, T0 + 52 * MS)]),  # client disconnect
         _facts(6, 53, [(A, 1, 303, 0, 19, 1), (B, 1, 44, 0, 3, 1), (C, 1, 22, 0, 2, 1)],  # C scheduled before the abort
                finished=[(A, FINISHED_LENGTH, T0 + 61 * MS), (B, FINISHED_STOPPED, T0 + 61 * MS)]),
-        _facts(-1, 70, [], arrivals=[(D, s + 0.070, None, 8)], finished=[(D, FINISHED_ABORTED, T0 + 71 * MS)]),
+        _facts(-1, 70, [], arrivals=[(D, s + 0.070, None, 8, True)], finished=[(D, FINISHED_ABORTED, T0 + 71 * MS)]),
     ]
 
 
@@ -125,11 +125,11 @@ def _sends() -> list[list[tuple[Any, ...]]]:
     does), so that reading them gives the same spans as _stream."""
     s = T0 / 1e9
     return [
-        [_header(0), (ARRIVED, A, s, PARENT, 300), (ARRIVED, B, s + 0.001, None, 40),
+        [_header(0), (ARRIVED, A, s, PARENT, 300, True), (ARRIVED, B, s + 0.001, None, 40, True),
          # A: 128 of its 300 prompt tokens in the prefix cache, 15 blocks; B: 40, 3 blocks, done
          _scheduled(1, 2, {A: 100, B: 40}, [(A, 128, 15, -1), (B, 0, 3, -1)], [], waiting=1),
          _updated(1, 2, {A: 0, B: 1}),
-         (ARRIVED, C, s + 0.013, {"traceparent": PARENT["traceparent"]}, 20),
+         (ARRIVED, C, s + 0.013, {"traceparent": PARENT["traceparent"]}, 20, True),
          _scheduled(2, 12, {A: 72, B: 1}, None, [(A, 228, 4, 0), (B, 40, None, 1)]),
          _updated(2, 12, {B: 1, A: 1}),  # (the runner's own order)
          _scheduled(3, 22, {C: 20, A: 1, B: 1}, [(C, 0, 2, -1)], [(A, 300, None, 1), (B, 41, None, 2)]),
@@ -147,7 +147,7 @@ def _sends() -> list[list[tuple[Any, ...]]]:
         [_header(52), (FINISHED, C, FINISHED_ABORTED, T0 + 52 * MS)],
         [_header(62), (FINISHED, A, FINISHED_LENGTH, T0 + 61 * MS), (FINISHED, B, FINISHED_STOPPED, T0 + 61 * MS),
          _updated(6, 53, {A: 1, B: 1, C: 1})],
-        [_header(71), (ARRIVED, D, s + 0.070, None, 8), (FINISHED, D, FINISHED_ABORTED, T0 + 71 * MS)],
+        [_header(71), (ARRIVED, D, s + 0.070, None, 8, True), (FINISHED, D, FINISHED_ABORTED, T0 + 71 * MS)],
     ]
 
 
@@ -290,7 +290,7 @@ def test_what_a_client_controls_never_breaks_a_message() -> None:
     state = "k=" + "a" * 509 + "é"
     headers = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": state}
     rows = vllm_rows.message(_header(0), 1, [
-        (ARRIVED, long_id, T0 / 1e9, headers, 8), _scheduled(1, 0, {long_id: 8}, [(long_id, 0, 1, -1)], []),
+        (ARRIVED, long_id, T0 / 1e9, headers, 8, True), _scheduled(1, 0, {long_id: 8}, [(long_id, 0, 1, -1)], []),
         _updated(1, 0, {long_id: 1}), (FINISHED, long_id, FINISHED_STOPPED, T0 + 9 * MS)])
     provider, exporter = _provider()
     consumer = RecordConsumer(provider)
@@ -451,7 +451,7 @@ def test_a_send_is_cut_into_messages_of_flush_bytes(tmp_path: Path, message_kib:
     out = tmp_path / "spans.jsonl"
     ids = [f"chatcmpl-{i:032x}-0-{i:08x}" for i in range(256)]
     s = T0 / 1e9
-    rows = [_header(0)] + [(ARRIVED, r, s, None, 8) for r in ids]
+    rows = [_header(0)] + [(ARRIVED, r, s, None, 8, True) for r in ids]
     for k in range(1, 40):
         rows.append(_scheduled(k, k, dict.fromkeys(ids, 8 if k == 1 else 1),
                                [(r, 0, 1, -1) for r in ids] if k == 1 else None,
@@ -534,7 +534,7 @@ def test_a_send_that_fails_counts_the_steps_it_did_not_send() -> None:
 
 
 def test_a_message_ends_after_a_step_or_where_the_rows_end() -> None:
-    rows = [(ARRIVED, A, 1.0, None, 4), (PREEMPTED, B, 1, 1), _scheduled(1, 0, {A: 4}, None, []),
+    rows = [(ARRIVED, A, 1.0, None, 4, True), (PREEMPTED, B, 1, 1), _scheduled(1, 0, {A: 4}, None, []),
             _updated(1, 0, {A: 1}), (FINISHED, A, 0, 1), (FINISHED, B, 0, 1)]
     assert [vllm_rows.message_end(rows, 0, n) for n in (1, 2, 3, 4, 5, 6, 9)] == [4, 4, 4, 4, 6, 6, 6]
     assert vllm_rows.message_end(rows, 4, 1) == 6 and vllm_rows.message_end(rows + [(IDLE,)], 4, 3) == 7
@@ -594,7 +594,7 @@ def test_a_failing_hook_counts_the_steps_it_held(caplog: pytest.LogCaptureFixtur
 
     tap = StepTap(send=None)
     out = object()
-    tap.held += [(ARRIVED, "a", 1.0, None, 4), (SCHEDULED, out), (UPDATED, out), (SCHEDULED, out), (UPDATED, out),
+    tap.held += [(ARRIVED, "a", 1.0, None, 4, True), (SCHEDULED, out), (UPDATED, out), (SCHEDULED, out), (UPDATED, out),
                  (SCHEDULED, object())]
     with caplog.at_level("ERROR", logger="tokentrace.vllm"):
         try:
@@ -685,7 +685,7 @@ def test_speculative_decode_steps_say_what_they_verified_and_emitted() -> None:
     stays visible (one that carried only the stop token does not)."""
     s = T0 / 1e9
     stream = [
-        _facts(-1, 0, [], arrivals=[(A, s, None, 30), (B, s, None, 20)]),
+        _facts(-1, 0, [], arrivals=[(A, s, None, 30, True), (B, s, None, 20, True)]),
         _facts(1, 2, [(A, 30, 0, 1, 2, 1), (B, 20, 0, 1, 2, 1)], first=[(A, 0), (B, 0)]),
         # A: 3 drafts, all accepted -> 4 tokens; B: 3 drafts, 1 accepted -> 2 tokens
         _facts(2, 12, [(A, 4, 30, 0, 3, 4), (B, 4, 20, 0, 2, 2)]),
@@ -717,3 +717,62 @@ def test_speculative_decode_steps_say_what_they_verified_and_emitted() -> None:
                     for e in r.events if e.name == "tokentrace.chunk"] for rid, r in requests.items()}
     assert chunks == {"chatcmpl-a": [(1, True), (4, True), (1, True), (1, False)],
                       "chatcmpl-b": [(1, True), (2, True), (3, True)]}
+
+
+def _unsampled(sends: list[list[Any]], req_id: str) -> list[list[Any]]:
+    """``sends`` with ``req_id`` arrived not sampled (as StepTap.on_add writes it: no headers)."""
+    return [[send[0]] + [(ARRIVED, row[1], row[2], None, row[4], False) if row[0] == ARRIVED and row[1] == req_id
+                         else row for row in send[1:]] for send in sends]
+
+
+def _by_request(spans: list[Any]) -> dict[str, list[tuple[Any, ...]]]:
+    """Each request's spans (its engine_request and the spans under it) by its id, canonical."""
+    canonical = _canonical(spans)
+    roots = {i: s[6]["gen_ai.request.id"] for i, s in enumerate(canonical) if s[0] == "engine_request"}
+    out: dict[str, list[tuple[Any, ...]]] = {}
+    for i, s in enumerate(canonical):
+        owner = roots.get(i) or roots.get(s[5])
+        if owner is not None:
+            out.setdefault(owner, []).append(s[:4] + s[6:8])
+    return out
+
+
+@pytest.mark.parametrize("unsampled", [B, C])
+def test_an_unsampled_neighbour_leaves_the_sampled_requests_spans_exact(unsampled: str) -> None:
+    """A request decided not sampled at arrival gets no span; the sampled ones' spans (batch
+    size, tokens, prefill tokens of the step: its neighbour's included) and every engine_step
+    are those of the run where all were sampled."""
+    everything = _through_records(_sends(), 100)
+    some = _through_records(_unsampled(_sends(), unsampled), 100)
+    want, got = _by_request(everything), _by_request(some)
+    gone = external_request_id(unsampled)
+    assert gone in want and gone not in got
+    assert got == {k: v for k, v in want.items() if k != gone}
+    steps = [s[:4] + s[6:8] for s in _canonical(everything) if s[0] == "engine_step"]
+    assert [s[:4] + s[6:8] for s in _canonical(some) if s[0] == "engine_step"] == steps
+    assert len(some) == len(everything) - len(want[gone])
+    # the neighbour's prompt tokens still count in the batch figures of the steps it shared
+    shared = [s for s in got[external_request_id(A)] if s[0] in ("prefill", "decode")]
+    assert any(s[4]["tokentrace.batch.size"] > 1 for s in shared)
+
+
+def test_engine_step_spans_follow_their_own_ratio() -> None:
+    """Step spans off: the requests' spans are unchanged and no engine_step or engine is built;
+    a ratio keeps the steps step_sampled picks."""
+    from instrument.vllm.sampling import Sampling, step_sampled
+
+    def run(step_bound: int) -> list[Any]:
+        provider, exporter = _provider()
+        builder = SpanBuilder(get_tracer(provider), request_id_of=external_request_id, step_bound=step_bound)
+        for facts in _stream():
+            builder.consume(facts)
+        builder.close_engine_trace()
+        return list(exporter.get_finished_spans())
+
+    everything, none = run(Sampling().step_bound), run(0)
+    assert _by_request(none) == _by_request(everything)
+    assert not [s for s in none if s.name in ("engine_step", "engine")]
+    half = Sampling(step_ratio=0.5).step_bound
+    kept = [s.attributes["tokentrace.engine.step"] for s in run(half) if s.name == "engine_step"]
+    every = [s.attributes["tokentrace.engine.step"] for s in everything if s.name == "engine_step"]
+    assert kept == [step for step in every if step_sampled(step, half)] and 0 < len(kept) < len(every)

@@ -148,9 +148,9 @@ def main() -> None:
         if sampled is not None:
             held.append(updated(out, sampled))
 
-    held.append((ARRIVED, "a", 1.5, None, 20))
+    held.append((ARRIVED, "a", 1.5, None, 20, True))
     step(1, output([new("a", 20, 0, [0, 1])], cached([]), {"a": 20}), {"a": 1})
-    held.append((ARRIVED, "b", 1.6, {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}, 40))
+    held.append((ARRIVED, "b", 1.6, {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}, 40, True))
     step(2, output([new("b", 40, 16, [2, 3, 4])], cached([("a", 20, None, 1)]), {"a": 1, "b": 24}), {"a": 1, "b": 1})
     take()
     out3 = output([], cached([("a", 21, None, 2), ("b", 40, None, 1)]), {"a": 1, "b": 1})
@@ -266,7 +266,7 @@ def send_triggers() -> list:
         Scheduler.update_from_output(ENGINE, out, runner({"t": 1}))
 
     def hold(rows: int) -> None:
-        TAP.held.extend([(ARRIVED, f"f{i}", 1.0, None, 1) for i in range(rows)])
+        TAP.held.extend([(ARRIVED, f"f{i}", 1.0, None, 1, True) for i in range(rows)])
 
     step()  # not due
     TAP.due_ns, TAP.late_ns = 0, 2**62
@@ -312,7 +312,7 @@ def sampled_counts() -> list:
     none when the runner sends no sampled_token_ids at all (vLLM reads [] as nothing sampled)."""
     tap, records = new_tap(), []
     held = tap.held
-    held.append((ARRIVED, "s", 1.0, None, 4))
+    held.append((ARRIVED, "s", 1.0, None, 4, True))
     out1 = output([new("s", 4, 0, [0])], cached([]), {"s": 4})
     held += [scheduled(out1, 1), updated(out1, {"s": 1})]
     out2 = output([], cached([("s", 4, None, 1)]), {"s": 3})
@@ -330,10 +330,10 @@ def id_used_again() -> dict:
     before the next step; the new x's state survives the old x's end."""
     tap, records = new_tap(), []
     held = tap.held
-    held.append((ARRIVED, "x", 1.0, None, 4))
+    held.append((ARRIVED, "x", 1.0, None, 4, True))
     out1 = output([new("x", 4, 0, [0])], cached([]), {"x": 4})
     held += [scheduled(out1, 1), updated(out1, {"x": 1})]
-    held += [(FINISHED, "x", 2, 1950), (ARRIVED, "x", 2.0, None, 6)]
+    held += [(FINISHED, "x", 2, 1950), (ARRIVED, "x", 2.0, None, 6, True)]
     out2 = output([new("x", 6, 0, [3])], cached([]), {"x": 6})
     held += [scheduled(out2, 2), updated(out2, {"x": 1})]
     out3 = output([], cached([("x", 6, None, 1)]), {"x": 1})
@@ -349,7 +349,7 @@ def v2_live_tokens() -> dict:
     tap, records = new_tap(), []
     held = tap.held
     tokens = list(range(10))  # the request's list: prompt, then each sampled token appended
-    held.append((ARRIVED, "p", 1.0, None, 10))
+    held.append((ARRIVED, "p", 1.0, None, 10, True))
     out1 = output([new("p", 10, 0, [0], tokens=tokens)], cached([]), {"p": 10})
     held.append(scheduled(out1, 1))
     tokens.append(10)
@@ -371,7 +371,7 @@ def async_end() -> dict:
     step 2 still names r (vLLM discards its token)."""
     tap, records = new_tap(), []
     held = tap.held
-    held.append((ARRIVED, "r", 1.0, None, 5))
+    held.append((ARRIVED, "r", 1.0, None, 5, True))
     out1 = output([new("r", 5, 0, [0])], cached([]), {"r": 5})
     out2 = output([], cached([("r", 5, None, 1)]), {"r": 1})
     held += [scheduled(out1, 1), scheduled(out2, 2)]
@@ -389,7 +389,7 @@ def v1_resume() -> dict:
     and first schedule kept."""
     tap, records = new_tap(), []
     held = tap.held
-    held.append((ARRIVED, "q", 1.0, None, 20))
+    held.append((ARRIVED, "q", 1.0, None, 20, True))
     out1 = output([new("q", 20, 0, [0, 1])], cached([]), {"q": 20})
     held += [scheduled(out1, 1), updated(out1, {"q": 1})]
     out2 = output([], cached([("q", 20, None, 1)]), {"q": 1})
@@ -400,7 +400,7 @@ def v1_resume() -> dict:
     held += [scheduled(out3, 3), updated(out3, {"q": 1})]
     out4 = output([], cached([("q", 22, None, 3)]), {"q": 1})
     held += [scheduled(out4, 4), updated(out4, {"q": 1})]
-    held.append((ARRIVED, "z", 5.0, None, 3))
+    held.append((ARRIVED, "z", 5.0, None, 3, True))
     lost = [output([new("z", 3, 0, [9])], cached([]), {"z": 3})] + \
         [output([], cached([("z", 3 + k, [10 + k] if k == 4 else None, k)]), {"z": 1}) for k in range(8)]
     held += [scheduled(out, 5 + k) for k, out in enumerate(lost)]

@@ -38,6 +38,7 @@ from typing import Mapping, Sequence
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanLimits, Tracer, TracerProvider
+from opentelemetry.sdk.trace.sampling import Sampler
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
     ConsoleSpanExporter,
@@ -222,6 +223,7 @@ def setup_tracing(
     batch: bool = True,
     count_exports: bool = True,
     make_exporters: bool = True,
+    sampler: Sampler | None = None,
 ) -> TracerProvider:
     """A TracerProvider with tokentrace's resource, span limits and exporters (not installed globally).
 
@@ -240,6 +242,9 @@ def setup_tracing(
     - ``make_exporters``: False checks and records the exporter settings (``exporter_settings``)
       but builds no exporter in this process: the span exporter process makes them
       (``--span-export process``, instrument/records/span_forward.py ``forward_spans``).
+    - ``sampler``: the provider's sampler; None: the SDK's, from ``OTEL_TRACES_SAMPLER`` /
+      ``OTEL_TRACES_SAMPLER_ARG`` (the vLLM plugin's exporter process passes ALWAYS_ON: its
+      requests were decided at arrival, instrument/vllm/sampling.py).
     """
     names = _exporter_names(exporter)
     exporters: list[SpanExporter] = []
@@ -262,6 +267,7 @@ def setup_tracing(
             exporters.append(OTLPJsonLinesSpanExporter(path))
     exporters.extend(span_exporters)
     provider = TracerProvider(
+        sampler=sampler,
         resource=_resource(service_name, instance_id, resource_attributes),
         span_limits=SpanLimits(max_events=_event_limit(span_event_limit), **_attribute_length_limits()),
     )

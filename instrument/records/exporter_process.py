@@ -98,12 +98,14 @@ def _child_main(sock: socket.socket, control: _Control, settings: dict[str, Any]
     from instrument.otel.export_health import export_health
     from instrument.otel.tracing import setup_tracing
     from instrument.records.channels import MESSAGES, open_channel
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
     attrs = dict(settings["resource"])
     provider = setup_tracing(str(attrs.pop("service.name", "tokentrace")), exporter=settings["exporters"] or ["none"],
                              json_path=settings.get("json_path"), endpoint=settings.get("endpoint"),
                              protocol=settings.get("protocol"), instance_id=attrs.pop("service.instance.id", None),
-                             resource_attributes=attrs)
+                             resource_attributes=attrs,
+                             sampler=ALWAYS_ON if settings.get("always_on") else None)
     builder = open_channel(MESSAGES, provider)  # the continuous engine's decoder: every message
     received = malformed = malformed_units = 0
     buf = bytearray(_RECV_BYTES)
@@ -189,7 +191,7 @@ class ExporterProcess:
 
     def __init__(self, resource_attributes: dict[str, Any], exporters: list[str], json_path: str | None = None,
                  name: str = "exporter-process", endpoint: str | None = None, protocol: str | None = None,
-                 detach: bool = False, nice: int = 0) -> None:
+                 detach: bool = False, nice: int = 0, always_on: bool = False) -> None:
         self.name = name
         self.detached = detach  # the child forks and the process started exits (module docstring)
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -201,7 +203,8 @@ class ExporterProcess:
         self._control = _Control(control)
         settings = {"resource": {k: v for k, v in resource_attributes.items()}, "exporters": list(exporters),
                     "json_path": json_path, "endpoint": endpoint, "protocol": protocol, "records_fd": child_sock.fileno(),
-                    "control_fd": child_control.fileno(), "detach": detach, "sender_pid": os.getpid(), "nice": nice}
+                    "control_fd": child_control.fileno(), "detach": detach, "sender_pid": os.getpid(), "nice": nice,
+                    "always_on": always_on}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "instrument.records.exporter_process", json.dumps(settings)],
             pass_fds=(child_sock.fileno(), child_control.fileno()), start_new_session=True)

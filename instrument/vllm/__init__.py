@@ -52,7 +52,9 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["ENV_ENABLE", "ENV_JSON", "ENV_STATS", "register"]
+from instrument.vllm.sampling import ENV_STEP_RATIO, sampling_from_env
+
+__all__ = ["ENV_ENABLE", "ENV_JSON", "ENV_STATS", "ENV_STEP_RATIO", "register"]
 
 ENV_ENABLE = "TOKENTRACE_VLLM_TRACING"
 ENV_JSON = "TOKENTRACE_OTLP_JSON"
@@ -77,10 +79,19 @@ def register() -> None:
             _state["refused"] = True
             log.warning("%s", exc)
             return
+        sampling = sampling_from_env()
+        for line in sampling.warnings:
+            log.warning("%s", line)
+        off = ("OTEL_TRACES_EXPORTER=none" if _exporters() == ["none"] else
+               f"OTEL_TRACES_SAMPLER={sampling.sampler} and {ENV_STEP_RATIO} 0" if sampling.traces_nothing else None)
+        if off is not None:  # nothing could ever be exported: no hook, no exporter process
+            _state["refused"] = True
+            log.warning("tokentrace: %s=1 but %s: nothing to trace, vLLM's scheduler left as it is", ENV_ENABLE, off)
+            return
         if not shape.checked:
             log.warning("tokentrace: vLLM %s is not among the releases checked (%s); its scheduler has every method "
                         "and field the plugin reads: tracing on", shape.version, ", ".join(hooks.CHECKED_RELEASES))
-        tap = hooks.StepTap(_start_pipeline)
+        tap = hooks.StepTap(_start_pipeline, sampling)
         tap.measure = bool(os.environ.get(ENV_STATS))
         _state["tap"] = tap
         hooks.install(tap, shape)

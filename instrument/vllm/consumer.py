@@ -14,6 +14,7 @@ from typing import Any
 from instrument.otel.tracing import get_tracer
 from instrument.vllm.request_ids import external_request_id
 from instrument.vllm.rows import unpack
+from instrument.vllm.sampling import sampling_from_env
 from instrument.vllm.spans import SpanBuilder
 from instrument.vllm.steps import StepReader
 
@@ -27,8 +28,9 @@ class RecordConsumer:
 
     def __init__(self, tracer_provider: Any) -> None:
         self.provider = tracer_provider
+        # engine_step spans: the ratio the engine side read from the same environment (inherited)
         self.builder = SpanBuilder(get_tracer(tracer_provider), request_id_of=external_request_id,
-                                   on_idle=self._idle)
+                                   on_idle=self._idle, step_bound=sampling_from_env().step_bound)
         self.reader = StepReader()
 
     def _idle(self) -> None:

@@ -23,7 +23,7 @@ class StepFacts:
     2 = recomputed prefill after a preemption, 0 = decode), ``blocks[i]`` (KV blocks held
     after scheduling), ``sampled[i]`` (tokens sampled in the step). ``arrivals``: requests
     that arrived since the previous record, ``(req_id, arrival_s, trace_headers,
-    prompt_tokens)``; ``first``: cached tokens of requests scheduled for the first time,
+    prompt_tokens, sampled)``; ``first``: cached tokens of requests scheduled for the first time,
     ``(req_id, cached_tokens)``; ``preempted``: ``(req_id, blocks_freed, time_ns)``;
     ``finished``: ``(req_id, status, time_ns)``. ``step = -1``: a record of events only.
     """
@@ -42,7 +42,7 @@ class StepFacts:
         self.prefill = array("b", bytes(capacity))
         self.blocks = array("I", bytes(4 * capacity))
         self.sampled = array("I", bytes(4 * capacity))
-        self.arrivals: list[tuple[str, float, Any, int]] = []
+        self.arrivals: list[tuple[str, float, Any, int, bool]] = []
         self.first: list[tuple[str, int]] = []
         self.preempted: list[tuple[str, int, int]] = []
         self.finished: list[tuple[str, int, int]] = []

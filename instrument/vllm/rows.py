@@ -35,11 +35,15 @@ SCHEDULED  key, step, start, schedule end, requests ``waiting``, KV blocks free,
            request and one token for each scheduled one), new: ``[(req_id, num_computed_tokens,
            blocks given (first KV group), tokens so far when the V2 model runner gives them,
            else -1)]`` or None, then ``scheduled_cached_reqs``' ``req_ids``,
-           ``resumed_req_ids``, ``new_block_ids``, ``num_computed_tokens``, ``num_output_tokens``
+           ``resumed_req_ids`` (0 on a release without it: 0.34 re-sends a resumed request
+           as new), ``new_block_ids``, ``num_computed_tokens``, ``num_output_tokens``. Held
+           only for a step with a sampled request in flight or a sampled ``engine_step``
 UPDATED    key, end, ``ModelRunnerOutput.req_ids``, tokens sampled per request (in that order:
            the lengths of ``sampled_token_ids``, counted in the update wrapper); None, None
-           when each request was scheduled one token and sampled one
-ARRIVED    request id, arrival (s, vLLM's float), trace headers (dict or None), prompt tokens
+           when each request was scheduled one token and sampled one. Held when its step's
+           SCHEDULED row was
+ARRIVED    request id, arrival (s, vLLM's float), trace headers (dict, or None: none, or not
+           sampled), prompt tokens, sampled (True: its spans are built; instrument/vllm/sampling.py)
 PREEMPTED  request id, KV blocks freed, time
 FINISHED   request id, status (facts.FINISHED_*), time
 GEOMETRY   tokens per KV block, bytes per block (every layer), blocks in the pool, the send's
@@ -108,4 +112,4 @@ def unpack(payload: bytes | memoryview) -> list[tuple[Any, ...]]:
     return rows
 
 
-_WIDTH = {SCHEDULED: 14, UPDATED: 5, ARRIVED: 5, PREEMPTED: 4, FINISHED: 4, GEOMETRY: 7, IDLE: 1}
+_WIDTH = {SCHEDULED: 14, UPDATED: 5, ARRIVED: 6, PREEMPTED: 4, FINISHED: 4, GEOMETRY: 7, IDLE: 1}

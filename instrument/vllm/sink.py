@@ -62,8 +62,10 @@ class RecordSink:
         # when idle); detached: vLLM stops an engine core by SIGKILL to its whole process tree
         # (at once on SIGTERM with its default --shutdown-timeout 0), and a detached exporter
         # still exports what was sent and ends the requests left open (module docstring)
+        # always_on there: which requests and steps are traced was decided on the engine thread
+        # (instrument/vllm/sampling.py); a root must not be decided again on another trace id
         self.exporter = ExporterProcess(resource, exporters, json_path, name="vllm-exporter-process", detach=True,
-                                        nice=EXPORTER_NICE)
+                                        nice=EXPORTER_NICE, always_on=True)
         self.sender = self.exporter.sender()
         self.writer = RecordWriter()
         self.measure = False  # time each send with the thread's CPU clock

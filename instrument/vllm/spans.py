@@ -38,6 +38,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from instrument.otel.span_writer import span_writer_for
 from instrument.vllm.facts import FINISHED_ABORTED, FINISHED_ERROR, FINISHED_LENGTH, StepFacts
+from instrument.vllm.sampling import MASK64, step_sampled
 
 __all__ = ["SpanBuilder"]
 
@@ -74,13 +75,16 @@ class SpanBuilder:
     """Turns :class:`StepFacts` records into spans (one thread at a time)."""
 
     def __init__(self, tracer: trace.Tracer, request_id_of: Any = str, steps_per_engine_trace: int = 1000,
-                 on_idle: Any = None) -> None:
+                 on_idle: Any = None, step_bound: int = MASK64 + 1) -> None:
         self.tracer = tracer
+        # engine_step spans for the steps sampling.step_sampled picks (default: every step)
+        self.step_bound = step_bound
         self.writer = span_writer_for(tracer)  # finished spans handed to the processor directly (~5 µs)
         self.request_id_of = request_id_of  # internal id -> the id llm_request carries
         self.steps_per_engine_trace = steps_per_engine_trace
         self.on_idle = on_idle
         self.live: dict[str, _Request] = {}
+        self.unsampled: set[str] = set()  # live requests not sampled: no span, not discarded work
         # requests that ended recently: a step scheduled before the end was known (vLLM's async
         # scheduling, an abort between schedule and output) still names them
         self._ended: set[str] = set()
@@ -97,8 +101,13 @@ class SpanBuilder:
     # -- the seam ---------------------------------------------------------------------------
     def consume(self, facts: StepFacts) -> None:
         """Write every span ``facts`` completes."""
-        for req_id, arrival_s, headers, prompt_tokens in facts.arrivals:
-            self._arrive(req_id, arrival_s, headers, prompt_tokens)
+        for req_id, arrival_s, headers, prompt_tokens, sampled in facts.arrivals:
+            if sampled:
+                self.unsampled.discard(req_id)
+                self._arrive(req_id, arrival_s, headers, prompt_tokens)
+            else:  # followed for its neighbours' step facts, no span of its own
+                self.live.pop(req_id, None)
+                self.unsampled.add(req_id)
         for req_id, cached in facts.first:
             rec = self.live.get(req_id)
             if rec is not None:
@@ -114,7 +123,7 @@ class SpanBuilder:
                 rec.span.add_event("tokentrace.preempted", {"tokentrace.kv.blocks_freed": blocks}, timestamp=time_ns)
         for req_id, status, time_ns in facts.finished:
             self._finish(req_id, status, facts.end_ns if facts.step >= 0 else time_ns)
-        if not self.live:
+        if not self.live and not self.unsampled:
             self.close_engine_trace()
             if self.on_idle is not None:
                 self.on_idle()
@@ -126,6 +135,7 @@ class SpanBuilder:
         ``lost_requests``, one warning per idle); without this, it would stay live for good and
         the engine would never look idle again. Returns how many were forgotten."""
         lost = len(self.live)
+        self.unsampled.clear()
         if lost:
             self.lost_requests += lost
             log.warning("tokentrace: %d vLLM request(s) lost their end in a dropped message; their spans are "
@@ -144,6 +154,7 @@ class SpanBuilder:
         ``queue`` span of one never scheduled) is exported and its prefill and decode spans
         keep their parent. Then the open ``engine`` root ends. Returns how many ended so."""
         running = list(self.live)
+        self.unsampled.clear()
         for req_id in running:
             self._finish(req_id, FINISHED_ERROR, end_ns, error_type="shutdown")
         self.close_engine_trace()
@@ -171,6 +182,8 @@ class SpanBuilder:
         discarded_tokens = discarded_sequences = step_drafts = step_accepted = 0
         for i in range(n):
             rec = self.live.get(facts.req_ids[i])  # type: ignore[arg-type]
+            if rec is None and facts.req_ids[i] in self.unsampled:
+                continue  # in the step's figures, no span of its own
             if rec is None:  # ended before this step's output: computed, delivered to no one
                 discarded_tokens += facts.tokens[i]
                 discarded_sequences += 1
@@ -231,11 +244,15 @@ class SpanBuilder:
         if step_drafts:
             step_attributes["tokentrace.spec.draft_tokens"] = step_drafts
             step_attributes["tokentrace.spec.accepted_tokens"] = step_accepted
-        self._engine_step(facts, step_attributes, prefill_sequences=sum(1 for i in range(n) if facts.prefill[i]))
+        if step_sampled(facts.step, self.step_bound):
+            self._engine_step(facts, step_attributes, prefill_sequences=sum(1 for i in range(n) if facts.prefill[i]))
 
     def _finish(self, req_id: str, status: int, end_ns: int, error_type: str | None = None) -> None:
         rec = self.live.pop(req_id, None)
         if rec is None:
+            if req_id in self.unsampled:
+                self.unsampled.discard(req_id)
+                self._remember_ended(req_id)
             return
         if error_type is not None:  # ended by the engine, not by vLLM's scheduler: after its last step
             end_ns = max(end_ns, rec.emits[-1][0] if rec.emits else 0)

@@ -184,8 +184,10 @@ class StepReader:
         hits = 0
         for i, (req_id, before, added, outputs, resumed) in enumerate(rows):
             phase = phase_of.get(req_id, 0)
-            if outputs < 0:  # scheduled_new_reqs: new, or resumed (V2 model runner) with its whole list
-                resumed = phase != 0
+            if outputs < 0:  # scheduled_new_reqs: new, or resumed (V2 model runner; 0.34) with its whole list
+                # (resumed: seen scheduled before, or its tokens so far run past its prompt:
+                # its first steps were not recorded, sampling.py)
+                resumed = phase != 0 or -2 - outputs > prompt_of.get(req_id, 0) > 0
                 blocks_of[req_id] = added
             elif resumed:  # the whole list
                 blocks_of[req_id] = added
@@ -196,8 +198,11 @@ class StepReader:
                 hits += before
             elif not phase:
                 phase_of[req_id] = phase = 1
-                facts.first.append((req_id, before))
-                hits += before
+                if outputs < 0:
+                    facts.first.append((req_id, before))
+                    hits += before
+                # (else a cached request never seen scheduled: first scheduled in a step not
+                # recorded, sampling.py, or before the hooks were installed; its hits went then)
             prompt = prompt_of.get(req_id, 0)  # (0: arrived before the hooks were installed; not expected)
             # its tokens so far: prompt + outputs; for scheduled_new_reqs the V2 model runner's
             # prefill_token_ids (prompt and outputs), else unknown (-1: a recompute throughout)

@@ -45,6 +45,7 @@ from typing import Any
 
 from instrument.vllm.facts import FINISHED_ABORTED, FINISHED_ERROR, FINISHED_LENGTH, FINISHED_STOPPED, StepFacts
 from instrument.vllm.hooks.shape import CHECKED_RELEASES, SchedulerShape, check_scheduler, installed_version
+from instrument.vllm.sampling import MASK64, STEP_SPREAD
 from instrument.vllm.hooks.tap import (ARRIVED, FINISHED, LEAST_HELD, MAX_HELD, PREEMPTED, SCHEDULED, UPDATED, StepTap,
                                        new_rows)
 
@@ -98,6 +99,7 @@ def install(tap: StepTap, shape: SchedulerShape) -> bool:
     # vLLM's waiting queues (Scheduler.get_request_counts sums them): one C call gives them all
     # (two at least: check_scheduler requires kv_holding_waiting, so it gives a tuple)
     queues_of = attrgetter(*shape.waiting_queues)
+    step_bound = tap.sampling.step_bound  # engine_step spans (instrument/vllm/sampling.py)
     # the FCFS waiting queue (vLLM's default policy) is a deque whose __len__ is a Python method
     # (super().__len__()): its C length is read directly, a Python call there costs µs
     fcfs, deque_len = FCFSRequestQueue, deque.__len__
@@ -123,23 +125,29 @@ def install(tap: StepTap, shape: SchedulerShape) -> bool:
                         _measure: bool = tap.measure, _kind: int = SCHEDULED, _fcfs: type = fcfs,
                         _deque_len: Any = deque_len, _new_rows: Any = new_rows, _id: Any = id, _len: Any = len,
                         _type: Any = type, _sum: Any = sum, _map: Any = map, _queues_of: Any = queues_of,
-                        _resumed_of: Any = resumed_of) -> Any:
+                        _resumed_of: Any = resumed_of, _sampled: set[str] = tap.sampled_ids,
+                        _step_bound: int = step_bound, _spread: int = STEP_SPREAD, _mask: int = MASK64,
+                        _recorded: dict[int, bool] = tap.recorded) -> Any:
         start = _perf()
         out = _schedule(self, throttle_prefills)
         total = out.total_num_scheduled_tokens
         if total > 0:
             cpu, floor = clock_start() if _measure else (0, 0)
-            try:
-                free = _tap.free_queue or (_tap.geometry(self) and _tap.free_queue)
-                cached, news, queues = out.scheduled_cached_reqs, out.scheduled_new_reqs, _queues_of(self)
-                ids = cached.req_ids
-                _append((_kind, _id(out), self.current_step, start, _perf(),
-                         _sum(_map(_deque_len if _type(queues[0]) is _fcfs else _len, queues)),
-                         free.num_free_blocks, None if total == _len(ids) and not news else out.num_scheduled_tokens,
-                         _new_rows(news) if news else None, ids, _resumed_of(cached), cached.new_block_ids,
-                         cached.num_computed_tokens, cached.num_output_tokens))
-            except Exception:
-                _tap.fail()
+            # a sampled request in flight, or this step's engine_step span sampled (sampling.py's
+            # step_sampled, inlined): the step's row; else nothing
+            if _sampled or (self.current_step * _spread) & _mask < _step_bound:
+                try:
+                    free = _tap.free_queue or (_tap.geometry(self) and _tap.free_queue)
+                    cached, news, queues = out.scheduled_cached_reqs, out.scheduled_new_reqs, _queues_of(self)
+                    ids = cached.req_ids
+                    _append((_kind, _id(out), self.current_step, start, _perf(),
+                             _sum(_map(_deque_len if _type(queues[0]) is _fcfs else _len, queues)), free.num_free_blocks,
+                             None if total == _len(ids) and not news else out.num_scheduled_tokens,
+                             _new_rows(news) if news else None, ids, _resumed_of(cached), cached.new_block_ids,
+                             cached.num_computed_tokens, cached.num_output_tokens))
+                    _recorded[_id(out)] = True
+                except Exception:
+                    _tap.fail()
             if cpu:
                 spent = time.thread_time_ns() - cpu - floor
                 _tap.hook_cpu_ns += spent
@@ -150,27 +158,29 @@ def install(tap: StepTap, shape: SchedulerShape) -> bool:
                       _perf: Any = time.perf_counter_ns, _append: Any = held.append, _held: list[Any] = held,
                       _tap: StepTap = tap, _measure: bool = tap.measure, _kind: int = UPDATED,
                       _most: int = MAX_HELD, _least: int = LEAST_HELD, _id: Any = id, _len: Any = len,
-                      _map: Any = map, _sum: Any = sum) -> Any:
+                      _map: Any = map, _sum: Any = sum, _recorded_pop: Any = tap.recorded.pop) -> Any:
         result = _update(self, scheduler_output, model_runner_output)
         cpu, floor = clock_start() if _measure else (0, 0)
         try:
             end = _perf()
-            ids, sampled = model_runner_output.req_ids, model_runner_output.sampled_token_ids
-            n = _len(ids)
-            # one token scheduled and one sampled per request (without drafts a request samples
-            # at most one): None, None; else tokens sampled per request, counted now in one C
-            # pass while vLLM's lists are warm (held, they would be read and freed cold)
-            if scheduler_output.total_num_scheduled_tokens == n and _sum(_map(_len, sampled)) == n:
-                _append((_kind, _id(scheduler_output), end, None, None))
-            else:
-                _append((_kind, _id(scheduler_output), end, ids, [*_map(_len, sampled)]))
+            if _recorded_pop(_id(scheduler_output), False):  # its SCHEDULED row is held
+                ids, sampled = model_runner_output.req_ids, model_runner_output.sampled_token_ids
+                n = _len(ids)
+                # one token scheduled and one sampled per request (without drafts a request samples
+                # at most one): None, None; else tokens sampled per request, counted now in one C
+                # pass while vLLM's lists are warm (held, they would be read and freed cold)
+                if scheduler_output.total_num_scheduled_tokens == n and _sum(_map(_len, sampled)) == n:
+                    _append((_kind, _id(scheduler_output), end, None, None))
+                else:
+                    _append((_kind, _id(scheduler_output), end, ids, [*_map(_len, sampled)]))
             idle = not self.requests
             if idle or _len(_held) >= _most or end >= _tap.due_ns and (_len(_held) >= _least or end >= _tap.late_ns):
                 _tap.send(idle)
             if cpu:
                 _tap.hook_cpu_ns += time.thread_time_ns() - cpu - floor
-                _tap.steps += bool(n)  # (only when measuring: TOKENTRACE_VLLM_STATS)
-                _tap.tokens += _sum(_map(_len, sampled))
+                # (only when measuring: TOKENTRACE_VLLM_STATS; every step, recorded or not)
+                _tap.steps += bool(model_runner_output.req_ids)
+                _tap.tokens += _sum(_map(_len, model_runner_output.sampled_token_ids))
         except Exception:
             _tap.fail()
         return result

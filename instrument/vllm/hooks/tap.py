@@ -15,6 +15,7 @@ from typing import Any
 from instrument.clock import ANCHOR_PERF_NS, ANCHOR_WALL_NS, now_wall_ns
 from instrument.vllm.facts import FINISHED_ABORTED, FINISHED_ERROR, FINISHED_LENGTH, FINISHED_STOPPED
 from instrument.vllm.rows import ARRIVED, FINISHED, IDLE, PREEMPTED, SCHEDULED, UPDATED
+from instrument.vllm.sampling import Sampling
 
 __all__ = ["ARRIVED", "FINISHED", "LEAST_HELD", "MAX_HELD", "PREEMPTED", "SCHEDULED", "UPDATED", "StepTap", "new_rows"]
 
@@ -39,7 +40,7 @@ def new_rows(news: Any) -> list[tuple[str, int, int, int]]:
 class StepTap:
     """Per-step capture for one engine-core process (one scheduler); see the module docstring."""
 
-    def __init__(self, send: Any) -> None:
+    def __init__(self, send: Any, sampling: Sampling | None = None) -> None:
         # the rows of instrument/vllm/rows.py the wrapped methods append, oldest first, on
         # the engine thread. Never rebound: the wrappers hold it
         self.held: list[tuple[Any, ...]] = []
@@ -59,6 +60,14 @@ class StepTap:
         self.stats_cpu_ns = 0  # ... of which writing the plugin's stats file (TOKENTRACE_VLLM_STATS)
         self.steps = 0  # scheduler steps updated (counted only when measure is on)
         self.tokens = 0  # tokens sampled in them (likewise)
+        # which requests and steps are traced (instrument/vllm/sampling.py): requests decided at
+        # arrival; the live sampled ones' ids (never rebound: the wrappers hold it). A step with
+        # none of them in flight, and whose engine_step span is not sampled, holds no row
+        self.sampling = sampling if sampling is not None else Sampling()
+        self.sampled_ids: set[str] = set()
+        # id() of each SchedulerOutput whose SCHEDULED row was held, until its update (never
+        # rebound: the wrappers hold it)
+        self.recorded: dict[int, bool] = {}
         self.on_shutdown: Any = None  # called (once) when vLLM shuts the scheduler down
         self.uninstall: Any = None  # puts vLLM's own step methods back (hooks.install sets it)
 
@@ -90,15 +99,22 @@ class StepTap:
 
     # -- per request, outside the step loop (engine thread) -------------------------------
     def on_add(self, req: Any) -> None:
+        """An arrival: decided sampled or not, once (its trace headers go along only if sampled;
+        an unsampled request's row still says its prompt length, which its neighbours' step
+        facts need)."""
         headers = req.trace_headers
-        self.held.append((ARRIVED, req.request_id, req.arrival_time, dict(headers) if headers else None,
-                          req.num_prompt_tokens))
+        sampled = self.sampling.request_sampled(headers)
+        if sampled:
+            self.sampled_ids.add(req.request_id)
+        self.held.append((ARRIVED, req.request_id, req.arrival_time, dict(headers) if headers and sampled else None,
+                          req.num_prompt_tokens, sampled))
 
     def on_preempt(self, sched: Any, req: Any) -> None:
         held = sched.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks.get(req.request_id)
         self.held.append((PREEMPTED, req.request_id, len(held) if held is not None else 0, now_wall_ns()))
 
     def on_free(self, req: Any) -> None:
+        self.sampled_ids.discard(req.request_id)
         name = req.status.name
         status = (FINISHED_ABORTED if name == "FINISHED_ABORTED" else FINISHED_LENGTH if name == "FINISHED_LENGTH_CAPPED"
                   else FINISHED_STOPPED if name == "FINISHED_STOPPED" else FINISHED_ERROR)
@@ -117,6 +133,8 @@ class StepTap:
         block_tokens, bytes_per_block, total = self._geometry or (0, 0, 0)
         rows = self.held[:]
         self.held.clear()
+        if len(self.recorded) > 64:  # steps scheduled and never updated (an engine error): let go
+            self.recorded.clear()
         if idle:
             rows.append((IDLE,))
         return (block_tokens, bytes_per_block, total, now_wall_ns(), _PERF_TO_WALL), rows
