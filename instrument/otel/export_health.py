@@ -76,9 +76,10 @@ class CountingSpanExporter(SpanExporter):
     """Wraps a SpanExporter; counts spans and batches per export result. Never raises from
     ``export``: an exception from the inner exporter counts as a failed batch."""
 
-    def __init__(self, inner: SpanExporter, name: str | None = None) -> None:
+    def __init__(self, inner: SpanExporter, name: str | None = None, where: str | None = None) -> None:
         self.inner = inner
         self.name = name or type(inner).__name__
+        self.where = where  # where it sends (the OTLP endpoint), named in the first failure's line
         self._lock = threading.Lock()
         self.exported = 0
         self.failed = 0
@@ -102,6 +103,10 @@ class CountingSpanExporter(SpanExporter):
                 self.failed += n
                 self.batches_failed += 1
                 self.last_error = error
+                first = self.batches_failed == 1
+        if result is not SpanExportResult.SUCCESS and first:
+            _log.warning("tokentrace: %s could not export %d spans%s (%s); later failures are counted and said at "
+                         "shutdown", self.name, n, f" to {self.where}" if self.where else "", error)
         return result
 
     def shutdown(self, *args: Any, **kwargs: Any) -> None:

@@ -74,6 +74,8 @@ ENV_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 ENV_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
 ENV_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 ENV_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+ENV_TRACES_INSECURE = "OTEL_EXPORTER_OTLP_TRACES_INSECURE"
+ENV_INSECURE = "OTEL_EXPORTER_OTLP_INSECURE"
 ENV_JSON_PATH = "TOKENTRACE_OTLP_JSON_PATH"
 ENV_EVENT_LIMIT = "OTEL_SPAN_EVENT_COUNT_LIMIT"
 ENV_BSP_QUEUE_SIZE = "OTEL_BSP_MAX_QUEUE_SIZE"
@@ -112,7 +114,17 @@ def _protocol(protocol: str | None) -> str:
     return protocol
 
 
-def _otlp_exporter(protocol: str, endpoint: str | None) -> SpanExporter:
+def otlp_target(protocol: str, endpoint: str | None) -> tuple[str, str | None, bool | None]:
+    """(protocol, endpoint, insecure) the OTLP span exporter is made with: ``endpoint`` given,
+    else ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` as it is, else ``OTEL_EXPORTER_OTLP_ENDPOINT``
+    (``/v1/traces`` appended for HTTP), else the exporter's default (None). A ``grpc://`` URL
+    (vLLM's ``--otlp-traces-endpoint`` form) means gRPC whatever the protocol; gRPC is
+    plaintext (``insecure``) unless the URL is ``https://`` or an ``*_INSECURE`` variable is
+    set (then the SDK decides: None), as vLLM's own exporter does for the same endpoint."""
+    given = endpoint if endpoint is not None else _env(ENV_TRACES_ENDPOINT) or _env(ENV_ENDPOINT)
+    scheme = given.split("://", 1)[0].lower() if given and "://" in given else ""
+    if scheme == "grpc":
+        protocol = "grpc"
     if endpoint is None and _env(ENV_TRACES_ENDPOINT):
         endpoint = _env(ENV_TRACES_ENDPOINT)
     elif endpoint is None and _env(ENV_ENDPOINT) and protocol == "http/protobuf":
@@ -121,10 +133,25 @@ def _otlp_exporter(protocol: str, endpoint: str | None) -> SpanExporter:
         endpoint = _env(ENV_ENDPOINT)
     elif endpoint is not None and protocol == "http/protobuf" and not endpoint.rstrip("/").endswith("/v1/traces"):
         endpoint = endpoint.rstrip("/") + "/v1/traces"
+    insecure = None
+    if protocol == "grpc" and not (scheme == "https" or _env(ENV_TRACES_INSECURE) or _env(ENV_INSECURE)):
+        insecure = True
+    return protocol, endpoint, insecure
+
+
+def otlp_destination(protocol: str | None, endpoint: str | None) -> str:
+    """Where the OTLP exporter made from these settings sends, for a log line (e.g. ``grpc
+    127.0.0.1:4317 (plaintext)``, ``http/protobuf http://collector:4318/v1/traces``)."""
+    protocol, endpoint, insecure = otlp_target(_protocol(protocol), endpoint)
+    default = "localhost:4317" if protocol == "grpc" else "http://localhost:4318/v1/traces"
+    return f"{protocol} {endpoint or default + ' (default)'}" + (" (plaintext)" if insecure else "")
+
+
+def _otlp_exporter(protocol: str, endpoint: str | None) -> SpanExporter:
+    protocol, endpoint, insecure = otlp_target(protocol, endpoint)
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 
-        insecure = True if endpoint and endpoint.startswith("http://") else None
         return GrpcExporter(endpoint=endpoint, insecure=insecure)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
@@ -248,6 +275,7 @@ def setup_tracing(
     """
     names = _exporter_names(exporter)
     exporters: list[SpanExporter] = []
+    destinations: dict[int, str] = {}  # exporter index -> where it sends (named when one fails)
     if not make_exporters:
         if "otlp" in names:
             _protocol(protocol)  # the same error here as when the exporter is made
@@ -256,6 +284,7 @@ def setup_tracing(
     for name in names if make_exporters else ():
         if name == "otlp":
             exporters.append(_otlp_exporter(_protocol(protocol), endpoint))
+            destinations[len(exporters) - 1] = otlp_destination(protocol, endpoint)
         elif name == "console":
             exporters.append(ConsoleSpanExporter(out=sys.stderr))
         elif name == "otlp_json":
@@ -272,11 +301,11 @@ def setup_tracing(
         span_limits=SpanLimits(max_events=_event_limit(span_event_limit), **_attribute_length_limits()),
     )
     queue_size = None if _env(ENV_BSP_QUEUE_SIZE) else DEFAULT_BATCH_QUEUE_SIZE
-    for span_exporter in exporters:
+    for index, span_exporter in enumerate(exporters):
         if count_exports:
             from instrument.otel.export_health import CountingSpanExporter
 
-            span_exporter = CountingSpanExporter(span_exporter)
+            span_exporter = CountingSpanExporter(span_exporter, where=destinations.get(index))
         processor = (
             BatchSpanProcessor(span_exporter, max_queue_size=queue_size) if batch else SimpleSpanProcessor(span_exporter)
         )

@@ -107,6 +107,34 @@ def _exporters() -> list[str]:
     return names
 
 
+def _destinations() -> str:
+    """Where the exporter process sends, for the start line (OTLP: protocol and endpoint)."""
+    from instrument.otel.tracing import otlp_destination
+
+    said = []
+    for name in _exporters():
+        if name == "otlp":
+            said.append(otlp_destination(_protocol(), None))
+        else:
+            said.append(f"the file {os.environ.get(ENV_JSON)}" if name == "otlp_json" else name)
+    return ", ".join(said)
+
+
+def _sampling_said(sampling: Any) -> str:
+    ratio = f" {sampling.ratio:g}" if sampling.sampler.endswith("traceidratio") else ""
+    return f"requests: {sampling.sampler}{ratio}, engine steps: {sampling.step_ratio:g}"
+
+
+def _protocol() -> str | None:
+    """The OTLP protocol the plugin's spans go with: the standard variables (signal-specific
+    first); none set while ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` is (vLLM writes its
+    ``--otlp-traces-endpoint`` there, and its processes inherit it): gRPC, vLLM's own default
+    for that endpoint, so the plugin's spans go where vLLM's go, the same way."""
+    env = os.environ
+    return (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+            or ("grpc" if env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") else None))
+
+
 def _start_pipeline(idle: bool) -> None:
     """The first send: start the span exporter process (lazily, in the engine-core process),
     then send what the hooks hold."""
@@ -117,7 +145,7 @@ def _start_pipeline(idle: bool) -> None:
 
     tap = _state["tap"]
     try:
-        sink = RecordSink(_exporters(), os.environ.get(ENV_JSON), take=tap.take)
+        sink = RecordSink(_exporters(), os.environ.get(ENV_JSON), take=tap.take, protocol=_protocol())
     except Exception:  # no exporter process: vLLM goes on untraced (one line), its own methods back
         tap.failed = True
         if tap.uninstall is not None:
@@ -156,8 +184,8 @@ def _start_pipeline(idle: bool) -> None:
     tap.on_shutdown = close  # vLLM's scheduler shutdown; atexit and multiprocessing's exit as fallbacks
     atexit.register(sink.close)
     multiprocessing.util.Finalize(sink, sink.close, exitpriority=10)
-    log.info("tokentrace: tracing vLLM scheduler steps; spans built in a detached exporter process (exporters: %s)",
-             ", ".join(_exporters()))
+    log.info("tokentrace: tracing vLLM scheduler steps (%s); spans built in a detached exporter process, sent to %s",
+             _sampling_said(tap.sampling), _destinations())
     send(idle)
 
 

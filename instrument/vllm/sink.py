@@ -50,7 +50,7 @@ class RecordSink:
     GEOMETRY fields and the held rows of instrument/vllm/rows.py) into numbered messages.
     Never waits (a full socket drops the message, counted by the sender)."""
 
-    def __init__(self, exporters: list[str], json_path: str | None, take: Any) -> None:
+    def __init__(self, exporters: list[str], json_path: str | None, take: Any, protocol: str | None = None) -> None:
         from instrument.records.exporter_process import ExporterProcess
         from instrument.records.format import RecordWriter
         from instrument.otel.tracing import default_resource
@@ -65,7 +65,7 @@ class RecordSink:
         # always_on there: which requests and steps are traced was decided on the engine thread
         # (instrument/vllm/sampling.py); a root must not be decided again on another trace id
         self.exporter = ExporterProcess(resource, exporters, json_path, name="vllm-exporter-process", detach=True,
-                                        nice=EXPORTER_NICE, always_on=True)
+                                        nice=EXPORTER_NICE, always_on=True, protocol=protocol)
         self.sender = self.exporter.sender()
         self.writer = RecordWriter()
         self.measure = False  # time each send with the thread's CPU clock

