@@ -776,3 +776,37 @@ def test_engine_step_spans_follow_their_own_ratio() -> None:
     kept = [s.attributes["tokentrace.engine.step"] for s in run(half) if s.name == "engine_step"]
     every = [s.attributes["tokentrace.engine.step"] for s in everything if s.name == "engine_step"]
     assert kept == [step for step in every if step_sampled(step, half)] and 0 < len(kept) < len(every)
+
+
+def test_a_send_with_nothing_sampled_in_it_is_not_made() -> None:
+    """Only unsampled requests' arrivals and ends held: a due send is skipped (its timers
+    restart); at idle they are dropped (all ended); at MAX_HELD the ended ones are dropped; a
+    sampled request's event or a step's row makes the send."""
+    from types import SimpleNamespace
+
+    from instrument.vllm.hooks import MAX_HELD, StepTap
+    from instrument.vllm.sampling import sampling_from_env
+
+    tap = StepTap(send=None, sampling=sampling_from_env({"OTEL_TRACES_SAMPLER": "parentbased_always_off"}))
+
+    def request(rid: str, parent: str | None = None, status: str = "FINISHED_STOPPED") -> SimpleNamespace:
+        return SimpleNamespace(request_id=rid, arrival_time=1.0, num_prompt_tokens=4, status=SimpleNamespace(name=status),
+                               trace_headers={"traceparent": f"00-{TRACE_ID:032x}-00f067aa0ba902b7-{parent}"}
+                               if parent else None)
+
+    tap.on_add(request("u1"))
+    tap.on_add(request("u2", parent="00"))  # its caller did not sample it
+    assert not tap.worth_sending(idle=False) and len(tap.held) == 2 and tap.due_ns > 0
+    tap.on_free(request("u1"))
+    tap.on_free(request("u2"))
+    assert not tap.worth_sending(idle=True) and tap.held == []
+    for i in range(MAX_HELD // 2 + 1):  # ended ones dropped at MAX_HELD; the live ones stay held
+        tap.on_add(request(f"a{i}"))
+        tap.on_free(request(f"a{i}"))
+    tap.on_add(request("live"))
+    assert not tap.worth_sending(idle=False) and [row[1] for row in tap.held] == ["live"]
+    tap.on_add(request("s", parent="01"))  # sampled by its caller
+    assert tap.held[-1][5] is True and tap.worth_sending(idle=False)
+    assert not tap.worth_sending(idle=False)  # (said once: the send takes what is held)
+    tap.on_free(request("s"))
+    assert tap.worth_sending(idle=False)  # a sampled request's end

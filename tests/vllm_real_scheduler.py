@@ -283,9 +283,10 @@ def install_hooks(doc: dict[str, Any], errors: list[str]) -> Any:
 
         tap = hooks.StepTap(send=None, sampling=sampling_from_env())
 
-        def send(idle: bool) -> None:  # the plugin's sink stand-in: keep every row
-            doc["geometry"], rows = tap.take(idle)
-            collected.extend(rows)
+        def send(idle: bool) -> None:  # the plugin's send (instrument/vllm/__init__.py), the sink kept aside
+            if tap.worth_sending(idle):
+                doc["geometry"], rows = tap.take(idle)
+                collected.extend(rows)
         tap.send, tap.due_ns, tap.late_ns = send, 2**62, 2**62
         tap.collected = collected
         shape = hooks.check_scheduler()  # (ValueError: this vLLM refused)

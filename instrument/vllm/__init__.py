@@ -144,6 +144,11 @@ def _start_pipeline(idle: bool) -> None:
     from instrument.vllm.sink import FLUSH_LATE_NS, FLUSH_NS, RecordSink
 
     tap = _state["tap"]
+    stats_path = os.environ.get(ENV_STATS)
+    if not tap.worth_sending(idle):  # nothing sampled held yet: no exporter process either
+        if idle and stats_path:
+            _write_stats(stats_path, tap, None)
+        return
     try:
         sink = RecordSink(_exporters(), os.environ.get(ENV_JSON), take=tap.take, protocol=_protocol())
     except Exception:  # no exporter process: vLLM goes on untraced (one line), its own methods back
@@ -155,10 +160,9 @@ def _start_pipeline(idle: bool) -> None:
         log.exception("tokentrace: the span exporter process did not start (%d steps held not sent); vLLM runs "
                       "on untraced", tap.dropped_steps)
         return
-    stats_path = os.environ.get(ENV_STATS)
     sink.measure = bool(stats_path)
 
-    def send(idle: bool) -> None:  # on the engine thread, when the hooks find a send due
+    def deliver(idle: bool) -> None:
         try:
             sink.flush(idle)
         except Exception:  # the hook's caller stops tracing (tap.fail, one line with these counted)
@@ -167,10 +171,12 @@ def _start_pipeline(idle: bool) -> None:
             raise
         sent = time.perf_counter_ns()
         tap.due_ns, tap.late_ns = sent + FLUSH_NS, sent + FLUSH_LATE_NS
+
+    def send(idle: bool) -> None:  # on the engine thread, when the hooks find a send due
+        if tap.worth_sending(idle):
+            deliver(idle)
         if idle and stats_path:  # its own CPU apart: not the plugin's cost when the file is not asked for
-            cpu = time.thread_time_ns()
             _write_stats(stats_path, tap, sink)
-            tap.stats_cpu_ns += time.thread_time_ns() - cpu
 
     tap.send = send
     _state["sink"] = sink
@@ -186,22 +192,28 @@ def _start_pipeline(idle: bool) -> None:
     multiprocessing.util.Finalize(sink, sink.close, exitpriority=10)
     log.info("tokentrace: tracing vLLM scheduler steps (%s); spans built in a detached exporter process, sent to %s",
              _sampling_said(tap.sampling), _destinations())
-    send(idle)
+    deliver(idle)
+    if idle and stats_path:
+        _write_stats(stats_path, tap, sink)
 
 
 def _write_stats(path: str, tap: Any, sink: Any) -> None:
-    """The plugin's own cost so far, as JSON (replaced atomically)."""
+    """The plugin's own cost so far, as JSON (replaced atomically; ``sink`` None: no exporter
+    process started yet, nothing sent). Its own CPU goes to ``stats_cpu_ns``, not the hooks'."""
     import json
 
-    sender = sink.sender
+    cpu = time.thread_time_ns()
+    sender = sink.sender if sink is not None else None
     stats = {"steps": tap.steps, "tokens": tap.tokens, "hook_cpu_ns": tap.hook_cpu_ns - tap.stats_cpu_ns,
-             "stats_cpu_ns": tap.stats_cpu_ns,
-             "schedule_cpu_ns": tap.schedule_cpu_ns, "send_cpu_ns": sink.send_cpu_ns, "pack_cpu_ns": sink.pack_cpu_ns,
-             "socket_cpu_ns": sink.socket_cpu_ns, "free_cpu_ns": sink.free_cpu_ns, "sends": sink.sends,
-             "dropped_steps": tap.dropped_steps + sink.lost_steps, "exporter_pid": sink.exporter.pid,
-             "sent_spans": sender.sent_units, "dropped_spans": sender.dropped_units,
-             "dropped_messages": sender.dropped_messages}
+             "stats_cpu_ns": tap.stats_cpu_ns, "schedule_cpu_ns": tap.schedule_cpu_ns,
+             "send_cpu_ns": getattr(sink, "send_cpu_ns", 0), "pack_cpu_ns": getattr(sink, "pack_cpu_ns", 0),
+             "socket_cpu_ns": getattr(sink, "socket_cpu_ns", 0), "free_cpu_ns": getattr(sink, "free_cpu_ns", 0),
+             "sends": getattr(sink, "sends", 0), "dropped_steps": tap.dropped_steps + getattr(sink, "lost_steps", 0),
+             "exporter_pid": sink.exporter.pid if sink is not None else None,
+             "sent_spans": getattr(sender, "sent_units", 0), "dropped_spans": getattr(sender, "dropped_units", 0),
+             "dropped_messages": getattr(sender, "dropped_messages", 0)}
     tmp = f"{path}.tmp"
     with open(tmp, "w") as out:
         json.dump(stats, out)
     os.replace(tmp, path)
+    tap.stats_cpu_ns += time.thread_time_ns() - cpu

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from instrument.vllm.hooks import clock_start
+from instrument.vllm.hooks.tap import FLUSH_LATE_NS, FLUSH_NS
 from instrument.vllm.rows import UPDATED, message, message_end, pack, units
 
 __all__ = ["EXPORTER_NICE", "FLUSH_BYTES", "FLUSH_LATE_NS", "FLUSH_NS", "RecordSink"]
@@ -38,8 +39,6 @@ log = logging.getLogger("tokentrace.vllm")
 # before, cut in two or three; ~4× that at batch 32)
 FLUSH_BYTES = 256 * 1024
 EXPORTER_NICE = 10  # the exporter process runs this much nicer than the engine core (at most 19)
-FLUSH_NS = 2_000_000_000
-FLUSH_LATE_NS = 10_000_000_000
 
 
 class RecordSink:

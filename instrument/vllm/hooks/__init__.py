@@ -146,6 +146,7 @@ def install(tap: StepTap, shape: SchedulerShape) -> bool:
                              _new_rows(news) if news else None, ids, _resumed_of(cached), cached.new_block_ids,
                              cached.num_computed_tokens, cached.num_output_tokens))
                     _recorded[_id(out)] = True
+                    _tap.needs_send = True
                 except Exception:
                     _tap.fail()
             if cpu:
@@ -173,6 +174,7 @@ def install(tap: StepTap, shape: SchedulerShape) -> bool:
                     _append((_kind, _id(scheduler_output), end, None, None))
                 else:
                     _append((_kind, _id(scheduler_output), end, ids, [*_map(_len, sampled)]))
+                _tap.needs_send = True
             idle = not self.requests
             if idle or _len(_held) >= _most or end >= _tap.due_ns and (_len(_held) >= _least or end >= _tap.late_ns):
                 _tap.send(idle)
