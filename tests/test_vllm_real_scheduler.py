@@ -196,3 +196,48 @@ def test_a_request_traced_alone_keeps_its_exact_spans(release: str, monkeypatch:
     held_steps = [row[2] for row in alone["rows"] if row[0] == 0]  # SCHEDULED rows: their step numbers
     assert held_steps == list(range(1, ended + 1))
     assert len([row for row in everything["rows"] if row[0] == 0]) == len(everything["steps"])
+
+
+_FUTURE = """
+import logging, sys
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.core.sched import output
+import instrument.vllm as plugin
+change = sys.argv[1]
+if change == "schedule":  # a parameter added: it could bind a wrapper's private default
+    def schedule(self, throttle_prefills=False, budget=None):
+        pass
+    Scheduler.schedule = schedule
+elif change == "field":  # a field the wrappers read, renamed
+    import dataclasses
+    fields = {f.name: f for f in dataclasses.fields(output.CachedRequestData)}
+    fields["num_output_tokens"].name = "num_output_token_ids"
+    output.CachedRequestData.__dataclass_fields__ = {f.name: f for f in fields.values()}
+elif change == "attribute":  # an attribute __init__ set, gone
+    Scheduler.__init__ = lambda self, *a, **k: None
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+plugin.register()
+print("installed" if getattr(Scheduler, "_tokentrace_tap", None) is not None else "untraced")
+"""
+
+
+@pytest.mark.parametrize("change, line", [
+    ("none", None),
+    ("schedule", "Scheduler.schedule(throttle_prefills=False, budget=None) differs from the parameters the plugin "
+                 "wraps (throttle_prefills=False)"),
+    ("field", "CachedRequestData has no field num_output_tokens"),
+    ("attribute", "Scheduler.__init__ sets no current_step"),
+])
+def test_a_vllm_that_differs_runs_untraced_with_one_line_naming_what(change: str, line: str | None) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TOKENTRACE_"))}
+    env["TOKENTRACE_VLLM_TRACING"] = "1"
+    out = subprocess.run([str(VLLM_PYTHON), "-c", _FUTURE, change], capture_output=True, text=True, timeout=300,
+                         env=env, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    said = [x for x in out.stderr.splitlines() if "tokentrace" in x]
+    if line is None:
+        assert out.stdout.split() == ["installed"] and not [x for x in said if "differs" in x]
+        return
+    assert out.stdout.split() == ["untraced"]
+    assert said == [f"tokentrace's vLLM plugin: vLLM 0.32.0 differs from what the plugin reads: {line}; vLLM runs "
+                    "untraced (releases checked: 0.32.0, 0.33.0, 0.34.0)"]
