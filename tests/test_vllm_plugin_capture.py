@@ -312,3 +312,30 @@ def test_saved_probe_run_chunked_prefill_priority_and_n2() -> None:
         assert row["output_tokens"] == 8 and row["request_id_note"].startswith(
             f"vllm engine: choice {i} of a request with n > 1"), row["request_id_note"]
     assert engine["chatcmpl-tt-probe-0"]["request_id_note"].startswith("vllm engine: merged with llm_request")
+
+
+@pytest.mark.parametrize("env, said", [
+    ({"OTEL_TRACES_EXPORTER": "none"}, "OTEL_TRACES_EXPORTER=none"),
+    ({"OTEL_TRACES_SAMPLER": "always_off"}, "OTEL_TRACES_SAMPLER=always_off and TOKENTRACE_VLLM_STEP_SAMPLE_RATIO 0"),
+    ({"OTEL_TRACES_SAMPLER": "always_off", "TOKENTRACE_VLLM_STEP_SAMPLE_RATIO": "off"},
+     "OTEL_TRACES_SAMPLER=always_off and TOKENTRACE_VLLM_STEP_SAMPLE_RATIO 0"),
+])
+def test_nothing_to_trace_hooks_nothing(env: dict[str, str], said: str, monkeypatch: pytest.MonkeyPatch,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    """Tracing on, but nothing could ever be exported: one line, no hook, no exporter process,
+    vLLM's scheduler not even looked at."""
+    import instrument.vllm as plugin
+
+    monkeypatch.setattr(plugin, "_state", {})
+    monkeypatch.setenv(plugin.ENV_ENABLE, "1")
+    for name in ("OTEL_TRACES_EXPORTER", "OTEL_TRACES_SAMPLER", "TOKENTRACE_VLLM_STEP_SAMPLE_RATIO", plugin.ENV_JSON):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with caplog.at_level(logging.WARNING, logger="tokentrace.vllm"):
+        plugin.register()
+        plugin.register()
+    lines = [r.getMessage() for r in caplog.records if r.name == "tokentrace.vllm"]
+    assert lines == [f"tokentrace: TOKENTRACE_VLLM_TRACING=1 but {said}: nothing to trace, vLLM's scheduler left as "
+                     "it is"]
+    assert "tap" not in plugin._state and "sink" not in plugin._state

@@ -71,14 +71,6 @@ def register() -> None:
     with _lock:
         if "tap" in _state or "refused" in _state:
             return
-        from instrument.vllm import hooks
-
-        try:
-            shape = hooks.check_scheduler()
-        except ValueError as exc:
-            _state["refused"] = True
-            log.warning("%s", exc)
-            return
         sampling = sampling_from_env()
         for line in sampling.warnings:
             log.warning("%s", line)
@@ -87,6 +79,14 @@ def register() -> None:
         if off is not None:  # nothing could ever be exported: no hook, no exporter process
             _state["refused"] = True
             log.warning("tokentrace: %s=1 but %s: nothing to trace, vLLM's scheduler left as it is", ENV_ENABLE, off)
+            return
+        from instrument.vllm import hooks
+
+        try:
+            shape = hooks.check_scheduler()
+        except ValueError as exc:
+            _state["refused"] = True
+            log.warning("%s", exc)
             return
         if not shape.checked:
             log.warning("tokentrace: vLLM %s is not among the releases checked (%s); its scheduler has every method "
