@@ -25,7 +25,7 @@ import pytest
 
 from vllm_support import (PREEMPTION_ARGS, SIGTERM_STREAMS, SPEC_ARGS, VLLM_PYTHON, VllmRun, check_run,
                           check_spec_run, drive_load, drive_preemption_load, drive_spec_load, drive_until_sigterm,
-                          read_spans, run_spans)
+                          plugin_and_vllm_spans, read_spans, run_spans, split_plugin_spans)
 
 pytestmark = [
     pytest.mark.slow,
@@ -135,8 +135,9 @@ def test_rows_carry_vllms_own_step_objects() -> None:
     assert v2 == [(1, [10], [0], [1], [["p", 0]], 0), (2, [1], [10], [0], [], 0), (3, [1], [11], [0], [], 11)], v2
 
 
-def _run(out: Path, drive, port: int, extra_args: tuple[str, ...] = ()) -> Path:
-    """Start collect + vLLM with the plugin, drive the load, wait for every span, stop both."""
+def _run(out: Path, drive, port: int, extra_args: tuple[str, ...] = (), transport: str = "file") -> Path:
+    """Start collect + vLLM with the plugin, drive the load, wait for every span, stop both
+    (``transport``: where the plugin's spans go, vllm_support.VllmRun.start)."""
     from instrument.hf.smollm2 import smollm2_cache_dir
 
     model = smollm2_cache_dir()
@@ -144,21 +145,24 @@ def _run(out: Path, drive, port: int, extra_args: tuple[str, ...] = ()) -> Path:
         pytest.skip(f"converted SmolLM2 absent: run scripts/test-vllm (it converts it into {model})")
     run = VllmRun(out, port=port)
     try:
-        run.start(model, extra_args=extra_args)
+        run.start(model, extra_args=extra_args, transport=transport)
         client = drive(run.base)
         (out / "client.json").write_text(json.dumps(client, indent=1) + "\n")
         wanted = {r["vllm_id"] for r in client["requests"]}
         finished = {r["vllm_id"] for r in client["requests"] if r["kind"] != "disconnect"}
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # both exporters batch: wait for every request's spans
-            ours = read_spans([out / "tokentrace.jsonl"]) if (out / "tokentrace.jsonl").exists() else []
-            theirs = read_spans(sorted((out / "vllm").glob("*.jsonl")))
+            ours, theirs = plugin_and_vllm_spans(out)
             if wanted <= {s.attrs.get("gen_ai.request.id") for s in ours if s.name == "engine_request"} and \
                     finished <= {s.attrs.get("gen_ai.request.id") for s in theirs if s.name == "llm_request"}:
                 break
             time.sleep(1)
     finally:
         run.stop()
+    if transport != "file":  # what reached the collector under the plugin's scope, as its own file
+        assert split_plugin_spans(out) > 0
+        log = (out / "vllm-server.log").read_text()
+        assert "could not export" not in log and "tokentrace: the vLLM hooks failed" not in log, log[-3000:]
     return out
 
 
@@ -174,7 +178,8 @@ def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def preemption_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _run(_out(tmp_path_factory, "preemption"), drive_preemption_load, 18766, PREEMPTION_ARGS)
+    # the plugin's spans over OTLP/gRPC to vLLM's own collector (vLLM's grpc:// endpoint, inherited)
+    return _run(_out(tmp_path_factory, "preemption"), drive_preemption_load, 18766, PREEMPTION_ARGS, transport="grpc")
 
 
 def test_plugin_spans_hold_the_invariants(vllm_run: Path) -> None:
@@ -227,7 +232,8 @@ def test_stalls_and_steps_run_on_the_result(vllm_run: Path, tmp_path: Path) -> N
 
 @pytest.fixture(scope="module")
 def spec_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _run(_out(tmp_path_factory, "spec-decode"), drive_spec_load, 18768, SPEC_ARGS)
+    # the plugin's spans and vLLM's over OTLP/HTTP to one collector
+    return _run(_out(tmp_path_factory, "spec-decode"), drive_spec_load, 18768, SPEC_ARGS, transport="http")
 
 
 def test_speculative_decoding_steps_say_what_they_verified_and_emitted(spec_run: Path) -> None:

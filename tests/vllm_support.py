@@ -3,7 +3,9 @@ and the invariants every such run must satisfy (tests/test_vllm_plugin*.py, docs
 
 A run is three files in one folder: ``tokentrace.jsonl`` (the plugin's OTLP/JSON lines),
 ``vllm/`` (vLLM's own spans as ``tokentrace collect`` wrote them) and ``client.json`` (what the
-client sent and the usage vLLM answered).
+client sent and the usage vLLM answered). When the plugin sends over OTLP to the same collector
+as vLLM (``transport`` ``grpc`` / ``http``), ``vllm/`` holds both, and ``tokentrace.jsonl`` is
+written afterwards from what reached the collector under the plugin's scope (``split_plugin_spans``).
 """
 
 from __future__ import annotations
@@ -68,10 +70,42 @@ def read_spans(paths: list[Path]) -> list[Span]:
     return spans
 
 
+PLUGIN_SCOPE = "tokentrace"  # the instrumentation scope of every span the plugin writes
+
+
+def plugin_and_vllm_spans(folder: Path) -> tuple[list[Span], list[Span]]:
+    """(the plugin's spans, vLLM's own) of a run so far: the plugin's from ``tokentrace.jsonl``
+    when it wrote that file, else from the collector's files under its scope."""
+    collected = read_spans(sorted((folder / "vllm").glob("*.jsonl")))
+    theirs = [s for s in collected if s.scope != PLUGIN_SCOPE]
+    if (folder / "tokentrace.jsonl").exists():
+        return read_spans([folder / "tokentrace.jsonl"]), theirs
+    return [s for s in collected if s.scope == PLUGIN_SCOPE], theirs
+
+
+def split_plugin_spans(folder: Path) -> int:
+    """Write ``tokentrace.jsonl`` from the collector's files: each line's scopes of the plugin
+    only (what reached the collector over OTLP, as it arrived). Returns the spans written."""
+    written = 0
+    with open(folder / "tokentrace.jsonl", "w") as out:
+        for path in sorted((folder / "vllm").glob("*.jsonl")):
+            for line in path.read_text().splitlines():
+                if not line.strip():
+                    continue
+                kept = []
+                for rs in json.loads(line).get("resourceSpans", []):
+                    scopes = [ss for ss in rs.get("scopeSpans", []) if ss.get("scope", {}).get("name") == PLUGIN_SCOPE]
+                    if scopes:
+                        kept.append({**rs, "scopeSpans": scopes})
+                        written += sum(len(ss.get("spans", [])) for ss in scopes)
+                if kept:
+                    out.write(json.dumps({"resourceSpans": kept}) + "\n")
+    return written
+
+
 def run_spans(folder: Path) -> tuple[list[Span], list[Span], dict[str, Any]]:
     """(plugin spans, vLLM's own spans, client record) of a saved run."""
-    ours = read_spans([folder / "tokentrace.jsonl"])
-    theirs = read_spans(sorted((folder / "vllm").glob("*.jsonl")))
+    ours, theirs = plugin_and_vllm_spans(folder)
     return ours, theirs, json.loads((folder / "client.json").read_text())
 
 
@@ -307,22 +341,36 @@ class VllmRun:
         self.base = f"http://127.0.0.1:{port}"
         self.procs: list[subprocess.Popen[str]] = []
 
-    def start(self, model_dir: Path, timeout_s: float = 420.0, extra_args: tuple[str, ...] = ()) -> None:
+    def start(self, model_dir: Path, timeout_s: float = 420.0, extra_args: tuple[str, ...] = (),
+              transport: str = "file") -> None:
+        """``transport``: where the plugin's spans go. ``file``: ``TOKENTRACE_OTLP_JSON`` (the
+        README's line); ``grpc``: nothing set for the plugin, vLLM given ``--otlp-traces-endpoint
+        grpc://...`` (the plugin follows vLLM's endpoint); ``http``: vLLM given ``http://.../v1/traces``
+        with ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf``. vLLM's own spans go to the
+        collector in each."""
         (self.out / "vllm").mkdir(parents=True, exist_ok=True)
-        collect = subprocess.Popen([str(REPO / ".venv" / "bin" / "tokentrace"), "collect", "--grpc", "127.0.0.1:0",
-                                    "--http", "off", "--out", str(self.out / "vllm")],
+        http = transport == "http"
+        collect = subprocess.Popen([str(REPO / ".venv" / "bin" / "tokentrace"), "collect",
+                                    "--grpc", "off" if http else "127.0.0.1:0", "--http", "127.0.0.1:0" if http else "off",
+                                    "--out", str(self.out / "vllm")],
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self.procs.append(collect)
         line = collect.stdout.readline() if collect.stdout else ""
-        grpc = line.split("grpc=")[1].split()[0]
-        env = {**os.environ, "TOKENTRACE_VLLM_TRACING": "1", "TOKENTRACE_OTLP_JSON": str(self.out / "tokentrace.jsonl"),
-               "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1", "OTEL_BSP_SCHEDULE_DELAY": "200"}
+        endpoint = (f"http://{line.split('http=')[1].split()[0]}/v1/traces" if http
+                    else f"grpc://{line.split('grpc=')[1].split()[0]}")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        env.update({"TOKENTRACE_VLLM_TRACING": "1", "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1",
+                    "OTEL_BSP_SCHEDULE_DELAY": "200"})
+        if transport == "file":
+            env["TOKENTRACE_OTLP_JSON"] = str(self.out / "tokentrace.jsonl")
+        elif http:
+            env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
         self.log = open(self.out / "vllm-server.log", "w")
         server = subprocess.Popen(
             [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
              "--served-model-name", "smollm2", "--host", "127.0.0.1", "--port", str(self.port),
              "--max-model-len", "2048", "--dtype", "bfloat16", "--enforce-eager", "--enable-prefix-caching",
-             "--enable-prompt-tokens-details", "--otlp-traces-endpoint", f"grpc://{grpc}", *extra_args],
+             "--enable-prompt-tokens-details", "--otlp-traces-endpoint", endpoint, *extra_args],
             stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True, text=True)
         self.procs.append(server)
         import httpx

@@ -45,9 +45,9 @@ from typing import Any
 
 from instrument.vllm.facts import FINISHED_ABORTED, FINISHED_ERROR, FINISHED_LENGTH, FINISHED_STOPPED, StepFacts
 from instrument.vllm.hooks.shape import CHECKED_RELEASES, SchedulerShape, check_scheduler, installed_version
-from instrument.vllm.sampling import MASK64, STEP_SPREAD
 from instrument.vllm.hooks.tap import (ARRIVED, FINISHED, LEAST_HELD, MAX_HELD, PREEMPTED, SCHEDULED, UPDATED, StepTap,
                                        new_rows)
+from instrument.vllm.sampling import MASK64, STEP_SPREAD
 
 __all__ = ["ARRIVED", "CHECKED_RELEASES", "FINISHED", "FINISHED_ABORTED", "FINISHED_ERROR", "FINISHED_LENGTH",
            "FINISHED_STOPPED", "LEAST_HELD", "MAX_HELD", "PREEMPTED", "SCHEDULED", "UPDATED", "SchedulerShape", "StepFacts",
@@ -133,10 +133,10 @@ def install(tap: StepTap, shape: SchedulerShape) -> bool:
         total = out.total_num_scheduled_tokens
         if total > 0:
             cpu, floor = clock_start() if _measure else (0, 0)
-            # a sampled request in flight, or this step's engine_step span sampled (sampling.py's
-            # step_sampled, inlined): the step's row; else nothing
-            if _sampled or (self.current_step * _spread) & _mask < _step_bound:
-                try:
+            try:
+                # a sampled request in flight, or this step's engine_step span sampled (sampling.py's
+                # step_sampled, inlined): the step's row; else nothing
+                if _sampled or (self.current_step * _spread) & _mask < _step_bound:
                     free = _tap.free_queue or (_tap.geometry(self) and _tap.free_queue)
                     cached, news, queues = out.scheduled_cached_reqs, out.scheduled_new_reqs, _queues_of(self)
                     ids = cached.req_ids
@@ -147,8 +147,8 @@ def install(tap: StepTap, shape: SchedulerShape) -> bool:
                              cached.num_computed_tokens, cached.num_output_tokens))
                     _recorded[_id(out)] = True
                     _tap.needs_send = True
-                except Exception:
-                    _tap.fail()
+            except Exception:
+                _tap.fail()
             if cpu:
                 spent = time.thread_time_ns() - cpu - floor
                 _tap.hook_cpu_ns += spent
