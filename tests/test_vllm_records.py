@@ -623,8 +623,10 @@ import sys, time
 sys.path.insert(0, sys.argv[1])
 import test_vllm_records as t
 from instrument.vllm import sink as sink_module
-sink = sink_module.RecordSink(["otlp_json"], sys.argv[2], t._Taken(t._sends()[:1]).take)
-sink.flush()
+sends = t._sends()[:1] if sys.argv[3] == "busy" else t._sends()  # all of them: the engine went idle
+sink = sink_module.RecordSink(["otlp_json"], sys.argv[2], t._Taken(sends).take)
+for i in range(len(sends)):
+    sink.flush(sys.argv[3] == "idle" and i == len(sends) - 1)
 t._exporter_pid(sink)
 print("sent", flush=True)
 time.sleep(120)
@@ -655,7 +657,7 @@ def test_the_exporter_outlives_an_engine_core_killed_with_its_process_tree(tmp_p
     ends the three requests still open as failed (error.type shutdown), exports, says why in
     two lines and exits; what the engine had not sent is lost (said)."""
     out = tmp_path / "spans.jsonl"
-    engine = subprocess.Popen([sys.executable, "-c", _KILLED_ENGINE, str(Path(__file__).parent), str(out)],
+    engine = subprocess.Popen([sys.executable, "-c", _KILLED_ENGINE, str(Path(__file__).parent), str(out), "busy"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert engine.stdout is not None and engine.stdout.readline().strip() == "sent", engine.stderr
@@ -668,12 +670,32 @@ def test_the_exporter_outlives_an_engine_core_killed_with_its_process_tree(tmp_p
         if engine.poll() is None:
             engine.kill()
     assert tree == [] or all(_gone(pid) for pid in tree)  # (the process started to fork it: gone already)
-    assert "ended without stopping its exporter process (killed?)" in said, said
+    assert "ended without stopping its exporter process (killed?) while it still held steps" in said, said
     assert "3 vLLM requests still running at shutdown: ended as failed" in said, said
     spans = _otlp_json_spans(out)
     assert sorted((a["gen_ai.request.id"], a["error.type"]) for n, a in spans if n == "engine_request") == \
         [("chatcmpl-a", "shutdown"), ("chatcmpl-b", "shutdown"), ("cmpl-c-0", "shutdown")]
     assert sorted(int(a["tokentrace.engine.step"]) for n, a in spans if n == "engine_step") == [1, 2, 3, 4, 5]
+
+
+def test_an_engine_core_gone_after_it_went_idle_lost_nothing_and_the_exporter_says_so(tmp_path: Path) -> None:
+    """The engine core ends unannounced (killed, or an exit that ran no close) after a send
+    that said it held no request (an IDLE row last): the exporter process exports all it was
+    sent and says nothing was lost, not that something may have been."""
+    out = tmp_path / "spans.jsonl"
+    engine = subprocess.Popen([sys.executable, "-c", _KILLED_ENGINE, str(Path(__file__).parent), str(out), "idle"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert engine.stdout is not None and engine.stdout.readline().strip() == "sent", engine.stderr
+        os.kill(engine.pid, signal.SIGKILL)
+        _, said = engine.communicate(timeout=30)
+    finally:
+        if engine.poll() is None:
+            engine.kill()
+    assert "its last message said it held nothing more: exporting all it sent, nothing lost" in said, said
+    assert "killed?" not in said and "still running at shutdown" not in said, said
+    spans = _otlp_json_spans(out)
+    assert len([a for n, a in spans if n == "engine_request"]) == 4
 
 
 def test_speculative_decode_steps_say_what_they_verified_and_emitted() -> None:

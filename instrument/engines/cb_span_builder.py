@@ -71,6 +71,7 @@ class SpanBuilder:
         self.sequences: dict[int, _Sequence] = {}
         self.unknown_slots = 0  # SEQ / END entries of a slot never opened (its OPEN was dropped)
         self._step: StepRecord | None = None
+        self._engine_at_rest = True  # no engine entry since the last IDLE (see at_rest)
 
     def _meta(self, info: dict[str, Any]) -> None:
         layout = info.get("layout")
@@ -88,6 +89,8 @@ class SpanBuilder:
         sequences = self.sequences
         for entry in fmt.iter_entries(message):
             kind = entry[0]
+            if kind != fmt.BLOB and kind != fmt.META:
+                self._engine_at_rest = kind == fmt.IDLE
             if kind == fmt.SEQ:
                 _, slot, tokens, blocks, context, flags = entry
                 seq, rec = sequences.get(slot), self._step
@@ -126,6 +129,12 @@ class SpanBuilder:
                 decoder.feed(entry[2])
             elif kind == fmt.META:
                 self._meta(entry[1])
+
+    @property
+    def at_rest(self) -> bool:
+        """Whether every writer's last message said it held nothing more (an engine gone idle):
+        a writer that ends unannounced then lost nothing it had not sent."""
+        return self._engine_at_rest and all(getattr(d, "at_rest", True) for d in self.channels.values())
 
     def close(self) -> None:
         """End the open engine trace and what every channel decoder holds open (shutdown)."""

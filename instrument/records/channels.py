@@ -42,7 +42,10 @@ class ChannelDecoder(Protocol):
         valid only during the call."""
 
     def close(self) -> None:
-        """Shutdown: end what is still open."""
+        """Shutdown: end what is still open.
+
+        A decoder may also say ``at_rest`` (bool): its writer's last message said it held
+        nothing more; one without it counts as at rest."""
 
 
 def open_channel(channel: int, tracer_provider: Any) -> ChannelDecoder:

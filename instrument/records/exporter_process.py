@@ -159,9 +159,16 @@ def _child_main(sock: socket.socket, control: _Control, settings: dict[str, Any]
                 order = control.recv()
             except (EOFError, ConnectionResetError):  # the serving process is gone: flush what came and leave
                 order = {"stop": 5.0}
-                LOGGER.warning("tokentrace: the process that sent spans (pid %d) ended without stopping its exporter "
-                               "process (killed?): exporting what it sent; what it had not sent is lost",
-                               settings.get("sender_pid", 0))
+                while drain():  # everything it sent is in the socket
+                    pass
+                if getattr(builder, "at_rest", False):
+                    LOGGER.warning("tokentrace: the process that sent spans (pid %d) ended without stopping its exporter "
+                                   "process; its last message said it held nothing more: exporting all it sent, "
+                                   "nothing lost", settings.get("sender_pid", 0))
+                else:
+                    LOGGER.warning("tokentrace: the process that sent spans (pid %d) ended without stopping its "
+                                   "exporter process (killed?) while it still held steps: exporting what it sent; "
+                                   "what it held after its last send is lost", settings.get("sender_pid", 0))
             if "flush" in order:  # everything sent before the order, built and exported
                 while drain():
                     pass

@@ -13,7 +13,7 @@ from typing import Any
 
 from instrument.otel.tracing import get_tracer
 from instrument.vllm.request_ids import external_request_id
-from instrument.vllm.rows import unpack
+from instrument.vllm.rows import IDLE, unpack
 from instrument.vllm.sampling import sampling_from_env
 from instrument.vllm.spans import SpanBuilder
 from instrument.vllm.steps import StepReader
@@ -32,6 +32,7 @@ class RecordConsumer:
         self.builder = SpanBuilder(get_tracer(tracer_provider), request_id_of=external_request_id,
                                    on_idle=self._idle, step_bound=sampling_from_env().step_bound)
         self.reader = StepReader()
+        self.at_rest = True  # the last message ended with the engine idle (nothing held after it)
 
     def _idle(self) -> None:
         """No live request: export what was built now (the engine went idle)."""
@@ -41,6 +42,7 @@ class RecordConsumer:
         """Build the spans of every row in ``payload`` (ValueError: malformed; the rows read
         before the fault keep their spans)."""
         rows = unpack(payload)
+        self.at_rest = rows[-1][0] == IDLE  # the engine held no request at this send
         try:
             for facts in self.reader.read(rows):
                 if facts is None:  # the scheduler held no request
