@@ -1,49 +1,48 @@
-"""What tokentrace's vLLM plugin costs vLLM itself: the same load with the plugin on and off.
+"""What tokentrace's vLLM plugin costs vLLM, untraced and at several sampling ratios.
 
-One vLLM server per round (``.venv-vllm``, SmolLM2-135M, 127.0.0.1), rounds in ABBA order
-(off, on, on, off, ... ``--rounds`` times), so a drift of the shared machine hits both sides
-alike. Per round and concurrency: ``--requests-per-stream`` × concurrency streaming chats
-with ``ignore_eos`` and ``--max-tokens`` output tokens, after a warm-up. Reported per
-concurrency:
+The numbers a deployment is sized with. Sides: ``off`` (the plugin off) and one per
+``--sampling`` ratio R (default 1.0, 0.1, 0.01): the plugin on with
+``OTEL_TRACES_SAMPLER=traceidratio``, ``OTEL_TRACES_SAMPLER_ARG=R`` (requests, decided at
+arrival) and ``TOKENTRACE_VLLM_STEP_SAMPLE_RATIO=R`` (engine_step spans). One vLLM server
+per side and round (127.0.0.1), the sides interleaved in each round and then in reverse
+(off, 1.0, 0.1, 0.01, 0.01, 0.1, 1.0, off: ``--rounds`` times), so a drift of the shared
+machine hits every side alike. Per server and concurrency: ``--requests-per-stream`` ×
+concurrency streaming chats with ``ignore_eos`` and ``--max-tokens`` output tokens, after a
+warm-up (loads of 4 chats, repeated until the plugin has sent: it starts its exporter process
+at its first send of something sampled). Reported per side and concurrency, medians over its servers:
 
-- output tokens/s (generated tokens / wall time of the load), median over the rounds of
-  each side, and the ratio on / off (goal ≥ 0.98);
-- engine-core process CPU time per generated token, µs, all its threads (the sum of
-  ``/proc/<pid>/task/*/schedstat``: ns on a CPU, finer than ``/proc/<pid>/stat``'s 10 ms
-  ticks), from the load's start to 0.5 s after its end (the plugin's last send, on idle,
-  included), median per side, and on − off (goal ≤ 2 µs): the plugin's scheduler hooks
-  and its record packing and sending run there; no span is built there;
-- the span exporter process (the plugin's child, where spans are built and exported to an
-  OTLP/JSON lines file in a temporary folder): its CPU per generated token, µs, counted
-  until it stops using CPU (separately: it is not in vLLM's processes, but it shares the
-  machine's cores);
-- the plugin's own CPU per generated token, µs, as it measures itself
-  (``TOKENTRACE_VLLM_STATS``: the engine thread's CPU clock around its step wrappers and
-  its sends (packing, the socket, freeing what the rows held), net of the clock read's own
-  cost; writing the stats file excluded), and per round its parts per scheduler step: the
-  schedule wrapper, the update wrapper, the sends, and of the sends: ``marshal`` packing the
-  rows, the socket (with counting the spans they stand for), freeing what the rows held
-  (vLLM's per-step lists, their last reference). These are exact where the process
-  figures above are not
-  (the engine core's CPU time on a shared 2-core machine varies by several times between
-  rounds).
+- output tokens/s (generated tokens / wall time of the load) and its ratio to ``off``;
+- engine-core process CPU per generated token, µs, all its threads (``/proc/<pid>/task/*/
+  schedstat``), from the load's start to 0.5 s after its end, and its difference to ``off``
+  (on a shared 2-core machine this varies by several times between servers);
+- the engine thread's CPU in the plugin, as the plugin measures it
+  (``TOKENTRACE_VLLM_STATS``: its step wrappers, finish hook and sends, net of the clock's
+  own cost; not its arrival, preemption and free hooks), per scheduler step with requests and
+  per generated token;
+  its parts per step (schedule hook, update hook, sends) and the fraction of steps the
+  written spans name (``tokentrace.engine.step``: a lower bound of the steps recorded);
+- the span exporter process's CPU (the plugin's detached child, counted until it stops using
+  CPU) per *sampled* generated token: the sum of ``gen_ai.usage.output_tokens`` over the
+  engine_request spans written (to an OTLP/JSON lines file in a temporary folder);
+- OTLP bytes per sampled generated token: JSON (the file's bytes) and protobuf (each line
+  re-encoded as the ``ExportTraceServiceRequest`` an OTLP exporter sends, serialized), and
+  spans per sampled generated token.
 
-The load average (1 min) is printed per round: on a shared machine read the figures next to it.
-vLLM's own tracing is off on both sides.
+Goals on this machine (engine thread µs per step): at 1.0, ≤ 25 at concurrency 8; at 0.01,
+≤ 5 at every concurrency. The load average (1 min) is printed per load: on a shared machine
+read the figures next to it. vLLM's own tracing is off on every side.
 
-``--model tiny`` serves instead tokentrace's tiny random Llama (instrument/hf/tiny_model.py, built
-with 2 query heads of 32 for vLLM's CPU attention; ~0.1 MB of weights) under the same name: a
-model step that no longer streams 270 MB of weights through the CPU's caches, as on a host
-whose model runs on a GPU, where the engine thread's caches hold vLLM's own code and objects.
-What the plugin's per-step work costs depends on that (docs/spans.md "vLLM", cost).
+``--vllm-python`` runs vLLM: by default this Python if it has vLLM, else the repo's
+``.venv-vllm``. ``--model tiny`` (use it for these numbers) serves tokentrace's tiny random
+Llama (instrument/hf/tiny_model.py, 2 query heads for vLLM's CPU attention, ~0.1 MB): a model
+step that leaves the CPU's caches to vLLM's own code, as on a host whose model runs on a GPU;
+``smollm2`` streams 270 MB of weights through them every step. ``--gc``: every side with
+vLLM's GC debugger (``VLLM_GC_DEBUG=1``), the engine core's collections summed per load.
+``--json FILE``: every load's figures and the medians.
 
-``--gc`` starts both sides with vLLM's GC debugger (``VLLM_GC_DEBUG=1``) and sums, per round,
-the engine core's garbage collections during the load: the rows the plugin holds keep
-vLLM's per-step lists alive past the young generation, where the collector walks them
-(the debugger's own cost, ``gc.get_objects`` per collection, is in its times).
-
-Run:  .venv/bin/python benchmarks/vllm_tracing_cost.py [--rounds 1] [--concurrency 8 32]
-      [--max-tokens 16] [--requests-per-stream 2] [--model smollm2|tiny] [--gc]
+Run:  .venv/bin/python benchmarks/vllm_tracing_cost.py --model tiny [--rounds 1]
+      [--concurrency 8 32 64] [--sampling 1.0 0.1 0.01] [--max-tokens 64]
+      [--requests-per-stream 2] [--vllm-python PATH] [--json FILE] [--gc]
 """
 
 from __future__ import annotations
@@ -51,292 +50,319 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import signal
+import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
-import httpx
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-REPO = Path(__file__).resolve().parents[1]
-_GC_LINE = re.compile(r"GC took ([0-9.]+)ms to complete\. Collected \S+ objects \(out of \d+\) in GC generation (\d)")
-VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
-PORT = 18767
+import vllm_cost_parts as parts  # noqa: E402
+
+COUNTERS = ("steps", "tokens", "hook_cpu_ns", "schedule_cpu_ns", "send_cpu_ns", "pack_cpu_ns", "socket_cpu_ns",
+            "free_cpu_ns", "sends", "stats_cpu_ns", "dropped_steps", "sent_spans", "dropped_spans",
+            "dropped_messages")
+GOALS = ((1.0, (8,), 25.0), (0.01, None, 5.0))  # (ratio, concurrencies (None: all), µs per step at most)
 
 
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
+def _ratio(text: str) -> str:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a ratio in [0, 1]")
+    return text
+
+
+def _traced_env(ratio: str, spans: Path) -> dict[str, str]:
+    return {"TOKENTRACE_VLLM_TRACING": "1", "TOKENTRACE_OTLP_JSON": str(spans),
+            "TOKENTRACE_VLLM_STATS": str(spans.with_suffix(".stats.json")),
+            "OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": ratio,
+            "TOKENTRACE_VLLM_STEP_SAMPLE_RATIO": ratio}
+
+
+def _per(value: float, count: float, scale: float = 1.0) -> float | None:
+    return value * scale / count if count else None
+
+
+def _derive(run: dict[str, Any]) -> None:
+    """Per-token and per-step figures of one load, in place."""
+    run["tok_s"] = run["tokens"] / run["wall_s"]
+    run["core_us_per_token"] = run["core_cpu_s"] * 1e6 / run["tokens"]
+    plugin = run.get("plugin")
+    if plugin is None:
+        return
+    steps = plugin["steps"]
+    run["engine_us_per_step"] = _per(plugin["hook_cpu_ns"], steps, 1e-3)
+    run["engine_us_per_token"] = _per(plugin["hook_cpu_ns"], plugin["tokens"], 1e-3)
+    run["schedule_us_per_step"] = _per(plugin["schedule_cpu_ns"], steps, 1e-3)
+    run["sends_us_per_step"] = _per(plugin["send_cpu_ns"], steps, 1e-3)
+    run["update_us_per_step"] = _per(plugin["hook_cpu_ns"] - plugin["schedule_cpu_ns"] - plugin["send_cpu_ns"],
+                                     steps, 1e-3)
+    run["steps_named_fraction"] = _per(run["otlp"]["steps_named"], steps)
+    sampled = run["otlp"]["sampled_tokens"]
+    run["exporter_us_per_sampled_token"] = _per(run["exporter_cpu_s"], sampled, 1e6)
+    run["json_bytes_per_sampled_token"] = _per(run["otlp"]["json_bytes"], sampled)
+    run["proto_bytes_per_sampled_token"] = _per(run["otlp"]["proto_bytes"], sampled)
+    run["spans_per_sampled_token"] = _per(run["otlp"]["spans"], sampled)
+
+
+def _measure(args: argparse.Namespace, python: str, model: Path, tmp: Path, index: int, side: str,
+             total: int, failures: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One server of ``side`` and its loads, one per concurrency (a server that fails: its
+    log kept, the failure in ``failures``, the loads measured so far returned)."""
+    spans, log = tmp / f"spans-{index}.jsonl", tmp / f"server-{index}.log"
+    stats_path = spans.with_suffix(".stats.json")
+    traced = None if side == "off" else _traced_env(side, spans)
+    runs = []
+    server = parts.start(python, model, traced, log, args.gc)
+    try:
+        core = parts.engine_core_pid(server.pid)
+        last, child, warm_ups = _warm_up(args, stats_path, spans, traced is not None)
+        if warm_ups > 1:
+            print(f"{index + 1}/{total} {side:>4} warm-up: {warm_ups} loads of 4 until the plugin sent", flush=True)
+        for concurrency in args.concurrency:
+            child_before = parts.settled_cpu_s(child) if child else 0.0
+            at, log_at = parts.file_end(spans), log.stat().st_size
+            before = parts.cpu_s(core)
+            tokens, wall = parts.load(concurrency, concurrency * args.requests_per_stream, args.max_tokens)
+            time.sleep(0.5)  # the engine's idle send
+            run: dict[str, Any] = {"side": side, "server": index + 1, "concurrency": concurrency, "tokens": tokens,
+                                   "wall_s": wall, "core_cpu_s": parts.cpu_s(core) - before,
+                                   "load_average": os.getloadavg()}
+            if traced:
+                now = parts.plugin_stats(stats_path, last["tokens"])
+                run["plugin"] = {k: now[k] - last[k] for k in COUNTERS}
+                if not child and now["sends"]:  # started during this load: its start-up CPU counted here
+                    child, run["exporter_started"] = parts.exporter_pid(stats_path, spans), True
+                run["exporter_cpu_s"] = parts.settled_cpu_s(child) - child_before if child else 0.0
+                run["otlp"] = parts.otlp_figures(spans, at, parts.file_end(spans))
+                last = now
+            if args.gc:
+                count, ms, per = parts.gc_ms(log, log_at)
+                run["gc"] = {"collections": count, "ms": ms, "ms_per_generation": per}
+            _derive(run)
+            runs.append(run)
+            _print_run(run, total)
+    except RuntimeError as exc:
+        kept = Path(tempfile.gettempdir()) / f"vllm-cost-server-{index + 1}-{side}.log"
+        shutil.copyfile(log, kept)
+        lines = [line for line in log.read_text(errors="replace").splitlines() if "tokentrace" in line]
+        failures.append({"server": index + 1, "side": side, "error": str(exc), "log": str(kept), "lines": lines[-5:]})
+        print(f"{index + 1}/{total} {side:>4} FAILED: {exc}\n    log kept: {kept}", flush=True)
+        for line in lines[-5:]:
+            print(f"    {line[:76]}")
+    finally:
+        parts.stop(server)
+    if side != "off" and float(side) == 1.0 and not spans.exists():
+        raise SystemExit(f"vllm_tracing_cost: the plugin wrote no spans (is tokentrace installed in {python}?)")
+    return runs
+
+
+def _warm_up(args: argparse.Namespace, stats_path: Path, spans: Path,
+             traced: bool) -> tuple[dict[str, Any], int, int]:
+    """Warm-up loads of 4 requests, repeated (at most 20) until the plugin has sent (it starts
+    its exporter process at the first send of something sampled): (its stats, the exporter
+    process's pid (0: not started), loads)."""
+    stats: dict[str, Any] = {}
+    for count in range(1, 21):
+        parts.load(4, 4, args.max_tokens)
+        if not traced:
+            return stats, 0, count
+        stats = parts.plugin_stats(stats_path, stats.get("tokens", 0))
+        if stats["sends"]:
+            return stats, parts.exporter_pid(stats_path, spans), count
+    return stats, 0, count
+
+
+def _print_run(run: dict[str, Any], total: int) -> None:
+    print(f"{run['server']}/{total} {run['side']:>4} c={run['concurrency']:<3} {run['tok_s']:7.1f} tok/s, "
+          f"core {run['core_us_per_token']:6.1f} µs/token, load {run['load_average'][0]:.2f}", flush=True)
+    if "plugin" in run:
+        plugin, otlp = run["plugin"], run["otlp"]
+        print(f"    engine thread {run['engine_us_per_step'] or 0:.2f} µs/step (schedule "
+              f"{run['schedule_us_per_step'] or 0:.2f}, update {run['update_us_per_step'] or 0:.2f}, sends "
+              f"{run['sends_us_per_step'] or 0:.2f})\n    {run['engine_us_per_token'] or 0:.3f} µs/token; steps "
+              f"named in spans {otlp['steps_named']}/{plugin['steps']}; sends {plugin['sends']}\n"
+              f"    sampled {otlp['sampled_requests']} requests, {otlp['sampled_tokens']} tokens; exporter CPU "
+              f"{run['exporter_cpu_s'] * 1e3:.1f} ms\n    {otlp['spans']} spans, {otlp['json_bytes']} B JSON, "
+              f"{otlp['proto_bytes']} B protobuf", flush=True)
+        if run.get("exporter_started"):
+            print("    (the exporter process started during this load: its start-up CPU is in it)")
+        if float(run["side"]) == 1.0 and otlp["sampled_tokens"] != run["tokens"]:
+            print(f"    NOTE: the spans say {otlp['sampled_tokens']} tokens of {run['tokens']} generated")
+        if plugin["dropped_spans"] or plugin["dropped_steps"] or plugin["dropped_messages"]:
+            print(f"    dropped: {plugin['dropped_spans']} spans, {plugin['dropped_steps']} steps, "
+                  f"{plugin['dropped_messages']} messages")
+    if "gc" in run:
+        gc = run["gc"]
+        print(f"    GC (vLLM's debugger): {gc['collections']} collections, "
+              f"{gc['ms'] * 1e3 / run['tokens']:.2f} µs/token", flush=True)
+
+
+def _median(runs: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+MEDIANS = ("tok_s", "core_us_per_token", "engine_us_per_step", "engine_us_per_token", "schedule_us_per_step",
+           "update_us_per_step", "sends_us_per_step", "steps_named_fraction", "exporter_us_per_sampled_token",
+           "json_bytes_per_sampled_token", "proto_bytes_per_sampled_token", "spans_per_sampled_token")
+
+
+def _summary(runs: list[dict[str, Any]], sides: list[str], concurrencies: list[int]) -> list[dict[str, Any]]:
+    out = []
+    for concurrency in concurrencies:
+        off = [r for r in runs if r["side"] == "off" and r["concurrency"] == concurrency]
+        off_rate, off_cpu = _median(off, "tok_s"), _median(off, "core_us_per_token")
+        for side in sides:
+            mine = [r for r in runs if r["side"] == side and r["concurrency"] == concurrency]
+            row: dict[str, Any] = {"side": side, "concurrency": concurrency, "servers": len(mine)}
+            row.update({key: _median(mine, key) for key in MEDIANS})
+            row["tok_s_ratio"] = row["tok_s"] / off_rate if off_rate and row["tok_s"] is not None else None
+            row["core_us_per_token_added"] = (row["core_us_per_token"] - off_cpu
+                                              if off_cpu is not None and row["core_us_per_token"] is not None else None)
+            if side != "off":
+                row["sampled_tokens"] = sum(r["otlp"]["sampled_tokens"] for r in mine)
+            out.append(row)
+    return out
+
+
+def _cell(value: float | None, spec: str, width: int) -> str:
+    sign, spec = ("+", spec[1:]) if spec.startswith("+") else ("", spec)
+    return "-".rjust(width) if value is None else format(value, f"{sign}{width}{spec}")
+
+
+# (heading, key, format, width); group headings over the columns they end at
+COLUMNS = (("c", "concurrency", "d", 3), ("side", "side", "s", 4), ("tok/s", "tok_s", ".0f", 6),
+           ("ratio", "tok_s_ratio", ".3f", 5), ("µs/tok", "core_us_per_token", ".1f", 6),
+           ("added", "core_us_per_token_added", "+.1f", 6), ("µs/stp", "engine_us_per_step", ".2f", 6),
+           ("µs/tok", "engine_us_per_token", ".3f", 6), ("µs/stok", "exporter_us_per_sampled_token", ".1f", 8),
+           ("JSON", "json_bytes_per_sampled_token", ".0f", 6), ("proto", "proto_bytes_per_sampled_token", ".0f", 5),
+           ("/stok", "spans_per_sampled_token", ".2f", 5))
+GROUPS = (("engine core", 5), ("engine thread", 7), ("exporter", 8), ("OTLP B/stok", 10), ("spans", 11))
+PARTS = (("c", "concurrency", "d", 3), ("side", "side", "s", 4), ("sched", "schedule_us_per_step", ".2f", 6),
+         ("update", "update_us_per_step", ".2f", 6), ("sends", "sends_us_per_step", ".2f", 6),
+         ("named", "steps_named_fraction", ".3f", 6))
+
+
+def _table(rows: list[dict[str, Any]], columns: tuple[Any, ...], groups: tuple[Any, ...] = ()) -> str:
+    ends, at = [], -1
+    for _, _, _, width in columns:
+        at += width + 1
+        ends.append(at)
+    top = [" "] * (ends[-1] + 1)
+    for label, last in groups:  # right-aligned over the column it ends at
+        top[ends[last] + 1 - len(label):ends[last] + 1] = label
+    lines = ["".join(top)] if groups else []
+    lines.append(" ".join(name.rjust(width) for name, _, _, width in columns))
+    for row in rows:
+        lines.append(" ".join(str(row[key]).rjust(width) if spec in ("s", "d") else _cell(row[key], spec, width)
+                              for _, key, spec, width in columns))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _goals(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    found = []
+    for ratio, concurrencies, most in GOALS:
+        for row in summary:
+            if row["side"] != "off" and float(row["side"]) == ratio and \
+                    (concurrencies is None or row["concurrency"] in concurrencies):
+                value = row["engine_us_per_step"]
+                found.append({"sampling": row["side"], "concurrency": row["concurrency"], "most_us_per_step": most,
+                              "us_per_step": value, "met": value is not None and value <= most})
     return found
 
 
-def _engine_core_pid(server_pid: int) -> int:
-    for pid in _descendants(server_pid):
-        try:
-            if b"EngineCore" in Path(f"/proc/{pid}/cmdline").read_bytes() or \
-                    "EngineCore" in Path(f"/proc/{pid}/comm").read_text():
-                return pid
-        except OSError:
-            continue
-    raise RuntimeError("no EngineCore process below the vLLM server")
+def _revision() -> str:
+    """The checkout's commit, and whether instrument/ differs from it (the plugin measured)."""
+    def git(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", "-C", str(parts.REPO), *argv], capture_output=True, text=True)
 
-
-def _cpu_s(pid: int) -> float:
-    """CPU seconds of every live thread of ``pid`` (schedstat: ns on a CPU)."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            total += int((task / "schedstat").read_text().split()[0])
-        except (OSError, IndexError, ValueError):  # the thread ended meanwhile
-            continue
-    return total / 1e9
-
-
-def _settled_cpu_s(pid: int, wait_s: float = 20.0) -> float:
-    """``pid``'s CPU seconds once it stops using CPU (two reads 0.5 s apart within 1 ms)."""
-    deadline = time.monotonic() + wait_s
-    last = _cpu_s(pid)
-    while time.monotonic() < deadline:
-        time.sleep(0.5)
-        now = _cpu_s(pid)
-        if now - last < 1e-3:
-            return now
-        last = now
-    return last
-
-
-def _tiny_model(folder: Path) -> Path:
-    """tokentrace's tiny Llama built into ``folder`` by vLLM's Python (its transformers reads it)."""
-    code = ("import sys; from instrument.hf.tiny_model import build_tiny_model; "
-            "build_tiny_model(sys.argv[1], q_heads=2, kv_heads=1)")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    subprocess.run([str(VLLM_PYTHON), "-c", code, str(folder)], check=True, env=env, capture_output=True)
-    return folder
-
-
-def _load_average() -> float:
-    return os.getloadavg()[0]
-
-
-def _gc_ms(log: Path, offset: int) -> tuple[int, float, dict[int, float]]:
-    """vLLM's GC debugger lines (VLLM_GC_DEBUG=1) written to ``log`` after byte ``offset``:
-    (collections, ms in all, ms per generation)."""
-    with log.open("rb") as lines:
-        lines.seek(offset)
-        found = _GC_LINE.findall(lines.read().decode("utf-8", "replace"))
-    per: dict[int, float] = {}
-    for ms, generation in found:
-        per[int(generation)] = per.get(int(generation), 0.0) + float(ms)
-    return len(found), sum(per.values()), per
-
-
-def _start(model: Path, plugin: bool, spans: Path, log: Path, gc_debug: bool = False) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1"}
-    if gc_debug:
-        env["VLLM_GC_DEBUG"] = "1"
-    env.pop("TOKENTRACE_VLLM_TRACING", None)
-    if plugin:
-        env.update({"TOKENTRACE_VLLM_TRACING": "1", "TOKENTRACE_OTLP_JSON": str(spans),
-                    "TOKENTRACE_VLLM_STATS": str(spans.with_suffix(".stats.json"))})
-    server = subprocess.Popen(
-        [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-         "--served-model-name", "smollm2", "--host", "127.0.0.1", "--port", str(PORT), "--max-model-len", "2048",
-         "--dtype", "bfloat16", "--enforce-eager"],
-        stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    deadline = time.monotonic() + 420
     try:
-        while time.monotonic() < deadline:
-            if server.poll() is not None:
-                raise RuntimeError(f"vLLM exited ({server.returncode}); see {log}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{PORT}/health", timeout=2).status_code == 200:
-                    return server
-            except httpx.HTTPError:
-                pass
-            time.sleep(2)
-        raise RuntimeError("vLLM not ready after 420 s")
-    except BaseException:  # Ctrl-C included: no server left behind
-        _stop(server)
-        raise
-
-
-def _stop(server: subprocess.Popen[bytes]) -> None:
-    if server.poll() is None:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait(10)
-
-
-def _one(client: httpx.Client, i: int, max_tokens: int) -> int:
-    body = {"model": "smollm2", "messages": [{"role": "user", "content": f"Tell a story number {i}."}],
-            "max_tokens": max_tokens, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-    tokens = 0
-    with client.stream("POST", f"http://127.0.0.1:{PORT}/v1/chat/completions", json=body) as resp:
-        resp.raise_for_status()
-        for line in resp.iter_lines():
-            if line.startswith("data: {"):
-                usage = json.loads(line[6:]).get("usage")
-                tokens = usage["completion_tokens"] if usage else tokens
-    return tokens
-
-
-def _load(concurrency: int, requests: int, max_tokens: int) -> tuple[int, float]:
-    """(generated tokens, wall seconds) of ``requests`` streams, ``concurrency`` at a time."""
-    limits = httpx.Limits(max_connections=concurrency)
-    with httpx.Client(timeout=600, limits=limits) as client, ThreadPoolExecutor(concurrency) as pool:
-        start = time.perf_counter()
-        tokens = sum(pool.map(lambda i: _one(client, i, max_tokens), range(requests)))
-        return tokens, time.perf_counter() - start
-
-
-def _plugin_stats(spans: Path, tokens_before: int, wait_s: float = 10.0) -> dict[str, int]:
-    """The plugin's stats file once it counts more than ``tokens_before`` tokens (written when
-    the engine goes idle)."""
-    path = spans.with_suffix(".stats.json")
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        if path.exists():
-            stats = json.loads(path.read_text())
-            if stats["tokens"] > tokens_before:
-                return stats
-        time.sleep(0.2)
-    raise SystemExit(f"vllm_tracing_cost: no plugin stats in {path}")
-
-
-def _exporter_pid(spans: Path, wait_s: float = 30.0) -> int:
-    """The pid of the exporter process writing ``spans`` (detached from the engine core, so
-    found by its command line, which names the file)."""
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-            try:
-                text = cmdline.read_bytes().decode(errors="replace")
-                state = (cmdline.parent / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if "instrument.records.exporter_process" in text and str(spans) in text and state != "Z":
-                time.sleep(1.0)  # (the process the engine core starts forks and exits: not that one)
-                if (cmdline.parent / "task").exists():
-                    return int(cmdline.parent.name)
-        time.sleep(0.2)
-    raise SystemExit(f"vllm_tracing_cost: no exporter process writing {spans}")
+        head = git("rev-parse", "--short", "HEAD").stdout.strip() or "unknown"
+        return head + (" (instrument/ modified)" if git("diff", "--quiet", "HEAD", "--", "instrument").returncode
+                       else "")
+    except OSError:
+        return "unknown"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        epilog="example: .venv/bin/python benchmarks/vllm_tracing_cost.py --rounds 1 --concurrency 8 --max-tokens 64")
-    parser.add_argument("--rounds", type=int, default=1, help="ABBA blocks (each: off, on, on, off)")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
-    parser.add_argument("--max-tokens", type=int, default=16)
+        epilog="example: .venv/bin/python benchmarks/vllm_tracing_cost.py --model tiny --max-tokens 64")
+    parser.add_argument("--rounds", type=int, default=1, help="blocks of every side, forth and back")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32, 64])
+    parser.add_argument("--sampling", type=_ratio, nargs="+", default=["1.0", "0.1", "0.01"],
+                        help="traced sides: the request and engine_step sampling ratio of each")
+    parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--requests-per-stream", type=int, default=2)
+    parser.add_argument("--vllm-python", metavar="PATH",
+                        help="the Python that runs vLLM (default: this one if it has vLLM, else .venv-vllm)")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write every load's figures and the medians")
     parser.add_argument("--gc", action="store_true",
-                        help="both sides with VLLM_GC_DEBUG=1: the engine core's garbage collections per round")
+                        help="every side with VLLM_GC_DEBUG=1: the engine core's garbage collections per load")
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2",
                         help="smollm2 (default) or tiny: tokentrace's 0.1 MB random Llama, a model step "
                              "that leaves the CPU caches to vLLM, as on a GPU host")
     args = parser.parse_args()
-    if not VLLM_PYTHON.exists():
-        raise SystemExit("vllm_tracing_cost: .venv-vllm absent (scripts/test-vllm BUILD_ONLY=1 builds it)")
+    python = parts.vllm_python(args.vllm_python)
     from instrument.hf.smollm2 import smollm2_cache_dir
 
     model = smollm2_cache_dir()
     if args.model == "smollm2" and not (model / "config.json").exists():
         raise SystemExit(f"vllm_tracing_cost: no SmolLM2 folder at {model} (./scripts/test-vllm converts it)")
-    order = [False, True, True, False] * args.rounds
-    results: dict[tuple[bool, int], list[tuple[float, float]]] = {}
-    own: dict[int, list[tuple[float, float]]] = {}  # concurrency -> (hooks, exporter process) µs per token
-    loads: list[float] = []
-    gc_us: dict[tuple[bool, int], list[float]] = {}  # (plugin, concurrency) -> GC µs per token (--gc)
+    sides = ["off", *dict.fromkeys(args.sampling)]
+    order = (sides + sides[::-1]) * args.rounds
+    runs: list[dict[str, Any]] = []
+    failures: list[dict[str, Any]] = []
+    began, revision = time.monotonic(), _revision()
     with tempfile.TemporaryDirectory(prefix="vllm-cost-") as tmp:
         if args.model == "tiny":
-            model = _tiny_model(Path(tmp) / "tiny-llama")
-        print(f"model: {args.model} ({model.name})", flush=True)
-        for index, plugin in enumerate(order):
-            spans = Path(tmp) / f"spans-{index}.jsonl"
-            log = Path(tmp) / f"server-{index}.log"
-            server = _start(model, plugin, spans, log, args.gc)
-            try:
-                core = _engine_core_pid(server.pid)
-                _load(4, 4, args.max_tokens)  # warm-up
-                last = _plugin_stats(spans, 0) if plugin else {}
-                child = _exporter_pid(spans) if plugin else 0
-                for concurrency in args.concurrency:
-                    child_before = _settled_cpu_s(child) if plugin else 0.0
-                    before = _cpu_s(core)
-                    log_at = log.stat().st_size
-                    tokens, wall = _load(concurrency, concurrency * args.requests_per_stream, args.max_tokens)
-                    time.sleep(0.5)  # the engine's idle send
-                    cpu = _cpu_s(core) - before
-                    load = _load_average()
-                    loads.append(load)
-                    results.setdefault((plugin, concurrency), []).append((tokens / wall, cpu / tokens * 1e6))
-                    extra = detail = ""
-                    if plugin:
-                        now = _plugin_stats(spans, last["tokens"])
-                        seen = now["tokens"] - last["tokens"]
-                        child_cpu = _settled_cpu_s(child) - child_before
-                        own.setdefault(concurrency, []).append(
-                            ((now["hook_cpu_ns"] - last["hook_cpu_ns"]) / seen / 1e3, child_cpu / tokens * 1e6))
-                        steps = max(now["steps"] - last["steps"], 1)
-                        parts = {k: (now[f"{k}_cpu_ns"] - last[f"{k}_cpu_ns"]) / steps / 1e3
-                                 for k in ("hook", "schedule", "send", "pack", "socket", "free")}
-                        extra = f" hooks {own[concurrency][-1][0]:.2f} exp {own[concurrency][-1][1]:.1f}"
-                        detail = (f"\n    per step: schedule hook {parts['schedule']:.1f} µs, update hook "
-                                  f"{parts['hook'] - parts['schedule'] - parts['send']:.1f} µs, sends "
-                                  f"{parts['send']:.1f} µs\n    ({seen / steps:.1f} tokens and "
-                                  f"{(now['sends'] - last['sends']) / steps:.2f} sends per step)\n    of the "
-                                  f"sends: marshal {parts['pack']:.1f}, socket {parts['socket']:.1f}, freeing "
-                                  f"the rows {parts['free']:.1f} µs per step")
-                        if now["dropped_spans"] or now["dropped_steps"]:
-                            print(f"  dropped: {now['dropped_spans']} spans, {now['dropped_steps']} steps")
-                        last = now
-                    if args.gc:
-                        count, ms, per = _gc_ms(log, log_at)
-                        gc_us.setdefault((plugin, concurrency), []).append(ms * 1e3 / tokens)
-                        detail += (f"\n    GC (vLLM's debugger): {count} collections, {ms * 1e3 / tokens:.2f} µs per "
-                                   f"token ({', '.join(f'gen {g} {t:.1f} ms' for g, t in sorted(per.items()))})")
-                    print(f"r{index + 1}/{len(order)} {'on ' if plugin else 'off'} c={concurrency}: "
-                          f"{tokens / wall:6.1f} tok/s; µs/token core {cpu / tokens * 1e6:.1f}{extra}; "
-                          f"load {load:.2f}{detail}", flush=True)
-            finally:
-                _stop(server)
-            if plugin and not spans.exists():
-                raise SystemExit("vllm_tracing_cost: the plugin wrote no spans (is it installed in .venv-vllm?)")
-    print(f"\nmedians; µs per generated token; load average (1 min) {min(loads):.2f}-{max(loads):.2f}")
-    print(f"{'c':>3}  {'off tok/s':>9}  {'on tok/s':>9}  {'ratio':>5}  {'core off':>8}  {'core on':>8}  "
-          f"{'added':>6}  {'hooks':>5}  {'exporter':>8}")
-    for concurrency in args.concurrency:
-        off, on = results[(False, concurrency)], results[(True, concurrency)]
-        off_rate, on_rate = statistics.median(r for r, _ in off), statistics.median(r for r, _ in on)
-        off_cpu, on_cpu = statistics.median(c for _, c in off), statistics.median(c for _, c in on)
-        hooks = statistics.median(h for h, _ in own[concurrency])
-        child = statistics.median(c for _, c in own[concurrency])
-        print(f"{concurrency:>3}  {off_rate:9.1f}  {on_rate:9.1f}  {on_rate / off_rate:5.3f}  {off_cpu:8.1f}  "
-              f"{on_cpu:8.1f}  {on_cpu - off_cpu:6.1f}  {hooks:5.2f}  {child:8.1f}")
-    for concurrency in args.concurrency if args.gc else []:
-        off_gc = statistics.median(gc_us[(False, concurrency)])
-        on_gc = statistics.median(gc_us[(True, concurrency)])
-        print(f"c={concurrency}: GC in the engine core {off_gc:.2f} µs per token off, {on_gc:.2f} on\n"
-              f"      (medians; vLLM's GC debugger, its own cost included)")
+            model = parts.tiny_model(python, Path(tmp) / "tiny-llama")
+        print(f"model: {args.model} ({model.name}); tokentrace {revision}\nvLLM's Python: {python}\n"
+              f"order: {' '.join(order)}", flush=True)
+        for index, side in enumerate(order):
+            runs += _measure(args, python, model, Path(tmp), index, side, len(order), failures)
+    if not runs:
+        raise SystemExit("vllm_tracing_cost: every server failed (their logs: above)")
+    summary = _summary(runs, sides, args.concurrency)
+    loads = [r["load_average"][0] for r in runs]
+    print(f"\nmedians over {2 * args.rounds} server(s) per side; {time.monotonic() - began:.0f} s; load average "
+          f"(1 min) {min(loads):.2f}-{max(loads):.2f}\nµs: CPU µs; stok: a sampled generated token (output tokens "
+          f"of the\nengine_request spans written); engine thread: the plugin's hooks (self-timed)\n")
+    print(_table(summary, COLUMNS, GROUPS))
+    for failure in failures:
+        print(f"server {failure['server']} ({failure['side']}) failed: its loads left out of the medians")
+    print("\nengine thread µs per step: schedule hook, update hook, sends; named: steps\nthe spans name / "
+          "scheduler steps (at least the fraction recorded)\n")
+    print(_table([row for row in summary if row["side"] != "off"], PARTS))
+    goals = _goals(summary)
+    print("\ngoals (engine thread µs per scheduler step, median):")
+    for goal in goals:
+        value = "-" if goal["us_per_step"] is None else f"{goal['us_per_step']:.2f}"
+        print(f"  sampling {goal['sampling']}, c={goal['concurrency']}: {value} µs ≤ {goal['most_us_per_step']:g}: "
+              f"{'met' if goal['met'] else 'NOT met'}")
+    if not goals:
+        print("  (no side at sampling 1.0 or 0.01 measured)")
+    if args.gc:
+        for concurrency in args.concurrency:
+            per = {side: [r["gc"]["ms"] * 1e3 / r["tokens"] for r in runs
+                          if r["side"] == side and r["concurrency"] == concurrency] for side in sides}
+            print(f"c={concurrency}: engine-core GC µs/token "
+                  + ", ".join(f"{s} {statistics.median(v):.2f}" for s, v in per.items() if v))
+    if args.json:
+        options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+        args.json.write_text(json.dumps({"args": options, "vllm_python": python, "revision": revision, "order": order,
+                                         "wall_s": time.monotonic() - began, "runs": runs, "summary": summary,
+                                         "goals": goals, "failures": failures}, indent=1))
+        print(f"\nfull results: {args.json}")
 
 
 if __name__ == "__main__":

@@ -8,10 +8,11 @@ methods (only the engine-core process ever builds a scheduler, so only there doe
 run). A vLLM that differs: one log line naming what differs, and vLLM runs untraced. Calling
 it twice is harmless.
 
-No span is built in vLLM's processes. On the first scheduler step the plugin starts tokentrace's
-span exporter process (instrument/records/exporter_process.py, started by the engine-core
-process and detached from its process tree); from then on vLLM's engine thread holds one row per step and request event
-(vLLM's own per-step lists by reference, instrument/vllm/rows.py) and, batched (whenever
+No span is built in vLLM's processes. At its first send of something sampled the plugin starts
+tokentrace's span exporter process (instrument/records/exporter_process.py, started by the engine-core
+process and detached from its process tree). vLLM's engine thread holds one row per request event and
+per step with a sampled request in flight or a sampled engine_step (instrument/vllm/sampling.py;
+vLLM's own per-step lists by reference, instrument/vllm/rows.py) and, batched (whenever
 the engine goes idle, else at 512 rows, or 2 s after the last send once about 64 steps are
 held, or 10 s after it: instrument/vllm/sink.py says why), packs them with ``marshal`` and sends them as
 channel-1 BLOB messages of up to about 256 KiB on a socket that never blocks; the exporter process
@@ -32,9 +33,12 @@ packing and sending, and of the latter ``pack_cpu_ns`` (marshal), ``socket_cpu_n
 counted, the socket) and ``free_cpu_ns`` (freeing what the rows held), ``sends``
 (messages); ``stats_cpu_ns``: writing this file, not in ``hook_cpu_ns``;
 ``dropped_steps``: steps not sent because a hook or a send failed; ``exporter_pid`` (null
-until the detached exporter process's first report, ~1 s after the first step);
-``sent_spans``, ``dropped_spans``, ``dropped_messages``; benchmarks/vllm_tracing_cost.py
-reads it). Steps scheduled and never updated are said by the
+until the detached exporter process's first report, ~1 s after the first send, which is the
+first that holds something sampled); ``sent_spans`` (the span units the rows sent stand for:
+an engine_step and one per scheduled request per recorded step, two per request ended, every
+request counted, so under sampling an upper bound of the spans built), ``dropped_spans``
+(likewise), ``dropped_messages``; benchmarks/vllm_tracing_cost.py reads it). The arrival,
+preemption and end hooks (once per request, not per step) are not in ``hook_cpu_ns``. Steps scheduled and never updated are said by the
 exporter process, which pairs the rows, at its exit.
 
 Spans leave the exporter process through the standard ``OTEL_*`` variables (instrument/otel/tracing.py;
