@@ -13,7 +13,8 @@ wall clock, s; ``trace_headers``; prompt tokens), ``finish_requests()`` (an abor
 a step: its end goes out at once) and ``shutdown()`` (the plugin's pipeline closes first).
 
 Per step each step wrapper appends one row of instrument/vllm/rows.py to
-:attr:`StepTap.held`: vLLM's per-step lists, dicts and sets by reference (vLLM builds them
+:attr:`StepTap.held` (only for a step with a sampled request in flight or a sampled
+``engine_step``, instrument/vllm/sampling.py; any other step costs a few comparisons): vLLM's per-step lists, dicts and sets by reference (vLLM builds them
 anew each step; None for those of a plain decode step: one token scheduled and sampled
 per request), a few ints and ``perf_counter`` times; the update wrapper counts the tokens
 sampled per request in one C pass (``map(len, ...)``, while vLLM's lists are still warm in

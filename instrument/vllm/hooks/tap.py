@@ -1,6 +1,6 @@
 """What the plugin's wrappers hold per vLLM scheduler step and request event, until a send.
 
-Part of the guarded package instrument/vllm/hooks/ (pinned to ``TESTED_VLLM``): it reads
+Part of the guarded package instrument/vllm/hooks/ (checked at install, hooks/shape.py): it reads
 vLLM's ``NewRequestData``, ``Request`` and KV cache manager fields. :class:`StepTap` keeps
 the rows of instrument/vllm/rows.py the wrappers in hooks/__init__.py append (vLLM's
 per-step lists, dicts and sets by reference; read by the exporter process,
@@ -18,7 +18,8 @@ from instrument.vllm.facts import FINISHED_ABORTED, FINISHED_ERROR, FINISHED_LEN
 from instrument.vllm.rows import ARRIVED, FINISHED, IDLE, PREEMPTED, SCHEDULED, UPDATED
 from instrument.vllm.sampling import Sampling
 
-__all__ = ["ARRIVED", "FINISHED", "FLUSH_LATE_NS", "FLUSH_NS", "LEAST_HELD", "MAX_HELD", "PREEMPTED", "SCHEDULED", "UPDATED", "StepTap", "new_rows"]
+__all__ = ["ARRIVED", "FINISHED", "FLUSH_LATE_NS", "FLUSH_NS", "LEAST_HELD", "MAX_HELD", "PREEMPTED", "SCHEDULED",
+           "UPDATED", "StepTap", "new_rows"]
 
 log = logging.getLogger("tokentrace.vllm")
 MAX_HELD = 512  # held rows that make a send due (two per step, one per arrival, preemption, end)
