@@ -4,7 +4,3 @@ Layers, bottom to top (docs/architecture.md; tests/test_layers.py enforces that 
 climbs): ``errors`` → ``db`` → ``query`` → ``formats`` → ``collect``, ``audit``, ``report``
 → ``verbs`` → ``cli``.
 """
-
-from analyzer import _moved
-
-_moved.install()

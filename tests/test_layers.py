@@ -34,7 +34,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 RANKS: dict[str, int] = {
-    "analyzer": 0, "analyzer._moved": 0, "analyzer.errors": 0,
+    "analyzer": 0, "analyzer.errors": 0,
     "analyzer.db": 1,
     "analyzer.query": 2,
     "analyzer.formats": 3,
@@ -232,8 +232,8 @@ def test_every_analyzer_package_has_a_layer_and_a_one_line_docstring() -> None:
         _layer(name)
         doc = ast.get_docstring(ast.parse(init.read_text()))
         assert doc, f"{init.relative_to(REPO)} says in no docstring what the package is"
-    assert sorted(p.name for p in (REPO / "analyzer").glob("*.py")) == ["__init__.py", "_moved.py", "errors.py"], \
-        "analyzer/ root holds only the package, the moved-names finder and the errors: put a module in its layer"
+    assert sorted(p.name for p in (REPO / "analyzer").glob("*.py")) == ["__init__.py", "errors.py"], \
+        "analyzer/ root holds only the package and the errors: put a module in its layer"
 
 
 _BLOCK = (
