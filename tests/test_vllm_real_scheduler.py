@@ -25,12 +25,13 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from instrument.hf.tiny_model import cache_root
 from vllm_support import VLLM_PYTHON
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "vllm_real_scheduler.py"
-RELEASES_DIR = Path(os.environ.get("TOKENTRACE_VLLM_RELEASES",
-                                   Path.home() / ".cache" / "tokentrace" / "vllm-releases"))
+# where scripts/test-vllm installs them: $TOKENTRACE_VLLM_RELEASES, else tokentrace's cache folder
+RELEASES_DIR = Path(os.environ.get("TOKENTRACE_VLLM_RELEASES") or cache_root() / "vllm-releases")
 RELEASES = ("0.32.0", "0.33.0", "0.34.0")
 FINISH = {"FINISHED_LENGTH_CAPPED": "length", "FINISHED_STOPPED": "stop", "FINISHED_ABORTED": "cancelled"}
 
