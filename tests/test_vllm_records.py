@@ -370,6 +370,34 @@ def test_through_a_real_exporter_process(tmp_path: Path) -> None:
     assert sum(1 for n, a in spans if n == "decode") == sum(1 for s in direct if s.name == "decode") == 9  # A 4, B 3, C 2
 
 
+@pytest.mark.parametrize("sampler", ["traceidratio", "parentbased_traceidratio"])
+def test_the_exporter_process_builds_what_the_engine_sampled_and_decides_nothing_again(
+        sampler: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The exporter process inherits OTEL_TRACES_SAMPLER from vLLM's engine core, which decided
+    each request at arrival (instrument/vllm/sampling.py); it must not sample again, on the
+    trace ids it makes for roots: under a ratio of 0.0001 every request the rows say sampled
+    still has all its spans (one engine_step sampled of two by its own ratio, as decided)."""
+    from instrument.vllm.sampling import Sampling, step_sampled
+
+    direct = [s for s in _direct(_stream()) if s.name != "engine"]  # (every span: before the sampler is set)
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", sampler)
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.0001")
+    monkeypatch.setenv("TOKENTRACE_VLLM_STEP_SAMPLE_RATIO", "0.5")
+    out = tmp_path / "spans.jsonl"
+    sink = sink_module.RecordSink(["otlp_json"], str(out), _Taken(_sends()).take)
+    try:
+        for i in range(4):
+            sink.flush(idle=i == 3)
+        assert sink.exporter.flush(30)
+    finally:
+        sink.close()
+    spans = _otlp_json_spans(out)
+    bound = Sampling(step_ratio=0.5).step_bound
+    kept = [s for s in direct if s.name != "engine_step" or step_sampled(s.attributes["tokentrace.engine.step"], bound)]
+    assert sorted(n for n, _ in spans if n != "engine") == sorted(s.name for s in kept)
+    assert 0 < sum(1 for n, _ in spans if n == "engine_step") < sum(1 for s in direct if s.name == "engine_step")
+
+
 def test_close_sends_what_is_held(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """vLLM's scheduler shutdown (SIGTERM to the server) mid-load, before any send was due
     (a send waits up to 10 s): close() alone sends the held rows (_sends' first: steps 1-5
