@@ -32,7 +32,8 @@ without_steps AS (
                    || ' prefill span(s) in this clock domain carry no tokentrace.engine.step (served without continuous batching, e.g. --engine sequential)'
                ELSE
                    'no engine_step span in this clock domain, though ' || CAST(r.prefill_spans_with_step AS VARCHAR)
-                   || ' prefill span(s) name engine steps (engine traces not exported or not loaded)'
+                   || ' prefill span(s) name engine steps (engine traces not exported or not loaded, or engine_step '
+                   || 'spans off: TOKENTRACE_VLLM_STEP_SAMPLE_RATIO=off)'
            END AS null_reason
     FROM request_spans r
     WHERE r.clock_domain IS NULL OR r.clock_domain NOT IN (SELECT DISTINCT clock_domain FROM steps WHERE clock_domain IS NOT NULL)

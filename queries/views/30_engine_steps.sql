@@ -192,7 +192,8 @@ joined AS (
             WHEN a.step IS NOT NULL THEN
                 'step id ambiguous: several engine_step spans carry it in this clock domain (two engines with one service.instance.id?)'
             WHEN s.step IS NULL THEN
-                'no engine_step span with this step id in the clock domain (engine traces not exported or not loaded)'
+                'no engine_step span with this step id in the clock domain (engine traces not exported or not loaded, '
+                || 'or the step not sampled: TOKENTRACE_VLLM_STEP_SAMPLE_RATIO)'
         END AS step_null_reason,
         CASE
             WHEN o.prev_token_index IS NULL THEN 'gap unknown: the request has no prefill span (token 1 emission unknown)'
