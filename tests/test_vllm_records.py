@@ -860,3 +860,17 @@ def test_a_send_with_nothing_sampled_in_it_is_not_made() -> None:
     assert not tap.worth_sending(idle=False)  # (said once: the send takes what is held)
     tap.on_free(request("s"))
     assert tap.worth_sending(idle=False)  # a sampled request's end
+    tap.held.clear()  # (what that send took)
+    # a send went out since the last idle: the exporter process knows "live" arrived; its end,
+    # held with nothing sampled, is not dropped at MAX_HELD, and the next idle is sent
+    tap.on_free(request("live"))
+    for i in range(MAX_HELD):
+        tap.on_add(request(f"b{i}"))
+        if i % 2:
+            tap.on_free(request(f"b{i}"))
+    assert tap.worth_sending(idle=False)  # half stay (requests still live): sent after all
+    assert [row[0] for row in tap.held if row[1] == "live"] == [FINISHED]  # its arrival went earlier
+    assert len(tap.held) == 1 + MAX_HELD // 2  # the pairs that arrived and ended since: dropped
+    tap.held[:] = [(FINISHED, "gone", 2, 1)]
+    assert tap.worth_sending(idle=True) and not tap.sent_since_idle
+    assert not tap.worth_sending(idle=True)  # (nothing sent since that idle)

@@ -4,7 +4,7 @@
 :class:`~instrument.vllm.hooks.StepFacts` (ints and request ids, no vLLM object) and writes
 the spans it completes. It runs in the span exporter process
 (instrument/records/exporter_process.py), on the StepFacts that
-:class:`~instrument.vllm.rows.RecordConsumer` rebuilds from the records vLLM's engine
+:class:`~instrument.vllm.consumer.RecordConsumer` rebuilds from the records vLLM's engine
 thread packed (instrument/vllm/rows.py); nothing here runs in vLLM's engine-core process.
 
 Per request (vLLM's request id; trace context = the ``traceparent`` vLLM received):

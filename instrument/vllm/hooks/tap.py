@@ -75,6 +75,9 @@ class StepTap:
         # something held that the exporter process needs: a step's row, or an event of a sampled
         # request (only arrivals and ends of unsampled requests otherwise: see worth_sending)
         self.needs_send = False
+        # a send went out since the engine was last idle: the exporter process may follow
+        # requests it was told of, so the next idle is sent (its IDLE row makes it forget them)
+        self.sent_since_idle = False
         self.on_shutdown: Any = None  # called (once) when vLLM shuts the scheduler down
         self.uninstall: Any = None  # puts vLLM's own step methods back (hooks.install sets it)
 
@@ -136,19 +139,22 @@ class StepTap:
         """Whether a send that fell due has anything the exporter process needs (the plugin's
         send asks first). Without a step's row or a sampled request's event, what is held is
         the arrivals and ends of unsampled requests, kept only for the prompt lengths a later
-        recorded step may need: at idle every one of them ended and is dropped; at MAX_HELD
-        rows those that ended are dropped (sent after all if half stay: requests still live);
-        the send's timers restart. Under sampling this keeps the engine thread from sending
+        recorded step may need: at idle every one of them ended and is dropped (unless a send
+        went out since the last idle: then this one goes, so that the exporter process forgets
+        the requests it was told of); at MAX_HELD rows those that arrived and ended since the
+        last send are dropped (sent after all if half stay); the send's timers restart. Under sampling this keeps the engine thread from sending
         (a fixed ~70-130 µs a send) what no span will read, and the exporter process from
         starting before anything is sampled."""
-        if self.needs_send:
+        if self.needs_send or (idle and self.sent_since_idle):
             self.needs_send = False
+            self.sent_since_idle = not idle
             return True
         held = self.held
         if idle:
             held.clear()
-        elif len(held) >= MAX_HELD:
-            ended = {row[1] for row in held if row[0] == FINISHED}
+        elif len(held) >= MAX_HELD:  # requests that arrived and ended since the last send
+            arrived = {row[1] for row in held if row[0] == ARRIVED}
+            ended = {row[1] for row in held if row[0] == FINISHED and row[1] in arrived}
             held[:] = [row for row in held if row[1] not in ended]
             if len(held) >= MAX_HELD // 2:
                 return True
