@@ -103,12 +103,17 @@ def test_a_future_version_with_more_fields_is_read() -> None:
      "traceidratio", 0.01, 1.0, 0),
     ({ENV_STEP_RATIO: "off"}, "parentbased_always_on", 1.0, 0.0, 0),
     ({ENV_STEP_RATIO: "-1"}, "parentbased_always_on", 1.0, 1.0, 1),
+    ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}, "traceidratio", 0.0, 0.0, 0),
+    ({"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"},
+     "parentbased_traceidratio", 0.0, 0.0, 0),
 ])
 def test_sampling_from_the_environment(env: dict[str, str], sampler: str, ratio: float, step_ratio: float,
                                        warned: int) -> None:
     got = sampling_from_env(env)
     assert (got.sampler, got.ratio, got.step_ratio, len(got.warnings)) == (sampler, ratio, step_ratio, warned)
-    assert got.traces_nothing is (sampler == "always_off" and step_ratio == 0.0)
+    # nothing can be sampled: no request (a caller's flag not followed) and no step
+    never = sampler == "always_off" or (sampler == "traceidratio" and ratio == 0.0)
+    assert got.traces_nothing is (never and step_ratio == 0.0)
 
 
 def test_bad_values_say_what_was_used() -> None:

@@ -83,8 +83,10 @@ class Sampling:
 
     @property
     def traces_nothing(self) -> bool:
-        """No request and no step can ever be sampled (the plugin then starts nothing)."""
-        return self.sampler == "always_off" and self.step_bound == 0
+        """No request and no step can ever be sampled (the plugin then starts nothing):
+        ``always_off``, or ``traceidratio`` at 0 (a caller's flag not followed), steps off."""
+        never = self.sampler == "always_off" or (self.sampler == "traceidratio" and self.bound == 0)
+        return never and self.step_bound == 0
 
     def _root(self) -> bool:
         """A request without a (valid) parent."""
