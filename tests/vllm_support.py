@@ -51,11 +51,13 @@ def _value(v: dict[str, Any]) -> Any:
 
 
 def read_spans(paths: list[Path]) -> list[Span]:
-    """Every span of the OTLP/JSON lines files ``paths``."""
+    """Every span of the OTLP/JSON lines files ``paths``. A last line with no newline yet is
+    one the exporter is still writing (a line longer than its write buffer reaches the file in
+    pieces): it is left for the next read."""
     spans: list[Span] = []
     for path in paths:
-        for line in path.read_text().splitlines():
-            if not line.strip():
+        for line in path.read_text().splitlines(keepends=True):
+            if not line.endswith("\n") or not line.strip():
                 continue
             for rs in json.loads(line).get("resourceSpans", []):
                 for ss in rs.get("scopeSpans", []):
