@@ -1,8 +1,7 @@
 """The errors a user can cause, at the bottom layer: every layer of the analyzer may raise them.
 
-The CLI prints each as one readable line and exits non-zero (``UserError`` directly; the
-others are turned into one by the verb that catches them). Each is re-exported by the module
-that used to define it, so ``from analyzer.formats.canonical import LoadError`` still works.
+The CLI prints each as one readable line and exits non-zero: ``UserError`` directly, the
+others (all :class:`TokentraceError`) by their type, in ``analyzer/cli/group.py``.
 """
 
 from __future__ import annotations
@@ -10,6 +9,8 @@ from __future__ import annotations
 import click
 
 __all__ = [
+    "TokentraceError",
+    "duckdb_message",
     "UserError",
     "LoadError",
     "DatabaseFileError",
@@ -24,6 +25,31 @@ __all__ = [
 ]
 
 
+class TokentraceError(Exception):
+    """Base of the errors below but :class:`UserError`: something the user can fix, shown by
+    the CLI as one line (its ``str()``, plus ``; hint: ...`` when ``hint`` is set), exit 1.
+    The CLI recognises them by this type."""
+
+    hint: str | None = None
+
+
+def duckdb_message(exc: BaseException) -> str:
+    """DuckDB's error as one line, its own hint kept: the first line (``Binder Error:
+    Referenced column "ttft" not found in FROM clause!``) plus a ``Candidate bindings: ...``
+    or ``Did you mean ...`` line when DuckDB gives one; the ``LINE 1: ...`` excerpt and its
+    caret line are left out."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    kept = [lines[0]]
+    for line in lines[1:]:
+        if line.startswith("LINE "):
+            break
+        if line.startswith(("Candidate bindings", "Did you mean", "Candidate functions", "HINT")):
+            kept.append(line)
+    return " ".join(kept)
+
+
 class UserError(click.ClickException):
     """An error the user caused (bad file, flag or input): one readable line, exit 1."""
 
@@ -32,7 +58,7 @@ class UserError(click.ClickException):
         super().__init__(text if hint is None else f"{text}; hint: {hint}")
 
 
-class LoadError(ValueError):
+class LoadError(TokentraceError, ValueError):
     """A record the user gave cannot be loaded (strict mode), or an input is unreadable.
 
     ``file``, ``line`` (1-based, None when unknown), ``reason`` (a reason code) and
@@ -46,37 +72,37 @@ class LoadError(ValueError):
         self.file, self.line, self.reason, self.detail, self.hint = file, line, reason, detail, hint
 
 
-class DatabaseFileError(ValueError):
+class DatabaseFileError(TokentraceError, ValueError):
     """A database path that is not (and cannot become) a DuckDB database: one readable line."""
 
 
-class SourceError(ValueError):
+class SourceError(TokentraceError, ValueError):
     """The database file or Parquet dump the user named cannot be read."""
 
 
-class ExportError(ValueError):
+class ExportError(TokentraceError, ValueError):
     """The export cannot be written (target not empty, bad path)."""
 
 
-class TimelineError(ValueError):
+class TimelineError(TokentraceError, ValueError):
     """A timeline CSV or calculator input that breaks the seed's validation rules."""
 
 
-class OffsetSyntaxError(ValueError):
+class OffsetSyntaxError(TokentraceError, ValueError):
     """An ``--assume-offset`` value that is not ``DOMAIN=MS`` with a finite MS."""
 
 
-class PullError(Exception):
+class PullError(TokentraceError):
     """Jaeger could not be asked or did not answer as expected (one readable line)."""
 
 
-class AuditInputError(ValueError):
+class AuditInputError(TokentraceError, ValueError):
     """A report, claims or records file the audit cannot read: the message names file and key."""
 
 
-class SparkEngineError(RuntimeError):
+class SparkEngineError(TokentraceError, RuntimeError):
     """Something a user can fix: pyspark or Java missing, a bad dump path, a query Spark rejects."""
 
 
-class TranspileError(ValueError):
+class TranspileError(TokentraceError, ValueError):
     """A DuckDB statement that the Spark rules cannot translate (names the construct)."""

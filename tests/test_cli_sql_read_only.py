@@ -108,3 +108,14 @@ def test_db_and_parquet_agree(world) -> None:
     a = json.loads(_sql(world, q, "--format", "json").stdout)
     b = json.loads(_sql(world, q, "--format", "json", source="parquet").stdout)
     assert a == b and a
+
+
+@pytest.mark.parametrize(("statement", "hint"), [
+    ("SELECT ttft FROM request_metrics", 'Candidate bindings: "ttft_ms"'),
+    ("SELECT * FROM request_metric", 'Did you mean "request_metrics"?'),
+])
+def test_a_guessed_name_fails_with_duckdbs_suggestion_in_one_line(world, statement, hint) -> None:
+    result = _sql(world, statement)
+    assert result.exit_code == 1, result.output
+    assert len(result.stderr.splitlines()) == 1 and hint in result.stderr, result.stderr
+    assert "LINE 1" not in result.stderr, result.stderr

@@ -12,6 +12,7 @@ import click
 import duckdb
 
 from analyzer.cli.options import UserError, default_db_path, emit_row_batches, emit_rows, parse_params
+from analyzer.errors import duckdb_message
 
 if TYPE_CHECKING:  # analyzer.query.runner is imported where a query runs (start-up cost of --help and usage errors)
     from analyzer.query.runner import QueryResult
@@ -187,7 +188,7 @@ def query_rows(con: duckdb.DuckDBPyConnection, query: str, params: Mapping[str, 
     try:
         return run_query(con, query, params, keep_chunks=False)  # one query per connection
     except _PARAM_ERRORS as exc:
-        raise UserError(f"{query}: {str(exc).splitlines()[0]}") from None
+        raise UserError(f"{query}: {duckdb_message(exc)}") from None
 
 
 def stream_rows(
@@ -214,7 +215,7 @@ def stream_rows(
                 while batch := cursor.fetchmany(STREAM_BATCH_ROWS):
                     yield batch
         except _PARAM_ERRORS as exc:
-            raise UserError(f"{query}: {str(exc).splitlines()[0]}") from None
+            raise UserError(f"{query}: {duckdb_message(exc)}") from None
 
     rows = batches()
     # Run the first part before writing anything, so a bad parameter is an error, not a
@@ -253,7 +254,7 @@ def _stream_csv(con: duckdb.DuckDBPyConnection, query: str, params: Mapping[str,
                 arrow = bound is None or bound >= ARROW_MIN_EVENTS
                 yield from iter_csv_chunks(con, line_sql, part.params, arrow=arrow)
         except _PARAM_ERRORS as exc:
-            raise UserError(f"{query}: {str(exc).splitlines()[0]}") from None
+            raise UserError(f"{query}: {duckdb_message(exc)}") from None
 
     parts = chunks()
     columns = next(parts)

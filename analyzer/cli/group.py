@@ -33,13 +33,12 @@ def _one_line(text: str) -> str:
 
 def user_facing_error(exc: Exception, verb: str | None) -> click.ClickException:
     """The one-line click error for an exception a verb let through."""
-    from analyzer.cli.options import UserError
+    from analyzer.errors import TokentraceError, UserError, duckdb_message
 
     name = type(exc).__name__
     module = type(exc).__module__ or ""
-    if name in ("DatabaseFileError", "SourceError", "LoadError", "TimelineError", "AuditInputError",
-                "SettingError"):
-        return UserError(str(exc), hint=getattr(exc, "hint", None))
+    if isinstance(exc, TokentraceError):
+        return UserError(str(exc), hint=exc.hint)
     if isinstance(exc, ModuleNotFoundError) and exc.name:
         return UserError(f"tokentrace {verb or ''} needs the Python package {exc.name!r}, which is not installed "
                          "(an optional extra of tokentrace: see pyproject.toml, e.g. pip install 'tokentrace[all]')")
@@ -47,7 +46,7 @@ def user_facing_error(exc: Exception, verb: str | None) -> click.ClickException:
         where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
         return UserError(f"{where}{exc.strerror or exc}")
     if module.startswith(("duckdb", "_duckdb")):
-        return UserError(f"{verb or 'tokentrace'}: DuckDB {name}: {_one_line(str(exc)).split(' LINE ')[0]}")
+        return UserError(f"{verb or 'tokentrace'}: DuckDB {name}: {duckdb_message(exc)}")
     return InternalError(
         f"internal error in tokentrace {verb or ''}: {name}: {_one_line(str(exc))[:300]} "
         "(TOKENTRACE_DEBUG=1 shows the traceback; please report it)"

@@ -24,6 +24,7 @@ import duckdb
 from analyzer.cli._query_verb import installed, open_from_flags, source_options
 from analyzer.cli.group import cli
 from analyzer.cli.options import UserError, emit_rows, format_option, param_option, parse_params
+from analyzer.errors import duckdb_message
 
 __all__ = ["READ_ONLY_STATEMENTS", "check_read_only_statement", "lock_down", "sql_command"]
 
@@ -36,7 +37,7 @@ def check_read_only_statement(con: duckdb.DuckDBPyConnection, query: str) -> Non
     try:
         statements = con.extract_statements(query)
     except duckdb.Error as exc:
-        raise UserError(f"sql: {str(exc).splitlines()[0]}") from None
+        raise UserError(f"sql: {duckdb_message(exc)}") from None
     if len(statements) != 1:
         raise UserError(f"sql: give one statement, not {len(statements)}")
     kind = statements[0].type.name
@@ -111,7 +112,7 @@ def sql_command(query, db_path, parquet_dir, output_format, params) -> None:
         try:
             cur = con.execute(query, bound or None)
         except duckdb.Error as exc:
-            raise UserError(f"sql: {str(exc).splitlines()[0]}") from None
+            raise UserError(f"sql: {duckdb_message(exc)}") from None
         if cur.description is None:
             raise UserError("sql: the statement returned no result set")
         columns = [d[0] for d in cur.description]

@@ -44,6 +44,7 @@ from analyzer.collect.parquet_layout import (
 )
 from analyzer.formats import stage
 from analyzer.formats.canonical import EVENT_COLUMNS, LINK_COLUMNS, SPAN_COLUMNS, Reject, RowSink
+from analyzer.errors import TokentraceError
 from analyzer.formats.otlp_json import add_traces_data
 
 __all__ = ["COMPACT_WAIT_S", "OutputError", "OutputInUse", "ParquetWriter", "map_request"]
@@ -53,7 +54,7 @@ COMPACT_WAIT_S = 600.0  # close() waits at most this long for compactions (secon
 _TABLES = ("spans", "span_events", "span_links", "_stage_spans", "_stage_events", "_stage_links")
 
 
-class OutputError(ValueError):
+class OutputError(TokentraceError, ValueError):
     """The output folder cannot be prepared (created, locked or recovered)."""
 
 

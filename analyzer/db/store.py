@@ -19,6 +19,7 @@ import duckdb
 
 from analyzer.db.dbfile import DatabaseFileError, check_database_path
 from analyzer.db.schema import arrow_schema, create_tables
+from analyzer.errors import TokentraceError, duckdb_message
 
 __all__ = [
     "DEFAULT_DB",
@@ -50,7 +51,7 @@ def default_db_path() -> str:
 MEMORY_LIMIT_ENV = "TOKENTRACE_MEMORY_LIMIT"
 
 
-class SettingError(ValueError):
+class SettingError(TokentraceError, ValueError):
     """A DuckDB setting from the environment that DuckDB refuses: one line naming the variable."""
 
 
@@ -64,7 +65,7 @@ def apply_settings(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
         try:
             con.execute("SET memory_limit = $m", {"m": limit})
         except duckdb.Error as exc:
-            raise SettingError(f"${MEMORY_LIMIT_ENV}={limit!r}: {str(exc).splitlines()[0]}") from None
+            raise SettingError(f"${MEMORY_LIMIT_ENV}={limit!r}: {duckdb_message(exc)}") from None
     return con
 
 
