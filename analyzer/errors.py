@@ -70,6 +70,11 @@ class LoadError(TokentraceError, ValueError):
         text = f"{where}: {reason}" + (f": {detail}" if detail else "")
         super().__init__(text)
         self.file, self.line, self.reason, self.detail, self.hint = file, line, reason, detail, hint
+        #: set by a multi-file load: its id, the files loaded (committed) before this one
+        #: failed (their reports), and the names of the files after it, not read
+        self.load_id: int | None = None
+        self.committed: list = []
+        self.not_read: list[str] = []
 
 
 class DatabaseFileError(TokentraceError, ValueError):

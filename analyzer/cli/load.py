@@ -71,17 +71,23 @@ def _has_loads(db_path: str) -> bool:
 @click.option("--no-derive", is_flag=True,
               help="Do not (re)build the derived request and gap tables after loading (read verbs then derive "
                    "them per command until `tokentrace load --db DB` builds them).")
+@click.option("--allow-empty", is_flag=True,
+              help="Accept an input that gives no spans (an empty file, a document with no spans): "
+                   "still a warning, but exit 0.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no per-file summary.")
 def load(paths: tuple[str, ...], db_path: str, lenient: bool, input_format: str, no_derive: bool,
-         quiet: bool) -> None:
+         allow_empty: bool, quiet: bool) -> None:
     """Load OTLP JSON/protobuf, Jaeger JSON or Parquet traces into the database, then build
     its derived request and gap tables once (schema tokentrace_derived), so every read verb
     answers from them instead of deriving them from the spans again.
 
     PATH is a file, a directory, a glob or - (stdin); .gz and .zst are decompressed.
-    Spans are deduplicated on (trace_id, span_id). Strict by default: the first bad record
-    stops the load and nothing of that file is written. Without PATH, only (re)builds the
-    derived tables (after a --no-derive load, or a database written by another tool).
+    Spans are deduplicated on (trace_id, span_id). Each file is loaded whole or not at all.
+    Strict by default: the first bad record stops the load and nothing of that file is
+    written; the files before it stay loaded (the error names them) and the files after it
+    are not read. An input that gives no spans is a warning and exit 1 unless
+    --allow-empty. Without PATH, only (re)builds the derived tables (after a --no-derive
+    load, or a database written by another tool).
 
     \b
     Example:
@@ -90,7 +96,7 @@ def load(paths: tuple[str, ...], db_path: str, lenient: bool, input_format: str,
       tokentrace load day1/ --db traces.duckdb --no-derive && \\
           tokentrace load day2/ --db traces.duckdb
     """
-    from analyzer.formats.load import LoadError, load_paths, reasons_summary
+    from analyzer.formats.load import LoadError, LoadReport, load_paths, reasons_summary
     from analyzer.db.store import connect
 
     if not paths:
@@ -131,20 +137,47 @@ def load(paths: tuple[str, ...], db_path: str, lenient: bool, input_format: str,
             else:
                 report = load_paths(con, list(paths), lenient=lenient, input_format=input_format)
         except LoadError as e:
+            if e.committed and not quiet:
+                _print_report(LoadReport(e.load_id or 0, e.committed), reasons_summary, total=False)
+            if e.committed and not no_derive:
+                _derive(con, db_path, quiet=True)
             con.close()
             if created:
                 _remove_if_empty(db_path)
-            raise UserError(str(e), hint=_report_hint(e) or e.hint) from None
+            raise UserError(str(e) + _what_stayed(e, db_path), hint=_report_hint(e) or e.hint) from None
         if not quiet:
             _print_report(report, reasons_summary)
         _say_unreadable_tails(con, report)
+        empty = [f.file for f in report.files if f.spans_read == 0]
+        for name in empty:
+            click.echo(f"warning: {name}: no spans in it (an empty file, or traces with no spans)", err=True)
         if not no_derive:
             _derive(con, db_path, quiet)
     finally:
         con.close()
+    if empty and not allow_empty:
+        raise UserError(f"{len(empty)} of {len(report.files)} inputs gave no spans ({', '.join(empty[:3])}"
+                        f"{f' and {len(empty) - 3} more' if len(empty) > 3 else ''})"
+                        f"{'; the others are loaded' if len(empty) < len(report.files) else ''}",
+                        hint="--allow-empty accepts an input with no spans")
 
 
-def _print_report(report, reasons_summary) -> None:  # noqa: ANN001
+def _what_stayed(error, db_path: str) -> str:  # noqa: ANN001
+    """For a load of several files that failed on a later one: which stayed loaded, which
+    were not read (nothing silent); '' for a load that failed on its first file."""
+    text = ""
+    if error.committed:
+        spans = sum(f.spans_loaded for f in error.committed)
+        names = ", ".join(f.file for f in error.committed[:3]) + (
+            f" and {len(error.committed) - 3} more" if len(error.committed) > 3 else "")
+        text += (f"; nothing of {error.file} was written, but the {len(error.committed)} file(s) before it stay "
+                 f"loaded in {db_path} (load {error.load_id}: {names}; {spans:,} spans)")
+    if error.not_read:
+        text += f"; {len(error.not_read)} file(s) after it were not read"
+    return text
+
+
+def _print_report(report, reasons_summary, total: bool = True) -> None:  # noqa: ANN001
     for f in report.files:
         line = (
             f"{f.file} [{f.format}]: {f.records_read} records, {f.spans_read} spans read, "
@@ -153,7 +186,7 @@ def _print_report(report, reasons_summary) -> None:  # noqa: ANN001
         if f.rejected:
             line += f" ({reasons_summary(f)})"
         click.echo(line)
-    if len(report.files) > 1:
+    if total and len(report.files) > 1:
         click.echo(
             f"total: {report.total('spans_read')} spans read, {report.total('spans_loaded')} loaded, "
             f"{report.total('duplicates_identical')} duplicates, {report.total('rejected')} rejected (load {report.load_id})"

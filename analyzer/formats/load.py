@@ -86,7 +86,14 @@ def load_paths(
         raise LoadError("--input-format", None, "invalid_option", f"{input_format!r}: expected one of {', '.join(INPUT_FORMATS)}")
     inputs = expand_inputs(paths)
     load_id = next_load_id(con)
-    files = [_load_one(con, f, load_id, lenient, input_format, progress, batch_spans) for f in inputs]
+    files: list[FileReport] = []
+    for index, f in enumerate(inputs):
+        try:
+            files.append(_load_one(con, f, load_id, lenient, input_format, progress, batch_spans))
+        except LoadError as exc:  # the files before it stay committed: the error says which
+            exc.load_id, exc.committed = load_id, list(files)
+            exc.not_read = [later.name for later in inputs[index + 1:]]
+            raise
     return LoadReport(load_id, files)
 
 
