@@ -139,8 +139,20 @@ def test_cli_steps_and_stalls(db: Path, runner: CliRunner) -> None:
     assert set(doc) == {"slowest", "notes"} and len(doc["slowest"]) == 5
     out = runner.invoke(cli, ["stalls", "--db", str(db)], catch_exceptions=False)
     assert out.exit_code == 0
-    assert [line for line in out.output.splitlines() if line.endswith("row(s)")] == [
-        "gaps: 55 row(s)", "groups: 9 row(s)", "slowest: 15 row(s)"]
+    # the table leads with the answer (slowest, groups, then every gap), long sections cut
+    lines = out.stdout.splitlines()
+    assert [line for line in lines if line.endswith("row(s)")] == [
+        "slowest: 15 row(s)", "groups: 9 row(s)", "gaps: 55 row(s)"]
+    assert "20 of 55 gaps shown, largest itl_ms first, 35 left out: --limit N shows more," in lines
+    out = runner.invoke(cli, ["stalls", "--db", str(db), "--section", "gaps", "--all"], catch_exceptions=False)
+    assert "gaps: 55 row(s)" in out.stdout and "left out" not in out.stdout
+    slowest = json.loads(runner.invoke(cli, ["stalls", "--db", str(db), "--section", "slowest", "--format",
+                                             "json"]).stdout)["slowest"]
+    out = runner.invoke(cli, ["stalls", "--db", str(db), "--section", "slowest", "--limit", "4"],
+                        catch_exceptions=False)
+    shown = [float(line.split()[3]) for line in out.stdout.splitlines()[4:8]]
+    assert shown == [round(x, 1) for x in sorted((r["itl_ms"] for r in slowest), reverse=True)[:4]], out.stdout
+    assert "4 of 15 gaps shown, largest itl_ms first, 11 left out" in out.stdout
     out = runner.invoke(cli, ["steps", "--db", str(db), "--section", "summary", "--format", "csv"],
                         catch_exceptions=False)
     lines = out.stdout.splitlines()  # notes go to stderr
@@ -152,6 +164,9 @@ def test_cli_steps_and_stalls(db: Path, runner: CliRunner) -> None:
     (["steps", "--engine", "spark", "--parquet", "dump"], "this verb runs on DuckDB only"),
     (["steps", "--section", "rows"], "Invalid value for '--section'"),
     (["stalls", "--per-request", "0"], "Invalid value for '--per-request'"),
+    (["stalls", "--limit", "5", "--format", "csv"], "--limit and --all shape the table; --format csv always writes"),
+    (["itl", "--all", "--format", "json"], "--limit and --all shape the table; --format json always writes"),
+    (["itl", "--all", "--limit", "3"], "--limit and --all: give one of them"),
 ])
 def test_cli_errors_are_one_line(db: Path, runner: CliRunner, args: list[str], message: str) -> None:
     out = runner.invoke(cli, [*args, *(["--db", str(db)] if "--parquet" not in args else [])])
@@ -219,3 +234,20 @@ def test_a_recompute_prefill_emits_the_token_of_the_step_it_stands_for(says_step
     else:
         assert 4 not in gaps and gaps[5]["itl_ms"] is None
         assert gaps[5]["null_reason"].startswith("gap unknown: a recompute prefill after a preemption emitted")
+
+
+def test_cli_itl_table_leads_with_the_largest_gaps(db: Path, runner: CliRunner) -> None:
+    gaps = json.loads(runner.invoke(cli, ["itl", "--db", str(db), "--format", "json"]).stdout)
+    rows = gaps["rows"] if isinstance(gaps, dict) else gaps
+    itl = sorted((r["itl_ms"] for r in rows if r["itl_ms"] is not None), reverse=True)
+    assert len(rows) > 20
+    out = runner.invoke(cli, ["itl", "--db", str(db)], catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    lines = out.stdout.splitlines()
+    table = [line for line in lines if line[:16].strip() and all(c in "0123456789abcdef" for c in line[:16])]
+    # the 20 largest of every perspective's gaps, shown under their perspective's title
+    assert sorted((float(line.split()[-2]) for line in table), reverse=True) == [round(x, 1) for x in itl[:20]]
+    assert f"20 of {len(rows)} gaps shown, largest itl_ms first, {len(rows) - 20} left out: --limit N shows" in \
+        " ".join(lines)
+    everything = runner.invoke(cli, ["itl", "--db", str(db), "--all"], catch_exceptions=False).stdout
+    assert "left out" not in everything

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import textwrap
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import click
@@ -14,8 +15,9 @@ import duckdb
 from analyzer.cli.options import UserError, default_db_path, emit_row_batches, emit_rows, parse_params
 from analyzer.errors import duckdb_message
 
-if TYPE_CHECKING:  # analyzer.query.runner is imported where a query runs (start-up cost of --help and usage errors)
-    from analyzer.query.runner import QueryResult
+if TYPE_CHECKING:
+    from analyzer.cli._table_cut import TableCut
+    from analyzer.query.runner import QueryResult  # imported where a query runs (start-up cost of --help and usage errors)
 
 __all__ = [
     "PERSPECTIVES", "TRACE_ID_RE", "check_trace_id", "columns_option", "installed", "merge_params", "note_if_stale",
@@ -298,13 +300,15 @@ def run_verb(
     validate: Callable[[dict[str, Any]], None] | None = None,
     decorate: Callable[[QueryResult], QueryResult] | None = None,
     chosen: Sequence[str] | None = None,
+    cut: "TableCut | None" = None,
 ) -> None:
     """Open the source, run one query, print its rows (and notes). On DuckDB, csv and json
     are written batch by batch as the rows come (:func:`stream_rows`); a table is printed
     once every row is in. ``decorate`` (a verb of few rows, e.g. window) rewrites the result
     before it is printed, in every format; its rows are then never streamed. A table is the
     query's human view (analyzer/cli/_views.py) at the terminal's width; ``chosen``
-    (--columns): only these columns, in every format."""
+    (--columns): only these columns, in every format; ``cut``: the table's rows cut to what
+    matters (analyzer/cli/_table_cut.py), with a line that says what was left out."""
     params = merge_params(query, flags, raw_params)
     if validate is not None:
         validate(params)
@@ -330,7 +334,12 @@ def run_verb(
         from analyzer.cli._views import echo_human
 
         check_columns(query, result.columns, chosen)
-        echo_human(query, result.columns, result.rows, notes=notes, chosen=chosen)
+        rows, left_out = cut.apply(result.columns, result.rows) if cut is not None else (result.rows, None)
+        echo_human(query, result.columns, rows, notes=notes, chosen=chosen)
+        if left_out:
+            from analyzer.cli._human import terminal_width
+
+            click.echo(textwrap.fill(left_out, terminal_width() or 80))
         return
     result = project_result(result, chosen)
     emit_rows(result.columns, result.rows, output_format, notes=notes)

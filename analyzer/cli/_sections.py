@@ -5,12 +5,17 @@ keeps it out of verb discovery)."""
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Sequence
+import textwrap
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import click
 
 from analyzer.cli._query_verb import merge_params, open_from_flags, query_rows
+from analyzer.cli._human import terminal_width, wrap_note
 from analyzer.cli.options import emit_rows, to_jsonable
+
+if TYPE_CHECKING:
+    from analyzer.cli._table_cut import TableCut
 
 __all__ = ["run_sections", "section_option"]
 
@@ -31,12 +36,16 @@ def run_sections(
     parquet_dir: str | None,
     output_format: str,
     notes: Sequence[str] = (),
+    cuts: Mapping[str, TableCut] | None = None,
+    table_order: Sequence[str] | None = None,
 ) -> None:
     """Run ``sections`` (name -> (query, flags)) that ``chosen`` names (none: all, in order) on
     one connection and print them: a table or csv block per section under its name, or one
     JSON object keyed by section name (plus ``notes``). Parameters are checked before any
-    query runs."""
-    names = [name for name in sections if not chosen or name in chosen]
+    query runs. The table format prints the sections in ``table_order`` (the answer first)
+    and cuts those ``cuts`` names (analyzer/cli/_table_cut.py); csv and json are complete."""
+    order = list(table_order) if output_format == "table" and table_order else list(sections)
+    names = [name for name in order if not chosen or name in chosen]
     bound = {name: merge_params(sections[name][0], sections[name][1], ()) for name in names}
     con = open_from_flags(db_path, parquet_dir)
     try:
@@ -53,8 +62,15 @@ def run_sections(
         if output_format == "table":  # the query's human view (analyzer/cli/_views.py)
             from analyzer.cli._views import echo_human
 
+            cut = (cuts or {}).get(name)
+            rows, left_out = cut.apply(result.columns, result.rows) if cut is not None else (result.rows, None)
             click.echo(("\n" if i else "") + f"{name}: {len(result.rows)} row(s)")
-            echo_human(sections[name][0], result.columns, result.rows, notes=notes if last else (), columns_flag=False)
+            echo_human(sections[name][0], result.columns, rows, notes=(), columns_flag=False)
+            if left_out:
+                click.echo(textwrap.fill(left_out, terminal_width()))
+            for text in notes if last else ():
+                for line in wrap_note(text, terminal_width()):
+                    click.echo(line)
             continue
         click.echo(f"# {name}")
         emit_rows(result.columns, result.rows, output_format, notes=notes if last else ())

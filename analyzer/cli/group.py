@@ -86,8 +86,8 @@ class TokentraceGroup(click.Group):
             return super().invoke(ctx)
         except click.UsageError as exc:
             raise _one_line_usage(exc) from None
-        except (click.ClickException, click.exceptions.Exit, click.Abort):
-            raise
+        except (click.ClickException, click.exceptions.Exit, click.Abort, BrokenPipeError):
+            raise  # a broken pipe (`tokentrace itl | head`): main() leaves quietly
         except Exception as exc:  # noqa: BLE001 - every other exception gets one line
             if os.environ.get("TOKENTRACE_DEBUG"):
                 raise

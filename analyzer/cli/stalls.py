@@ -8,6 +8,7 @@ import click
 
 from analyzer.cli._query_verb import check_trace_id, source_options
 from analyzer.cli._sections import run_sections, section_option
+from analyzer.cli._table_cut import limit_options, table_cut
 from analyzer.cli.group import cli
 from analyzer.cli.options import format_option
 
@@ -23,7 +24,9 @@ SECTIONS = ("gaps", "groups", "slowest")
               help="slowest: how many gaps per request (default 3).")
 @section_option(SECTIONS)
 @format_option
-def stalls_command(db_path, parquet_dir, trace_id, clock_domain, per_request, sections, output_format) -> None:
+@limit_options("gap")
+def stalls_command(db_path, parquet_dir, trace_id, clock_domain, per_request, sections, output_format, limit,
+                   show_all) -> None:
     """Why a token was slow: each gap between generated tokens with the engine step that
     produced it, ITL grouped by what shared that step, and each request's slowest gaps.
 
@@ -37,6 +40,11 @@ def stalls_command(db_path, parquet_dir, trace_id, clock_domain, per_request, se
     never zeros. Under vLLM's speculative decoding an accepted draft token came with the one
     before it: its gap is 0 ms (steps_in_gap 0). Units: milliseconds, tokens, sequences.
 
+    The table (the default) leads with the answer: slowest, then groups, then gaps; slowest
+    and gaps show their 20 largest gaps (--limit N, or --all for every row in order) with a
+    line saying how many were left out. csv and json hold every row, sections in the order
+    gaps, groups, slowest.
+
     \b
     Example:
       tokentrace stalls --db traces.duckdb --section groups
@@ -47,5 +55,8 @@ def stalls_command(db_path, parquet_dir, trace_id, clock_domain, per_request, se
     run_sections({"gaps": ("stalls", common), "groups": ("stalls_groups", common),
                   "slowest": ("stalls_slowest", {**common, "per_request": per_request})}, sections,
                  db_path=db_path, parquet_dir=parquet_dir, output_format=output_format,
+                 cuts={name: cut for name in ("gaps", "slowest")
+                       if (cut := table_cut(limit, show_all, output_format, "itl_ms", "gap")) is not None},
+                 table_order=("slowest", "groups", "gaps"),
                  notes=["itl_ms: engine emission gaps (end of the producing engine step), not the gateway's chunk writes",
                         "percentiles: linear interpolation (numpy default 'linear', DuckDB quantile_cont)"])
