@@ -114,6 +114,7 @@ async def stream_chat(
     http: Any, base_url: str, body: dict[str, Any], *, tracer: trace.Tracer, api_key: str | None = None,
     clock_offset_ns: int = 0, index: int = 0, stop_after_chunks: int | None = None, path: str = "/v1/chat/completions",
     client_request_id: str | None = None, on_chunk: Callable[[bool], None] | None = None,
+    on_cancelled: Callable[[ClientResult], None] | None = None,
 ) -> ClientResult:
     """Send one streaming request (``http``: an ``httpx.AsyncClient``) under a CLIENT span.
 
@@ -121,6 +122,8 @@ async def stream_chat(
     disconnects mid-stream); the span's finish reason is then ``cancelled``.
     ``client_request_id``: sent as ``X-Request-ID`` and kept as ``tokentrace.client_request_id``.
     ``on_chunk(visible)``: called for every chunk received (progress displays).
+    ``on_cancelled(result)``: called with the request's result (finish reason ``cancelled``)
+    when the task is cancelled (a load generator stopping), before CancelledError goes on.
     """
     model = str(body.get("model", ""))
     operation = "chat" if "messages" in body else "text_completion"
@@ -197,6 +200,8 @@ async def stream_chat(
         result.finish_reason = "cancelled"
         result.error = "cancelled by the client (stopping)"
         _finish_span(span, result, clock_offset_ns, sent)
+        if on_cancelled is not None:
+            on_cancelled(result)
         raise
     _finish_span(span, result, clock_offset_ns, sent)
     return result
@@ -244,8 +249,8 @@ async def run_load(
     (``rate_per_s`` Poisson arrivals); returns the results in request order.
 
     ``stop`` (set from a signal handler, say): send nothing more, let the requests in
-    flight finish for ``grace_s`` seconds, then cancel them (their spans end ``cancelled``).
-    Requests never sent have no result.
+    flight finish for ``grace_s`` seconds, then cancel them (their spans end ``cancelled``,
+    and so do their results). Requests never sent have no result.
 
     ``request_id_for(i)``: the X-Request-ID of request ``i``. ``on_send(i)``, ``on_chunk(visible)``
     and ``on_result(result)`` are called from the event loop as requests go (progress displays).
@@ -260,15 +265,19 @@ async def run_load(
 
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits) as http:
 
+        def keep(i: int, res: ClientResult) -> None:
+            results[i] = res
+            if on_result is not None:
+                on_result(res)
+
         async def one(i: int) -> None:
             if on_send is not None:
                 on_send(i)
             res = await stream_chat(http, base_url, body_for(i), tracer=tracer, api_key=api_key,
                                     clock_offset_ns=clock_offset_ns, index=i, on_chunk=on_chunk,
-                                    client_request_id=request_id_for(i) if request_id_for else None)
-            results[i] = res
-            if on_result is not None:
-                on_result(res)
+                                    client_request_id=request_id_for(i) if request_id_for else None,
+                                    on_cancelled=lambda cancelled: keep(i, cancelled))
+            keep(i, res)
 
         def stopping() -> bool:
             return stop is not None and stop.is_set()

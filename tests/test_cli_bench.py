@@ -41,11 +41,13 @@ def test_bench_closed_loop_summary_from_sql(runner, server, tmp_path: Path) -> N
     srv, exporter = server
     spans_file = tmp_path / "bench.jsonl"
     result = runner.invoke(cli, ["bench", "--url", srv.url, "--requests", "4", "--concurrency", "2", "--api-key", "k",
-                                 "--max-tokens", "4", "--otlp-json", str(spans_file), "--clock-offset-ms", "-250"],
+                                 "--max-tokens", "4", "--otlp-json", str(spans_file), "--clock-offset-ms", "-250",
+                                 "--per-request"],
                            catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert "HTTP status: 200=4" in result.output
-    assert "Window summary" in result.output and "attempted" in result.output
+    assert "Window summary" in result.output and "attempted" in result.output  # --per-request's tables
+    assert "=== tokentrace bench result ===" in result.output
     client_spans = [s for line in spans_file.read_text().splitlines()
                     for rs in json.loads(line)["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
     assert len(client_spans) == 4 and all(s["kind"] == 3 for s in client_spans)  # SPAN_KIND_CLIENT
@@ -130,16 +132,57 @@ def test_bench_sigterm_stops_sending_finishes_and_flushes(server, tmp_path: Path
     assert proc.poll() is None
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0, out
-    (line,) = [ln for ln in out.splitlines() if ln.startswith("bench: stopped on SIGTERM after sending")]
-    sent = int(line.split("after sending ")[1].split(" of ")[0])
-    assert 0 < sent < 400
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("bench: stopped on SIGTERM: sent ")]
+    sent = int(line.split("sent ")[1].split(" of ")[0])
+    assert 0 < sent < 400 and f"sent {sent} of 400 requests, {400 - sent} not sent; " in line
+    assert _block_figure(out, "Requests completed:") == sent  # the grace let every one in flight finish
+    assert _block_figure(out, "Requests cancelled by the stop:") == 0
+    assert _block_figure(out, "Requests not sent (SIGTERM):") == 400 - sent
     assert "dropped=0" in line and "failed=0" in line
     spans = _client_spans(spans_file)
     assert len(spans) == sent  # every request sent has its span on disk, none cut off
     finished = [next(a["value"]["arrayValue"]["values"][0]["stringValue"] for a in s["attributes"]
                      if a["key"] == "gen_ai.response.finish_reasons") for s in spans]
     assert set(finished) == {"length"}, "requests in flight at the signal finished within the grace"
+
+
+def _block_figure(out: str, label: str) -> int:
+    """A count of the summary block bench ends with."""
+    (line,) = [ln for ln in out.splitlines() if ln.startswith(label)]
+    return int(line.split()[-1])
+
+
+def test_bench_ctrl_c_counts_agree_with_the_spans_and_exit_130(server, tmp_path: Path) -> None:
+    """Ctrl-C with no grace: the requests in flight are cancelled, and every count (sent,
+    completed, cancelled, not sent) agrees with the client spans kept in --db."""
+    import signal
+    import subprocess
+    import sys
+
+    import duckdb
+
+    srv, _ = server
+    db = tmp_path / "bench.duckdb"
+    tokentrace = Path(sys.executable).with_name("tokentrace")
+    proc = subprocess.Popen([str(tokentrace), "bench", "--url", srv.url, "--requests", "400", "--concurrency", "4",
+                             "--api-key", "k", "--max-tokens", "48", "--ignore-eos", "--db", str(db),
+                             "--shutdown-grace-s", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(4)  # the tiny model's first requests are under way
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("bench: stopped on SIGINT: sent ")]
+    sent = int(line.split("sent ")[1].split(" of ")[0])
+    completed, cancelled = _block_figure(out, "Requests completed:"), _block_figure(out, "Requests cancelled by the stop:")
+    assert cancelled >= 1 and completed + cancelled + _block_figure(out, "Requests failed:") == sent, out
+    assert _block_figure(out, "Requests not sent (SIGINT):") == 400 - sent
+    assert f"  {completed} completed, 0 failed, {cancelled} cancelled by the stop; HTTP status: 200={sent}" in out
+    con = duckdb.connect(str(db), read_only=True)
+    spans = con.execute("SELECT count(*), count(*) FILTER (WHERE status_code = 'ERROR') FROM spans").fetchone()
+    con.close()
+    assert spans == (sent, cancelled)  # every request sent has its span, the cancelled ones in error
 
 
 def test_bench_db_is_left_with_current_derived_tables(runner, server, tmp_path: Path) -> None:
@@ -273,7 +316,8 @@ def test_bench_prints_the_response_and_client_request_ids_requests_shows(runner,
     exporter.clear()
     db = tmp_path / "bench.duckdb"
     result = runner.invoke(cli, ["bench", "--url", srv.url, "--requests", "3", "--concurrency", "2", "--api-key", "k",
-                                 "--max-tokens", "3", "--request-id-prefix", "run7-", "--db", str(db)],
+                                 "--max-tokens", "3", "--request-id-prefix", "run7-", "--db", str(db),
+                                 "--per-request"],
                            catch_exceptions=False)
     assert result.exit_code == 0, result.output
     ids_table = result.output.split("Request ids (queries/requests.sql; X-Request-ID = client_request_id)")[1]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import signal
 import sys
 import threading
 
@@ -41,8 +42,11 @@ __all__ = ["bench_command"]
 @click.option("--ignore-eos", is_flag=True, help="Ask the server to run every answer to --max-tokens (the vLLM "
               "extension benchmarks use to fix output lengths; tokentrace serve implements it).")
 @click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True,
-              help="table: the per-request and window tables; json: one object (counts, throughput, "
-                   "ttft_ms/tpot_ms/e2e_ms as {mean, p50, p90, p99}) on stdout, for scripts.")
+              help="table: the run summary (requests, duration, throughput, mean/p50/p90/p99 of TTFT, TPOT, "
+                   "ITL, E2E); json: the same figures as one object on stdout, for scripts.")
+@click.option("--per-request", is_flag=True,
+              help="table: also every request's row (queries/requests.sql), the window table and each "
+                   "request's ids.")
 @click.option("--shutdown-grace-s", type=click.FloatRange(min=0), default=5.0, show_default=True,
               help="On SIGTERM/SIGINT: send nothing more; requests in flight get this long, then are cancelled.")
 @click.option("--request-id-prefix", default=None, metavar="TEXT",
@@ -52,26 +56,29 @@ __all__ = ["bench_command"]
               help="Exit 0 even when requests failed (default: exit 1 when any request failed).")
 def bench_command(url, n_requests, concurrency, rate_per_s, api_key, model, prompt, max_tokens, temperature,
                   clock_offset_ms, seed, timeout_s, otlp_json, db_path, service_name, ignore_eos, output_format,
-                  shutdown_grace_s, request_id_prefix, allow_failures) -> None:
+                  per_request, shutdown_grace_s, request_id_prefix, allow_failures) -> None:
     """Send streaming chat requests under traced CLIENT spans and summarize them with SQL.
 
     Each request is a `chat {model}` CLIENT span with a tokentrace.chunk event per received
-    chunk; traceparent is propagated, so a traced server's spans join the same traces. The
-    summary comes from queries/requests.sql and queries/window.sql (client perspective).
+    chunk; traceparent is propagated, so a traced server's spans join the same traces. It
+    ends with one block: requests completed / failed, the duration, request and output
+    token throughput, and mean / p50 / p90 / p99 of TTFT, TPOT, ITL and E2E in ms (from
+    queries/window.sql and queries/summary.sql, client perspective, completed requests).
+    --per-request adds every request's row and ids. --db PATH keeps the client spans, so
+    `tokentrace summary`, `requests`, `itl` ... read the run afterwards.
 
     On a terminal, one line shows progress while it runs (done, failed, in flight, to send,
-    tokens/s). Each request carries an X-Request-ID (--request-id-prefix): the summary lists
-    every request's response_id and client_request_id (queries/requests.sql's names; the
-    same ids `tokentrace requests` shows once the server's spans are loaded) and names every
-    failed request with its ids, HTTP status or exception, and the seconds it waited.
+    tokens/s). Each request carries an X-Request-ID (--request-id-prefix); every failed
+    request is named with its ids, HTTP status or exception, and the seconds it waited.
 
     Exit status: 0 when every request completed; 1 when any request failed (an HTTP status
     other than 200, a network error or timeout, a stream cut short), after the summary;
     --allow-failures exits 0 all the same.
 
-    SIGTERM and SIGINT stop it gracefully: nothing more is sent, requests in flight get
-    --shutdown-grace-s, the spans are flushed and one line gives their export counts; the
-    summary covers what was sent (requests cancelled by the stop are not failures).
+    SIGTERM and SIGINT stop it: nothing more is sent, requests in flight get
+    --shutdown-grace-s and are then cancelled, every span made is flushed; the summary
+    counts what was sent (completed, failed, cancelled by the stop) and what was not, and
+    the exit status is 128 + the signal's number (130 for Ctrl-C).
 
     \b
     Example:
@@ -86,10 +93,9 @@ def bench_command(url, n_requests, concurrency, rate_per_s, api_key, model, prom
     import httpx
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+    from analyzer.cli.bench_block import summary_block
     from analyzer.cli.bench_progress import BenchProgress, describe_failure, is_failed
-    from analyzer.cli.demo import print_query_results
-    from analyzer.cli.options import emit_rows
-    from analyzer.verbs.demo import summary_queries
+    from analyzer.cli.command_name import tokentrace_command
     from analyzer.formats.sdk_spans import rows_from_sdk_spans
     from analyzer.db.store import connect, insert_rows
     from instrument.client import SEED_PROMPT, chat_body, local_tracer_provider, run_load_sync
@@ -134,8 +140,8 @@ def bench_command(url, n_requests, concurrency, rate_per_s, api_key, model, prom
     mode = f"concurrency {concurrency}" if concurrency else f"Poisson rate {rate_per_s:g}/s (seed {seed})"
     say = (lambda line: click.echo(line, err=True)) if as_json else click.echo
     if signals.received:
-        say(f"bench: stopped on {signals.received} after sending {len(results)} of {n_requests} requests; "
-            f"{export_summary(counts)}")
+        say(f"bench: stopped on {signals.received}: sent {len(results)} of {n_requests} requests, "
+            f"{n_requests - len(results)} not sent; {export_summary(counts)}")
     say(f"bench: {len(results)} requests to {url} ({model}), {mode}")
     say(f"  {completed} completed, {len(failed)} failed" + (f", {cancelled} cancelled by the stop" if cancelled else "")
         + "; HTTP status: " + ", ".join(f"{k}={v}" for k, v in sorted(by_status.items())))
@@ -152,10 +158,10 @@ def bench_command(url, n_requests, concurrency, rate_per_s, api_key, model, prom
         from analyzer.db.derived import build_derived
 
         build_derived(con)  # as tokentrace load: the read verbs afterwards derive nothing
-        if as_json:
-            from analyzer.cli.bench_json import bench_summary
+        from analyzer.cli.bench_json import bench_summary
 
-            summary = bench_summary(con, by_status)
+        summary = bench_summary(con, by_status)
+        if as_json:
             summary.update({"url": url, "model": model, "mode": mode, "requests_sent": len(results),
                             "requests_asked": n_requests, "stopped_by": signals.received,
                             "request_id_prefix": prefix,
@@ -167,17 +173,38 @@ def bench_command(url, n_requests, concurrency, rate_per_s, api_key, model, prom
                                          for r in failed]})
             click.echo(json.dumps(summary, indent=2))
         else:
-            results_by_query = summary_queries(con, perspective="client", skew=False)
-            print_query_results(results_by_query)
-            requests_result = results_by_query["requests"]
-            keep = [requests_result.columns.index(c) for c in ("request", "response_id", "client_request_id")]
-            click.echo("\nRequest ids (queries/requests.sql; X-Request-ID = client_request_id)")
-            emit_rows([requests_result.columns[i] for i in keep],
-                      [tuple(row[i] for i in keep) for row in requests_result.rows], "table")
+            if per_request:
+                _print_per_request(con)
+            click.echo("")
+            for line in summary_block(summary, sent=len(results), asked=n_requests, stopped_by=signals.received):
+                click.echo(line)
     finally:
         con.close()
+    say("")
     if otlp_json:
-        say(f"\nclient spans: {otlp_json}")
+        say(f"client spans: {otlp_json}")
+    if db_path:
+        say(f"client spans: {db_path}; read the run again with {tokentrace_command()} summary --db {db_path} "
+            f"(or requests, itl, window)")
+    else:
+        say("the client spans were not kept: --db PATH keeps them for tokentrace summary, requests, itl ...")
+    if signals.received:
+        sys.exit(128 + signal.Signals[signals.received].value)
     if failed and not allow_failures:
         raise UserError(f"{len(failed)} of {len(results)} requests failed (listed above)",
                         hint="--allow-failures exits 0 when failures are expected")
+
+
+def _print_per_request(con) -> None:  # noqa: ANN001
+    """--per-request: every request's row, the window table and each request's ids."""
+    from analyzer.cli.demo import print_query_results
+    from analyzer.cli.options import emit_rows
+    from analyzer.verbs.demo import summary_queries
+
+    results_by_query = summary_queries(con, perspective="client", skew=False)
+    print_query_results(results_by_query)
+    requests_result = results_by_query["requests"]
+    keep = [requests_result.columns.index(c) for c in ("request", "response_id", "client_request_id")]
+    click.echo("\nRequest ids (queries/requests.sql; X-Request-ID = client_request_id)")
+    emit_rows([requests_result.columns[i] for i in keep],
+              [tuple(row[i] for i in keep) for row in requests_result.rows], "table")
