@@ -30,8 +30,13 @@ def test_demo_tiny_end_to_end(runner, tmp_path: Path) -> None:
     import subprocess
 
     done = subprocess.run(shlex.split(hints[0]), capture_output=True, text=True, timeout=120)
-    assert hints[0].split()[1:] == ["requests", "--db", str(out / "traces.duckdb")]
-    assert done.returncode == 0 and "Per-request metrics" not in done.stderr and done.stdout.strip(), done.stderr
+    assert hints[0].split()[1:] == ["summary", "--db", str(out / "traces.duckdb")]  # the figures people look for
+    assert done.returncode == 0 and "TTFT" in done.stdout, done.stderr
+    assert hints[1].split()[1:] == ["requests", "--db", str(out / "traces.duckdb")]
+    # the seed request's answer is shown on one line, quoted, with no escaped newline in it
+    (answer,) = [line for line in text.splitlines() if line.startswith("seed request answer (6 tokens): \"")]
+    assert "\\n" not in answer
+    assert "Loading weights" not in text
     # The demo ends with the HTML report of its own database.
     page = (out / "report.html").read_text()
     assert f"HTML report   {out / 'report.html'}" in text

@@ -11,6 +11,7 @@ from typing import Any, Iterator
 import click
 
 from analyzer.cli.group import cli
+from analyzer.cli.model_loading import quiet_model_loading
 from analyzer.cli.options import UserError
 
 __all__ = ["demo_command", "print_query_results"]
@@ -119,13 +120,7 @@ def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int
     if tiny and model not in (None, "tiny"):
         raise UserError(f"--tiny and --model {model} contradict each other: give one")
     spec = "tiny" if tiny else (model or "smollm2")
-    if quiet or not sys.stderr.isatty():
-        try:  # transformers' "Loading weights" bars would clutter logs and captured output
-            from transformers.utils import logging as hf_logging
-
-            hf_logging.disable_progress_bar()
-        except ImportError:
-            pass
+    quiet_model_loading()  # the demo draws its own progress
     from analyzer.cli._human import terminal_width
 
     options = DemoOptions(out_dir=Path(out_dir), model=spec, load_requests=load_requests, concurrency=concurrency,
@@ -150,7 +145,8 @@ def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int
     click.echo(f"{len(result.client_results)} requests sent, {ok} completed; {result.spans_loaded} spans loaded")
     seed = result.client_results[0] if result.client_results else None
     if seed is not None and seed.text:
-        click.echo(textwrap.fill(f"seed request answer ({seed.output_tokens} tokens): {seed.text[:300]!r}",
+        answer = " ".join(seed.text[:300].split())  # on one line: no literal \n in it
+        click.echo(textwrap.fill(f"seed request answer ({seed.output_tokens} tokens): \"{answer}\"",
                                  width, subsequent_indent="  "))
     print_query_results(result.queries)
     db = result.db_path
@@ -163,11 +159,12 @@ def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int
     tt = tokentrace_command()  # runs as printed: .venv/bin/tokentrace unless the venv is on PATH
     click.echo("Query them:")
     q = shlex.quote
-    for verb in ("requests", "phases", "itl", "window", "skew"):
+    for verb in ("summary", "requests", "phases", "itl", "window", "skew"):
         click.echo(f"  {tt} {verb} --db {q(str(db))}")
     click.echo(_command(f"  {tt} report --db {q(str(db))} --html {q(str(db.parent / 'report.html'))}", width))
     click.echo("View them in Jaeger (OTLP over HTTP on :4318, UI on :16686):")
     click.echo("  docker run --rm -p 16686:16686 -p 4318:4318 jaegertracing/jaeger:2.14.1")
     click.echo("  (or: docker compose up; docs/jaeger.md), then")
-    click.echo(_command(f"  OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318 {tt} demo --out "
-                        f"{q(str(result.db_path.parent))}", width))
+    # Jaeger takes traces only: OTEL_METRICS_EXPORTER=none keeps the gateway's metrics off OTLP
+    click.echo(_command(f"  OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318 OTEL_METRICS_EXPORTER=none {tt} demo "
+                        f"--out {q(str(result.db_path.parent))}", width))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from analyzer.cli.group import cli
+from analyzer.cli.model_loading import quiet_model_loading
 from analyzer.cli.options import UserError
 
 __all__ = ["serve_command"]
@@ -156,6 +157,7 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
     except ImportError as exc:
         raise UserError(f"serve needs the server extras: pip install 'tokentrace[hf,server]' ({exc})") from None
     try:
+        quiet_model_loading()  # transformers' "Loading weights" bar: noise in a server's log
         handle = load_model_handle(model_spec)
     except ValueError as exc:
         raise UserError(str(exc)) from None
