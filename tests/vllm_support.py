@@ -10,6 +10,7 @@ written afterwards from what reached the collector under the plugin's scope (``s
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import secrets
@@ -53,10 +54,11 @@ def _value(v: dict[str, Any]) -> Any:
 def read_spans(paths: list[Path]) -> list[Span]:
     """Every span of the OTLP/JSON lines files ``paths``. A last line with no newline yet is
     one the exporter is still writing (a line longer than its write buffer reaches the file in
-    pieces): it is left for the next read."""
+    pieces): it is left for the next read. A ``.gz`` file is read through gzip."""
     spans: list[Span] = []
     for path in paths:
-        for line in path.read_text().splitlines(keepends=True):
+        text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+        for line in text.splitlines(keepends=True):
             if not line.endswith("\n") or not line.strip():
                 continue
             for rs in json.loads(line).get("resourceSpans", []):
