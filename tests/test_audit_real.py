@@ -43,7 +43,8 @@ def _db(tmp_path: Path, traces: Path) -> Path:
 def test_aiperf_013_has_no_false_fail_and_names_its_throughput_window() -> None:
     findings = _by_check(audit_report(AIPERF / "profile_export_aiperf.json",
                                       individual=AIPERF / "profile_export.jsonl"))
-    assert _failed(findings.values()) == []
+    # the one finding: AIPerf's OSL is not the server's count on 3 requests (tests/test_audit_osl.py)
+    assert _failed(findings.values()) == ["output_tokens_vs_osl"]
     # osl_mismatch_diff_pct: min -3.125 = p1 = p5 (negative values were held to a stricter tolerance)
     assert findings["summary_statistics_consistent"].verdict == "pass"
     rate = findings["request_throughput"]
@@ -82,7 +83,7 @@ def test_aiperf_records_join_the_gateway_spans_by_x_request_id(tmp_path) -> None
     db = _db(tmp_path, AIPERF_TT / "traces.jsonl")
     findings = _by_check(audit_report(AIPERF_TT / "profile_export_aiperf.json",
                                       individual=AIPERF_TT / "profile_export.jsonl", db=db))
-    assert _failed(findings.values()) == []
+    assert _failed(findings.values()) == ["output_tokens_vs_osl"]  # tests/test_audit_osl.py
     joined = findings["traces:records_joined"]
     assert (joined.numbers["records"], joined.numbers["joined"]) == (12, 12)
     assert joined.numbers["joined_by"] == ["client_request_id"]

@@ -39,7 +39,9 @@ def _db(tmp_path: Path, traces: Path) -> Path:
 
 def _audit(folder: Path, db: Path | None = None) -> dict:
     findings = audit_report(folder / "profile_export_aiperf.json", individual=folder / "profile_export.jsonl", db=db)
-    assert [f.check for f in findings if f.verdict == "fail"] == []
+    # AIPerf's re-tokenized OSL is not the server's count in these runs (issue 45 item 3:
+    # tests/test_audit_osl.py): the only finding
+    assert [f.check for f in findings if f.verdict == "fail"] == ["output_tokens_vs_osl"]
     return {f.check: f for f in findings}
 
 

@@ -15,7 +15,8 @@ from typing import Any
 import duckdb
 
 from analyzer.audit.compare import CANNOT, DEFINITION_REL_TOL, FAIL, PASS, Finding, agree, audit_query, compare_figure
-from analyzer.audit.aiperf_records import check_aiperf_records, read_aiperf_records, records_against_traces
+from analyzer.audit.aiperf_records import (check_aiperf_records, osl_against_server, read_aiperf_records,
+                                           records_against_traces)
 from analyzer.audit.inputs import AuditInputError
 
 __all__ = ["audit_aiperf", "normalize_aiperf"]
@@ -66,12 +67,15 @@ def audit_aiperf(path: Path, data: Any, con: duckdb.DuckDBPyConnection, rel_tol:
     else:
         findings.append(Finding("recompute_stats", CANNOT, "summary statistics need every request's values: pass "
                                 "--individual profile_export.jsonl", {}))
+    joined: list[dict[str, Any]] = []
     if db is not None:
         if records is None:
             findings.append(Finding("traces:records_joined", CANNOT, "joining AIPerf's requests to the traces needs "
                                     "their ids: pass --individual profile_export.jsonl (metadata.x_request_id)", {}))
         else:
-            findings += records_against_traces(records, con, db, rel_tol, _avg(m, "total_isl"))
+            traced, joined = records_against_traces(records, con, db, rel_tol, _avg(m, "total_isl"))
+            findings += traced
+    findings.append(osl_against_server(records, m, con, joined))
     return findings
 
 

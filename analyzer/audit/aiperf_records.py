@@ -21,7 +21,8 @@ from analyzer.audit.compare import CANNOT, FAIL, PASS, Finding, agree, audit_que
 from analyzer.audit.inputs import AuditInputError
 from analyzer.audit.records_traces import RequestRecord, compare_records_with_traces, load_traced_requests
 
-__all__ = ["AiperfRecords", "check_aiperf_records", "read_aiperf_records", "records_against_traces"]
+__all__ = ["AiperfRecords", "check_aiperf_records", "osl_against_server", "read_aiperf_records",
+           "records_against_traces"]
 
 _COLUMNS = {"record_index": "INTEGER", "error_code": "VARCHAR", "ttft_ms": "DOUBLE", "request_latency_ms": "DOUBLE",
             "output_sequence_length": "DOUBLE", "output_token_count": "DOUBLE", "reasoning_token_count": "DOUBLE",
@@ -191,7 +192,8 @@ def check_aiperf_records(records: AiperfRecords, m: dict[str, dict[str, Any]], c
 
 
 def records_against_traces(records: AiperfRecords, con: duckdb.DuckDBPyConnection, db: str | Path,
-                           rel_tol: float, total_isl: float | None = None) -> list[Finding]:
+                           rel_tol: float, total_isl: float | None = None
+                           ) -> tuple[list[Finding], list[dict[str, Any]]]:
     """Each record against the traced request whose client_request_id (the gateway's
     tokentrace.client_request_id) is its x_request_id: successful records figure by figure,
     error records (e.g. 429s) by their outcome in the traces (traces:error_records_joined).
@@ -200,7 +202,8 @@ def records_against_traces(records: AiperfRecords, con: duckdb.DuckDBPyConnectio
     output_sequence_length, which can differ from the server's count by a token or two. Tokens:
     usage_completion_tokens / usage_prompt_tokens (the server's usage as AIPerf received it),
     else AIPerf's lengths. AIPerf's ISL against the input tokens the server processed:
-    traces:input_tokens_vs_isl (``total_isl``: the report's, named when given)."""
+    traces:input_tokens_vs_isl (``total_isl``: the report's, named when given). Returns the
+    findings and the rows of records_vs_traces.sql (empty when no record carries an id)."""
     out: list[RequestRecord] = []
     for row, rid, prompt, completion in zip(records.rows, records.request_ids, records.usage_prompt_tokens,
                                             records.usage_completion_tokens):
@@ -214,11 +217,11 @@ def records_against_traces(records: AiperfRecords, con: duckdb.DuckDBPyConnectio
     if not any(r.match_id for r in out):
         return [Finding("traces:records_joined", CANNOT, f"{records.path.name}: no record carries "
                         "metadata.x_request_id (AIPerf before 0.13 did not export it): nothing to join the traces by",
-                        {})]
+                        {})], []
     findings, rows = compare_records_with_traces(con, load_traced_requests(db), out, rel_tol=rel_tol,
                                                  id_what="AIPerf's metadata.x_request_id")
     findings.append(_isl_against_server(records, rows, total_isl))
-    return findings
+    return findings, rows
 
 
 def _isl_against_server(records: AiperfRecords, rows: list[dict[str, Any]], total_isl: float | None) -> Finding:
@@ -247,3 +250,136 @@ def _isl_against_server(records: AiperfRecords, rows: list[dict[str, Any]], tota
                    "text it generated, the server the prompt after its chat template; total_isl and the input-token "
                    "throughput built on it count AIPerf's tokens, not the server's (the usage AIPerf received is "
                    "the server's: traces:input_tokens)", numbers)
+
+
+_OSL_COLUMNS = {"record_index": "INTEGER", "request_id": "VARCHAR", "ttft_ms": "DOUBLE",
+                "request_latency_ms": "DOUBLE", "inter_token_latency_ms": "DOUBLE", "osl": "DOUBLE",
+                "server_tokens": "DOUBLE"}
+#: how many requests a finding names before "and N more"
+NAMED_REQUESTS = 3
+_OSL_DEFINITIONS = ("ITL = (request_latency - TTFT) / (OSL - 1), per-user rate = 1000 / ITL, "
+                    "output_token_throughput = total_osl / window")
+
+
+def _pct_range(values: list[float]) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:+.1%}" if f"{lo:+.1%}" == f"{hi:+.1%}" else f"{lo:+.1%} to {hi:+.1%}"
+
+
+def _count_range(values: list[float]) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:,.0f}" if lo == hi else f"{lo:,.0f}-{hi:,.0f}"
+
+
+def osl_against_server(records: AiperfRecords | None, m: dict[str, dict[str, Any]],
+                       con: duckdb.DuckDBPyConnection, joined: list[dict[str, Any]] | None = None) -> Finding:
+    """output_tokens_vs_osl: AIPerf's output_sequence_length (OSL: it re-tokenizes the streamed
+    text) against the server's count of the same requests' output tokens O, request by request
+    where the records give both (O: the record's usage_completion_tokens, the usage the server
+    returned; else, with --db, the joined traced request's output tokens), else in total
+    (total_osl against the summary's total_usage_completion_tokens). Where they differ, the
+    bias that OSL puts on the figures AIPerf builds on it, by its own definitions
+    (queries/audit/aiperf_osl_vs_server.sql): ITL (AIPerf's per-request TPOT), the per-user
+    rate and output_token_throughput; the requests are named. Counts are exact: any
+    difference fails, with its size."""
+    check = "output_tokens_vs_osl"
+    rows: list[tuple[Any, ...]] = []
+    sources: set[str] = set()
+    confirmed = 0  # usage counts the traced request's O or G (traces:output_tokens)
+    left_out = 0  # successful records with an OSL but no server count
+    if records is not None:
+        traced = {r["record_index"]: (r["trace_output_tokens"], r["trace_generated_tokens"]) for r in joined or []
+                  if r["record_error"] is None and r["trace_id"] is not None}
+        for row, rid, usage in zip(records.rows, records.request_ids, records.usage_completion_tokens):
+            if row[1] is not None or row[4] is None:
+                continue
+            trace = traced.get(row[0])
+            server = usage if usage is not None else trace[0] if trace is not None else None
+            if server is None:
+                left_out += 1
+                continue
+            confirmed += trace is not None and usage is not None and usage in trace
+            sources.add("usage_completion_tokens, the usage the server returned as AIPerf recorded it"
+                        if usage is not None else "the traced requests' output tokens, joined by x_request_id")
+            rows.append((row[0], rid or f"record {row[0] + 1}", row[2], row[3], row[7], row[4], server))
+    per_request = bool(rows)
+    if not rows:
+        total_osl, total_usage = _avg(m, "total_osl"), _avg(m, "total_usage_completion_tokens")
+        if total_osl is None or total_usage is None:
+            how = ("no record has both output_sequence_length and a server count (usage_completion_tokens, or "
+                   "a traced request joined with --db)" if records is not None else
+                   "pass --individual profile_export.jsonl (usage_completion_tokens per record; with --db, "
+                   "the traced requests' counts)")
+            return Finding(check, CANNOT, "AIPerf's output_sequence_length cannot be compared with the server's "
+                           f"count of output tokens: the report gives no total_usage_completion_tokens and {how}",
+                           {"total_osl": total_osl})
+        sources.add("total_usage_completion_tokens, the summary's total of the usage the server returned")
+        rows.append((0, None, None, None, None, total_osl, total_usage))
+    create_table(con, "aiperf_osl_server", _OSL_COLUMNS, rows)
+    result = audit_query(con, "aiperf_osl_vs_server")
+    first = result[0]
+    source = "; ".join(sorted(sources))
+    if confirmed:
+        source += f"; the traced requests give the same count on {confirmed} of them (traces:output_tokens)"
+    if per_request and left_out:
+        source += f"; {left_out} successful record(s) without a server count left out"
+    numbers: dict[str, Any] = {"per_request": per_request, "server_count_source": source,
+                               "confirmed_by_traces": confirmed, "records_without_server_count": left_out,
+                               "total_osl": first["total_osl"], "total_server_tokens": first["total_server_tokens"],
+                               "output_throughput_bias": first["output_throughput_bias"],
+                               "definitions": _OSL_DEFINITIONS}
+    thr = first["output_throughput_bias"]
+    totals = f"{first['total_osl']:,.0f} against {first['total_server_tokens']:,.0f} tokens"
+    if not per_request:
+        if first["osl_minus_server"] == 0:
+            return Finding(check, PASS, f"AIPerf's total_osl equals the server's count: {totals} (server count: "
+                           f"{source}); per request: pass --individual profile_export.jsonl", numbers)
+        return Finding(check, FAIL, f"AIPerf's total_osl (it re-tokenizes the streamed text) is not the server's "
+                       f"count: {totals} (server count: {source}): output_token_throughput = total_osl / window is "
+                       f"{thr:+.2%} off the server's tokens; the ITL of each request whose OSL differs is off by "
+                       "(O - 1) / (OSL - 1) - 1 (AIPerf's ITL = (request_latency - TTFT) / (OSL - 1)): pass "
+                       "--individual profile_export.jsonl to name the requests and size it", numbers)
+    differ = [r for r in result if r["osl_minus_server"] != 0]
+    numbers.update({"requests": len(result), "differ": len(differ),
+                    "differing": [{"request": r["request_id"], "osl": r["osl"], "server_tokens": r["server_tokens"],
+                                   "itl_bias": r["itl_bias"], "per_user_rate_bias": r["per_user_rate_bias"]}
+                                  for r in differ],
+                    "mean_itl_ms_aiperf": first["mean_itl_ms_aiperf"],
+                    "mean_itl_ms_server": first["mean_itl_ms_server"],
+                    "mean_itl_bias": first["mean_itl_bias"]})
+    if not differ:
+        return Finding(check, PASS, f"AIPerf's output_sequence_length equals the server's count on all {len(result)} "
+                       f"requests ({first['total_osl']:,.0f} tokens; server count: {source}): its ITL, per-user rate "
+                       "and output_token_throughput count the tokens the server generated", numbers)
+    itl = [r["itl_bias"] for r in differ if r["itl_bias"] is not None]
+    rate = [r["per_user_rate_bias"] for r in differ if r["per_user_rate_bias"] is not None]
+    named = ", ".join(f"{r['request_id']} (OSL {r['osl']:,.0f}, server {r['server_tokens']:,.0f})"
+                      for r in differ[:NAMED_REQUESTS])
+    if len(differ) > NAMED_REQUESTS:
+        named += f" and {len(differ) - NAMED_REQUESTS} more"
+    numbers.update({"itl_bias_min": min(itl) if itl else None, "itl_bias_max": max(itl) if itl else None,
+                    "per_user_rate_bias_min": min(rate) if rate else None,
+                    "per_user_rate_bias_max": max(rate) if rate else None})
+    detail = (f"AIPerf's output_sequence_length (it re-tokenizes the streamed text) differs from the server's count "
+              f"on {len(differ)} of {len(result)} requests: OSL {_count_range([r['osl'] for r in differ])} where the "
+              f"server generated {_count_range([r['server_tokens'] for r in differ])} ({named}); {totals} over the "
+              f"{len(result)} (server count: {source}). Biased by it, as AIPerf's definitions give")
+    parts = []
+    if itl:
+        mean = ""
+        if first["mean_itl_bias"] is not None:
+            mean = (f"; mean ITL {first['mean_itl_ms_aiperf']:.6g} ms against {first['mean_itl_ms_server']:.6g} ms "
+                    f"with the server's counts, {first['mean_itl_bias']:+.2%}")
+        parts.append(f"ITL (AIPerf's per-request TPOT) = (request_latency - TTFT) / (OSL - 1): {_pct_range(itl)} "
+                     f"on those requests{mean}")
+        parts.append(f"per-user rate = 1000 / ITL: {_pct_range(rate)}")
+    else:
+        parts.append("ITL and the per-user rate: none of those requests has both an OSL and a server count above 1")
+    if thr is not None:
+        parts.append(f"output_token_throughput = total_osl / window: {thr:+.2%}")
+    return Finding(check, FAIL, detail + ": " + "; ".join(parts), numbers)
+
+
+def _avg(m: dict[str, dict[str, Any]], name: str) -> float | None:
+    value = m.get(name, {}).get("avg")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -4,6 +4,7 @@ the system window, and labelling. Every implied figure comes from ``queries/audi
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import duckdb
@@ -61,10 +62,40 @@ def _request_checks(claims: Claims, con: duckdb.DuckDBPyConnection, rel_tol: flo
     return out
 
 
+def _written(claims: Claims, name: str) -> float:
+    """Half a unit of the last digit the claim is written to (0: exact)."""
+    claim = claims.figures.get(name)
+    return claim.half_unit if claim is not None else 0.0
+
+
+def _as_written(value: float, half: float) -> str:
+    """A figure with the decimals it was written to (``25.0`` when written so)."""
+    decimals = round(-math.log10(2 * half)) if 0 < half < 0.5 else 0
+    return f"{value:.{decimals}f}" if decimals > 0 else f"{value:g}"
+
+
+def _span(value: float, half: float) -> str:
+    """How a written figure reads: ``26 (25.5 to 26.5)``; exact figures alone."""
+    if not half:
+        return f"{value:g}"
+    return f"{_as_written(value, half)} ({value - half:.6g} to {value + half:.6g})"
+
+
+_TPOT_DEFINITIONS = {"tpot_includes_first_token": "E2E / O", "tpot_divides_decode_time_by_o": "(E2E - TTFT) / O"}
+
+
 def _e2e_relation(claims: Claims, v: dict[str, float | None], stats: dict[str, str], ident: dict[str, Any],
                   rel_tol: float) -> Finding:
+    """E2E = TTFT + TPOT x (O - 1), each figure judged within the precision it is written to.
+
+    Held exactly: pass. E2E = TTFT + TPOT x O exactly: the seed's O gaps for O tokens. Else
+    TPOT (the figure derived from the others) is matched to a definition within its written
+    precision (an integer TPOT: +/- 0.5) plus what the others' precision allows: the right one
+    passes (the figures are consistent as written), a wrong one names TPOT and the definition
+    it follows; none: the relation fails, naming both readings (TPOT from E2E, or E2E from
+    TPOT)."""
     missing = [n for n in v if n not in claims.figures]
-    numbers = {k: claims.figures[k].value for k in claims.figures if k in v}
+    numbers: dict[str, Any] = {k: claims.figures[k].value for k in claims.figures if k in v}
     if missing:
         return Finding("e2e_gaps", CANNOT, f"E2E = TTFT + TPOT x (O - 1) needs {', '.join(missing)} as well", numbers)
     not_request = {k: s for k, s in stats.items() if s != "request"}
@@ -72,11 +103,22 @@ def _e2e_relation(claims: Claims, v: dict[str, float | None], stats: dict[str, s
         return Finding("e2e_gaps", CANNOT, "E2E = TTFT + TPOT x (O - 1) holds per request; "
                        f"{', '.join(f'{k} is a {s}' for k, s in not_request.items())}, and a statistic of a sum "
                        "is not the sum of the statistics", numbers)
-    finding = check_e2e_claim(v["e2e_ms"], v["ttft_ms"], v["tpot_ms"], int(v["output_tokens"]),
-                              recomputed_e2e_ms=ident["e2e_ms"])
+    o = int(v["output_tokens"])
+    finding = check_e2e_claim(v["e2e_ms"], v["ttft_ms"], v["tpot_ms"], o, recomputed_e2e_ms=ident["e2e_ms"])
+    h_ttft, h_tpot, h_e2e = (_written(claims, n) for n in ("ttft_ms", "tpot_ms", "e2e_ms"))
+    # TPOT's precision, plus what E2E's and TTFT's allow (/ (O - 1): the largest of the divisors)
+    half = h_tpot + (h_ttft + h_e2e) / max(o - 1, 1)
+    precision = {"written_half_unit": {"ttft_ms": h_ttft, "tpot_ms": h_tpot, "e2e_ms": h_e2e},
+                 "tpot_half_unit_with_others": half}
+    tpot, right = v["tpot_ms"], ident["tpot_ms"]
+    if finding.check == "e2e_o_gaps_for_o_tokens" and half and agree(tpot, right, rel_tol, half):
+        # an exact match to TTFT + TPOT x O is kept as the diagnosis; a rounded TPOT would also fit: said
+        finding.numbers.update({**precision, "also_fits_rounded_tpot": True, "tpot_ms_recomputed": right})
+        finding.detail += (f" (TPOT as written, {_span(tpot, h_tpot)} ms, would also allow (E2E - TTFT) / (O - 1) "
+                           f"= {right:.6g} ms: if TPOT was rounded, E2E may be right; E2E equal to TTFT + TPOT x O "
+                           "exactly says it was computed with O gaps)")
     if finding.check != "e2e_gaps" or finding.verdict != FAIL:
         return finding
-    # E2E does not follow from TTFT and TPOT: which TPOT definition did the claim use?
     wrong = {"tpot_includes_first_token": ident["tpot_ms_including_first_token"],
              "tpot_divides_decode_time_by_o": ident["tpot_ms_divided_by_o"]}
     explain = {
@@ -85,11 +127,32 @@ def _e2e_relation(claims: Claims, v: dict[str, float | None], stats: dict[str, s
         "tpot_divides_decode_time_by_o": "it divides decode time by O tokens, crediting the first token "
                                          "(which arrives at TTFT) to decode time",
     }
-    tpot = compare_figure("tpot_definition", v["tpot_ms"], ident["tpot_ms"], rel_tol, what="TPOT", unit="ms",
-                          wrong=wrong, explain=explain)
-    if tpot.verdict == FAIL and "diagnosis" in tpot.numbers:
-        tpot.numbers.update(finding.numbers)
-        return tpot
+    if half and agree(tpot, right, rel_tol, half):
+        also = [n for n, value in wrong.items() if agree(tpot, value, rel_tol, half)]
+        detail = (f"E2E = TTFT + TPOT x (O - 1) holds within the precision the figures are written to: TPOT "
+                  f"{_span(tpot, h_tpot)} ms, and (E2E - TTFT) / (O - 1) = ({v['e2e_ms']:g} - {v['ttft_ms']:g}) / "
+                  f"{o - 1} = {right:.6g} ms")
+        if also:
+            detail += ("; " + " and ".join(f"{_TPOT_DEFINITIONS[n]} = {wrong[n]:.6g} ms" for n in also)
+                       + " is also within it: the figures as written cannot tell these definitions apart")
+        return Finding("e2e_gaps", PASS, detail, {**finding.numbers, **precision, "tpot_ms_recomputed": right,
+                                                  "also_within_precision": also})
+    # E2E does not follow from TTFT and TPOT: which TPOT definition did the claim use?
+    diagnosed = compare_figure("tpot_definition", tpot, right, rel_tol, what="TPOT", unit="ms",
+                               wrong=wrong, explain=explain, half_unit=half or None)
+    if diagnosed.verdict == FAIL and "diagnosis" in diagnosed.numbers:
+        diagnosed.numbers.update({**finding.numbers, **precision})
+        diagnosed.detail += (f" (TPOT {_span(tpot, h_tpot)} ms; E2E {v['e2e_ms']:g}, TTFT {v['ttft_ms']:g} and "
+                             f"O {o} fit each other: (E2E - TTFT) / (O - 1) = {right:.6g} ms)")
+        return diagnosed
+    expected = ident["e2e_ms"]
+    finding.numbers.update({**precision, "tpot_ms_recomputed": right})
+    finding.detail = (f"E2E = TTFT + TPOT x (O - 1) does not hold, even within the precision the figures are "
+                      f"written to: TTFT {_span(v['ttft_ms'], h_ttft)} + TPOT {_span(tpot, h_tpot)} x {o - 1} = "
+                      f"{expected:.6g} ms, E2E is {_span(v['e2e_ms'], h_e2e)} ms. Either TPOT does not fit: from E2E, "
+                      f"TTFT and O it is (E2E - TTFT) / (O - 1) = {right:.6g} ms, and no known definition of TPOT "
+                      f"gives {_as_written(tpot, h_tpot)}; or E2E, TTFT or O does not (with this TPOT E2E would be "
+                      f"{expected:.6g} ms)")
     return finding
 
 
@@ -104,6 +167,7 @@ def _rate_check(claims: Claims, name: str, ident: dict[str, Any], rel_tol: float
     whole = ident["whole_request_output_tokens_per_second"]
     if name == "decode_output_tokens_per_second":
         return compare_figure(name, claim.value, decode, rel_tol, what="decode-only rate (O - 1) / (E2E - TTFT)",
+                              half_unit=claim.half_unit,
                               unit="tokens/s",
                               wrong={"decode_whole_rates_swapped": whole,
                                      "decode_rate_counts_first_token": ident["decode_rate_counting_first_token"]},
@@ -113,6 +177,7 @@ def _rate_check(claims: Claims, name: str, ident: dict[str, Any], rel_tol: float
                                        "over decode time, crediting prefill's first token to decode"},
                               missing="needs ttft_ms, e2e_ms and output_tokens (or tpot_ms)")
     return compare_figure(name, claim.value, whole, rel_tol, what="whole-request rate O / E2E", unit="tokens/s",
+                          half_unit=claim.half_unit,
                           wrong={"decode_whole_rates_swapped": decode},
                           explain={"decode_whole_rates_swapped": "it is the decode-only rate (O - 1) / (E2E - "
                                    "TTFT) (decode-only and whole-request rates swapped)"},
@@ -165,11 +230,13 @@ def _window_checks(claims: Claims, con: duckdb.DuckDBPyConnection, rel_tol: floa
                                   wrong={"throughput_counts_attempted": ident["request_throughput_rps_counting_attempted"]},
                                   explain={"throughput_counts_attempted": "it is attempted / window_s: failed "
                                            "requests counted as throughput"},
-                                  missing="needs window_s and succeeded"))
+                                  missing="needs window_s and succeeded",
+                                  half_unit=_written(claims, "request_throughput_rps")))
     if v["observed_goodput_rps"] is not None:
         out.append(compare_figure("observed_goodput_rps", v["observed_goodput_rps"], ident["observed_goodput_rps"],
                                   rel_tol, what="slo_passing / window_s", unit="requests/s",
-                                  missing="needs window_s and slo_passing"))
+                                  missing="needs window_s and slo_passing",
+                                  half_unit=_written(claims, "observed_goodput_rps")))
     if v["error_rate"] is not None:
         out.append(compare_figure("error_rate", v["error_rate"], ident["error_rate"], rel_tol,
                                   what="(attempted - succeeded) / attempted", unit="fraction",
@@ -178,7 +245,8 @@ def _window_checks(claims: Claims, con: duckdb.DuckDBPyConnection, rel_tol: floa
                                   explain={"error_rate_percent_as_fraction": "it is a percentage where a fraction "
                                            "belongs (2 for 0.02)",
                                            "error_rate_over_succeeded": "it divides failures by succeeded requests"},
-                                  missing="needs attempted and succeeded"))
+                                  missing="needs attempted and succeeded",
+                                  half_unit=_written(claims, "error_rate")))
     good, thr = v["observed_goodput_rps"], v["request_throughput_rps"]
     if good is not None and thr is not None:
         ok = good <= thr * (1 + rel_tol)

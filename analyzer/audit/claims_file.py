@@ -2,7 +2,9 @@
 
 A claims file holds any subset of the seed's figure names. Each figure is one request's
 value unless the file (top-level ``stat``) or the figure (``{value: 25, stat: p99}``) says
-``mean | p50 | p90 | p99``. ``model`` gives ``layers``, ``q_heads``, ``kv_heads``,
+``mean | p50 | p90 | p99``. A figure is judged within the precision it is written to (an
+integer ``148`` stands for 147.5 ... 148.5; counts and ``kv_bytes_per_token`` are exact).
+``model`` gives ``layers``, ``q_heads``, ``kv_heads``,
 ``head_dim``, ``kv_dtype`` or ``config`` (an HF config.json, relative to the claims file);
 ``measured: true | false`` says whether the figures are measurements.
 """
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from analyzer.audit.compare import written_half_unit
 from analyzer.audit.inputs import AuditInputError, read_json
 from instrument.kv.formula import KVLayout, UnsupportedArchitecture, explicit_layout, kv_layout_from_config
 
@@ -42,11 +45,15 @@ _MODEL_KEYS = ("layers", "q_heads", "kv_heads", "head_dim", "kv_dtype", "config"
 
 @dataclass(frozen=True)
 class Claim:
-    """One claimed figure: its value (unit in its name) and statistic (``request`` = one request)."""
+    """One claimed figure: its value (unit in its name), statistic (``request`` = one request)
+    and ``half_unit``, the precision it is written to: half a unit of its last written digit
+    (``tpot_ms: 148`` stands for 147.5 ... 148.5, ``147.8`` for 147.75 ... 147.85); 0 for
+    counts and model constants (COUNT_FIGURES: exact)."""
 
     name: str
     value: float
     stat: str = "request"
+    half_unit: float = 0.0
 
 
 @dataclass
@@ -80,6 +87,7 @@ def _figure(path: Path, name: str, raw: Any, default_stat: str) -> Claim:
         raw = raw["value"]
     if stat not in STATS:
         raise AuditInputError(f"{path}: key {name!r}: stat {stat!r} is not one of {', '.join(STATS[1:])}")
+    written = raw
     if isinstance(raw, bool) or not isinstance(raw, (int, float)):
         if isinstance(raw, str):
             try:
@@ -92,7 +100,7 @@ def _figure(path: Path, name: str, raw: Any, default_stat: str) -> Claim:
         raise AuditInputError(f"{path}: key {name!r} = {raw!r} must be a whole number")
     if raw < 0:
         raise AuditInputError(f"{path}: key {name!r} = {raw!r} must not be negative")
-    return Claim(name, float(raw), stat)
+    return Claim(name, float(raw), stat, 0.0 if name in COUNT_FIGURES else written_half_unit(written))
 
 
 def _model(path: Path, raw: Any, model_config: str | Path | None) -> tuple[KVLayout | None, int | None]:

@@ -3,7 +3,9 @@
 Recomputed figures always come from SQL (``queries/audit/*.sql`` or the metric queries);
 this module only runs those files and compares. Tolerance of a comparison: the larger of
 ``rel_tol x |recomputed|`` and half a unit of the last decimal the claimed figure prints
-(a figure written ``38.31`` stands for 38.305 ... 38.315). Integers get no rounding slack.
+(a figure written ``38.31`` stands for 38.305 ... 38.315). A report's integers get no
+rounding slack unless the caller knows how the figure was written: ``half_unit`` (a claims
+file's ``tpot_ms: 148`` stands for 147.5 ... 148.5; see analyzer/audit/claims_file.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from analyzer.query.runner import run_query
 __all__ = [
     "DEFAULT_REL_TOL",
     "DEFINITION_REL_TOL",
+    "written_half_unit",
     "tolerance",
     "agree",
     "diagnose",
@@ -51,23 +54,51 @@ def _rounding_half_unit(claimed: float) -> float:
     return 0.5 * 10.0 ** exponent
 
 
-def tolerance(claimed: float, recomputed: float, rel_tol: float) -> float:
-    """Absolute tolerance for ``claimed`` vs ``recomputed`` (same unit as both)."""
-    return max(rel_tol * abs(recomputed), _rounding_half_unit(claimed), 1e-12)
+def written_half_unit(raw: Any) -> float:
+    """Half a unit of the last digit ``raw`` is written to: the precision a figure stands for.
+
+    ``raw`` as a parser gives it: an ``int`` was written without decimals (``148``: 147.5 ...
+    148.5, half unit 0.5); a ``float`` with the decimals of its shortest form (``147.8``: 0.05;
+    ``148.0``: 0.05); a string with the decimals it shows (``"3,915"``: 0.5, ``"38.31"``:
+    0.005; an exponent counts: ``"1.5e3"``: 50). 0.0 when it cannot be told (not finite).
+    """
+    if isinstance(raw, bool):
+        return 0.0
+    if isinstance(raw, int):
+        return 0.5
+    text = raw.replace(",", "").replace("_", "").strip() if isinstance(raw, str) else repr(float(raw))
+    try:
+        number = Decimal(text)
+    except ArithmeticError:
+        return 0.0
+    if not number.is_finite():
+        return 0.0
+    exponent = number.as_tuple().exponent
+    assert isinstance(exponent, int)
+    return 0.5 * 10.0 ** exponent
 
 
-def agree(claimed: float | None, recomputed: float | None, rel_tol: float) -> bool:
+def tolerance(claimed: float, recomputed: float, rel_tol: float, half_unit: float | None = None) -> float:
+    """Absolute tolerance for ``claimed`` vs ``recomputed`` (same unit as both). ``half_unit``:
+    the precision the figure was written to, when the caller knows it (else read from the
+    float's decimals, integers exact)."""
+    written = _rounding_half_unit(claimed) if half_unit is None else half_unit
+    return max(rel_tol * abs(recomputed), written, 1e-12)
+
+
+def agree(claimed: float | None, recomputed: float | None, rel_tol: float, half_unit: float | None = None) -> bool:
     """True when both are given and differ by at most :func:`tolerance`."""
     if claimed is None or recomputed is None:
         return False
-    return abs(claimed - recomputed) <= tolerance(claimed, recomputed, rel_tol)
+    return abs(claimed - recomputed) <= tolerance(claimed, recomputed, rel_tol, half_unit)
 
 
-def diagnose(claimed: float, candidates: Mapping[str, float | None], rel_tol: float) -> str | None:
+def diagnose(claimed: float, candidates: Mapping[str, float | None], rel_tol: float,
+             half_unit: float | None = None) -> str | None:
     """Name of the closest wrong-definition candidate that the claim matches, else None."""
     best: tuple[float, str] | None = None
     for name, value in candidates.items():
-        if value is None or not agree(claimed, value, rel_tol):
+        if value is None or not agree(claimed, value, rel_tol, half_unit):
             continue
         gap = abs(claimed - value)
         if best is None or gap < best[0]:
@@ -120,20 +151,29 @@ def compare_figure(
     wrong: Mapping[str, float | None] | None = None,
     explain: Mapping[str, str] | None = None,
     missing: str | None = None,
+    half_unit: float | None = None,
 ) -> Finding:
     """One figure vs its recomputation. On a mismatch, name the wrong definition it matches.
 
     ``wrong`` maps a diagnosis name to the value that wrong definition gives; ``explain``
     maps it to a sentence. ``missing`` is the reason for ``cannot_check`` when a side is None.
+    ``half_unit``: the precision the claimed figure was written to (see :func:`tolerance`);
+    it applies to the right definition and to every wrong one alike.
     """
     numbers: dict[str, Any] = {"claimed": claimed, "recomputed": recomputed, "unit": unit, "rel_tol": rel_tol}
     if claimed is None or recomputed is None:
         reason = missing or (f"{what}: the report does not give it" if claimed is None else f"{what}: cannot be recomputed")
         return Finding(check, CANNOT, reason, numbers)
-    numbers["tolerance"] = tolerance(claimed, recomputed, rel_tol)
+    if half_unit is not None:
+        numbers["written_half_unit"] = half_unit
+    numbers["tolerance"] = tolerance(claimed, recomputed, rel_tol, half_unit)
     numbers["difference"] = claimed - recomputed
-    if agree(claimed, recomputed, rel_tol):
-        return Finding(check, PASS, f"{what}: {claimed:.6g} {unit} matches the recomputed {recomputed:.6g}", numbers)
+    if agree(claimed, recomputed, rel_tol, half_unit):
+        within = ""
+        if half_unit and abs(claimed - recomputed) > max(rel_tol * abs(recomputed), 1e-12):
+            within = f" within the precision it is written to (+/- {half_unit:g})"
+        return Finding(check, PASS, f"{what}: {claimed:.6g} {unit} matches the recomputed {recomputed:.6g}{within}",
+                       numbers)
     candidates = dict(wrong or {})
     sentences = dict(explain or {})
     if unit in ("ms", "s"):
@@ -145,7 +185,7 @@ def compare_figure(
                              f"labelled {unit} (ms vs s slip)")
         sentences.setdefault("unit_slip_div1000", f"it is the recomputed value / 1000: a figure in {larger} "
                              f"labelled {unit} (ms vs s slip)")
-    found = diagnose(claimed, candidates, rel_tol)
+    found = diagnose(claimed, candidates, rel_tol, half_unit)
     if found is not None:
         numbers["diagnosis"] = found
         numbers["diagnosis_value"] = candidates[found]

@@ -4,7 +4,10 @@ queries (queries/requests.sql, summary.sql, window.sql) and compare.
 A figure without ``stat`` is one request's value: it is compared when the traces hold exactly
 one request (else ``cannot_check``: say which statistic the figure is). ``stat: mean | p50 |
 p90 | p99`` figures are compared with summary.sql's distribution over the traced requests.
-The perspective is the best one the traces have (client, else server, else engine).
+A model constant (``kv_bytes_per_token``) is no request's value and needs no statistic: it is
+compared with the one value every traced request gives (any perspective). The perspective is
+the best one the traces have (client, else server, else engine). Each figure is judged
+within the precision it is written to (``Claim.half_unit``).
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from analyzer.query.runner import run_query
 __all__ = ["check_claims_against_traces"]
 
 _PER_REQUEST = ("input_tokens", "output_tokens", "ttft_ms", "tpot_ms", "e2e_ms", "decode_output_tokens_per_second",
-                "whole_request_output_tokens_per_second", "kv_bytes_per_token")
+                "whole_request_output_tokens_per_second")
+#: figures of the model, the same for every request: compared with the traces' one value
+_MODEL_CONSTANTS = ("kv_bytes_per_token",)
 _SUMMARY_STAT = {"mean": "mean", "p50": "p50", "p90": "p90", "p99": "p99"}
 _WINDOW = ("window_s", "attempted", "succeeded", "request_throughput_rps", "error_rate")
 _UNITS = {"ttft_ms": "ms", "tpot_ms": "ms", "e2e_ms": "ms", "itl_ms": "ms", "window_s": "s"}
@@ -33,6 +38,7 @@ def check_claims_against_traces(claims: Claims, db: str | Path, rel_tol: float) 
     con = traces_copy(db)
     try:
         requests = run_query(con, "requests").dicts()
+        every_request = requests
         perspectives = {r["perspective"] for r in requests}
         perspective = next((p for p in ("client", "server", "engine") if p in perspectives), None)
         if perspective is None:
@@ -50,7 +56,11 @@ def check_claims_against_traces(claims: Claims, db: str | Path, rel_tol: float) 
         if name in _WINDOW:
             value = window[0].get(name) if window else None
             out.append(compare_figure(check, claim.value, value, rel_tol, what=where + ", closed cohort over all "
-                                      "requests", unit=unit, missing="window.sql gives no value"))
+                                      "requests", unit=unit, missing="window.sql gives no value",
+                                      half_unit=claim.half_unit))
+            continue
+        if name in _MODEL_CONSTANTS:
+            out.append(_model_constant(check, claim.value, every_request, name, rel_tol))
             continue
         if claim.stat == "request":
             if name not in _PER_REQUEST:
@@ -60,7 +70,8 @@ def check_claims_against_traces(claims: Claims, db: str | Path, rel_tol: float) 
                                    f"{len(requests)} requests: add stat: mean | p50 | p90 | p99", {}))
             else:
                 out.append(compare_figure(check, claim.value, requests[0].get(name), rel_tol, what=where, unit=unit,
-                                          missing=f"requests.sql gives no {name} ({requests[0].get('null_reason')})"))
+                                          missing=f"requests.sql gives no {name} ({requests[0].get('null_reason')})",
+                                          half_unit=claim.half_unit))
             continue
         row = summary.get(name)
         if row is None:
@@ -77,5 +88,27 @@ def check_claims_against_traces(claims: Claims, db: str | Path, rel_tol: float) 
             wrong["per_token_itl_as_itl"] = summary["itl_per_token_ms"].get(column)
         out.append(compare_figure(check, claim.value, row.get(column), rel_tol, what=f"{claim.stat} {where}",
                                   unit=unit, wrong=wrong, explain=explain,
-                                  missing=f"summary.sql gives no {claim.stat} of {name} ({row.get('null_reason')})"))
+                                  missing=f"summary.sql gives no {claim.stat} of {name} ({row.get('null_reason')})",
+                                  half_unit=claim.half_unit))
     return out
+
+
+def _model_constant(check: str, claimed: float, requests: list[dict[str, Any]], name: str,
+                    rel_tol: float) -> Finding:
+    """A model constant against the value the traced requests give (requests.sql, every
+    perspective): one value for all of them is compared; none, or several (several models
+    in one database), cannot be."""
+    values = sorted({r[name] for r in requests if r.get(name) is not None})
+    what = f"{name} (a model constant) vs the traces"
+    if not values:
+        reasons = sorted({str(r.get("kv_null_reason")) for r in requests if r.get("kv_null_reason")})
+        why = f" ({'; '.join(reasons[:2])})" if reasons else ""
+        return Finding(check, CANNOT, f"{what}: none of the {len(requests)} traced request rows gives {name}{why}",
+                       {"claimed": claimed})
+    if len(values) > 1:
+        return Finding(check, CANNOT, f"{what}: the traced requests give {len(values)} different values "
+                       f"({', '.join(f'{x:g}' for x in values[:5])}): several models in one database; audit one "
+                       "model's traces", {"claimed": claimed, "trace_values": values[:5]})
+    given = sum(r.get(name) is not None for r in requests)
+    return compare_figure(check, claimed, values[0], rel_tol, unit="bytes/token",
+                          what=f"{what} (the same on all {given} traced request rows that give it)")
