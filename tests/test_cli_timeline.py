@@ -102,3 +102,15 @@ def test_table_output_keeps_the_figures_exact() -> None:
     buf = io.StringIO()
     emit_rows(["prompt_kv_mib", "whole_rate", "ttft_ms"], [(320.3125, 150 / 3.915, 190.0)], "table", out=buf)
     assert "320.3125" in buf.getvalue() and "38.31417625" in buf.getvalue() and "190" in buf.getvalue()
+
+
+def test_seed_table_is_rounded_for_reading_and_fits_80_columns(runner, seed_csv) -> None:
+    result = runner.invoke(cli, ["timeline", str(seed_csv), *SEED_FLAGS, *WINDOW_FLAGS], catch_exceptions=False,
+                           env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80, max(lines, key=len)
+    figures = dict(line.split(None, 1) for line in lines if line and not line.startswith((" ", "limitation")))
+    assert figures["whole_request_output_tokens_per_second"] == "38.31"  # 38.31417625 in --json
+    assert figures["prompt_kv_gib"] == "0.3128" and figures["kv_bytes_per_token"] == "327680"
+    assert figures["ttft_ms"] == "190.0" and figures["e2e_ms"] == "3915.0" and figures["tpot_ms"] == "25.0"

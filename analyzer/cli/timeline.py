@@ -97,13 +97,25 @@ def timeline_command(csv_path, model_config, layers, kv_heads, head_dim, query_h
 
 
 def _print_artifact(artifact: dict) -> None:
-    for key, value in artifact.items():
-        if key in ("limitations", "findings", "kv_layout"):
-            continue
-        if isinstance(value, float):
-            value = f"{value:.10g}"
-        click.echo(f"{key:40s} {'' if value is None else value}")
+    """The figures one per line, rounded for reading as the query verbs round them (units in
+    the names; --json keeps full precision), long texts wrapped to the terminal."""
+    import textwrap
+
+    from analyzer.cli._human import cell_text, terminal_width
+
+    width = terminal_width()
+    shown = {k: v for k, v in artifact.items() if k not in ("limitations", "findings", "kv_layout")}
+    key_width = max((len(k) for k in shown), default=0) + 2
+    for key, value in shown.items():
+        text = cell_text(value, key=key) if value is not None else "-"
+        lines = textwrap.wrap(text, max(20, width - key_width)) or [""]
+        click.echo(f"{key:<{key_width}}{lines[0]}")
+        for more in lines[1:]:
+            click.echo(" " * key_width + more)
     for f in artifact.get("findings", []):
-        click.echo(f"check {f['check']}: {f['verdict']} - {f['detail']}")
+        for line in textwrap.wrap(f"check {f['check']}: {f['verdict']} - {f['detail']}", width,
+                                  subsequent_indent="  "):
+            click.echo(line)
     for item in artifact.get("limitations", []):
-        click.echo(f"limitation: {item}")
+        for line in textwrap.wrap(f"limitation: {item}", width, subsequent_indent="  "):
+            click.echo(line)
