@@ -34,3 +34,31 @@ def test_skew_table_and_csv_print_both_parts(tmp_path) -> None:
     assert "skew_rules: 2 row(s)" in table.output  # negative_duration, chunks_out_of_order: not tolerance-gated and "skew_offsets: 2 row(s)" in table.output
     csv = CliRunner().invoke(cli, ["skew", "--db", str(db), "--format", "csv"], catch_exceptions=False).output
     assert "# skew_rules\nrule,trace_id" in csv and "# skew_offsets\nclient_domain,server_domain,requests" in csv
+
+
+def test_skew_table_says_no_rule_is_broken_and_names_clocks_apart() -> None:
+    """No empty rules table; clock domains shortened only as far as they stay apart, each
+    spelled out in full below the table."""
+    from analyzer.cli.skew import short_domain_names
+
+    names = short_domain_names({"bench|4e53dae9-0bff|vm", "bench|4e5f1111-aaaa|vm", "tokentrace-gateway|77aa|vm"})
+    assert names == {"bench|4e53dae9-0bff|vm": "bench|4e53", "bench|4e5f1111-aaaa|vm": "bench|4e5f",
+                     "tokentrace-gateway|77aa|vm": "tokentrace-gateway"}
+    assert short_domain_names({"a||", "a||h"}) == {"a||": "a||", "a||h": "a||h"}  # nothing tells them apart
+
+
+def test_skew_table_on_a_real_client_and_gateway(tmp_path) -> None:
+    from pathlib import Path
+
+    real = Path(__file__).parent / "data" / "real" / "openai-clients-tokentrace"
+    db = tmp_path / "t.duckdb"
+    loaded = CliRunner().invoke(cli, ["load", str(real / "openai-v2-stock.jsonl"), str(real / "server.jsonl"),
+                                      "--db", str(db), "-q"], catch_exceptions=False)
+    assert loaded.exit_code == 0, loaded.output
+    out = CliRunner().invoke(cli, ["skew", "--db", str(db)], catch_exceptions=False, env={"COLUMNS": "80"}).stdout
+    lines = out.splitlines()
+    assert lines[:2] == ["skew_rules: 0 row(s)",
+                         "no span breaks a rule (child_starts_before_parent, child_ends_after_parent,"], out
+    row = next(line for line in lines if line.startswith("openai-v2-stock "))
+    assert row.split()[:2] == ["openai-v2-stock", "tokentrace-gateway"] and row.split()[-1] == "consistent", out
+    assert "note: clock openai-v2-stock:" in out and max(len(line) for line in lines) <= 80

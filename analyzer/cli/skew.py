@@ -66,10 +66,56 @@ def skew_command(db_path, parquet_dir, trace_id, tolerance_ms, offset_tolerance_
         return
     for i, (title, result, notes) in enumerate((("skew_rules", rules, ()), ("skew_offsets", bounds, offsets.notes()))):
         if output_format == "table":  # the query's human view (analyzer/cli/_views.py)
-            from analyzer.cli._views import echo_human
-
-            click.echo(("\n" if i else "") + f"{title}: {len(result.rows)} row(s)")
-            echo_human(title, result.columns, result.rows, notes=notes, columns_flag=False)
+            _echo_table(title, result, notes, first=not i)
             continue
         click.echo(f"# {title}")
         emit_rows(result.columns, result.rows, output_format, notes=notes)
+
+
+#: The rules queries/skew_rules.sql checks, as the table names them when none is broken.
+RULES = ("child_starts_before_parent", "child_ends_after_parent", "negative_duration", "event_outside_span",
+         "decode_steps_overlap", "chunks_out_of_order")
+
+
+def _echo_table(title: str, result, notes, first: bool) -> None:  # noqa: ANN001
+    """One section as a table: no empty rules table (one line says no rule is broken), and
+    clock domains under short names that still tell them apart, spelled out below."""
+    import textwrap
+
+    from analyzer.cli._human import terminal_width
+    from analyzer.cli._views import echo_human
+
+    width = terminal_width()
+    click.echo(("" if first else "\n") + f"{title}: {len(result.rows)} row(s)")
+    if title == "skew_rules" and not result.rows:
+        click.echo(textwrap.fill(f"no span breaks a rule ({', '.join(RULES)})", width, subsequent_indent="  "))
+        return
+    rows, legend = result.rows, []
+    domains = [c for c in ("client_domain", "server_domain") if c in result.columns]
+    if domains:
+        at = [result.columns.index(c) for c in domains]
+        names = short_domain_names({row[i] for row in rows for i in at if row[i]})
+        rows = [tuple(names.get(v, v) if j in at else v for j, v in enumerate(row)) for row in rows]
+        legend = [f"clock {short}: {full}" for full, short in sorted(names.items(), key=lambda kv: kv[1])
+                  if short != full]
+    echo_human(title, result.columns, rows, notes=[*notes, *legend], columns_flag=False)
+
+
+def short_domain_names(domains: set[str]) -> dict[str, str]:
+    """A short name per clock domain (``service.name|service.instance.id|host.name``): the
+    service name, with as much of the instance id (then the host) as tells it from the
+    others of the same service."""
+    parts = {d: (d.split("|") + ["", ""])[:3] for d in domains}
+    names: dict[str, str] = {}
+    for domain, (service, instance, host) in parts.items():
+        same = [p for d, p in parts.items() if d != domain and p[0] == service]
+        if not same:
+            names[domain] = service or domain
+            continue
+        for n in range(4, len(instance) + 1):
+            if all(not p[1].startswith(instance[:n]) for p in same):
+                names[domain] = f"{service}|{instance[:n]}"
+                break
+        else:
+            names[domain] = domain
+    return names
