@@ -45,6 +45,8 @@ def bad(tmp_path_factory) -> Path:
 
 # (verb, arguments with {d} for the bad-input folder). Every verb of the CLI has cases here.
 CASES: list[tuple[str, str]] = [
+    ("tables", "nosuchtable"),
+    ("tables", "spans --format xml"),
     ("load", "{d}/missing.json --db {d}/n1.duckdb"),
     ("load", "{d}/emptydir --db {d}/n2.duckdb"),
     ("load", "{d}/garbage.bin --db {d}/n3.duckdb"),

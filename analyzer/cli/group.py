@@ -103,6 +103,7 @@ def cli() -> None:
     Instrument:  serve, bench, demo (trace a model and its gateway)
     Load:        load, export, collect, pull (traces into DuckDB / Parquet)
     Query:       requests, itl, phases, summary, window, skew, steps, stalls, sql
+    Schema:      tables (the tables and views sql reads, their columns)
     Check:       timeline, kv, audit
     Report:      report (one self-contained HTML file)
     """
