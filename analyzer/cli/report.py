@@ -38,7 +38,9 @@ def report_command(db_path, html_path, request_span_id, audit_json, mode, slo_tt
     (batch size and KV blocks used over time, ITL against co-scheduled prefill tokens; only
     with step data, else the reason); TTFT phase breakdown; clock-skew bounds and rule
     violations; audit findings with --audit. Every number comes from the SQL in queries/,
-    rounded for reading; every table fits a 1280-pixel window.
+    rounded for reading, under a header that names it and its unit. Every table fits a
+    1280-pixel window; on a phone (390 pixels) a wide table or plot scrolls sideways in its
+    own box, plots never shrink below 80 % of their size.
 
     \b
     Example:

@@ -21,25 +21,44 @@ import duckdb
 from analyzer.query.runner import QueryResult, run_query
 from analyzer.report import plots
 from analyzer.report.headline import headline_html
+from analyzer.report.labels import label, metric_label
 from analyzer.query.utc_columns import utc_ms_text
 
 __all__ = ["ReportInputs", "build_report", "choose_request"]
 
+#: The inline style sheet. Tables and plots each sit in a box that scrolls sideways
+#: (``.tbl``, ``.plot``; a shadow at a table box's edge says more is there), so the page
+#: itself never does; a plot keeps ``plots.MIN_SCALE`` of its size at least. At 600 px or
+#: less (a phone) the margins narrow, text cells keep a readable width, and a data table's
+#: first column stays put while the rest scrolls (its row lines drawn by a shadow: Chromium
+#: loses a sticky cell's border under the next row).
 _STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:1.5em auto;max-width:1100px;
-padding:0 1.5em;color:#222;line-height:1.4}
+padding:0 1.5em;color:#222;line-height:1.4;overflow-wrap:break-word}
 h1{font-size:1.6em;margin-bottom:.2em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
-.tbl{max-width:100%;overflow-x:auto}
-table{border-collapse:collapse;font-size:.85em;margin:.5em 0;max-width:100%}
-td,th{border:1px solid #ddd;padding:3px 6px;text-align:right;vertical-align:top}
+.tbl,.plot{max-width:100%;overflow-x:auto;-webkit-overflow-scrolling:touch}
+.tbl{background:linear-gradient(to right,#fff 30%,#fff0) left/2em 100% no-repeat local,
+linear-gradient(to left,#fff 30%,#fff0) right/2em 100% no-repeat local,
+radial-gradient(farthest-side at 0 50%,#0003,#0000) left/.8em 100% no-repeat scroll,
+radial-gradient(farthest-side at 100% 50%,#0003,#0000) right/.8em 100% no-repeat scroll}
+table{border-collapse:separate;border-spacing:0;font-size:.85em;margin:.5em 0;max-width:100%}
+td,th{border:0 solid #ddd;border-width:0 1px 1px 0;padding:3px 6px;text-align:right;vertical-align:top}
+tr>:first-child{border-left-width:1px} tr:first-child>*{border-top-width:1px}
 td{white-space:nowrap} td.l{white-space:normal;overflow-wrap:break-word}
-th{background:#f4f4f4} td.l,th.l{text-align:left} .note{color:#555;font-size:.9em} .fail{color:#b00;font-weight:bold}
+th{background:#f4f4f4;font-weight:600;min-width:3.5em} td.l,th.l{text-align:left}
+table.kv{width:100%;max-width:48em} table.kv th{width:45%;white-space:normal}
+.note{color:#555;font-size:.9em} .fail{color:#b00;font-weight:bold}
 .pass{color:#070} .cannot_check{color:#a60} .grid{display:flex;flex-wrap:wrap;gap:1em}
-.grid>svg{flex:1 1 340px;min-width:0} svg{max-width:100%;height:auto}
+.grid>.plot{flex:1 1 340px;min-width:0} .plot{margin:.5em 0} .plot>svg{display:block;max-width:100%;height:auto}
 .cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(240px,1fr));gap:.8em;margin:1em 0}
 .card{border:1px solid #ddd;border-radius:6px;padding:.6em .8em;background:#fafafa}
 .card .k{font-size:.85em;color:#555} .card .v{font-size:1.45em;font-weight:600;margin:.15em 0}
 .card .s{font-size:.8em;color:#555}
+@media (max-width:600px){body{padding:0 .75em;margin-top:.75em} h1{font-size:1.4em} h2{font-size:1.3em}
+table.kv th{width:40%} td.l{min-width:5em} td.t{min-width:14em}
+table:not(.kv) tr>:first-child{position:sticky;left:0;background:#fff;background-clip:padding-box;min-width:6em;
+max-width:11em;box-shadow:0 -1px #ddd} table:not(.kv) th:first-child{background:#f4f4f4}
+table:not(.kv) tr:first-child>:first-child{box-shadow:none}}
 """
 
 
@@ -98,20 +117,23 @@ def _breakable(text: str) -> str:
 
 
 def _head(name: str) -> str:
-    """A column name that may break after its underscores (narrow columns, no overflow)."""
-    return html.escape(name).replace("_", "_<wbr>")
+    """A column's header cell: its human label with the unit (labels.py); the SQL name, as
+    csv and json print it, in the tooltip."""
+    return f'<th class="l" title="{html.escape(name)}">{html.escape(label(name))}</th>'
 
 
 def _table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], cls_col: str | None = None) -> str:
     if not rows:
         return '<p class="note">no rows</p>'
-    head = "".join(f'<th class="l">{_head(c)}</th>' for c in columns)
+    head = "".join(_head(c) for c in columns)
     body = []
     for r in rows:
         cells = []
         for c in columns:
             v = r.get(c)
             klass = "l" if isinstance(v, str) or v is None or c.endswith("_ns") else ""
+            if isinstance(v, str) and c.endswith(("reason", "detail", "note")):
+                klass += " t"  # free text: wide enough to read as lines, not a column of words
             if cls_col and c == cls_col and isinstance(v, str):
                 klass += f" {html.escape(v)}"
             cells.append(f'<td class="{klass.strip()}">{_fmt(v, c)}</td>')
@@ -120,8 +142,9 @@ def _table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], cls_col: s
 
 
 def _kv_table(row: Mapping[str, Any]) -> str:
-    return '<div class="tbl"><table>' + "".join(
-        f'<tr><th class="l">{html.escape(k)}</th><td class="l">{_fmt(v, k)}</td></tr>' for k, v in row.items()
+    """One row as label / value lines; the values wrap, so the table fits a phone's width."""
+    return '<div class="tbl"><table class="kv">' + "".join(
+        f'<tr>{_head(k)}<td class="l">{_fmt(v, k)}</td></tr>' for k, v in row.items()
     ) + "</table></div>"
 
 
@@ -181,7 +204,7 @@ def build_report(con: duckdb.DuckDBPyConnection, inputs: ReportInputs) -> str:
     )
     if summary is not None:
         cols = [c for c in summary.columns if c not in ("source", "unit", "interpolation")]
-        rows = [{**r, "metric": f"{r['metric']} ({r['unit']})" if r.get("unit") else r["metric"]} for r in summary_rows]
+        rows = [{**r, "metric": metric_label(r["metric"], r.get("unit"))} for r in summary_rows]
         sections.append("<h3>Distributions</h3><p class=\"note\">queries/summary.sql: succeeded requests; "
                         "percentiles by linear interpolation (numpy's default); the unit after each metric.</p>"
                         + _table(rows, cols))
@@ -241,10 +264,17 @@ def build_report(con: duckdb.DuckDBPyConnection, inputs: ReportInputs) -> str:
     phases = _optional(con, "phases")
     if phases is not None:
         rows = phases.dicts()
-        cols = [c for c in phases.columns if c.endswith("_ms") or c in ("request_span_id", "cross_clock_reason")]
+        wanted = [c for c in phases.columns if c.endswith("_ms") or c in ("request_span_id", "cross_clock_reason")]
+        # a phase no row has (vLLM's own figures beside a gateway's, a gateway's network parts
+        # beside vLLM's) is left out, and named: the table stays within a desktop window
+        cols = [c for c in wanted if c == "request_span_id" or any(r.get(c) is not None for r in rows)]
+        empty = [c for c in wanted if c not in cols]
+        left_out = (f" Empty in every row, so not shown: {', '.join(html.escape(label(c)) for c in empty)} "
+                    "(<code>tokentrace phases --format csv</code> has every column)." if rows and empty else "")
         sections.append(
             "<h2>TTFT phase breakdown</h2><p class=\"note\">From queries/phases.sql. Cross-clock parts "
-            "(network in/out) are — when the clock pair is not skew-checked; the reason column says why.</p>"
+            "(network in/out) are — when the clock pair is not skew-checked; the reason column says why."
+            f"{left_out}</p>"
             + (plots.phases_svg(rows) if rows else "") + _table(rows, cols)
         )
 
@@ -271,6 +301,7 @@ def build_report(con: duckdb.DuckDBPyConnection, inputs: ReportInputs) -> str:
 
     return (
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<meta name="viewport" content="width=device-width,initial-scale=1">'
         f"<title>{html.escape(inputs.title)}</title><style>{_STYLE}</style></head><body>"
         f"<h1>{html.escape(inputs.title)}</h1>"
         f'<p class="note">{len(requests)} request rows (request × perspective), first request sent '

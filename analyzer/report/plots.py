@@ -1,6 +1,8 @@
 """Plots for the HTML report, rendered by matplotlib to inline SVG (no CDN, opens offline).
 
-Every function takes rows already computed by the analyzer's SQL and returns an SVG string.
+Every function takes rows already computed by the analyzer's SQL and returns an SVG string
+in its box (``<div class="plot">``, which scrolls sideways when the SVG, at
+:data:`MIN_SCALE` of its size or more, is wider than the page: a phone).
 Every axis is labelled with its unit. Legends sit below the axes (never on the data), in
 the same type size as the tick labels.
 """
@@ -8,6 +10,7 @@ the same type size as the tick labels.
 from __future__ import annotations
 
 import io
+import re
 from typing import Any, Sequence
 
 __all__ = ["cdf_svg", "decode_steps_svg", "engine_timeline_svg", "itl_vs_prefill_svg", "phases_svg", "throughput_svg",
@@ -52,14 +55,27 @@ def _legend_below(fig: Any, axes: Sequence[Any], ncol: int = 3) -> None:
                    fontsize=LEGEND_FONT_PT, frameon=False)
 
 
+#: A plot shrinks with the page down to this share of its drawn size, then scrolls sideways
+#: inside its box (``div.plot``): at 0.8 its smallest text (9 pt, :data:`LEGEND_FONT_PT`)
+#: still reads at 9.6 CSS pixels, its tick labels (10 pt) at 10.7.
+MIN_SCALE = 0.8
+
+_SVG_WIDTH = re.compile(r'<svg\b[^>]*?\swidth="([0-9.]+)pt"')
+
+
 def _svg(fig: Any) -> str:
+    """The figure as inline SVG in its scroll box: ``min-width`` keeps it at
+    :data:`MIN_SCALE` of its size or more on a narrow screen (a phone)."""
     import matplotlib.pyplot as plt
 
     buf = io.StringIO()
     fig.savefig(buf, format="svg", metadata={"Date": None})
     plt.close(fig)
     text = buf.getvalue()
-    return text[text.index("<svg") :]  # drop the XML prolog: the SVG is inlined in HTML
+    text = text[text.index("<svg") :]  # drop the XML prolog: the SVG is inlined in HTML
+    width_px = float(_SVG_WIDTH.match(text).group(1)) * 4 / 3  # CSS: 1 pt = 4/3 px
+    text = f'<svg style="min-width:{width_px * MIN_SCALE:.0f}px"' + text[len("<svg"):]
+    return f'<div class="plot">{text}</div>'
 
 
 def waterfall_svg(spans: Sequence[dict[str, Any]], chunks: Sequence[dict[str, Any]]) -> str:
@@ -92,7 +108,7 @@ def waterfall_svg(spans: Sequence[dict[str, Any]], chunks: Sequence[dict[str, An
     for lane in rows:
         dom = lane_domain.get(lane, "")
         labels.append(f"{lane}\n[{dom.split('|')[0]} clock]" if dom else lane)
-    ax.set_yticklabels(labels, fontsize=8)
+    ax.set_yticklabels(labels, fontsize=LEGEND_FONT_PT)
     ax.invert_yaxis()
     ax.set_xlabel("ms after the request was sent (the client span's start; without one, the server's arrival),\n"
                   "each span on its own host's clock")
