@@ -9,7 +9,10 @@
 --   counts the requests that overlap the window without lying inside it: they contribute
 --   only their in-window events).
 --   A request is counted once, from one perspective: $perspective, or when NULL the best one
---   it has (client, else server, else engine). Cancelled requests (finish reason
+--   it has (client, else server, else engine; a vLLM request that tokentrace's vLLM plugin
+--   traced is counted from the plugin's engine_request, before vLLM's own llm_request: its
+--   chunk events, finish reason and prefix-cache figures, and the aborted requests vLLM
+--   writes no llm_request for). Cancelled requests (finish reason
 --   'cancelled') are neither succeeded nor failed unless $cancelled_as_failed. Failed:
 --   status ERROR (request or gateway span) or finish reason 'error'. Per-request figures come from
 --   view request_metrics. A TPOT SLO passes a request whose TPOT is NULL
@@ -17,7 +20,8 @@
 --   token_counting_rule names the attributes the counted output tokens were read from
 --   (output_tokens_basis: gen_ai.usage.output_tokens, gen_ai.usage.completion_tokens, chunk
 --   events, ...); request_counting_rule says what attempted counts and which requests a
---   source cannot show (vLLM: no span for aborted or rejected requests).
+--   source cannot show (vLLM's own llm_request: none for an aborted or rejected request;
+--   said only of the data loaded: with the plugin's spans the aborted ones are counted).
 --   Prefix cache: prefix_cache_hit_share = cached prompt tokens / input tokens over the
 --   counted requests that report both (request_metrics' cache_reporting, the rule summary.sql
 --   uses too; gen_ai.usage.cache_read.input_tokens, e.g. tokentrace's continuous engine),
@@ -35,15 +39,28 @@
 -- units: *_ns nanoseconds since the Unix epoch on the chosen perspective's clock; window_s
 --   seconds; *_rps requests per second; output_tokens_per_s tokens per second; error_rate a
 --   fraction (0.02 = 2 %); prefix_cache_hit_share a fraction of input tokens.
+-- request_metrics is read once (a second read would compute the per-request view twice): the
+-- rank puts the rows of $perspective first, and req keeps only those
 WITH ranked AS (
     SELECT
         *,
         row_number() OVER (
             PARTITION BY trace_id, request_span_id
-            ORDER BY CASE perspective WHEN 'client' THEN 0 WHEN 'server' THEN 1 ELSE 2 END
-        ) AS perspective_rank
+            ORDER BY CASE WHEN $perspective IS NULL OR perspective = $perspective THEN 0 ELSE 1 END,
+                     CASE WHEN perspective = 'client' THEN 0
+                          -- tokentrace's vLLM plugin (engine_request) before vLLM's llm_request
+                          WHEN source = 'vllm' AND perspective = 'engine' THEN 1
+                          WHEN perspective = 'server' THEN 2 ELSE 3 END
+        ) AS perspective_rank,
+        -- a vLLM request with both the plugin's row and vLLM's own (perspective's note)
+        sum(CASE WHEN source = 'vllm' AND perspective = 'server' THEN 1 ELSE 0 END)
+            OVER (PARTITION BY trace_id, request_span_id) > 0 AS has_vllm_server,
+        -- whether the data holds spans of tokentrace's vLLM plugin at all (request_counting_rule)
+        count(*) FILTER (WHERE source = 'vllm' AND perspective = 'engine') OVER () AS plugin_requests
     FROM request_metrics
-    WHERE $perspective IS NULL OR perspective = $perspective
+),
+plugin AS (
+    SELECT coalesce(max(plugin_requests), 0) AS plugin_requests FROM ranked
 ),
 req AS (
     SELECT
@@ -61,13 +78,15 @@ req AS (
         cached_tokens,
         cache_reporting,
         source,
+        has_vllm_server,
         visible_chunks,
         ttft_ms,
         e2e_ms,
         tpot_ms,
+        outcome AS outcome_seen,
         CASE WHEN outcome = 'cancelled' AND $cancelled_as_failed THEN 'failed' ELSE outcome END AS outcome
     FROM ranked
-    WHERE perspective_rank = 1
+    WHERE perspective_rank = 1 AND ($perspective IS NULL OR perspective = $perspective)
 ),
 bounds AS (
     SELECT
@@ -119,7 +138,11 @@ totals AS (
         nullif(array_to_string(list_sort(list_distinct(list(output_tokens_basis) FILTER (WHERE tokens_count))), ', '), '')
             AS output_tokens_bases,
         count(*) FILTER (WHERE tokens_count AND visible_chunks = 0 AND output_tokens > 0) AS requests_without_chunks,
-        count(*) FILTER (WHERE source = 'vllm') AS vllm_requests,
+        count(*) FILTER (WHERE source = 'vllm' AND perspective = 'server') AS vllm_own_requests,
+        count(*) FILTER (WHERE source = 'vllm' AND perspective = 'engine') AS vllm_plugin_requests,
+        count(*) FILTER (WHERE source = 'vllm' AND perspective = 'engine' AND has_vllm_server) AS vllm_plugin_over_own,
+        count(*) FILTER (WHERE source = 'vllm' AND perspective = 'engine' AND outcome_seen = 'cancelled')
+            AS vllm_plugin_cancelled,
         count(*) FILTER (WHERE cache_reporting) AS cache_reporting_requests,
         count(*) FILTER (WHERE cache_reporting AND cached_tokens > 0) AS cache_hit_requests,
         sum(cached_tokens) FILTER (WHERE cache_reporting) AS cached_prompt_tokens,
@@ -128,7 +151,10 @@ totals AS (
 )
 SELECT
     $mode AS mode,
-    coalesce($perspective, 'best per request (client > server > engine)') AS perspective,
+    coalesce($perspective, 'best per request (client > server > engine'
+             || CASE WHEN t.vllm_plugin_over_own > 0
+                     THEN '; vLLM: tokentrace''s vLLM plugin (engine) before vLLM''s own llm_request (server)'
+                     ELSE '' END || ')') AS perspective,
     b.start_ns AS window_start_ns,
     b.end_ns AS window_end_ns,
     (b.end_ns - b.start_ns) / 1e9 AS window_s,
@@ -168,10 +194,29 @@ SELECT
     CASE WHEN $mode = 'closed_cohort' THEN 'attempted = requests whose start s (s_ns: the arrival, on the clock of its perspective) is in the window'
          ELSE 'attempted = requests completing in the window' END
     || '; succeeded / failed / cancelled by outcome'
-    || CASE WHEN t.vllm_requests > 0
-            THEN '; ' || CAST(t.vllm_requests AS VARCHAR) || ' vLLM request(s): vLLM writes a span only for a '
+    -- vLLM: what its own llm_request cannot show, said only of the data loaded: without the
+    -- plugin's spans, aborted and rejected requests are invisible; with them, the plugin's
+    -- engine_request shows the aborted ones
+    || CASE WHEN t.vllm_own_requests > 0 AND p.plugin_requests = 0
+            THEN '; ' || CAST(t.vllm_own_requests AS VARCHAR) || ' vLLM request(s): vLLM writes a span only for a '
                  || 'finished request (0.32: none for one the client aborted or one rejected with 400), so '
                  || 'cancelled and rejected requests are invisible in its traces and not counted'
+            WHEN t.vllm_own_requests > 0 AND $perspective = 'server'
+            THEN '; ' || CAST(t.vllm_own_requests AS VARCHAR) || ' vLLM request(s) counted from vLLM''s own '
+                 || 'llm_request, which it writes only for a finished request (0.32: none for one the client '
+                 || 'aborted or one rejected with 400), so cancelled requests are not among them; the spans of '
+                 || 'tokentrace''s vLLM plugin show them (--perspective engine)'
+            WHEN t.vllm_own_requests > 0
+            THEN '; ' || CAST(t.vllm_own_requests AS VARCHAR) || ' vLLM request(s) counted from vLLM''s own '
+                 || 'llm_request, with no span of tokentrace''s vLLM plugin merged with it: vLLM writes one only '
+                 || 'for a finished request (0.32: none for one the client aborted or one rejected with 400), so '
+                 || 'such requests, when aborted or rejected, are invisible and not counted'
+            ELSE '' END
+    || CASE WHEN t.vllm_plugin_requests > 0
+            THEN '; ' || CAST(t.vllm_plugin_requests AS VARCHAR) || ' vLLM request(s) counted from the spans of '
+                 || 'tokentrace''s vLLM plugin (engine_request), which it writes for aborted requests too ('
+                 || CAST(t.vllm_plugin_cancelled AS VARCHAR) || ' cancelled here); a request vLLM rejects in '
+                 || 'its frontend (a 400) reaches neither its engine nor the plugin'
             ELSE '' END AS request_counting_rule,
     $slo_ttft_ms AS slo_ttft_ms,
     $slo_tpot_ms AS slo_tpot_ms,
@@ -182,5 +227,5 @@ SELECT
     CASE WHEN t.cache_reporting_requests = 0
          THEN 'no counted request reports prefix-cache tokens (gen_ai.usage.cache_read.input_tokens)' END
         AS prefix_cache_note
-FROM totals t, bounds b
+FROM totals t, bounds b, plugin p
 WHERE $mode IN ('closed_cohort', 'steady_state');

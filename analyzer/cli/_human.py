@@ -72,7 +72,7 @@ class View:
 
     columns: tuple[Col, ...]
     group_by: str | None = None
-    group_title: Callable[[Any, int], str] | None = None
+    group_title: Callable[[Any, Sequence[Mapping[str, Any]]], str] | None = None
     transpose: bool = False
     prepare: Callable[[list[dict[str, Any]]], list[str]] | None = None
 
@@ -252,7 +252,7 @@ def render(view: View, columns: Sequence[str], rows: Sequence[Sequence[Any]], *,
             for i, (value, members) in enumerate(groups.items()):
                 if i:
                     lines.append("")
-                title = view.group_title(value, len(members)) if view.group_title else f"{value}: {len(members)} row(s)"
+                title = view.group_title(value, members) if view.group_title else f"{value}: {len(members)} row(s)"
                 lines.extend(textwrap.wrap(title, width or 10**6))
                 lines.extend(_table_lines(shown, widths, members, numeric))
         else:

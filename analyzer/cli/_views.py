@@ -10,10 +10,32 @@ from typing import Any, Callable, Mapping, Sequence
 
 from analyzer.cli._human import Col, View, auto_view
 
-__all__ = ["VIEWS", "echo_human", "request_id", "view_for"]
+__all__ = ["VIEWS", "echo_human", "perspective_clock", "request_id", "view_for"]
 
-_PERSPECTIVE_CLOCK = {"client": "the client span's clock", "server": "the gateway's clock",
+#: (perspective, source) -> whose clock a row's figures are on (the block titles of requests
+#: and itl): the source is the adapter that wrote the row (queries/views/, docs/adapters.md)
+_CLOCKS = {
+    ("client", "tokentrace"): "the client span's clock",
+    ("client", "openllmetry"): "the client's clock, OpenLLMetry's CLIENT span",
+    ("client", "openai-v2"): "the client's clock, openai-v2's CLIENT span",
+    ("client", "genai"): "the client's clock, a GenAI CLIENT span",
+    ("server", "tokentrace"): "the gateway's clock",
+    ("server", "vllm"): "the vLLM frontend's clock, vLLM's own llm_request span",
+    ("server", "tgi"): "the TGI router's clock",
+    ("server", "sglang"): "the SGLang server's clock",
+    ("engine", "tokentrace"): "the engine span's clock",
+    ("engine", "vllm"): "the vLLM engine's clock, tokentrace's vLLM plugin's engine_request span",
+}
+#: a perspective whose rows name no source (a query without that column), or an unknown one
+_PERSPECTIVE_CLOCK = {"client": "the client span's clock", "server": "the server span's clock",
                       "engine": "the engine span's clock"}
+
+
+def perspective_clock(perspective: Any, source: Any = None) -> str:
+    """Whose clock the rows of one perspective of one source are on (a gateway, vLLM's
+    frontend, vLLM's engine through tokentrace's plugin, a client, ...)."""
+    return _CLOCKS.get((str(perspective), str(source)),
+                       _PERSPECTIVE_CLOCK.get(str(perspective), "its own clock"))
 
 
 def request_id(row: Mapping[str, Any]) -> Any:
@@ -37,16 +59,29 @@ def _unique_request_ids(rows: list[dict[str, Any]]) -> list[str]:
             f"({', '.join(repr(i) for i in shared[:3])}{', ...' if len(shared) > 3 else ''})"]
 
 
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def _perspective_title(noun: str) -> Any:
-    def title(value: Any, count: int) -> str:
-        clock = _PERSPECTIVE_CLOCK.get(str(value), "its own clock")
-        return f"{value} perspective ({clock}): {count} {noun}{'' if count == 1 else 's'}"
+    """One block's title: the perspective and whose clock its rows are on, by the rows'
+    sources; a block of several sources (a gateway's rows beside vLLM's) names each clock
+    with its count of rows."""
+    def title(value: Any, members: Sequence[Mapping[str, Any]]) -> str:
+        clocks: dict[str, int] = {}
+        for r in members:
+            clock = perspective_clock(value, r.get("source"))
+            clocks[clock] = clocks.get(clock, 0) + 1
+        if len(clocks) == 1:
+            return f"{value} perspective ({next(iter(clocks))}): {_plural(len(members), noun)}"
+        each = "; ".join(f"{clock}: {_plural(n, noun)}" for clock, n in clocks.items())
+        return f"{value} perspective ({each}): {_plural(len(members), noun)}"
     return title
 
 
 def _domain_title(noun: str) -> Any:
-    def title(value: Any, count: int) -> str:
-        return f"clock domain {value}: {count} {noun}{'' if count == 1 else 's'}"
+    def title(value: Any, members: Sequence[Mapping[str, Any]]) -> str:
+        return f"clock domain {value}: {_plural(len(members), noun)}"
     return title
 
 
@@ -128,22 +163,40 @@ _WINDOW = View((
     Col("token_counting_rule", "tokens counted"), Col("request_counting_rule", "requests counted"),
 ), transpose=True)
 
+def _phases_prepare(rows: list[dict[str, Any]]) -> list[str]:
+    """The unique request ids, and where the phases of vLLM's rows come from (phases_basis):
+    the plugin's spans or vLLM's own figures, said only of the rows that have them."""
+    notes = _unique_request_ids(rows)
+    bases: dict[str, int] = {}
+    for r in rows:
+        basis = r.get("phases_basis")
+        if basis and "vLLM" in str(basis):
+            bases[str(basis)] = bases.get(str(basis), 0) + 1
+    notes += [f"{_plural(n, 'request')}: {basis}" for basis, n in bases.items()]
+    return notes
+
+
 _PHASES = View((
     Col("response_id", "request id", cut=True, value=lambda r: r.get("_request_id", request_id(r))),
     Col("ttft_ms", "TTFT", "ms", kind="ms"),
+    Col("server_ttft_ms", "srv TTFT", "ms", kind="ms", rank=1),
     Col("network_in_ms", "net in", "ms", kind="ms", rank=2),
     Col("gateway_overhead_ms", "gateway", "ms", kind="ms", rank=3),
     Col("tokenize_ms", "tokenize", "ms", kind="ms", rank=3),
     Col("queue_ms", "queue", "ms", kind="ms", rank=1),
+    Col("vllm_queue_ms", "vLLM's queue", "ms", kind="ms", rank=2),
     Col("prefill_ms", "prefill", "ms", kind="ms", rank=1),
+    Col("vllm_prefill_ms", "vLLM's prefill", "ms", kind="ms", rank=3),
     Col("first_emit_ms", "1st emit", "ms", kind="ms", rank=3),
     Col("network_out_ms", "net out", "ms", kind="ms", rank=2),
     Col("network_round_trip_ms", "net rtt", "ms", kind="ms", rank=4),
     Col("residual_ms", "residual", "ms", kind="ms", rank=3),
+    Col("decode_ms", "decode", "ms", kind="ms", rank=4),
+    Col("vllm_decode_ms", "vLLM's decode", "ms", kind="ms", rank=4),
     Col("clock_pair_verdict", "clocks", rank=5),
     Col("cross_clock_reason", "why no network figure", rank=6, cut=True, fill=True),
     Col("null_reason", "why empty", rank=7, cut=True, fill=True),
-), prepare=_unique_request_ids)
+), prepare=_phases_prepare)
 
 _SKEW_RULES = View((
     Col("rule", "rule"),

@@ -25,6 +25,12 @@ def phases_command(db_path, parquet_dir, trace_id, tolerance_ms, assume_offset, 
     """Client TTFT split into network-in, gateway overhead, tokenize, queue, prefill,
     first-emit and network-out, with the residual no phase span covers.
 
+    vLLM: where tokentrace's vLLM plugin traced a request, queue, prefill and decode are
+    its spans' (vLLM's engine) and vLLM's own gen_ai.latency.* figures stand beside them
+    as vllm_queue_ms, vllm_prefill_ms and vllm_decode_ms; without the plugin they are
+    vLLM's own (phases_basis says which). A request only the plugin saw (vLLM writes no
+    span for an aborted one) is a row too.
+
     network_in_ms and network_out_ms subtract a server time from a client time: they are
     empty (cross_clock_reason says why) unless the clock pair's offset bounds are
     consistent with 0 (see `tokentrace skew`) or an offset is assumed. network_round_trip_ms

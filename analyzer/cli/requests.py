@@ -20,9 +20,11 @@ from analyzer.cli.options import format_option, param_option
 def requests_command(db_path, parquet_dir, perspective, trace_id, output_format, chosen_columns, params) -> None:
     """One row per request and perspective: TTFT, E2E, TPOT, token rates, KV figures.
 
-    Each perspective (client = CLIENT span clock, server = gateway clock, engine = bare
-    generate span) is its own row; clocks are never mixed. Figures that cannot be computed
-    are empty, and null_reason says why. Units: *_ms milliseconds, *_per_second tokens/s,
+    Each perspective is its own row, on its own clock: client = the CLIENT span's; server =
+    the gateway's, or vLLM's frontend (its own llm_request span), TGI's router, SGLang's;
+    engine = tokentrace's bare generate span, or vLLM's engine (tokentrace's vLLM plugin).
+    The table's block titles name each one's clock. Figures that cannot be computed are
+    empty, and null_reason says why. Units: *_ms milliseconds, *_per_second tokens/s,
     *_bytes bytes, *_mib MiB. Formulas: docs/metrics.md.
 
     The table (a block per perspective) fits the terminal (80 columns in a pipe): request id

@@ -38,7 +38,8 @@ def _validate(params: dict[str, Any]) -> None:
 @click.option("--start-ns", type=int, default=None, help="Window start, ns since the epoch (default: earliest s).")
 @click.option("--end-ns", type=int, default=None, help="Window end, ns since the epoch (default: latest request end).")
 @click.option("--perspective", type=click.Choice(PERSPECTIVES), default=None,
-              help="Count every request from this perspective (default: client, else server, else engine).")
+              help="Count every request from this perspective (default: client, else server, else engine; "
+                   "a vLLM request tokentrace's vLLM plugin traced: its engine row before vLLM's own).")
 @click.option("--slo-ttft-ms", type=float, default=None, help="TTFT SLO in ms (request meets it when <=).")
 @click.option("--slo-tpot-ms", type=float, default=None, help="TPOT SLO in ms (O = 1 requests pass it).")
 @click.option("--slo-e2e-ms", type=float, default=None, help="E2E SLO in ms.")

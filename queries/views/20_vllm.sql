@@ -12,7 +12,8 @@
 -- none), gen_ai.response.finish_reasons (a JSON string such as '["length"]') in the source;
 -- 0.32.0 sends NO finish reasons (finish_reason NULL, said in null_reason). A request the client
 -- aborted, or one rejected with 400, gets NO span at all in 0.32.0: cancelled and rejected
--- requests are invisible in vLLM traces (window.sql's counting rule says so).
+-- requests are invisible in vLLM's own traces (window.sql's counting rule says so; tokentrace's
+-- vLLM plugin writes an engine_request for an aborted one too, 24_vllm_engine.sql).
 -- Signature: name = 'llm_request' AND attr gen_ai.latency.e2e present AND not our scope.
 -- No per-token times: f and e are DERIVED as s + TTFT and s + E2E (not chunk events), ITL is
 -- unknown (no request_chunks rows), and queue/prefill boundaries place engine-clock
@@ -39,7 +40,10 @@ SELECT
     CAST(round(attr_double['gen_ai.latency.time_to_first_token'] * 1e9) AS BIGINT) AS ttft_ns,
     CAST(round(attr_double['gen_ai.latency.e2e'] * 1e9) AS BIGINT) AS e2e_ns,
     CAST(round(attr_double['gen_ai.latency.time_in_queue'] * 1e9) AS BIGINT) AS queue_ns,
-    CAST(round(attr_double['gen_ai.latency.time_in_model_prefill'] * 1e9) AS BIGINT) AS prefill_ns
+    CAST(round(attr_double['gen_ai.latency.time_in_model_prefill'] * 1e9) AS BIGINT) AS prefill_ns,
+    -- vLLM's decode time: its last token's engine-core timestamp - its first token's (phases'
+    -- vllm_decode_ms)
+    CAST(round(attr_double['gen_ai.latency.time_in_model_decode'] * 1e9) AS BIGINT) AS decode_ns
 FROM spans
 WHERE name = 'llm_request'
   AND attr_double['gen_ai.latency.e2e'] IS NOT NULL
