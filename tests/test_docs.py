@@ -1,0 +1,326 @@
+"""The manual stays true where a machine can check it (README.md, docs/, benchmarks/RESULTS.md).
+
+- The README is a front door: at most 150 lines, and what tokentrace is, who it is for and
+  the two commands (the same test command .ci/run runs) on its first 24 lines at 80 columns;
+  it links every page of docs/.
+- Every command in a block marked runnable runs, with the exit status it says. A runnable
+  block is a fenced code block whose line before it is ``<!-- runnable -->`` (invisible when
+  rendered). Its lines run one by one with bash, in a scratch folder holding the output of
+  ``tokentrace demo --tiny`` (``tokentrace-demo/``, copied to ``traces.duckdb``) and links to
+  the repository's folders, with ``tokentrace`` on PATH; a line that ends in a comment saying
+  ``exit N`` must exit N, every other line 0; ``export NAME=VALUE`` holds for the rest of the page.
+- Every relative link leads to a file (and a heading, when it names one); every path under
+  docs/, queries/, analyzer/, instrument/, tests/, benchmarks/, scripts/ or deploy/ named in
+  a page exists (a glob must match something).
+- Every ``tokentrace VERB`` in code names a verb, and every ``--flag`` after it is in
+  ``tokentrace VERB --help``; a ``--flag`` named alone in the manual is some verb's (or one
+  of the other programs' listed below).
+- The manual (README and docs/, docs/design/ apart) names no issue number, no "seed" and no
+  dated measurement or load average: those live in benchmarks/RESULTS.md and docs/design/.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from analyzer.cli import cli
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+RESULTS = REPO / "benchmarks" / "RESULTS.md"
+MANUAL = [README, *sorted((REPO / "docs").glob("*.md"))]  # what a user reads; docs/design/ apart
+PAGES = [*MANUAL, *sorted((REPO / "docs" / "design").glob("*.md")), RESULTS]
+PATH_ROOTS = ("docs", "queries", "analyzer", "instrument", "tests", "benchmarks", "scripts", "deploy")
+RUNNABLE_MARK = "<!-- runnable -->"
+
+# Flags the manual names that belong to other programs, not to a tokentrace verb (a line that
+# runs benchmarks/ or scripts/ is not checked: those are the scripts' own options).
+OTHER_PROGRAMS_FLAGS = {
+    "--otlp-traces-endpoint", "--shutdown-timeout", "--speculative-config", "--dtype", "--enforce-eager",  # vllm
+    "--no-deps",  # pip
+    "--profile", "--rm", "--build",  # docker compose
+    "--tokenizer",  # aiperf
+    "--version",  # tokentrace --version, the group's own option
+}
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(REPO))
+
+
+def strip_code_blocks(text: str) -> str:
+    return re.sub(r"^```.*?^```[ \t]*$", "", text, flags=re.S | re.M)
+
+
+def code_blocks(text: str) -> list[tuple[str, bool, list[str]]]:
+    """(info string, runnable, lines) of every fenced block."""
+    blocks, lines, i = [], text.splitlines(), 0
+    while i < len(lines):
+        if lines[i].startswith("```"):
+            info, body, j = lines[i][3:].strip(), [], i + 1
+            while j < len(lines) and not lines[j].startswith("```"):
+                body.append(lines[j])
+                j += 1
+            before = next((l.strip() for l in reversed(lines[:i]) if l.strip()), "")
+            blocks.append((info, before == RUNNABLE_MARK, body))
+            i = j + 1
+        else:
+            i += 1
+    return blocks
+
+
+def commands(lines: list[str]) -> list[str]:
+    """Shell lines with backslash continuations joined."""
+    out, current = [], ""
+    for line in lines:
+        if line.rstrip().endswith("\\"):
+            current += line.rstrip()[:-1] + " "
+            continue
+        current += line
+        if current.strip():
+            out.append(current.strip())
+        current = ""
+    return out
+
+
+def inline_code(text: str) -> list[str]:
+    return re.findall(r"`([^`\n]+)`", strip_code_blocks(text))
+
+
+def code_texts(text: str) -> list[str]:
+    """Every piece of code in a page: inline spans and the lines of fenced blocks."""
+    out = inline_code(text)
+    for _, _, lines in code_blocks(text):
+        out += commands(lines)
+    return out
+
+
+@pytest.fixture(scope="module")
+def help_flags() -> dict[str, set[str]]:
+    runner = CliRunner()
+    flags = {}
+    for verb in cli.commands:
+        result = runner.invoke(cli, [verb, "--help"], terminal_width=200)
+        assert result.exit_code == 0, verb
+        flags[verb] = set(re.findall(r"(?<![\w-])--[a-z0-9][a-z0-9-]*", result.output))
+    return flags
+
+
+# -- the README as a front door ---------------------------------------------------------------
+
+def rendered_at_80(text: str) -> list[str]:
+    """The README's lines as a terminal of 80 columns shows them: long lines wrap."""
+    out = []
+    for line in text.splitlines():
+        out += textwrap.wrap(line, 80, drop_whitespace=False, replace_whitespace=False) or [""]
+    return out
+
+
+def test_readme_first_screen_says_what_who_and_the_two_commands() -> None:
+    text = README.read_text()
+    assert len(text.splitlines()) <= 150, f"README.md has {len(text.splitlines())} lines (at most 150)"
+    first = "\n".join(rendered_at_80(text)[:24])
+    assert "OpenTelemetry" in first and "LLM inference" in first, "what tokentrace is"
+    assert re.search(r"\bfor\b", first) and "Jaeger" in first and "SQL" in first and "latency report" in first, \
+        "who it is for: tracing into Jaeger, querying dumps with SQL, auditing a latency report"
+    block = text.split("```bash\n", 1)[1].split("```", 1)[0]
+    assert [l.split()[0] for l in block.splitlines()] == ["./scripts/demo", "./scripts/test"]
+    assert block.strip() in first, "the two commands are on the first screen"
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "exec ./scripts/test" in ci, "CI runs the README's test command"
+
+
+def test_every_page_is_one_link_from_the_readme() -> None:
+    """Every page of the manual is linked from the README, so each fact on it is two links away."""
+    linked = {(REPO / t.partition("#")[0]).resolve() for t in re.findall(r"\]\(([^)\s]+)\)", README.read_text())
+              if not re.match(r"[a-z]+:", t)}
+    missing = [rel(p) for p in MANUAL[1:] if p.resolve() not in linked]
+    assert not missing, f"pages the README does not link: {missing}"
+
+
+# -- runnable commands ------------------------------------------------------------------------
+
+def runnable_lines() -> list[tuple[str, str]]:
+    out = []
+    for page in PAGES:
+        for _, runnable, lines in code_blocks(page.read_text()):
+            if runnable:
+                out += [(rel(page), c) for c in commands(lines)]
+    return out
+
+
+def test_there_are_runnable_commands_in_the_readme_and_the_docs() -> None:
+    pages = {page for page, _ in runnable_lines()}
+    assert "README.md" in pages and any(p.startswith("docs/") for p in pages)
+
+
+def expected_exit(command: str) -> int:
+    match = re.search(r"\s#.*\bexits? (\d+)\b", command)
+    return int(match.group(1)) if match else 0
+
+
+def test_runnable_commands_run(tmp_path: Path) -> None:
+    """Each marked command, in page order, on the tiny model's demo output (< 60 s on 2 cores)."""
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "COLUMNS": "80"}
+    env.pop("TOKENTRACE_DB", None)
+    for name in (*PATH_ROOTS, ".venv"):
+        if (REPO / name).exists():
+            (tmp_path / name).symlink_to(REPO / name)
+    started = time.monotonic()
+    demo = subprocess.run([str(bin_dir / "tokentrace"), "demo", "--tiny", "--quiet", "--requests", "4",
+                           "--max-tokens", "16"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    shutil.copy(tmp_path / "tokentrace-demo" / "traces.duckdb", tmp_path / "traces.duckdb")
+    failures, page_env, last_page = [], env, None
+    for page, command in runnable_lines():
+        if page != last_page:  # an `export NAME=VALUE` line holds for the rest of its page
+            page_env, last_page = dict(env), page
+        exported = re.fullmatch(r"export ([A-Z_][A-Z0-9_]*)=(\S+)", command)
+        if exported:
+            page_env[exported.group(1)] = exported.group(2)
+            continue
+        result = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=page_env, capture_output=True,
+                                text=True, timeout=120)
+        if result.returncode != expected_exit(command):
+            failures.append(f"{page}: exit {result.returncode} (expected {expected_exit(command)}): {command}\n"
+                            f"{(result.stderr or result.stdout)[-800:]}")
+    elapsed = time.monotonic() - started
+    assert not failures, "\n".join(failures)
+    print(f"{len(runnable_lines())} runnable commands and the demo fixture in {elapsed:.1f} s")
+
+
+# -- links and paths --------------------------------------------------------------------------
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*]|\[([^\]]*)\]\([^)]*\)", lambda m: m.group(1) or "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    return {slug(h) for h in re.findall(r"^#{1,6} +(.+?)\s*$", strip_code_blocks(page.read_text()), flags=re.M)}
+
+
+def test_relative_links_lead_somewhere() -> None:
+    broken = []
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)\s]+)\)", strip_code_blocks(page.read_text())):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{rel(page)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+                broken.append(f"{rel(page)}: {target} (no such heading in {dest.name})")
+    assert not broken, "\n".join(broken)
+
+
+PATH_RE = re.compile(r"(?<![\w./~$-])((?:%s)/[\w.*{},/-]*)" % "|".join(PATH_ROOTS))
+
+
+def named_paths(text: str) -> list[str]:
+    out = []
+    for match in PATH_RE.finditer(text):
+        path = match.group(1).rstrip(".,:;")
+        if text[match.end(1):match.end(1) + 1] in ("<", "["):  # a pattern such as 2N_<engine>.sql
+            continue
+        out.append(path)
+    return out
+
+
+def expand_braces(path: str) -> list[str]:
+    match = re.search(r"\{([^{}]*)\}", path)
+    if not match:
+        return [path]
+    return [p for part in match.group(1).split(",")
+            for p in expand_braces(path[:match.start()] + part + path[match.end():])]
+
+
+def test_named_paths_exist() -> None:
+    missing = []
+    for page in PAGES:
+        for path in named_paths(page.read_text()):
+            for p in expand_braces(path):
+                found = glob.glob(str(REPO / p)) if "*" in p else (REPO / p).exists()
+                if not found:
+                    missing.append(f"{rel(page)}: {p}")
+    assert not missing, "\n".join(sorted(set(missing)))
+
+
+# -- CLI verbs and flags ----------------------------------------------------------------------
+
+VERB_RE = re.compile(r"(?:^|[\s/(`])tokentrace ([a-z]+)\b(.*)")
+
+
+def verb_uses(text: str) -> list[tuple[str, list[str], str]]:
+    """(verb, flags given to it, the code) for every ``tokentrace VERB`` in code."""
+    out = []
+    for code in code_texts(text):
+        for piece in re.split(r"&&|\|\||;|\|", code):
+            match = VERB_RE.search(piece)
+            if match:
+                args = match.group(2).split(" #", 1)[0]
+                args = re.sub(r"'[^']*'|\"[^\"]*\"", "", args)  # SQL and other quoted text
+                out.append((match.group(1), re.findall(r"(?<![\w-])--[a-z0-9][a-z0-9-]*", args), code))
+    return out
+
+
+def test_verbs_and_their_flags_exist(help_flags: dict[str, set[str]]) -> None:
+    wrong = []
+    for page in PAGES:
+        for verb, flags, code in verb_uses(page.read_text()):
+            if verb not in help_flags:
+                wrong.append(f"{rel(page)}: no verb {verb!r}: {code}")
+                continue
+            wrong += [f"{rel(page)}: tokentrace {verb} has no {f}: {code}" for f in flags if f not in help_flags[verb]]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_flag_named_in_the_manual_exists(help_flags: dict[str, set[str]]) -> None:
+    known = set().union(*help_flags.values()) | OTHER_PROGRAMS_FLAGS
+    unknown = []
+    for page in MANUAL:
+        for code in code_texts(page.read_text()):
+            if "benchmarks/" in code or "scripts/" in code:  # the scripts' own options
+                continue
+            code = re.sub(r"'[^']*'|\"[^\"]*\"", "", code)
+            unknown += [f"{rel(page)}: {f} ({code})" for f in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", code)
+                        if f not in known]
+    assert not unknown, "\n".join(unknown)
+
+
+# -- what the manual leaves to the results file and the design notes --------------------------
+
+def test_the_manual_names_no_issue_seed_or_dated_measurement() -> None:
+    found = []
+    rules = {
+        "an issue number": r"\bissues? #?\d+|(?<![\w&/])#\d+\b",
+        "the seed": r"\b[Tt]he seed\b|\bseed's\b",
+        "a dated measurement": r"\b20\d\d-\d\d-\d\d\b(?!T)",
+        "a load average": r"\bload average",
+        "a document outside the repository": r"shared/design",
+    }
+    for page in MANUAL:
+        text = re.sub(r"\]\([^)]*\)", "]()", page.read_text())  # a link may name a dated results entry
+        for number, line in enumerate(text.splitlines(), 1):
+            found += [f"{rel(page)}:{number}: {what}: {line.strip()[:100]}"
+                      for what, rule in rules.items() if re.search(rule, line)]
+    assert not found, "\n".join(found)
+
+
+def test_the_results_file_is_dated_newest_first() -> None:
+    dates = re.findall(r"^## (20\d\d-\d\d-\d\d)", RESULTS.read_text(), flags=re.M)
+    assert dates and dates == sorted(dates, reverse=True), dates
