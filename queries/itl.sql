@@ -6,6 +6,7 @@
 --   events are NULL with null_reason. Formula: view request_gaps.
 -- param: $perspective VARCHAR default NULL -- client, server or engine; NULL = every perspective
 -- param: $trace_id VARCHAR default NULL -- only requests of this trace (32 lowercase hex); NULL = all
+-- param: $request_span_id VARCHAR default NULL -- only this request (its request_span_id, 16 lowercase hex: --request resolves any id to it); NULL = all
 -- param: $request_key_from BIGINT default NULL -- only request_key >= this (view request_keys); NULL = no bound
 -- param: $request_key_to BIGINT default NULL -- only request_key <= this; NULL = no bound. The library
 --   streams a large result range by range with these two (analyzer.query.runner.stream_query).
@@ -27,6 +28,7 @@ SELECT
 FROM request_gaps
 WHERE ($perspective IS NULL OR perspective = $perspective)
   AND ($trace_id IS NULL OR trace_id = $trace_id)
+  AND ($request_span_id IS NULL OR request_span_id = $request_span_id)
   AND ($request_key_from IS NULL OR request_key >= $request_key_from)
   AND ($request_key_to IS NULL OR request_key <= $request_key_to)
 -- request_key numbers (trace_id, request_span_id, perspective) in that order (view request_keys):

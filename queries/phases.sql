@@ -36,6 +36,7 @@
 --   more arrived in one write (e = f: a non-streamed answer, no per-token timing).
 --   null_reason: why a TTFT part is NULL (the first reason that applies), then decode_ms's.
 -- param: $trace_id VARCHAR default NULL -- only requests of this trace (32 lowercase hex); NULL = all
+-- param: $request_span_id VARCHAR default NULL -- only this request (its request_span_id, 16 lowercase hex: --request resolves any id to it); NULL = all
 -- param: $tolerance_ms DOUBLE default 1.0 -- how far offset bounds may exclude 0 and still be consistent
 -- param: $offset_domains VARCHAR[] default NULL -- domains with an assumed offset (clock_domain or service.name)
 -- param: $offset_ms DOUBLE[] default NULL -- their offsets, ms ahead of the client clock (same order)
@@ -66,6 +67,7 @@ vllm_engine AS (
 server_rows AS (
     SELECT * FROM request_facts
     WHERE perspective = 'server' AND ($trace_id IS NULL OR trace_id = $trace_id)
+      AND ($request_span_id IS NULL OR request_span_id = $request_span_id)
 ),
 -- one row per request: its server row; a vLLM request the plugin traced with no llm_request
 -- merged with it (vLLM 0.32 writes none for an aborted request; vLLM's own tracing off; a
@@ -78,6 +80,7 @@ base AS (
     LEFT JOIN server_rows s ON s.trace_id = e.trace_id AND s.request_span_id = e.request_span_id
     WHERE e.source = 'vllm' AND e.perspective = 'engine' AND s.trace_id IS NULL
       AND ($trace_id IS NULL OR e.trace_id = $trace_id)
+      AND ($request_span_id IS NULL OR e.request_span_id = $request_span_id)
 ),
 -- where each row's queue / prefill / decode come from; vLLM's own figures beside them
 sourced AS (

@@ -13,6 +13,7 @@
 --   null_reason (never 0); so is itl_ms when the previous token's span is missing. Ordered by
 --   trace, request span, token.
 -- param: $trace_id VARCHAR default NULL -- only requests of this trace (32 lowercase hex); NULL = all
+-- param: $request_span_ids VARCHAR[] default NULL -- only the request whose span is one of these (--request gives every span id of the request's perspectives); NULL = all
 -- param: $clock_domain VARCHAR default NULL -- only gaps of this clock domain (the engine's); NULL = all
 -- units: *_ns nanoseconds since the Unix epoch on the engine's clock; *_ms milliseconds;
 --   token_index and decode_step counts (token n = k + 1 comes from decode step k); step an
@@ -40,5 +41,6 @@ SELECT
     null_reason
 FROM request_step_gaps
 WHERE ($trace_id IS NULL OR trace_id = $trace_id)
+  AND ($request_span_ids IS NULL OR list_contains($request_span_ids, request_span_id))
   AND ($clock_domain IS NULL OR clock_domain = $clock_domain)
 ORDER BY trace_id, request_span_id, token_index;

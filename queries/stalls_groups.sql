@@ -9,6 +9,7 @@
 --   grouping, one row per reason with group_label, group_min and group_max NULL and
 --   null_reason saying why: they are never counted in bucket 0.
 -- param: $trace_id VARCHAR default NULL -- only requests of this trace (32 lowercase hex); NULL = all
+-- param: $request_span_ids VARCHAR[] default NULL -- only the request whose span is one of these (--request gives every span id of the request's perspectives); NULL = all
 -- param: $clock_domain VARCHAR default NULL -- only gaps of this clock domain (the engine's); NULL = all
 -- units: itl_*_ms, step_ms_mean, between_steps_ms_mean milliseconds; gaps, requests and
 --   itl_count counts; group_min / group_max tokens (prefill_tokens) or sequences (batch_size).
@@ -16,6 +17,7 @@ WITH gaps AS (
     SELECT *
     FROM request_step_gaps
     WHERE ($trace_id IS NULL OR trace_id = $trace_id)
+      AND ($request_span_ids IS NULL OR list_contains($request_span_ids, request_span_id))
       AND ($clock_domain IS NULL OR clock_domain = $clock_domain)
 ),
 known AS (

@@ -11,6 +11,7 @@
 --   null_reason (never 0). Gaps whose itl_ms is unknown are not ranked.
 -- param: $per_request BIGINT default 3 -- how many gaps per request (the slowest first)
 -- param: $trace_id VARCHAR default NULL -- only requests of this trace (32 lowercase hex); NULL = all
+-- param: $request_span_ids VARCHAR[] default NULL -- only the request whose span is one of these (--request gives every span id of the request's perspectives); NULL = all
 -- param: $clock_domain VARCHAR default NULL -- only gaps of this clock domain (the engine's); NULL = all
 -- units: *_ms milliseconds; *_tokens tokens; batch_size, waiting, shared_* and
 --   untraced_sequences sequences (shared_prefill_tokens, largest_shared_prefill_tokens
@@ -21,6 +22,7 @@ WITH ranked AS (
     FROM request_step_gaps g
     WHERE g.itl_ms IS NOT NULL
       AND ($trace_id IS NULL OR g.trace_id = $trace_id)
+      AND ($request_span_ids IS NULL OR list_contains($request_span_ids, g.request_span_id))
       AND ($clock_domain IS NULL OR g.clock_domain = $clock_domain)
 ),
 slowest AS (

@@ -244,7 +244,7 @@ def test_cli_itl_table_leads_with_the_largest_gaps(db: Path, runner: CliRunner) 
     out = runner.invoke(cli, ["itl", "--db", str(db)], catch_exceptions=False)
     assert out.exit_code == 0, out.output
     lines = out.stdout.splitlines()
-    table = [line for line in lines if line[:16].strip() and all(c in "0123456789abcdef" for c in line[:16])]
+    table = [line for line in lines if line.startswith("chatcmpl-")]  # the gap rows, by the request's response id
     # the 20 largest of every perspective's gaps, shown under their perspective's title
     assert sorted((float(line.split()[-2]) for line in table), reverse=True) == [round(x, 1) for x in itl[:20]]
     assert f"20 of {len(rows)} gaps shown, largest itl_ms first, {len(rows) - 20} left out: --limit N shows" in \

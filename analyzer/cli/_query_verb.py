@@ -141,6 +141,68 @@ def check_trace_id(trace_id: str | None) -> str | None:
     return lowered
 
 
+def request_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--request ID``: one request, named by any id it has (analyzer/query/request_ids.py)."""
+    return click.option("--request", "request", default=None, metavar="ID",
+                        help="Only this request: its response id (chatcmpl-...), the X-Request-ID it was sent "
+                             "with, or its span id (or the span id's last 8+ hex digits).")(f)
+
+
+def request_flags(db_path: str | None, parquet_dir: str | None, wanted: str | None,
+                  trace_id: str | None = None, *, span_list: bool = False) -> dict[str, Any]:
+    """The query parameters ``--request ID`` (and ``--trace-id``) stand for: ``trace_id`` and
+    ``request_span_id`` of the one request ID names, looked up in the database or dump (one
+    line when it names none or several, or another trace than --trace-id). ``span_list``
+    (the engine-step queries, keyed by the span that holds the decode spans): ``trace_id``
+    as given and ``request_span_ids``, every span id of the request's perspectives."""
+    if wanted is None:
+        return {"trace_id": trace_id, "request_span_ids" if span_list else "request_span_id": None}
+    from analyzer.db.source import SourceError, open_source
+    from analyzer.query.request_ids import request_id_rows, resolve_request
+
+    if db_path and parquet_dir:
+        raise UserError("give --db or --parquet, not both")
+    try:
+        con = open_source(parquet=parquet_dir) if parquet_dir else open_source(db=db_path or default_db_path())
+    except SourceError as exc:
+        raise UserError(str(exc)) from None
+    try:
+        found = resolve_request(request_id_rows(installed(con)), wanted.strip())
+    finally:
+        con.close()
+    if span_list:
+        return {"trace_id": trace_id, "request_span_ids": list(found["span_ids"] or [found["request_span_id"]])}
+    if trace_id is not None and found["trace_id"] != trace_id:
+        raise UserError(f"--request {wanted!r} is a request of trace {found['trace_id']}, not of --trace-id {trace_id}")
+    return {"trace_id": found["trace_id"], "request_span_id": found["request_span_id"]}
+
+
+def with_request_ids(con: duckdb.DuckDBPyConnection, result: "QueryResult") -> "QueryResult":
+    """``result`` for the table: a ``request_id`` column, the id every verb shows for a request
+    (analyzer/query/request_ids.py), beside each ``request_span_id`` (and
+    ``largest_shared_prefill_request_id`` beside that span id of stalls' slowest gaps)."""
+    from analyzer.query.request_ids import request_id_rows, shown_request_ids
+    from analyzer.query.runner import QueryResult
+
+    spans = [c for c in ("request_span_id", "largest_shared_prefill_request_span_id") if c in result.columns]
+    if not spans or not result.rows or "request_id" in result.columns:
+        return result
+    shown = shown_request_ids(request_id_rows(con))
+    by_span = {span: text for (trace, span), text in shown.items() if trace is None}
+    trace_at = result.columns.index("trace_id") if "trace_id" in result.columns else None
+    added, rows = [], []
+    for column in spans:
+        added.append("request_id" if column == "request_span_id" else column.replace("_span_id", "_id"))
+    for row in result.rows:
+        extra = []
+        for column in spans:
+            span = row[result.columns.index(column)]
+            key = (row[trace_at], span) if trace_at is not None and column == "request_span_id" else None
+            extra.append(shown.get(key) or by_span.get(span) or span)
+        rows.append((*row, *extra))
+    return QueryResult(result.name, [*result.columns, *added], rows)
+
+
 def merge_params(query: str, flags: Mapping[str, Any], raw_params: Sequence[str]) -> dict[str, Any]:
     """Friendly flags (None = not given) overlaid by ``--param NAME=VALUE``; unknown names are errors."""
     from analyzer.query.runner import load_query
@@ -325,6 +387,8 @@ def run_verb(
                 note_if_stale(con, None if parquet_dir else db_path or default_db_path())
                 return
             result = query_rows(con, query, params)
+            if output_format == "table":
+                result = with_request_ids(con, result)
             note_if_stale(con, None if parquet_dir else db_path or default_db_path())
         finally:
             con.close()

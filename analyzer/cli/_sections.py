@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import click
 
-from analyzer.cli._query_verb import merge_params, open_from_flags, query_rows
+from analyzer.cli._query_verb import merge_params, open_from_flags, query_rows, with_request_ids
 from analyzer.cli._human import terminal_width, wrap_note
 from analyzer.cli.options import emit_rows, to_jsonable
 
@@ -50,6 +50,8 @@ def run_sections(
     con = open_from_flags(db_path, parquet_dir)
     try:
         results = {name: query_rows(con, sections[name][0], bound[name]) for name in names}
+        if output_format == "table":  # every request named by the id every verb shows
+            results = {name: with_request_ids(con, result) for name, result in results.items()}
     finally:
         con.close()
     if output_format == "json":

@@ -101,7 +101,7 @@ _REQUESTS = View((
 ), group_by="perspective", group_title=_perspective_title("request"), prepare=_unique_request_ids)
 
 _ITL = View((
-    Col("request_span_id", "request span", cut=True),
+    Col("request_id", "request id", cut=True, value=lambda r: r.get("request_id") or r.get("request_span_id")),
     Col("gap_index", "gap", "#", kind="count"),
     Col("time_ns", "chunk at", "UTC", kind="utc", rank=2),
     Col("chunk_tokens", "chunk", "tok", kind="count"),
@@ -261,7 +261,7 @@ _STEPS_SUMMARY = View((
 ))
 
 _STALLS = View((
-    Col("request_span_id", "request span", cut=True),
+    Col("request_id", "request id", cut=True, value=lambda r: r.get("request_id") or r.get("request_span_id")),
     Col("token_index", "token", "#", kind="count"),
     Col("itl_ms", "ITL", "ms", kind="ms"),
     Col("step", "step", kind="count"),
@@ -288,14 +288,15 @@ _STALLS_GROUPS = View((
 ))
 
 _STALLS_SLOWEST = View((
-    Col("request_span_id", "request span", cut=True),
+    Col("request_id", "request id", cut=True, value=lambda r: r.get("request_id") or r.get("request_span_id")),
     Col("gap_rank", "rank", kind="count"),
     Col("token_index", "token", "#", kind="count"),
     Col("itl_ms", "ITL", "ms", kind="ms"),
     Col("step", "step", kind="count"),
     Col("batch_size", "batch", "seq", kind="count"),
     Col("shared_prefill_tokens", "prefill", "tok", kind="count"),
-    Col("largest_shared_prefill_request_span_id", "largest prefill span", rank=1),
+    Col("largest_shared_prefill_request_span_id", "largest prefill", "request", rank=1, cut=True,
+        value=lambda r: r.get("largest_shared_prefill_request_id") or r.get("largest_shared_prefill_request_span_id")),
     Col("null_reason", "why empty", rank=2, cut=True, fill=True),
 ))
 

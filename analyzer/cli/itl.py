@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
-from analyzer.cli._query_verb import columns_option, PERSPECTIVES, check_trace_id, run_verb, source_options
+from analyzer.cli._query_verb import (
+    columns_option, PERSPECTIVES, check_trace_id, request_flags, request_option, run_verb, source_options,
+)
 from analyzer.cli._table_cut import limit_options, table_cut
 from analyzer.cli.group import cli
 from analyzer.cli.options import format_option, param_option
@@ -15,11 +17,12 @@ from analyzer.cli.options import format_option, param_option
 @click.option("--perspective", type=click.Choice(PERSPECTIVES), default=None,
               help="Only this perspective (default: every one a request has).")
 @click.option("--trace-id", default=None, metavar="HEX32", help="Only requests of this trace.")
+@request_option
 @format_option
 @columns_option
 @limit_options("gap")
 @param_option
-def itl_command(db_path, parquet_dir, perspective, trace_id, output_format, chosen_columns, limit, show_all,
+def itl_command(db_path, parquet_dir, perspective, trace_id, request, output_format, chosen_columns, limit, show_all,
                 params) -> None:
     """Every gap between consecutive visible chunks of each request, per chunk and per token.
 
@@ -36,6 +39,7 @@ def itl_command(db_path, parquet_dir, perspective, trace_id, output_format, chos
     \b
     Example:
       tokentrace itl --db traces.duckdb --limit 10
+      tokentrace itl --db traces.duckdb --request chatcmpl-4f1c2a --all
       tokentrace itl --db traces.duckdb --all \\
           --trace-id 4bf92f3577b34da6a3ce929d0e0e4736
       tokentrace itl --db traces.duckdb --format csv \\
@@ -43,6 +47,6 @@ def itl_command(db_path, parquet_dir, perspective, trace_id, output_format, chos
       tokentrace itl --db traces.duckdb --perspective client --format json
     """
     run_verb("itl", db_path=db_path, parquet_dir=parquet_dir,
-             flags={"perspective": perspective, "trace_id": check_trace_id(trace_id)},
+             flags={"perspective": perspective, **request_flags(db_path, parquet_dir, request, check_trace_id(trace_id))},
              raw_params=params, output_format=output_format, chosen=chosen_columns,
              cut=table_cut(limit, show_all, output_format, "itl_ms", "gap"))

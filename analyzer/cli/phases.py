@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
-from analyzer.cli._query_verb import columns_option, check_trace_id, run_verb, source_options
+from analyzer.cli._query_verb import (
+    columns_option, check_trace_id, request_flags, request_option, run_verb, source_options,
+)
 from analyzer.cli.group import cli
 from analyzer.cli.options import UserError, format_option, param_option
 from analyzer.verbs.skew import OffsetSyntaxError, parse_assume_offsets
@@ -13,6 +15,7 @@ from analyzer.verbs.skew import OffsetSyntaxError, parse_assume_offsets
 @cli.command("phases")
 @source_options
 @click.option("--trace-id", default=None, metavar="HEX32", help="Only requests of this trace.")
+@request_option
 @click.option("--tolerance-ms", type=click.FloatRange(min=0), default=None,
               help="How far a clock pair's offset bounds may exclude 0 and still count as one clock (default 1).")
 @click.option("--assume-offset", "assume_offset", multiple=True, metavar="DOMAIN=MS",
@@ -21,7 +24,7 @@ from analyzer.verbs.skew import OffsetSyntaxError, parse_assume_offsets
 @format_option
 @columns_option
 @param_option
-def phases_command(db_path, parquet_dir, trace_id, tolerance_ms, assume_offset, output_format, chosen_columns, params) -> None:
+def phases_command(db_path, parquet_dir, trace_id, request, tolerance_ms, assume_offset, output_format, chosen_columns, params) -> None:
     """Client TTFT split into network-in, gateway overhead, tokenize, queue, prefill,
     first-emit and network-out, with the residual no phase span covers.
 
@@ -43,11 +46,13 @@ def phases_command(db_path, parquet_dir, trace_id, tolerance_ms, assume_offset, 
           --columns request_span_id,ttft_ms,queue_ms,prefill_ms
       tokentrace phases --db traces.duckdb
       tokentrace phases --db traces.duckdb --assume-offset skewed-client=35
+      tokentrace phases --db traces.duckdb --request chatcmpl-tt-plugin-2
     """
     try:
         offsets = parse_assume_offsets(assume_offset)
     except OffsetSyntaxError as exc:
         raise UserError(str(exc)) from None
     run_verb("phases", db_path=db_path, parquet_dir=parquet_dir,
-             flags={"trace_id": check_trace_id(trace_id), "tolerance_ms": tolerance_ms, **offsets.params()},
+             flags={**request_flags(db_path, parquet_dir, request, check_trace_id(trace_id)),
+                    "tolerance_ms": tolerance_ms, **offsets.params()},
              raw_params=params, output_format=output_format, notes=offsets.notes(), chosen=chosen_columns)

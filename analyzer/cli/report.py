@@ -13,8 +13,10 @@ from analyzer.cli.options import UserError, db_option
 @cli.command("report")
 @db_option
 @click.option("--html", "html_path", required=True, type=click.Path(dir_okay=False), help="Where to write the HTML file.")
-@click.option("--request", "request_span_id", default=None, metavar="SPAN_ID",
-              help="Request span id (16 hex) to detail; default: the typical request (E2E closest to the median).")
+@click.option("--request", "request_span_id", default=None, metavar="ID",
+              help="The request to detail, by any id it has: its response id (chatcmpl-...), the X-Request-ID it "
+                   "was sent with, or its span id (or the span id's last 8+ hex digits); default: the typical "
+                   "request (E2E closest to the median).")
 @click.option("--audit", "audit_json", default=None, type=click.Path(dir_okay=False),
               help="Findings from `tokentrace audit --format json` to include.")
 @click.option("--mode", type=click.Choice(["closed_cohort", "steady_state"]), default="closed_cohort",

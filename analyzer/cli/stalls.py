@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from analyzer.cli._query_verb import check_trace_id, source_options
+from analyzer.cli._query_verb import check_trace_id, request_flags, request_option, source_options
 from analyzer.cli._sections import run_sections, section_option
 from analyzer.cli._table_cut import limit_options, table_cut
 from analyzer.cli.group import cli
@@ -18,6 +18,7 @@ SECTIONS = ("gaps", "groups", "slowest")
 @cli.command("stalls")
 @source_options
 @click.option("--trace-id", default=None, metavar="HEX32", help="Only requests of this trace.")
+@request_option
 @click.option("--clock-domain", default=None, metavar="DOMAIN",
               help="Only gaps of this engine (clock domain service.name|service.instance.id|host.name).")
 @click.option("--per-request", type=click.IntRange(min=1), default=None,
@@ -25,7 +26,7 @@ SECTIONS = ("gaps", "groups", "slowest")
 @section_option(SECTIONS)
 @format_option
 @limit_options("gap")
-def stalls_command(db_path, parquet_dir, trace_id, clock_domain, per_request, sections, output_format, limit,
+def stalls_command(db_path, parquet_dir, trace_id, request, clock_domain, per_request, sections, output_format, limit,
                    show_all) -> None:
     """Why a token was slow: each gap between generated tokens with the engine step that
     produced it, ITL grouped by what shared that step, and each request's slowest gaps.
@@ -51,7 +52,8 @@ def stalls_command(db_path, parquet_dir, trace_id, clock_domain, per_request, se
       tokentrace stalls --db traces.duckdb --section slowest --per-request 5 \\
           --format json
     """
-    common = {"trace_id": check_trace_id(trace_id), "clock_domain": clock_domain}
+    common = {**request_flags(db_path, parquet_dir, request, check_trace_id(trace_id), span_list=True),
+              "clock_domain": clock_domain}
     run_sections({"gaps": ("stalls", common), "groups": ("stalls_groups", common),
                   "slowest": ("stalls_slowest", {**common, "per_request": per_request})}, sections,
                  db_path=db_path, parquet_dir=parquet_dir, output_format=output_format,

@@ -149,14 +149,17 @@ def _kv_table(row: Mapping[str, Any]) -> str:
 
 
 def choose_request(requests: Sequence[Mapping[str, Any]], request_span_id: str | None) -> Mapping[str, Any] | None:
-    """The request to detail: the one asked for, else the typical one (E2E closest to the
-    median E2E among requests seen from their best perspective)."""
-    if request_span_id is not None:
-        for r in requests:
-            if r["request_span_id"] == request_span_id:
-                return r
-        raise ValueError(f"no request with span id {request_span_id!r} in this database")
+    """The request to detail: the one asked for (``request_span_id``: any id of it, as
+    analyzer/query/request_ids.py reads one: response id, X-Request-ID, span id) seen from its
+    best perspective, else the typical one (E2E closest to the median E2E among requests seen
+    from their best perspective)."""
     rank = {"client": 0, "server": 1, "engine": 2}
+    if request_span_id is not None:
+        from analyzer.query.request_ids import resolve_request
+
+        found = resolve_request(requests, request_span_id)
+        rows = [r for r in requests if (r["trace_id"], r["request_span_id"]) == (found["trace_id"], found["request_span_id"])]
+        return min(rows, key=lambda r: rank.get(r["perspective"], 9))
     best: dict[tuple[str, str], Mapping[str, Any]] = {}
     for r in requests:
         key = (r["trace_id"], r["request_span_id"])
