@@ -190,3 +190,18 @@ def test_kv_limitations_wrap_to_the_terminal(width) -> None:
     assert max(map(len, out.splitlines())) <= width
     assert "kv_bytes_per_token: 327680" in out.splitlines()
     assert "limitation: logical unsharded K/V payload; omits: quantization scales" in " ".join(out.split())
+
+
+def test_one_column_or_one_summary_row_prints_its_figures_alike() -> None:
+    """14.90 beside 13.93, never 14 beside 13.93: a column's (or a summary row's) floats share
+    the decimals that give its largest value 4 significant digits."""
+    from analyzer.cli._human import Col, column_texts, decimals_for
+
+    assert decimals_for([14.9, 13.93, 9.895]) == 2 and decimals_for([1687.4, 33.5]) == 0
+    assert decimals_for([0.03125, 0.5]) == 4 and decimals_for([None, 0.0]) is None
+    assert column_texts(Col("rate", "rate"), [{"rate": 14.0}, {"rate": 13.93}, {"rate": None}]) == ["14.00", "13.93", "-"]
+    from analyzer.cli._views import _summary_figure
+
+    row = {"unit": "tokens/s", "mean": 9.8951, "std_pop": 3.303, "min": 4.1, "p50": 8.456, "p90": 14.9,
+           "p95": 16.89, "p99": 18.24, "max": 18.58}
+    assert [_summary_figure(k)(row) for k in ("mean", "p50", "p90", "max")] == ["9.90", "8.46", "14.90", "18.58"]

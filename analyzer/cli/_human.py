@@ -87,8 +87,23 @@ def _ellipsis() -> str:
     return "…" if encoding.startswith("utf") else "~"
 
 
-def _number_text(value: float) -> str:
-    """A float for reading: 4 significant digits, never an exponent between 1e-4 and 1e15."""
+def decimals_for(values: Sequence[Any]) -> int | None:
+    """The decimals that give the largest of ``values`` (floats) 4 significant digits, so
+    every figure of one column or one row prints alike (14.90 beside 13.93, not 14 beside
+    13.93); None when there is no finite non-zero float among them."""
+    import math
+
+    floats = [abs(v) for v in values if isinstance(v, float) and math.isfinite(v) and v != 0]
+    if not floats:
+        return None
+    return max(0, min(6, 3 - math.floor(math.log10(max(floats)))))
+
+
+def _number_text(value: float, decimals: int | None = None) -> str:
+    """A float for reading: 4 significant digits, never an exponent between 1e-4 and 1e15;
+    ``decimals``: that many instead (the figure's column or row, :func:`decimals_for`)."""
+    if decimals is not None and (value == 0 or abs(value) >= 10 ** -decimals):
+        return f"{value:.{decimals}f}"
     if value == 0:
         return "0"
     if abs(value) >= 1e4:
@@ -99,8 +114,9 @@ def _number_text(value: float) -> str:
     return text if "e" not in text else f"{value:.6f}".rstrip("0")
 
 
-def cell_text(value: Any, kind: str = "auto", key: str = "") -> str:
-    """One value as the human view prints it; ``-`` for NULL."""
+def cell_text(value: Any, kind: str = "auto", key: str = "", decimals: int | None = None) -> str:
+    """One value as the human view prints it; ``-`` for NULL. ``decimals``: a float of kind
+    ``auto`` printed with that many (its column's, :func:`decimals_for`)."""
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -117,7 +133,7 @@ def cell_text(value: Any, kind: str = "auto", key: str = "") -> str:
             return f"{value:.1f}" if abs(value) >= 0.1 or value == 0 else f"{value:.3f}"
         if kind == "count" and value.is_integer():
             return str(int(value))
-        return _number_text(value)
+        return _number_text(value, decimals)
     if isinstance(value, int):
         return str(value)
     return str(value).replace("\r", " ").replace("\n", " ")
@@ -152,7 +168,7 @@ def _layout(view: View, rows: Sequence[Mapping[str, Any]], width: int | None,
     if chosen:  # headed by the names the user gave, formatted as the view formats them
         kinds = {c.key: c.kind for c in cols if c.value is None}
         cols = [Col(k, k, kind=kinds.get(k, "auto")) for k in chosen]
-    texts = {c.key: [cell_text(c.get(r), c.kind, c.key) for r in rows] for c in cols}
+    texts = {c.key: column_texts(c, rows) for c in cols}
     natural = {c.key: max([len(c.head), len(c.unit), *map(len, texts[c.key])]) for c in cols}
     if chosen or width is None:
         return cols, natural, []
@@ -199,8 +215,17 @@ def _table_lines(shown: Sequence[Col], widths: Mapping[str, int], rows: Sequence
     if any(c.unit for c in shown):
         lines.append(line([c.unit for c in shown]))
     lines.append((" " * GAP).join("-" * widths[c.key] for c in shown))
-    lines.extend(line([cell_text(c.get(r), c.kind, c.key) for c in shown]) for r in rows)
+    texts = [column_texts(c, rows) for c in shown]
+    lines.extend(line([t[i] for t in texts]) for i in range(len(rows)))
     return lines
+
+
+def column_texts(col: Col, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The cells of one column: floats of kind ``auto`` with one number of decimals for the
+    whole column (:func:`decimals_for`)."""
+    values = [col.get(r) for r in rows]
+    decimals = decimals_for(values) if col.kind == "auto" and not col.key.endswith("_ms") else None
+    return [cell_text(v, col.kind, col.key, decimals) for v in values]
 
 
 def _transposed_lines(view: View, rows: Sequence[Mapping[str, Any]], width: int | None,

@@ -122,14 +122,20 @@ def _summary_figure(key: str) -> Callable[[Mapping[str, Any]], Any]:
     """A summary statistic as text, by its row's unit: milliseconds to 0.1 ms (as every *_ms
     column prints), fractions to three decimals, other figures to four significant digits
     (right-aligned: the column's kind is numeric)."""
-    from analyzer.cli._human import cell_text
+    from analyzer.cli._human import cell_text, decimals_for
 
     def figure(row: Mapping[str, Any]) -> Any:
         unit = str(row.get("unit") or "")
         kind = "ms" if unit.startswith("ms") else "fraction" if unit.startswith("fraction") else "auto"
         value = row.get(key)
-        return None if value is None else cell_text(value, kind)
+        # one number of decimals across the row's statistics (one metric): 14.90 beside 16.89
+        decimals = decimals_for([row.get(k) for k in _SUMMARY_STATS]) if kind == "auto" else None
+        return None if value is None else cell_text(value, kind, decimals=decimals)
     return figure
+
+
+#: summary.sql's statistics of one metric (one row)
+_SUMMARY_STATS = ("mean", "std_pop", "min", "p50", "p90", "p95", "p99", "max")
 
 
 _SUMMARY = View((
