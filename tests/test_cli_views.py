@@ -205,3 +205,10 @@ def test_one_column_or_one_summary_row_prints_its_figures_alike() -> None:
     row = {"unit": "tokens/s", "mean": 9.8951, "std_pop": 3.303, "min": 4.1, "p50": 8.456, "p90": 14.9,
            "p95": 16.89, "p99": 18.24, "max": 18.58}
     assert [_summary_figure(k)(row) for k in ("mean", "p50", "p90", "max")] == ["9.90", "8.46", "14.90", "18.58"]
+
+
+def test_window_says_when_no_slo_was_set() -> None:
+    from analyzer.cli._views import _slo_passing
+
+    assert _slo_passing({"slo_passing": 7}) == "7 (no SLO set: every succeeded request)"
+    assert _slo_passing({"slo_passing": 1, "slo_ttft_ms": 500.0}) == 1

@@ -154,11 +154,19 @@ _SUMMARY = View((
     Col("null_reason", "why empty", rank=5, cut=True, fill=True),
 ))
 
+def _slo_passing(row: Mapping[str, Any]) -> Any:
+    """slo_passing, saying so when no SLO was set (then every succeeded request passes)."""
+    value = row.get("slo_passing")
+    if value is None or any(row.get(k) is not None for k in ("slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms")):
+        return value
+    return f"{value} (no SLO set: every succeeded request)"
+
+
 _WINDOW = View((
     Col("mode", "mode"), Col("perspective", "perspective"),
     Col("window_start_ns", "window start", "UTC", kind="utc"), Col("window_end_ns", "window end", "UTC", kind="utc"),
     Col("window_s", "window", "s"), Col("attempted", "attempted"), Col("succeeded", "succeeded"),
-    Col("failed", "failed"), Col("cancelled", "cancelled"), Col("slo_passing", "slo passing"),
+    Col("failed", "failed"), Col("cancelled", "cancelled"), Col("slo_passing", "slo passing", value=_slo_passing),
     Col("not_finished_in_window", "not finished in window"),
     Col("requests_crossing_boundary", "requests crossing a bound"),
     Col("request_throughput_rps", "request throughput", "req/s"),
