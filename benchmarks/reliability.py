@@ -5,7 +5,7 @@ overload, disconnects and slow clients, each with a count of what was tried and 
     .venv/bin/python benchmarks/reliability.py --scale 0.25    # quicker
     TOKENTRACE_FUZZ_EXAMPLES=400 .venv/bin/python benchmarks/reliability.py --fuzz
 
-Prints one Markdown table (docs/reliability.md holds the last run). The tests in
+Prints one Markdown table (benchmarks/RESULTS.md holds the last run). The tests in
 tests/test_reliability_*.py call the same functions with small counts and assert that
 nothing is unaccounted for. Everything runs on 127.0.0.1; every wait is bounded.
 

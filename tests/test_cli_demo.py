@@ -34,7 +34,7 @@ def test_demo_tiny_end_to_end(runner, tmp_path: Path) -> None:
     assert done.returncode == 0 and "TTFT" in done.stdout, done.stderr
     assert hints[1].split()[1:] == ["requests", "--db", str(out / "traces.duckdb")]
     # the seed request's answer is shown on one line, quoted, with no escaped newline in it
-    (answer,) = [line for line in text.splitlines() if line.startswith("seed request answer (6 tokens): \"")]
+    (answer,) = [line for line in text.splitlines() if line.startswith("example request's answer (6 tokens): \"")]
     assert "\\n" not in answer
     assert "Loading weights" not in text
     # The demo ends with the HTML report of its own database.

@@ -26,7 +26,7 @@ __all__ = ["bench_command"]
               help="Open loop: Poisson arrivals at this many requests per second (seeded by --seed).")
 @click.option("--api-key", default=None, envvar="TOKENTRACE_API_KEY", help="Bearer key ($TOKENTRACE_API_KEY).")
 @click.option("--model", default=None, help="Model id to request (default: the first of GET /v1/models).")
-@click.option("--prompt", default=None, help="User message (default: the seed's travel-copilot request).")
+@click.option("--prompt", default=None, help="User message (default: the worked example's travel-copilot request).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True, help="max_tokens per request.")
 @click.option("--temperature", type=click.FloatRange(min=0, max=2), default=0.0, show_default=True)
 @click.option("--clock-offset-ms", type=float, default=0.0, show_default=True,

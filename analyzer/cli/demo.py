@@ -1,5 +1,5 @@
 """``tokentrace demo``: the main job, offline: serve a model through the traced gateway, send the
-seed's travel-copilot request plus a small concurrent load, and analyze the spans."""
+worked example's travel-copilot request plus a small concurrent load, and analyze the spans."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def _progress(quiet: bool) -> Iterator[Any]:
 @click.option("--model", default=None, metavar="SPEC",
               help="smollm2 (default), tiny, or a local HuggingFace model folder.")
 @click.option("--requests", "load_requests", type=click.IntRange(min=0), default=6, show_default=True,
-              help="Requests in the concurrent load after the seed request.")
+              help="Requests in the concurrent load after the example request.")
 @click.option("--concurrency", type=click.IntRange(min=1), default=3, show_default=True,
               help="Closed-loop concurrency of the load.")
 @click.option("--max-tokens", type=click.IntRange(min=1, max=4096), default=48, show_default=True,
@@ -90,10 +90,10 @@ def _progress(quiet: bool) -> Iterator[Any]:
 @click.option("--quiet", "-q", is_flag=True, help="No progress display.")
 def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int, concurrency: int, max_tokens: int,
                  clock_offset_ms: float, shutdown_grace_s: float, quiet: bool) -> None:
-    """Serve a model through the traced gateway, send the seed's request and a small load, and
+    """Serve a model through the traced gateway, send the worked example's request and a small load, and
     analyze every span, offline.
 
-    The seed's travel-copilot request ("Show me wheelchair-accessible hotels in Kyoto under
+    The worked example's travel-copilot request ("Show me wheelchair-accessible hotels in Kyoto under
     $200/night with onsen access.") goes first, then --requests more at --concurrency.
     Client and server spans are written to DIR/client-spans.jsonl and DIR/server-spans.jsonl
     (OTLP-JSON lines; also sent over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set), loaded
@@ -146,7 +146,7 @@ def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int
     seed = result.client_results[0] if result.client_results else None
     if seed is not None and seed.text:
         answer = " ".join(seed.text[:300].split())  # on one line: no literal \n in it
-        click.echo(textwrap.fill(f"seed request answer ({seed.output_tokens} tokens): \"{answer}\"",
+        click.echo(textwrap.fill(f"example request's answer ({seed.output_tokens} tokens): \"{answer}\"",
                                  width, subsequent_indent="  "))
     print_query_results(result.queries)
     db = result.db_path

@@ -1,4 +1,4 @@
-"""``tokentrace timeline``: the seed's request-timeline calculator, through DuckDB SQL."""
+"""``tokentrace timeline``: the worked example's request-timeline calculator, through DuckDB SQL."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from analyzer.cli.options import UserError, to_jsonable
               help="A published E2E in ms to check (flags O gaps charged for O tokens).")
 @click.option("--db", "db_path", default=None, metavar="PATH",
               help="Keep the synthetic trace in this DuckDB database (default: in memory only).")
-@click.option("--json", "as_json", is_flag=True, help="Print the artifact as JSON (the seed's keys and more).")
+@click.option("--json", "as_json", is_flag=True, help="Print the artifact as JSON (every figure at full precision).")
 def timeline_command(csv_path, model_config, layers, kv_heads, head_dim, query_heads, kv_dtype, input_tokens,
                      output_tokens, window_s, attempted, succeeded, slo_passing, claim_kv_bytes_per_token,
                      claim_e2e_ms, db_path, as_json) -> None:
@@ -41,7 +41,7 @@ def timeline_command(csv_path, model_config, layers, kv_heads, head_dim, query_h
     cohort with those counts. Exits 1 when a --claim-* check fails.
 
     \b
-    Example (the seed's worked example):
+    Example (the worked example, analyzer/examples/):
       tokentrace timeline request-timeline.csv --layers 80 --kv-heads 8 \\
           --head-dim 128 --kv-dtype bf16 --input-tokens 1025 --output-tokens 150 \\
           --window-s 10 --attempted 100 --succeeded 98 --slo-passing 95 --json

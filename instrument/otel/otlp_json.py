@@ -16,7 +16,7 @@ instrument writes; :func:`spans_to_otlp_json_via_protobuf` is the reference).
 The exporter writes an export batch as several lines (:func:`encode_lines`): slices of at
 most 64 spans or 256 span events, each one ``json.dumps`` call of well under a millisecond.
 One call for a whole 512-span batch held the GIL for 5-10 ms at a time, stalling the engine
-thread mid-step (docs/gateway.md, "Tracing cost").
+thread mid-step (docs/design/otlp-json-slices.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The span exporter process: step records in, spans out, never in the serving process's way.
 
-Transport (measured by benchmarks/record_transport.py; docs/gateway.md, "Step records and
-the span exporter process"): an
+Transport (measured by benchmarks/record_transport.py; why: docs/design/span-export-process.md):
+an
 ``AF_UNIX`` ``SOCK_SEQPACKET`` socket pair. The serving process sends one message of one or
 more steps' records (instrument/engines/cb_records.py: every 32 KiB / 50 ms and when the
 engine goes idle) with a non-blocking ``sendmsg`` (~0.8 µs for a batch-64 record to a busy
