@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analyzer.audit import AuditInputError, audit_report, detect_kind
+from analyzer.audit import audit_report, detect_kind
+from analyzer.errors import AuditInputError
 from data_paths import SAMPLES
 
 VLLM = SAMPLES / "vllm_benchmark_serving_sharegpt_qps04_llm-k8s.json"

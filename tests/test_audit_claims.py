@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analyzer.audit import AuditInputError, audit_report
+from analyzer.audit import audit_report
+from analyzer.errors import AuditInputError
 
 SEED_MODEL = {"layers": 80, "q_heads": 64, "kv_heads": 8, "head_dim": 128, "kv_dtype": "bf16"}
 SEED = {
@@ -121,7 +122,7 @@ def test_synthetic_presented_as_measured(tmp_path) -> None:
 
 
 def test_tokentrace_artifact(tmp_path, seed_csv) -> None:
-    from analyzer.formats.timeline import WindowCounts, compute_artifact, read_timeline_csv
+    from analyzer.verbs.timeline import WindowCounts, compute_artifact, read_timeline_csv
     from instrument.kv.formula import explicit_layout
 
     artifact = compute_artifact(read_timeline_csv(seed_csv), input_tokens=1025, output_tokens=150,
@@ -161,7 +162,7 @@ def test_bad_claims_file(tmp_path, claims, message) -> None:
 
 def test_db_recomputation_from_traces(tmp_path, seed_csv) -> None:
     from analyzer.db.store import connect
-    from analyzer.formats.timeline import compute_artifact, read_timeline_csv
+    from analyzer.verbs.timeline import compute_artifact, read_timeline_csv
 
     db = tmp_path / "traces.duckdb"
     con = connect(db)

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from analyzer.audit import AuditInputError, audit_report
+from analyzer.audit import audit_report
+from analyzer.errors import AuditInputError
 from analyzer.cli import cli
 from analyzer.formats.load import load_paths
 from analyzer.db.store import connect

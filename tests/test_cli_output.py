@@ -15,7 +15,7 @@ from trace_fixtures import mixed_world
 
 from analyzer.cli import cli
 from analyzer.cli.options import emit_rows
-from analyzer.cli.window import utc_text
+from analyzer.query.utc_columns import utc_text
 from analyzer.db.store import connect
 
 

@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from analyzer.cli import cli
-from analyzer.db.dbfile import DatabaseFileError, check_database_path, describe_file
+from analyzer.db.dbfile import check_database_path, describe_file
+from analyzer.errors import DatabaseFileError
 from analyzer.db.store import connect
 from data_paths import SAMPLES
 

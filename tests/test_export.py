@@ -7,7 +7,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from analyzer.formats.parquet_export import ExportError, export_parquet
+from analyzer.formats.parquet_export import export_parquet
+from analyzer.errors import ExportError
 from analyzer.formats.load import load_paths
 from analyzer.db.store import connect
 from data_paths import SAMPLES
@@ -83,7 +84,7 @@ def test_a_span_twice_in_a_dump_keeps_its_events_once(tmp_path):
 
 
 def test_a_span_twice_in_a_dump_with_different_events_is_refused(tmp_path):
-    from analyzer.formats.canonical import LoadError
+    from analyzer.errors import LoadError
 
     with pytest.raises(LoadError, match="conflicting_duplicate: span_events: span .* two different rows with event_index"):
         load_paths(connect(), [str(_dump_with_a_second_copy(tmp_path, change_event_name=True))])

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from analyzer.formats.load import LoadError, load_paths
+from analyzer.formats.load import load_paths
+from analyzer.errors import LoadError
 from analyzer.db.store import connect
 
 TRACE = "5b8efff798038103d269b633813fc60c"

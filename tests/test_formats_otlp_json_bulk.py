@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 import analyzer.formats.load as load_module
 from analyzer.formats import otlp_json_duckdb
 from analyzer.formats.writers import to_otlp_json
-from analyzer.formats.load import LoadError, load_paths
+from analyzer.formats.load import load_paths
+from analyzer.errors import LoadError
 from analyzer.db.store import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))

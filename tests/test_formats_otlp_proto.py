@@ -8,7 +8,8 @@ import pytest
 
 from analyzer.formats.otlp_proto import write_length_prefixed
 from analyzer.formats.writers import to_otlp_proto
-from analyzer.formats.load import LoadError, load_paths
+from analyzer.formats.load import load_paths
+from analyzer.errors import LoadError
 from analyzer.db.store import connect
 from data_paths import SAMPLES
 

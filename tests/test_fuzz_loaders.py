@@ -31,7 +31,8 @@ from hypothesis import strategies as st
 from analyzer.formats.parquet_export import export_parquet
 from analyzer.formats.otlp_proto import write_length_prefixed
 from analyzer.formats.writers import to_jaeger_trace, to_otlp_json, to_otlp_proto
-from analyzer.formats.load import LoadError, load_paths
+from analyzer.formats.load import load_paths
+from analyzer.errors import LoadError
 from analyzer.db.store import connect
 from test_load_properties import spans  # helper-2's generator of valid traces
 

@@ -3,7 +3,7 @@
 Every ``import`` and ``from … import`` in analyzer/ and instrument/ is read from the source
 (function-level imports included), and each analyzer module is given its layer's rank:
 
-    errors (0) → db (1) → query (2) → formats (3) → collect, audit, report (4) → verbs (5) → cli (6)
+    errors (0) → db (1) → formats (2) → query (3) → collect, audit, report (4) → verbs (5) → cli (6)
 
 and each instrument package likewise:
 
@@ -36,8 +36,8 @@ REPO = Path(__file__).resolve().parents[1]
 RANKS: dict[str, int] = {
     "analyzer": 0, "analyzer.errors": 0,
     "analyzer.db": 1,
-    "analyzer.query": 2,
-    "analyzer.formats": 3,
+    "analyzer.formats": 2,
+    "analyzer.query": 3,
     "analyzer.collect": 4, "analyzer.audit": 4, "analyzer.report": 4,
     "analyzer.verbs": 5,
     "analyzer.cli": 6,
@@ -271,3 +271,22 @@ def test_every_package_is_listed_in_pyproject() -> None:
     found = {_module_name(init) for top in ("analyzer", "instrument") for init in (REPO / top).rglob("__init__.py")
              if "__pycache__" not in init.parts}
     assert found <= listed, f"packages missing from pyproject.toml [tool.setuptools] packages: {sorted(found - listed)}"
+
+
+def test_user_facing_errors_come_from_analyzer_errors_only() -> None:
+    """One home for the errors a user can cause: every import of one names analyzer.errors
+    (no module re-exports them), and each is a TokentraceError (caught by type in the CLI)."""
+    import analyzer.errors as errors
+
+    names = {n for n in errors.__all__ if n not in ("duckdb_message", "UserError")}
+    assert all(issubclass(getattr(errors, n), errors.TokentraceError) for n in names)
+    names.add("UserError")
+    bad = []
+    for root in ("analyzer", "tests", "benchmarks"):
+        for path in sorted((REPO / root).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module and node.module != "analyzer.errors" \
+                        and node.module.startswith("analyzer"):
+                    bad += [f"{path.relative_to(REPO)}:{node.lineno}: {a.name} from {node.module}"
+                            for a in node.names if a.name in names]
+    assert not bad, bad

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from analyzer.formats.parquet_export import export_parquet
 from analyzer.formats.otlp_proto import write_length_prefixed
 from analyzer.formats.writers import to_jaeger_trace, to_otlp_json, to_otlp_proto
-from analyzer.formats.load import LoadError, load_paths
+from analyzer.formats.load import load_paths
+from analyzer.errors import LoadError
 from analyzer.db.schema import SPAN_KINDS, STATUS_CODES
 from analyzer.db.store import connect
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.formats.load import LoadError, load_paths
+from analyzer.formats.load import load_paths
+from analyzer.errors import LoadError
 from analyzer.db.store import connect
 from data_paths import SAMPLES
 

@@ -59,7 +59,7 @@ def test_every_verb_has_help_with_an_example(name, command) -> None:
 
 def test_analyzer_imports_without_torch_and_instrument_without_duckdb() -> None:
     code = (
-        "import sys, analyzer.cli, analyzer.query.runner, analyzer.formats.timeline; "
+        "import sys, analyzer.cli, analyzer.query.runner, analyzer.verbs.timeline; "
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'analyzer pulled torch'; "
         "import instrument.kv.formula; print('ok')"
     )

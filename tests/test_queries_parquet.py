@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from trace_fixtures import ANCHOR_NS, mixed_world, write_parquet_dump
 
-from analyzer.db.source import SourceError, open_source
+from analyzer.db.source import open_source
+from analyzer.errors import SourceError
 from analyzer.query.runner import list_queries, run_query
 from analyzer.db.store import connect
 

@@ -6,7 +6,8 @@ import pytest
 from trace_fixtures import CLIENT_RESOURCE, SERVER_RESOURCE, SKEWED_CLIENT_RESOURCE, domain, mixed_db, mixed_trace_id
 
 from analyzer.query.runner import run_query
-from analyzer.verbs.skew import OffsetSyntaxError, parse_assume_offsets
+from analyzer.verbs.skew import parse_assume_offsets
+from analyzer.errors import OffsetSyntaxError
 
 SKEWED = domain(SKEWED_CLIENT_RESOURCE)
 SERVER = domain(SERVER_RESOURCE)

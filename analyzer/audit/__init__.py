@@ -10,7 +10,6 @@ numbers). Formulas and the real-world failure each check catches: docs/audit.md.
 
 from __future__ import annotations
 
-from analyzer.audit.inputs import AuditInputError
 from analyzer.audit.report import KINDS, audit_report, detect_kind
 
-__all__ = ["AuditInputError", "KINDS", "audit_report", "detect_kind"]
+__all__ = ["KINDS", "audit_report", "detect_kind"]

@@ -17,7 +17,7 @@ import duckdb
 from analyzer.audit.compare import CANNOT, DEFINITION_REL_TOL, FAIL, PASS, Finding, agree, audit_query, compare_figure
 from analyzer.audit.aiperf_records import (check_aiperf_records, osl_against_server, read_aiperf_records,
                                            records_against_traces)
-from analyzer.audit.inputs import AuditInputError
+from analyzer.errors import AuditInputError
 
 __all__ = ["audit_aiperf", "normalize_aiperf"]
 

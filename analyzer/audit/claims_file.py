@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from analyzer.audit.compare import written_half_unit
-from analyzer.audit.inputs import AuditInputError, read_json
+from analyzer.audit.inputs import read_json
+from analyzer.errors import AuditInputError
 from instrument.kv.formula import KVLayout, UnsupportedArchitecture, explicit_layout, kv_layout_from_config
 
 __all__ = [

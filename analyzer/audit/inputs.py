@@ -6,9 +6,9 @@ import json
 import math
 from pathlib import Path
 from typing import Any, Mapping
-from analyzer.errors import AuditInputError  # noqa: F401  (defined at the bottom layer; re-exported)
+from analyzer.errors import AuditInputError
 
-__all__ = ["AuditInputError", "read_json", "number", "optional_number", "integer"]
+__all__ = ["read_json", "number", "optional_number", "integer"]
 
 
 def read_json(path: str | Path) -> Any:

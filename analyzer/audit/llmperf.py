@@ -16,7 +16,8 @@ import duckdb
 
 from analyzer.audit.compare import (CANNOT, DEFINITION_REL_TOL, FAIL, PASS, Finding, agree, audit_query,
                                     compare_figure, create_table, distribution_stats, load_values)
-from analyzer.audit.inputs import AuditInputError, optional_number, read_json
+from analyzer.audit.inputs import optional_number, read_json
+from analyzer.errors import AuditInputError
 
 __all__ = ["audit_llmperf", "LLMPERF_METRICS"]
 

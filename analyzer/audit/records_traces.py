@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import duckdb
 
 from analyzer.audit.compare import CANNOT, DEFINITION_REL_TOL, FAIL, PASS, Finding, audit_query, create_table
-from analyzer.audit.inputs import AuditInputError
+from analyzer.errors import AuditInputError
 from analyzer.query.runner import run_query
 
 __all__ = ["CONTAINMENT_SLACK_MS", "RequestRecord", "compare_records_with_traces", "load_traced_requests",

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.audit.compare import DEFAULT_REL_TOL
-from analyzer.audit.inputs import AuditInputError, read_json
+from analyzer.audit.inputs import read_json
+from analyzer.errors import AuditInputError
 from analyzer.audit.claims import Finding
 from analyzer.db.store import connect
 

@@ -15,7 +15,8 @@ from typing import Any
 import duckdb
 
 from analyzer.audit.compare import CANNOT, FAIL, PASS, Finding, audit_query, compare_figure, create_table
-from analyzer.audit.inputs import AuditInputError, optional_number, read_json
+from analyzer.audit.inputs import optional_number, read_json
+from analyzer.errors import AuditInputError
 
 __all__ = ["audit_vllm_nightly", "NIGHTLY_COLUMNS"]
 

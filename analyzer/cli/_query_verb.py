@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import click
 import duckdb
 
-from analyzer.cli.options import UserError, default_db_path, emit_row_batches, emit_rows, parse_params
-from analyzer.errors import duckdb_message
+from analyzer.cli.options import default_db_path, emit_row_batches, emit_rows, parse_params
+from analyzer.errors import UserError, duckdb_message
 
 if TYPE_CHECKING:
     from analyzer.cli._table_cut import TableCut
@@ -98,7 +98,8 @@ def open_from_flags(
     db_path: str | None, parquet_dir: str | None, start_ns: int | None = None, end_ns: int | None = None
 ) -> duckdb.DuckDBPyConnection:
     """The connection the verb queries; a clear one-line error for a missing file or dump."""
-    from analyzer.db.source import SourceError, open_source
+    from analyzer.db.source import open_source
+    from analyzer.errors import SourceError
 
     if db_path and parquet_dir:
         raise UserError("give --db or --parquet, not both")
@@ -157,7 +158,8 @@ def request_flags(db_path: str | None, parquet_dir: str | None, wanted: str | No
     as given and ``request_span_ids``, every span id of the request's perspectives."""
     if wanted is None:
         return {"trace_id": trace_id, "request_span_ids" if span_list else "request_span_id": None}
-    from analyzer.db.source import SourceError, open_source
+    from analyzer.db.source import open_source
+    from analyzer.errors import SourceError
     from analyzer.query.request_ids import request_id_rows, resolve_request
 
     if db_path and parquet_dir:

@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 
 import click
 
-from analyzer.cli.options import UserError
+from analyzer.errors import UserError
 
 __all__ = ["DEFAULT_TABLE_ROWS", "TableCut", "limit_options", "table_cut"]
 

@@ -9,7 +9,8 @@ import click
 from analyzer.cli.group import cli
 import json
 
-from analyzer.cli.options import UserError, to_jsonable
+from analyzer.cli.options import to_jsonable
+from analyzer.errors import UserError
 
 KIND_CHOICES = ["auto", "vllm", "vllm-nightly", "aiperf", "llmperf", "claims", "tokentrace"]
 
@@ -52,7 +53,8 @@ def audit_command(report, kind, individual, db_path, model_config, output_format
     """
     from pathlib import Path
 
-    from analyzer.audit import AuditInputError, audit_report
+    from analyzer.audit import audit_report
+    from analyzer.errors import AuditInputError
     from analyzer.audit.compare import DEFAULT_REL_TOL
 
     if db_path is not None and not Path(db_path).is_file():

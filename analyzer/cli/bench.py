@@ -11,7 +11,7 @@ import threading
 import click
 
 from analyzer.cli.group import cli
-from analyzer.cli.options import UserError
+from analyzer.errors import UserError
 
 __all__ = ["bench_command"]
 

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from analyzer.cli.group import cli
-from analyzer.cli.options import UserError
+from analyzer.errors import UserError
 
 __all__ = ["collect_command"]
 

@@ -12,7 +12,7 @@ import click
 
 from analyzer.cli.group import cli
 from analyzer.cli.model_loading import quiet_model_loading
-from analyzer.cli.options import UserError
+from analyzer.errors import UserError
 
 __all__ = ["demo_command", "print_query_results"]
 
@@ -115,7 +115,7 @@ def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int
 
     from analyzer.cli.command_name import tokentrace_command
     from analyzer.verbs.demo import DemoOptions, DemoStopped, run_demo
-    from analyzer.formats.load import LoadError
+    from analyzer.errors import LoadError
 
     if tiny and model not in (None, "tiny"):
         raise UserError(f"--tiny and --model {model} contradict each other: give one")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 
 from analyzer.cli.group import cli
-from analyzer.cli.options import UserError, db_option
+from analyzer.cli.options import db_option
+from analyzer.errors import UserError
 
 __all__ = ["export"]
 
@@ -26,7 +27,8 @@ def export(db_path: str, parquet_dir: str, overwrite: bool) -> None:
     """
     from pathlib import Path
 
-    from analyzer.formats.parquet_export import ExportError, export_parquet
+    from analyzer.formats.parquet_export import export_parquet
+    from analyzer.errors import ExportError
     from analyzer.db.store import connect
 
     if not Path(db_path).exists():

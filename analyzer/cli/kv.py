@@ -8,7 +8,6 @@ import click
 
 from analyzer.cli.group import cli
 from analyzer.cli.kv_options import kv_layout_from_flags, model_options
-from analyzer.cli.options import UserError
 from instrument.kv.formula import bytes_to_mib
 
 
@@ -55,4 +54,4 @@ def kv_command(model_config, layers, kv_heads, head_dim, query_heads, kv_dtype, 
             click.echo(f"{key}: {value}")
 
 
-__all__ = ["kv_command", "UserError"]
+__all__ = ["kv_command"]

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import click
 
-from analyzer.cli.options import UserError
+from analyzer.errors import UserError
 from instrument.kv.formula import KVLayout, UnsupportedArchitecture, explicit_layout, kv_layout_from_config
 
 __all__ = ["kv_layout_from_flags", "model_options"]

@@ -8,7 +8,8 @@ from pathlib import Path
 import click
 
 from analyzer.cli.group import cli
-from analyzer.cli.options import UserError, db_option
+from analyzer.cli.options import db_option
+from analyzer.errors import UserError
 
 __all__ = ["load"]
 
@@ -96,7 +97,8 @@ def load(paths: tuple[str, ...], db_path: str, lenient: bool, input_format: str,
       tokentrace load day1/ --db traces.duckdb --no-derive && \\
           tokentrace load day2/ --db traces.duckdb
     """
-    from analyzer.formats.load import LoadError, LoadReport, load_paths, reasons_summary
+    from analyzer.formats.load import LoadReport, load_paths, reasons_summary
+    from analyzer.errors import LoadError
     from analyzer.db.store import connect
 
     if not paths:
@@ -203,7 +205,7 @@ def _report_hint(error) -> str | None:  # noqa: ANN001
         if not path.is_file() or path.stat().st_size > 64 << 20:
             return None
         from analyzer.audit import detect_kind
-        from analyzer.audit.inputs import AuditInputError
+        from analyzer.errors import AuditInputError
 
         kind = detect_kind(path)
     except (AuditInputError, OSError, ValueError):

@@ -10,7 +10,7 @@ import sys
 from typing import Any, Callable, Iterable, Sequence
 
 import click
-from analyzer.errors import UserError  # noqa: F401  (defined at the bottom layer; re-exported)
+from analyzer.errors import UserError
 
 
 def default_db_path() -> str:
@@ -21,7 +21,6 @@ def default_db_path() -> str:
     return default()
 
 __all__ = [
-    "UserError",
     "db_option",
     "emit_row_batches",
     "emit_rows",

@@ -8,8 +8,9 @@ from analyzer.cli._query_verb import (
     columns_option, check_trace_id, request_flags, request_option, run_verb, source_options,
 )
 from analyzer.cli.group import cli
-from analyzer.cli.options import UserError, format_option, param_option
-from analyzer.verbs.skew import OffsetSyntaxError, parse_assume_offsets
+from analyzer.cli.options import format_option, param_option
+from analyzer.errors import UserError, OffsetSyntaxError
+from analyzer.verbs.skew import parse_assume_offsets
 
 
 @cli.command("phases")

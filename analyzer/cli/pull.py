@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from analyzer.cli.group import cli
-from analyzer.cli.options import UserError
+from analyzer.errors import UserError
 
 __all__ = ["pull_command"]
 
@@ -40,7 +40,8 @@ def pull_command(jaeger_url: str, service: str, since: str, limit: int, page_siz
           --service tokentrace-gateway --since 2h --out jaeger.jsonl
       tokentrace load jaeger.jsonl && tokentrace requests
     """
-    from analyzer.collect.pull import PullError, parse_since, pull_traces
+    from analyzer.collect.pull import parse_since, pull_traces
+    from analyzer.errors import PullError
 
     try:
         since_s = parse_since(since)

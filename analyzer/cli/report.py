@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 
 from analyzer.cli.group import cli
-from analyzer.cli.options import UserError, db_option
+from analyzer.cli.options import db_option
+from analyzer.errors import UserError
 
 
 @cli.command("report")

@@ -6,7 +6,7 @@ import click
 
 from analyzer.cli.group import cli
 from analyzer.cli.model_loading import quiet_model_loading
-from analyzer.cli.options import UserError
+from analyzer.errors import UserError
 
 __all__ = ["serve_command"]
 

@@ -16,7 +16,8 @@ from typing import Any, Sequence
 import click
 
 from analyzer.cli.group import cli
-from analyzer.cli.options import UserError, emit_rows, format_option
+from analyzer.cli.options import emit_rows, format_option
+from analyzer.errors import UserError
 
 __all__ = ["live_columns", "tables_command"]
 

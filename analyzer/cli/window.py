@@ -8,8 +8,9 @@ import click
 
 from analyzer.cli._query_verb import columns_option, PERSPECTIVES, run_verb, source_options
 from analyzer.cli.group import cli
-from analyzer.cli.options import UserError, format_option, param_option
-from analyzer.query.utc_columns import utc_text, with_utc_bounds  # noqa: F401  (re-exported)
+from analyzer.cli.options import format_option, param_option
+from analyzer.errors import UserError
+from analyzer.query.utc_columns import with_utc_bounds
 
 MODES = ("closed_cohort", "steady_state")
 

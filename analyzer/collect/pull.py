@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import urlsplit
-from analyzer.errors import PullError  # noqa: F401  (defined at the bottom layer; re-exported)
+from analyzer.errors import PullError
 
-__all__ = ["APIS", "PullError", "PullReport", "parse_since", "pull_traces", "rfc3339_nano"]
+__all__ = ["APIS", "PullReport", "parse_since", "pull_traces", "rfc3339_nano"]
 
 APIS = ("auto", "v3", "v1")
 MAX_PAGES = 1000

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["DUCKDB_MAGIC", "DatabaseFileError", "check_database_path", "describe_file", "is_parquet_dump"]
+__all__ = ["DUCKDB_MAGIC", "check_database_path", "describe_file", "is_parquet_dump"]
 
 DUCKDB_MAGIC = b"DUCK"
 _MAGIC_OFFSET = 8
@@ -30,7 +30,7 @@ _SIGNATURES: tuple[tuple[bytes, str], ...] = (
     (b"\x89HDF", "an HDF5 file"),
     (b"ARROW1", "an Arrow IPC file"),
 )
-from analyzer.errors import DatabaseFileError  # noqa: F401  (defined at the bottom layer; re-exported)
+from analyzer.errors import DatabaseFileError
 
 
 def is_parquet_dump(path: str | Path) -> bool:

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import duckdb
 
-from analyzer.db.dbfile import DatabaseFileError, check_database_path
+from analyzer.db.dbfile import check_database_path
+from analyzer.errors import DatabaseFileError, SourceError
 from analyzer.db.schema import TABLE_DDL
-from analyzer.errors import SourceError  # noqa: F401  (defined at the bottom layer; re-exported)
 
-__all__ = ["DUMP_TABLES", "SourceError", "open_source", "parquet_views", "utc_day_of_ns"]
+__all__ = ["DUMP_TABLES", "open_source", "parquet_views", "utc_day_of_ns"]
 
 DUMP_TABLES: tuple[str, ...] = ("spans", "span_events", "span_links")
 LOAD_HINT = "load traces first with tokentrace load"

@@ -17,14 +17,13 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import duckdb
 
-from analyzer.db.dbfile import DatabaseFileError, check_database_path
+from analyzer.db.dbfile import check_database_path
+from analyzer.errors import DatabaseFileError, TokentraceError, duckdb_message
 from analyzer.db.schema import arrow_schema, create_tables
-from analyzer.errors import TokentraceError, duckdb_message
 
 __all__ = [
     "DEFAULT_DB",
     "AttributeMaps",
-    "DatabaseFileError",
     "EventRow",
     "LinkRow",
     "SettingError",

@@ -16,7 +16,3 @@
 
 See docs/loading.md for what each reader accepts and rejects.
 """
-
-from analyzer.formats.canonical import LoadError
-
-__all__ = ["LoadError"]

@@ -14,12 +14,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
-from analyzer.errors import LoadError  # noqa: F401  (defined at the bottom layer; re-exported)
+from analyzer.errors import LoadError
 
 __all__ = [
     "EVENT_COLUMNS",
     "LINK_COLUMNS",
-    "LoadError",
     "Reject",
     "RowSink",
     "SPAN_COLUMNS",

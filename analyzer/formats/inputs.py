@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Sequence
 
-from analyzer.formats.canonical import LoadError
+from analyzer.errors import LoadError
 
 __all__ = ["INPUT_FORMATS", "InputFile", "detect_format", "expand_inputs", "open_stream"]
 

@@ -23,12 +23,13 @@ from typing import Callable, Sequence
 import duckdb
 
 from analyzer.formats import otlp_json, otlp_json_duckdb, otlp_proto, parquet_dump, stage
-from analyzer.formats.canonical import LENIENT_HINT, LoadError, Reject, RowSink
+from analyzer.formats.canonical import LENIENT_HINT, Reject, RowSink
+from analyzer.errors import LoadError
 from analyzer.formats.inputs import GZIP_MAGIC, INPUT_FORMATS, ZSTD_MAGIC, InputFile, detect_format, expand_inputs, open_stream
 from analyzer.formats.jaeger_json import is_jaeger_document, read_jaeger_document
 from analyzer.db.store import next_load_id, record_load
 
-__all__ = ["FileReport", "INPUT_FORMATS", "LoadError", "LoadReport", "load_paths"]
+__all__ = ["FileReport", "INPUT_FORMATS", "LoadReport", "load_paths"]
 
 
 @dataclass

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import duckdb
 
-from analyzer.formats.canonical import EVENT_COLUMNS, LINK_COLUMNS, SPAN_COLUMNS, LoadError, Reject, RowSink
+from analyzer.formats.canonical import EVENT_COLUMNS, LINK_COLUMNS, SPAN_COLUMNS, Reject, RowSink
+from analyzer.errors import LoadError
 
 __all__ = ["PARTITION_TYPES", "read_parquet_dump"]
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import duckdb
 
 from analyzer.formats.canonical import EVENT_COLUMNS, LINK_COLUMNS, SPAN_COLUMNS
-from analyzer.errors import ExportError  # noqa: F401  (defined at the bottom layer; re-exported)
+from analyzer.errors import ExportError
 
-__all__ = ["ExportError", "ExportReport", "export_parquet"]
+__all__ = ["ExportReport", "export_parquet"]
 
 _DATE = "strftime(make_timestamp(s.start_ns // 1000), '%Y-%m-%d')"
 

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from analyzer.db.source import DUMP_TABLES, _canonical_columns, utc_day_of_ns
-from analyzer.query.spark_sql import TranspileError, spark_type, to_spark, to_spark_statements
+from analyzer.query.spark_sql import spark_type, to_spark, to_spark_statements
+from analyzer.errors import TranspileError, SparkEngineError
 from analyzer.query.runner import UNIONED_VIEWS, QueryResult, load_query, union_view_sql, view_files
-from analyzer.errors import SparkEngineError  # noqa: F401  (defined at the bottom layer; re-exported)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -38,7 +38,6 @@ __all__ = [
     "MATERIALIZED_VIEWS",
     "SPARK_MASTER_ENV",
     "SPARK_MEMORY_ENV",
-    "SparkEngineError",
     "SparkSource",
     "get_session",
     "open_spark_source",

@@ -43,9 +43,9 @@ from typing import Mapping
 
 import sqlglot
 from sqlglot import exp
-from analyzer.errors import TranspileError  # noqa: F401  (defined at the bottom layer; re-exported)
+from analyzer.errors import TranspileError
 
-__all__ = ["TranspileError", "spark_type", "to_spark", "to_spark_statements"]
+__all__ = ["spark_type", "to_spark", "to_spark_statements"]
 
 
 def spark_type(duckdb_type: str) -> str:

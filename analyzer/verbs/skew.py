@@ -14,9 +14,9 @@ import math
 import re
 from dataclasses import dataclass
 from typing import Sequence
-from analyzer.errors import OffsetSyntaxError  # noqa: F401  (defined at the bottom layer; re-exported)
+from analyzer.errors import OffsetSyntaxError
 
-__all__ = ["AssumedOffsets", "OffsetSyntaxError", "parse_assume_offsets"]
+__all__ = ["AssumedOffsets", "parse_assume_offsets"]
 
 _DOMAIN_RE = re.compile(r"^[^=\s][^=]*$")
 

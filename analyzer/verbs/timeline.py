@@ -20,12 +20,11 @@ import duckdb
 from analyzer.query.runner import run_query
 from analyzer.db.store import EventRow, SpanRow, connect, insert_rows
 from instrument.kv.formula import KVLayout, bytes_to_mib
-from analyzer.errors import TimelineError  # noqa: F401  (defined at the bottom layer; re-exported)
+from analyzer.errors import TimelineError
 
 __all__ = [
     "EVENTS",
     "REQUIRED_EVENTS",
-    "TimelineError",
     "WindowCounts",
     "compute_artifact",
     "read_timeline_csv",
