@@ -39,3 +39,15 @@ def test_every_help_fits_80_columns() -> None:
         too_wide += [f"{name or 'tokentrace'}: {len(line)}: {line}" for line in result.output.splitlines()
                      if len(line) > 80]
     assert not too_wide, "\n".join(too_wide)
+
+
+def test_db_format_and_engine_are_declared_once() -> None:
+    """--db and --format (analyzer/cli/options.py) and --engine (source_options) have one
+    declaration each that every verb shares; collect's --format (jsonl|parquet, the output
+    file's) and serve's --engine (continuous|sequential) are other options that share only
+    the name."""
+    root = Path(__file__).resolve().parents[1] / "analyzer" / "cli"
+    found = {flag: sorted(p.name for p in root.glob("*.py") if f'"{flag}"' in p.read_text())
+             for flag in ("--db", "--format", "--engine")}
+    assert found == {"--db": ["options.py"], "--format": ["collect.py", "options.py"],
+                     "--engine": ["_query_verb.py", "serve.py"]}, found

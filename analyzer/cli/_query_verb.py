@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import click
 import duckdb
 
-from analyzer.cli.options import default_db_path, emit_row_batches, emit_rows, parse_params
+from analyzer.cli.options import db_option, default_db_path, emit_row_batches, emit_rows, parse_params
 from analyzer.errors import UserError, duckdb_message
 
 if TYPE_CHECKING:
@@ -26,24 +26,24 @@ __all__ = [
 
 TRACE_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 PERSPECTIVES = ("client", "server", "engine")
+#: --engine: where a verb's query runs (Spark: requests, itl, phases, summary, window)
+ENGINES = ("duckdb", "spark")
 
 
 def source_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """``--db PATH`` or ``--parquet DIR`` (a tokentrace export dump, read in place), and
-    ``--engine`` (kept in the click context, read by run_verb; verbs take no extra argument)."""
+    ``--engine duckdb|spark``: the verb takes ``db_path``, ``parquet_dir`` and ``engine`` and
+    passes them on (run_verb, open_from_flags, run_sections)."""
     func = click.option(
-        "--engine", type=click.Choice(["duckdb", "spark"]), default="duckdb", show_default=True, expose_value=False,
-        callback=lambda ctx, _param, value: ctx.meta.__setitem__("tokentrace.engine", value),
+        "--engine", type=click.Choice(ENGINES), default="duckdb", show_default=True,
         help="Run the query on DuckDB, or on a local Spark session over a --parquet dump (docs/spark.md).",
     )(func)
     func = click.option(
         "--parquet", "parquet_dir", default=None, metavar="DIR",
         help="Query a `tokentrace export` Parquet dump in place (no load step) instead of --db.",
     )(func)
-    return click.option(
-        "--db", "db_path", default=None, metavar="PATH",
-        help="DuckDB database written by `tokentrace load` (default: $TOKENTRACE_DB, else ./tokentrace.duckdb).",
-    )(func)
+    return db_option(optional="DuckDB database written by `tokentrace load` (default: $TOKENTRACE_DB, else "
+                              "./tokentrace.duckdb).")(func)
 
 
 def columns_option(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -95,15 +95,17 @@ def _projected_sql(con: duckdb.DuckDBPyConnection, query: str, sql: str, params:
 
 
 def open_from_flags(
-    db_path: str | None, parquet_dir: str | None, start_ns: int | None = None, end_ns: int | None = None
+    db_path: str | None, parquet_dir: str | None, start_ns: int | None = None, end_ns: int | None = None,
+    *, engine: str = "duckdb",
 ) -> duckdb.DuckDBPyConnection:
-    """The connection the verb queries; a clear one-line error for a missing file or dump."""
+    """The connection the verb queries; a clear one-line error for a missing file or dump, or
+    for ``--engine spark`` on a verb that runs on DuckDB only (run_verb runs Spark itself)."""
     from analyzer.db.source import open_source
     from analyzer.errors import SourceError
 
     if db_path and parquet_dir:
         raise UserError("give --db or --parquet, not both")
-    if click.get_current_context().meta.get("tokentrace.engine") == "spark":  # verbs outside run_verb
+    if engine == "spark":  # verbs outside run_verb
         raise UserError("--engine spark: this verb runs on DuckDB only (Spark: requests, itl, phases, summary, window)")
     try:
         if parquet_dir:
@@ -353,6 +355,7 @@ def _stream_csv(con: duckdb.DuckDBPyConnection, query: str, params: Mapping[str,
 def run_verb(
     query: str,
     *,
+    engine: str = "duckdb",
     db_path: str | None,
     parquet_dir: str | None,
     flags: Mapping[str, Any],
@@ -376,7 +379,7 @@ def run_verb(
     params = merge_params(query, flags, raw_params)
     if validate is not None:
         validate(params)
-    if click.get_current_context().meta.get("tokentrace.engine") == "spark":  # analyzer/query/spark.py
+    if engine == "spark":  # analyzer/query/spark.py
         from analyzer.query.spark import spark_verb_rows
 
         result = spark_verb_rows(query, params, db_path=db_path, parquet_dir=parquet_dir, start_ns=start_ns,

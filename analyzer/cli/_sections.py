@@ -36,6 +36,7 @@ def run_sections(
     parquet_dir: str | None,
     output_format: str,
     notes: Sequence[str] = (),
+    engine: str = "duckdb",
     cuts: Mapping[str, TableCut] | None = None,
     table_order: Sequence[str] | None = None,
 ) -> None:
@@ -47,7 +48,7 @@ def run_sections(
     order = list(table_order) if output_format == "table" and table_order else list(sections)
     names = [name for name in order if not chosen or name in chosen]
     bound = {name: merge_params(sections[name][0], sections[name][1], ()) for name in names}
-    con = open_from_flags(db_path, parquet_dir)
+    con = open_from_flags(db_path, parquet_dir, engine=engine)
     try:
         results = {name: query_rows(con, sections[name][0], bound[name]) for name in names}
         if output_format == "table":  # every request named by the id every verb shows

@@ -9,7 +9,7 @@ import click
 from analyzer.cli.group import cli
 import json
 
-from analyzer.cli.options import to_jsonable
+from analyzer.cli.options import db_option, format_option, to_jsonable
 from analyzer.errors import UserError
 
 KIND_CHOICES = ["auto", "vllm", "vllm-nightly", "aiperf", "llmperf", "claims", "tokentrace"]
@@ -22,13 +22,11 @@ KIND_CHOICES = ["auto", "vllm", "vllm-nightly", "aiperf", "llmperf", "claims", "
 @click.option("--individual", type=click.Path(), default=None, metavar="FILE",
               help="Per-request records: LLMPerf *_individual_responses.json, AIPerf profile_export.jsonl, "
                    "or the vLLM benchmark JSON behind a nightly table row.")
-@click.option("--db", "db_path", type=click.Path(), default=None, metavar="PATH",
-              help="tokentrace DuckDB database: recompute the claimed figures from its traces; for vLLM "
-                   "bench and AIPerf reports, join each request to its traced request by id and compare.")
+@db_option(optional="tokentrace DuckDB database: recompute the claimed figures from its traces; for vLLM "
+                    "bench and AIPerf reports, join each request to its traced request by id and compare.")
 @click.option("--model-config", type=click.Path(), default=None, metavar="PATH",
               help="HuggingFace config.json for the KV check (overrides the claims file's model).")
-@click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table",
-              show_default=True, help="Output format.")
+@format_option(choices=("table", "json"))
 @click.option("--rel-tol", type=click.FloatRange(min=0, max=1), default=None, metavar="X",
               help="Relative tolerance of every comparison (default 1e-4; a figure printed with "
                    "decimals also gets half a unit of its last decimal).")

@@ -7,10 +7,13 @@ import secrets
 import signal
 import sys
 import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import click
 
 from analyzer.cli.group import cli
+from analyzer.cli.options import db_option, format_option
 from analyzer.errors import UserError
 
 __all__ = ["bench_command"]
@@ -36,14 +39,13 @@ __all__ = ["bench_command"]
               help="Per-request timeout in seconds.")
 @click.option("--otlp-json", "otlp_json", default=None, metavar="PATH",
               help="Also append the client spans to this OTLP-JSON lines file.")
-@click.option("--db", "db_path", default=None, metavar="PATH",
-              help="Keep the client spans in this DuckDB database (default: in memory only).")
+@db_option(optional="Keep the client spans in this DuckDB database (default: in memory only).")
 @click.option("--service-name", default="tokentrace-bench", show_default=True, help="service.name of the client spans.")
 @click.option("--ignore-eos", is_flag=True, help="Ask the server to run every answer to --max-tokens (the vLLM "
               "extension benchmarks use to fix output lengths; tokentrace serve implements it).")
-@click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True,
-              help="table: the run summary (requests, duration, throughput, mean/p50/p90/p99 of TTFT, TPOT, "
-                   "ITL, E2E); json: the same figures as one object on stdout, for scripts.")
+@format_option(choices=("table", "json"),
+               help="table: the run summary (requests, duration, throughput, mean/p50/p90/p99 of TTFT, TPOT, "
+                    "ITL, E2E); json: the same figures as one object on stdout, for scripts.")
 @click.option("--per-request", is_flag=True,
               help="table: also every request's row (queries/requests.sql), the window table and each "
                    "request's ids.")
@@ -90,59 +92,119 @@ def bench_command(url, n_requests, concurrency, rate_per_s, api_key, model, prom
       tokentrace bench --url http://127.0.0.1:8000 --requests 100 --rate 20 \\
           --allow-failures
     """
-    import httpx
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from analyzer.cli.bench_progress import is_failed
+    from instrument.client import SEED_PROMPT, chat_body
 
-    from analyzer.cli.bench_block import summary_block
-    from analyzer.cli.bench_progress import BenchProgress, describe_failure, is_failed
-    from analyzer.cli.command_name import tokentrace_command
-    from analyzer.formats.sdk_spans import rows_from_sdk_spans
-    from analyzer.db.store import connect, insert_rows
-    from instrument.client import SEED_PROMPT, chat_body, local_tracer_provider, run_load_sync
-    from instrument.otel.shutdown import StopSignals, export_summary, shutdown_tracing
+    _check_load_flags(url, concurrency, rate_per_s)
+    if model is None:
+        model = _first_model(url, api_key, timeout_s)
+    text = prompt or SEED_PROMPT
+    prefix = f"bench-{secrets.token_hex(4)}-" if request_id_prefix is None else request_id_prefix
+    run = _run_traced_load(
+        url, lambda _i: chat_body(model, text, max_tokens=max_tokens, temperature=temperature, ignore_eos=ignore_eos),
+        n_requests, service_name=service_name, otlp_json=otlp_json, concurrency=concurrency, rate_per_s=rate_per_s,
+        seed=seed, api_key=api_key, clock_offset_ns=round(clock_offset_ms * 1e6), timeout_s=timeout_s,
+        grace_s=shutdown_grace_s, request_id_for=lambda i: f"{prefix}{i}")
+    failed = [r for r in run.results if is_failed(r)]
+    by_status = _http_status_counts(run.results)
+    mode = f"concurrency {concurrency}" if concurrency else f"Poisson rate {rate_per_s:g}/s (seed {seed})"
+    say = (lambda line: click.echo(line, err=True)) if output_format == "json" else click.echo
+    _say_outcome(say, run, failed, by_status, f"{len(run.results)} requests to {url} ({model}), {mode}",
+                 n_requests, timeout_s)
+    json_fields = None
+    if output_format == "json":
+        json_fields = {"url": url, "model": model, "mode": mode, "requests_sent": len(run.results),
+                       "requests_asked": n_requests, "stopped_by": run.stopped_by, "request_id_prefix": prefix,
+                       **_json_ids(run.results, failed)}
+    _print_summary(run, by_status, n_requests, db_path, json_fields, per_request)
+    _say_where_the_spans_are(say, otlp_json, db_path)
+    if run.stopped_by:
+        sys.exit(128 + signal.Signals[run.stopped_by].value)
+    if failed and not allow_failures:
+        raise UserError(f"{len(failed)} of {len(run.results)} requests failed (listed above)",
+                        hint="--allow-failures exits 0 when failures are expected")
 
+
+@dataclass
+class _BenchRun:
+    """What the load left: the client's results in request order, the signal that stopped it
+    (``SIGINT`` | ``SIGTERM``, None when none did), the exporters' span counts and the
+    finished client spans."""
+
+    results: list[Any]
+    stopped_by: str | None
+    export_counts: Any
+    spans: Sequence[Any]
+
+
+def _check_load_flags(url: str, concurrency: int | None, rate_per_s: float | None) -> None:
+    """Exactly one of --concurrency and --rate, and an http(s) --url."""
     if (concurrency is None) == (rate_per_s is None):
         raise UserError("give exactly one of --concurrency (closed loop) or --rate (open loop)")
     if not url.startswith(("http://", "https://")):
         raise UserError(f"--url {url!r}: expected http://HOST:PORT")
+
+
+def _first_model(url: str, api_key: str | None, timeout_s: float) -> str:
+    """The id of the first model the server lists (GET /v1/models, waiting at most ``timeout_s`` s)."""
+    import httpx
+
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-    if model is None:
-        try:
-            listing = httpx.get(url.rstrip("/") + "/v1/models", headers=headers, timeout=timeout_s)
-        except httpx.HTTPError as exc:
-            raise UserError(f"--url {url}: cannot reach the server ({type(exc).__name__}: {exc})") from None
-        if listing.status_code != 200:
-            raise UserError(f"--url {url}: GET /v1/models answered {listing.status_code}: {listing.text[:200]}")
-        model = listing.json()["data"][0]["id"]
+    try:
+        listing = httpx.get(url.rstrip("/") + "/v1/models", headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise UserError(f"--url {url}: cannot reach the server ({type(exc).__name__}: {exc})") from None
+    if listing.status_code != 200:
+        raise UserError(f"--url {url}: GET /v1/models answered {listing.status_code}: {listing.text[:200]}")
+    return listing.json()["data"][0]["id"]
+
+
+def _run_traced_load(url: str, body_for: Callable[[int], dict[str, Any]], n_requests: int, *, service_name: str,
+                     otlp_json: str | None, **load: Any) -> _BenchRun:
+    """Send ``n_requests`` requests under traced CLIENT spans (kept in memory, also appended to
+    --otlp-json), with the progress line on a terminal; SIGTERM and SIGINT stop the sending
+    (``load``: the rest of run_load's keywords). The spans are flushed before it returns."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from analyzer.cli.bench_progress import BenchProgress
+    from instrument.client import local_tracer_provider, run_load_sync
+    from instrument.otel.shutdown import StopSignals, shutdown_tracing
+
     memory = InMemorySpanExporter()
     provider = local_tracer_provider(service_name, json_path=otlp_json, span_exporters=[memory])
-    text = prompt or SEED_PROMPT
     stop = threading.Event()
-    as_json = output_format == "json"
-    prefix = f"bench-{secrets.token_hex(4)}-" if request_id_prefix is None else request_id_prefix
     progress = BenchProgress(n_requests, sys.stderr, enabled=sys.stderr.isatty())
     with StopSignals(lambda _name: stop.set()) as signals, progress:
-        results = run_load_sync(
-            url, lambda _i: chat_body(model, text, max_tokens=max_tokens, temperature=temperature,
-                                      ignore_eos=ignore_eos),
-            requests=n_requests, concurrency=concurrency, rate_per_s=rate_per_s, seed=seed, api_key=api_key,
-            clock_offset_ns=round(clock_offset_ms * 1e6), timeout_s=timeout_s, tracer_provider=provider,
-            stop=stop, grace_s=shutdown_grace_s, request_id_for=lambda i: f"{prefix}{i}",
-            on_send=progress.on_send, on_chunk=progress.on_chunk, on_result=progress.on_result)
+        results = run_load_sync(url, body_for, requests=n_requests, tracer_provider=provider, stop=stop,
+                                on_send=progress.on_send, on_chunk=progress.on_chunk, on_result=progress.on_result,
+                                **load)
     counts = shutdown_tracing(provider, timeout_s=10.0)
+    return _BenchRun(results, signals.received, counts, memory.get_finished_spans())
+
+
+def _http_status_counts(results: Sequence[Any]) -> dict[str, int]:
+    """Requests per HTTP status (``no response`` when none came)."""
     by_status: dict[str, int] = {}
     for r in results:
         key = str(r.status_code) if r.status_code is not None else "no response"
         by_status[key] = by_status.get(key, 0) + 1
-    failed = [r for r in results if is_failed(r)]
+    return by_status
+
+
+def _say_outcome(say: Callable[[str], None], run: _BenchRun, failed: list[Any], by_status: dict[str, int],
+                 headline: str, n_requests: int, timeout_s: float) -> None:
+    """What was sent and how it ended: the stop (if a signal came), the counts by outcome and
+    HTTP status, and the first 20 failed requests with their ids."""
+    from analyzer.cli.bench_progress import describe_failure
+    from instrument.otel.shutdown import export_summary
+
+    results = run.results
     cancelled = sum(1 for r in results if r.finish_reason == "cancelled")
     completed = sum(1 for r in results if r.completed)
-    mode = f"concurrency {concurrency}" if concurrency else f"Poisson rate {rate_per_s:g}/s (seed {seed})"
-    say = (lambda line: click.echo(line, err=True)) if as_json else click.echo
-    if signals.received:
-        say(f"bench: stopped on {signals.received}: sent {len(results)} of {n_requests} requests, "
-            f"{n_requests - len(results)} not sent; {export_summary(counts)}")
-    say(f"bench: {len(results)} requests to {url} ({model}), {mode}")
+    if run.stopped_by:
+        say(f"bench: stopped on {run.stopped_by}: sent {len(results)} of {n_requests} requests, "
+            f"{n_requests - len(results)} not sent; {export_summary(run.export_counts)}")
+    say(f"bench: {headline}")
     say(f"  {completed} completed, {len(failed)} failed" + (f", {cancelled} cancelled by the stop" if cancelled else "")
         + "; HTTP status: " + ", ".join(f"{k}={v}" for k, v in sorted(by_status.items())))
     shown = failed[:20]
@@ -151,35 +213,52 @@ def bench_command(url, n_requests, concurrency, rate_per_s, api_key, model, prom
             say(f"  {line}")
     if len(failed) > len(shown):
         say(f"  ... and {len(failed) - len(shown)} more failed requests (--format json lists every one)")
+
+
+def _json_ids(results: Sequence[Any], failed: list[Any]) -> dict[str, Any]:
+    """--format json: every request's ids, and every failed request with what failed."""
+    return {"request_ids": [{"index": r.index, "client_request_id": r.client_request_id,
+                             "response_id": r.response_id} for r in results],
+            "failures": [{"index": r.index, "client_request_id": r.client_request_id,
+                          "response_id": r.response_id, "http_status": r.status_code,
+                          "error": r.error, "chunks": r.chunks, "waited_s": r.waited_s}
+                         for r in failed]}
+
+
+def _print_summary(run: _BenchRun, by_status: dict[str, int], n_requests: int, db_path: str | None,
+                   json_fields: dict[str, Any] | None, per_request: bool) -> None:
+    """Load the client spans into DuckDB (--db PATH, else in memory), derive as tokentrace load
+    does and print the summary: one JSON object with ``json_fields`` added (--format json),
+    else the summary block, after every request's row with --per-request."""
+    from analyzer.cli.bench_block import summary_block
+    from analyzer.cli.bench_json import bench_summary
+    from analyzer.db.derived import build_derived
+    from analyzer.db.store import connect, insert_rows
+    from analyzer.formats.sdk_spans import rows_from_sdk_spans
+
     con = connect(db_path)
     try:
-        spans, events, links = rows_from_sdk_spans(memory.get_finished_spans())
+        spans, events, links = rows_from_sdk_spans(run.spans)
         insert_rows(con, spans, events, links)
-        from analyzer.db.derived import build_derived
-
         build_derived(con)  # as tokentrace load: the read verbs afterwards derive nothing
-        from analyzer.cli.bench_json import bench_summary
-
         summary = bench_summary(con, by_status)
-        if as_json:
-            summary.update({"url": url, "model": model, "mode": mode, "requests_sent": len(results),
-                            "requests_asked": n_requests, "stopped_by": signals.received,
-                            "request_id_prefix": prefix,
-                            "request_ids": [{"index": r.index, "client_request_id": r.client_request_id,
-                                             "response_id": r.response_id} for r in results],
-                            "failures": [{"index": r.index, "client_request_id": r.client_request_id,
-                                          "response_id": r.response_id, "http_status": r.status_code,
-                                          "error": r.error, "chunks": r.chunks, "waited_s": r.waited_s}
-                                         for r in failed]})
+        if json_fields is not None:
+            summary.update(json_fields)
             click.echo(json.dumps(summary, indent=2))
         else:
             if per_request:
                 _print_per_request(con)
             click.echo("")
-            for line in summary_block(summary, sent=len(results), asked=n_requests, stopped_by=signals.received):
+            for line in summary_block(summary, sent=len(run.results), asked=n_requests, stopped_by=run.stopped_by):
                 click.echo(line)
     finally:
         con.close()
+
+
+def _say_where_the_spans_are(say: Callable[[str], None], otlp_json: str | None, db_path: str | None) -> None:
+    """Where the client spans were written, and how to read the run again (or that they were not kept)."""
+    from analyzer.cli.command_name import tokentrace_command
+
     say("")
     if otlp_json:
         say(f"client spans: {otlp_json}")
@@ -188,11 +267,6 @@ def bench_command(url, n_requests, concurrency, rate_per_s, api_key, model, prom
             f"(or requests, itl, window)")
     else:
         say("the client spans were not kept: --db PATH keeps them for tokentrace summary, requests, itl ...")
-    if signals.received:
-        sys.exit(128 + signal.Signals[signals.received].value)
-    if failed and not allow_failures:
-        raise UserError(f"{len(failed)} of {len(results)} requests failed (listed above)",
-                        hint="--allow-failures exits 0 when failures are expected")
 
 
 def _print_per_request(con) -> None:  # noqa: ANN001

@@ -22,7 +22,7 @@ from analyzer.cli.options import format_option, param_option
 @columns_option
 @limit_options("gap")
 @param_option
-def itl_command(db_path, parquet_dir, perspective, trace_id, request, output_format, chosen_columns, limit, show_all,
+def itl_command(db_path, parquet_dir, engine, perspective, trace_id, request, output_format, chosen_columns, limit, show_all,
                 params) -> None:
     """Every gap between consecutive visible chunks of each request, per chunk and per token.
 
@@ -46,7 +46,7 @@ def itl_command(db_path, parquet_dir, perspective, trace_id, request, output_for
           --columns request_span_id,gap_index,itl_ms
       tokentrace itl --db traces.duckdb --perspective client --format json
     """
-    run_verb("itl", db_path=db_path, parquet_dir=parquet_dir,
+    run_verb("itl", engine=engine, db_path=db_path, parquet_dir=parquet_dir,
              flags={"perspective": perspective, **request_flags(db_path, parquet_dir, request, check_trace_id(trace_id))},
              raw_params=params, output_format=output_format, chosen=chosen_columns,
              cut=table_cut(limit, show_all, output_format, "itl_ms", "gap"))

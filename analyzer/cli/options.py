@@ -31,26 +31,34 @@ __all__ = [
 ]
 
 
-def db_option(func: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option(
-        "--db",
-        "db_path",
-        default=None,
-        metavar="PATH",
-        help="DuckDB database (default: $TOKENTRACE_DB, else ./tokentrace.duckdb).",
-        callback=lambda _ctx, _param, value: value or default_db_path(),
-    )(func)
+def db_option(func: Callable[..., Any] | None = None, *, optional: str | None = None) -> Any:
+    """``--db PATH``, the one declaration every verb uses, as ``db_path``. As a plain decorator:
+    the database to read or load into ($TOKENTRACE_DB, else ./tokentrace.duckdb). With
+    ``optional=HELP``: a database the verb may use (None when not given; the query verbs,
+    which take --parquet instead, resolve the default themselves), described by HELP."""
+
+    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+        if optional is not None:
+            return click.option("--db", "db_path", default=None, metavar="PATH", help=optional)(f)
+        return click.option(
+            "--db", "db_path", default=None, metavar="PATH",
+            help="DuckDB database (default: $TOKENTRACE_DB, else ./tokentrace.duckdb).",
+            callback=lambda _ctx, _param, value: value or default_db_path(),
+        )(f)
+
+    return decorate(func) if func is not None else decorate
 
 
-def format_option(func: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option(
-        "--format",
-        "output_format",
-        type=click.Choice(["table", "json", "csv"]),
-        default="table",
-        show_default=True,
-        help="Output format.",
-    )(func)
+def format_option(func: Callable[..., Any] | None = None, *, choices: Sequence[str] = ("table", "json", "csv"),
+                  help: str = "Output format.") -> Any:
+    """``--format``, the one declaration every verb uses, as ``output_format`` (default table);
+    ``choices``: the formats the verb writes."""
+
+    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+        return click.option("--format", "output_format", type=click.Choice(list(choices)), default="table",
+                            show_default=True, help=help)(f)
+
+    return decorate(func) if func is not None else decorate
 
 
 def param_option(func: Callable[..., Any]) -> Callable[..., Any]:

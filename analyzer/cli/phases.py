@@ -25,7 +25,7 @@ from analyzer.verbs.skew import parse_assume_offsets
 @format_option
 @columns_option
 @param_option
-def phases_command(db_path, parquet_dir, trace_id, request, tolerance_ms, assume_offset, output_format, chosen_columns, params) -> None:
+def phases_command(db_path, parquet_dir, engine, trace_id, request, tolerance_ms, assume_offset, output_format, chosen_columns, params) -> None:
     """Client TTFT split into network-in, gateway overhead, tokenize, queue, prefill,
     first-emit and network-out, with the residual no phase span covers.
 
@@ -53,7 +53,7 @@ def phases_command(db_path, parquet_dir, trace_id, request, tolerance_ms, assume
         offsets = parse_assume_offsets(assume_offset)
     except OffsetSyntaxError as exc:
         raise UserError(str(exc)) from None
-    run_verb("phases", db_path=db_path, parquet_dir=parquet_dir,
+    run_verb("phases", engine=engine, db_path=db_path, parquet_dir=parquet_dir,
              flags={**request_flags(db_path, parquet_dir, request, check_trace_id(trace_id)),
                     "tolerance_ms": tolerance_ms, **offsets.params()},
              raw_params=params, output_format=output_format, notes=offsets.notes(), chosen=chosen_columns)

@@ -17,7 +17,7 @@ from analyzer.cli.options import format_option, param_option
 @format_option
 @columns_option
 @param_option
-def requests_command(db_path, parquet_dir, perspective, trace_id, output_format, chosen_columns, params) -> None:
+def requests_command(db_path, parquet_dir, engine, perspective, trace_id, output_format, chosen_columns, params) -> None:
     """One row per request and perspective: TTFT, E2E, TPOT, token rates, KV figures.
 
     Each perspective is its own row, on its own clock: client = the CLIENT span's; server =
@@ -41,6 +41,6 @@ def requests_command(db_path, parquet_dir, perspective, trace_id, output_format,
       tokentrace requests --parquet dump/ \\
           --trace-id 4bf92f3577b34da6a3ce929d0e0e4736
     """
-    run_verb("requests", db_path=db_path, parquet_dir=parquet_dir,
+    run_verb("requests", engine=engine, db_path=db_path, parquet_dir=parquet_dir,
              flags={"perspective": perspective, "trace_id": check_trace_id(trace_id)},
              raw_params=params, output_format=output_format, chosen=chosen_columns)

@@ -28,7 +28,7 @@ from analyzer.db.store import default_db_path
               help="DOMAIN's clock runs MS ms ahead of the client's (repeatable); echoed and checked "
                    "against the bounds. Rules never edit timestamps.")
 @format_option
-def skew_command(db_path, parquet_dir, trace_id, tolerance_ms, offset_tolerance_ms, assume_offset,
+def skew_command(db_path, parquet_dir, engine, trace_id, tolerance_ms, offset_tolerance_ms, assume_offset,
                  output_format) -> None:
     """Named clock-skew rules with their violations, and offset bounds per clock-domain pair.
 
@@ -50,7 +50,7 @@ def skew_command(db_path, parquet_dir, trace_id, tolerance_ms, offset_tolerance_
         raise UserError(str(exc)) from None
     rule_params = merge_params("skew_rules", {"tolerance_ms": tolerance_ms, "trace_id": check_trace_id(trace_id)}, ())
     offset_params = merge_params("skew_offsets", {"tolerance_ms": offset_tolerance_ms, **offsets.params()}, ())
-    con = open_from_flags(db_path, parquet_dir)
+    con = open_from_flags(db_path, parquet_dir, engine=engine)
     try:
         rules = query_rows(con, "skew_rules", rule_params)
         bounds = query_rows(con, "skew_offsets", offset_params)

@@ -85,7 +85,7 @@ def lock_down(con: duckdb.DuckDBPyConnection, parquet_dir: str | None) -> None:
 @source_options
 @format_option
 @param_option
-def sql_command(query, db_path, parquet_dir, output_format, params) -> None:
+def sql_command(query, db_path, parquet_dir, engine, output_format, params) -> None:
     """Run one SQL statement over spans, span_events, span_links, loads, rejects and the views
     request_facts, request_chunks, request_metrics, request_gaps, request_clock_offsets,
     clock_pair_offsets, engine_steps, engine_step_requests and request_step_gaps. Values go
@@ -104,7 +104,7 @@ def sql_command(query, db_path, parquet_dir, output_format, params) -> None:
           --param ms=100 --db traces.duckdb
     """
     bound = parse_params(params)
-    con = open_from_flags(db_path, parquet_dir)
+    con = open_from_flags(db_path, parquet_dir, engine=engine)
     try:
         check_read_only_statement(con, query)
         installed(con)

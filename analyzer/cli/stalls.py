@@ -26,7 +26,7 @@ SECTIONS = ("gaps", "groups", "slowest")
 @section_option(SECTIONS)
 @format_option
 @limit_options("gap")
-def stalls_command(db_path, parquet_dir, trace_id, request, clock_domain, per_request, sections, output_format, limit,
+def stalls_command(db_path, parquet_dir, engine, trace_id, request, clock_domain, per_request, sections, output_format, limit,
                    show_all) -> None:
     """Why a token was slow: each gap between generated tokens with the engine step that
     produced it, ITL grouped by what shared that step, and each request's slowest gaps.
@@ -56,7 +56,7 @@ def stalls_command(db_path, parquet_dir, trace_id, request, clock_domain, per_re
               "clock_domain": clock_domain}
     run_sections({"gaps": ("stalls", common), "groups": ("stalls_groups", common),
                   "slowest": ("stalls_slowest", {**common, "per_request": per_request})}, sections,
-                 db_path=db_path, parquet_dir=parquet_dir, output_format=output_format,
+                 db_path=db_path, parquet_dir=parquet_dir, output_format=output_format, engine=engine,
                  cuts={name: cut for name in ("gaps", "slowest")
                        if (cut := table_cut(limit, show_all, output_format, "itl_ms", "gap")) is not None},
                  table_order=("slowest", "groups", "gaps"),

@@ -23,7 +23,7 @@ SECTIONS = ("steps", "summary")
               help="summary: a line with a lower r2 is not given, only the reason (default 0.5).")
 @section_option(SECTIONS)
 @format_option
-def steps_command(db_path, parquet_dir, clock_domain, min_fit_steps, min_fit_r2, sections, output_format) -> None:
+def steps_command(db_path, parquet_dir, engine, clock_domain, min_fit_steps, min_fit_r2, sections, output_format) -> None:
     """Every engine step of the continuous engine or of vLLM through tokentrace's plugin (one
     `engine_step` span each), then step time against batch size and against scheduled tokens.
 
@@ -48,5 +48,5 @@ def steps_command(db_path, parquet_dir, clock_domain, min_fit_steps, min_fit_r2,
     flags = {"clock_domain": clock_domain}
     fit = {**flags, "min_fit_steps": min_fit_steps, "min_fit_r2": min_fit_r2}
     run_sections({"steps": ("steps", flags), "summary": ("steps_summary", fit)}, sections,
-                 db_path=db_path, parquet_dir=parquet_dir, output_format=output_format,
+                 db_path=db_path, parquet_dir=parquet_dir, output_format=output_format, engine=engine,
                  notes=["percentiles: linear interpolation (numpy default 'linear', DuckDB quantile_cont)"])

@@ -18,7 +18,7 @@ from analyzer.cli.options import format_option, param_option
 @format_option
 @columns_option
 @param_option
-def summary_command(db_path, parquet_dir, perspective, include_unsuccessful, output_format, chosen_columns, params) -> None:
+def summary_command(db_path, parquet_dir, engine, perspective, include_unsuccessful, output_format, chosen_columns, params) -> None:
     """Count, mean, std, min, p50/p90/p95/p99, max of TTFT, TPOT, E2E, ITL and token rates.
 
     One row per metric and perspective. Percentiles are linear interpolation between order
@@ -32,7 +32,7 @@ def summary_command(db_path, parquet_dir, perspective, include_unsuccessful, out
       tokentrace summary --db traces.duckdb --perspective client
       tokentrace summary --parquet dump/ --format csv --include-unsuccessful
     """
-    run_verb("summary", db_path=db_path, parquet_dir=parquet_dir,
+    run_verb("summary", engine=engine, db_path=db_path, parquet_dir=parquet_dir,
              flags={"perspective": perspective, "include_unsuccessful": include_unsuccessful},
              raw_params=params, output_format=output_format,
              notes=["percentiles: linear interpolation (numpy default 'linear', DuckDB quantile_cont)"], chosen=chosen_columns)

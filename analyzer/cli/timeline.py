@@ -9,7 +9,7 @@ import click
 
 from analyzer.cli.group import cli
 from analyzer.cli.kv_options import kv_layout_from_flags, model_options
-from analyzer.cli.options import to_jsonable
+from analyzer.cli.options import db_option, to_jsonable
 from analyzer.errors import UserError
 
 
@@ -26,8 +26,7 @@ from analyzer.errors import UserError
               help="A published KV bytes/token figure to check (flags the query-heads-for-KV-heads error).")
 @click.option("--claim-e2e-ms", type=float, default=None,
               help="A published E2E in ms to check (flags O gaps charged for O tokens).")
-@click.option("--db", "db_path", default=None, metavar="PATH",
-              help="Keep the synthetic trace in this DuckDB database (default: in memory only).")
+@db_option(optional="Keep the synthetic trace in this DuckDB database (default: in memory only).")
 @click.option("--json", "as_json", is_flag=True, help="Print the artifact as JSON (every figure at full precision).")
 def timeline_command(csv_path, model_config, layers, kv_heads, head_dim, query_heads, kv_dtype, input_tokens,
                      output_tokens, window_s, attempted, succeeded, slo_passing, claim_kv_bytes_per_token,

@@ -50,7 +50,7 @@ def _validate(params: dict[str, Any]) -> None:
 @format_option
 @columns_option
 @param_option
-def window_command(db_path, parquet_dir, mode, start_ns, end_ns, perspective, slo_ttft_ms, slo_tpot_ms,
+def window_command(db_path, parquet_dir, engine, mode, start_ns, end_ns, perspective, slo_ttft_ms, slo_tpot_ms,
                    slo_e2e_ms, count_failed_tokens, cancelled_as_failed, output_format, chosen_columns, params) -> None:
     """Attempted / succeeded / failed / cancelled requests, throughput, goodput, error rate.
 
@@ -69,7 +69,7 @@ def window_command(db_path, parquet_dir, mode, start_ns, end_ns, perspective, sl
           --start-ns 1767225600000000000 --end-ns 1767225610000000000 \\
           --slo-ttft-ms 500 --slo-tpot-ms 50
     """
-    run_verb("window", db_path=db_path, parquet_dir=parquet_dir,
+    run_verb("window", engine=engine, db_path=db_path, parquet_dir=parquet_dir,
              flags={"mode": mode, "window_start_ns": start_ns, "window_end_ns": end_ns, "perspective": perspective,
                     "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms, "slo_e2e_ms": slo_e2e_ms,
                     "count_failed_tokens": count_failed_tokens, "cancelled_as_failed": cancelled_as_failed},
