@@ -16,3 +16,5 @@
 
 See docs/loading.md for what each reader accepts and rejects.
 """
+
+__all__: list[str] = []  # a package of modules: import what you need from each
