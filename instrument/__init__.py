@@ -12,6 +12,7 @@ from typing import Any
 __all__ = [
     "setup_tracing",
     "get_tracer",
+    "TracingSetup",
     "traced_generate",
     "instrument_model",
     "uninstrument_model",
@@ -27,6 +28,7 @@ __all__ = [
 _HOMES = {
     "setup_tracing": "instrument.otel.tracing",
     "get_tracer": "instrument.otel.tracing",
+    "TracingSetup": "instrument.otel.tracing",
     "traced_generate": "instrument.hf.generate",
     "instrument_model": "instrument.hf.generate",
     "uninstrument_model": "instrument.hf.generate",

@@ -207,6 +207,97 @@ def _messages(raw: Any, errors: list[tuple[str, str]]) -> list[dict[str, str]] |
     return out
 
 
+def _model(body: Mapping[str, Any], served_models: tuple[str, ...], errors: list[tuple[str, str]]) -> Any:
+    """The ``model`` asked for (an error when missing); ValidationError 404 when this server
+    does not serve it."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        errors.append(("model", "is required (a string)"))
+    elif model not in served_models:
+        raise ValidationError([("model", f"The model `{model}` does not exist; this server serves "
+                                         f"`{served_models[0]}`")], status=404, code="model_not_found", bare=True)
+    return model
+
+
+def _max_tokens(body: Mapping[str, Any], limit: int, default: int, errors: list[tuple[str, str]]) -> int:
+    """``max_completion_tokens`` (else ``max_tokens``, else ``default``): 1..``limit``."""
+    raw_max = body.get("max_completion_tokens", body.get("max_tokens"))
+    name_max = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    if raw_max is None:
+        return default
+    if isinstance(raw_max, bool) or not isinstance(raw_max, int):
+        errors.append((name_max, f"must be an integer, got {raw_max!r}"))
+    elif not 1 <= raw_max <= limit:
+        errors.append((name_max, f"must be between 1 and {limit}, got {raw_max}"))
+    else:
+        return raw_max
+    return default
+
+
+def _sampling_fields(body: Mapping[str, Any], errors: list[tuple[str, str]]) -> dict[str, Any]:
+    """The sampling fields as :class:`GenerationRequest` takes them: temperature, top_p, the
+    three penalties, top_k (vLLM's -1: off, 0 here) and seed (None when bad)."""
+    temperature = _number(body, "temperature", 1.0, errors)
+    _in_range("temperature", temperature, 0.0, TEMPERATURE_MAX, errors)
+    top_p = _number(body, "top_p", 1.0, errors)
+    if not 0.0 < top_p <= 1.0:
+        errors.append(("top_p", f"must be greater than 0 and at most 1, got {top_p:g}"))
+    presence = _number(body, "presence_penalty", 0.0, errors)
+    _in_range("presence_penalty", presence, -2.0, 2.0, errors)
+    frequency = _number(body, "frequency_penalty", 0.0, errors)
+    _in_range("frequency_penalty", frequency, -2.0, 2.0, errors)
+    repetition = _number(body, "repetition_penalty", 1.0, errors)
+    if not 0.0 < repetition <= 10.0:
+        errors.append(("repetition_penalty", f"must be greater than 0 and at most 10 (1 = off), got {repetition:g}"))
+    top_k = _integer(body, "top_k", 0, errors)
+    if top_k == -1:  # vLLM's "off"
+        top_k = 0
+    if top_k < 0:
+        errors.append(("top_k", f"must be -1 or 0 (off) or a positive integer, got {top_k}"))
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not -2**63 <= seed < 2**64):
+        errors.append(("seed", f"must be an integer, got {seed!r}"))
+        seed = None
+    return {"temperature": temperature, "top_p": top_p, "presence_penalty": presence, "frequency_penalty": frequency,
+            "repetition_penalty": repetition, "top_k": top_k, "seed": seed}
+
+
+def _stream(body: Mapping[str, Any], errors: list[tuple[str, str]]) -> tuple[bool, bool]:
+    """(``stream``, ``stream_options.include_usage``); stream options only with ``stream``."""
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        errors.append(("stream", f"must be a boolean, got {stream!r}"))
+        stream = False
+    options = body.get("stream_options") or {}
+    include_usage = False
+    if not isinstance(options, Mapping):
+        errors.append(("stream_options", "must be an object"))
+    else:
+        extra_options = [key for key in options if key not in ("include_usage",)]
+        if extra_options:
+            errors.append((f"stream_options.{extra_options[0]}", f"unrecognized request argument: "
+                                                                  f"stream_options.{extra_options[0]}"))
+        include_usage = options.get("include_usage", False)
+        if not isinstance(include_usage, bool):
+            errors.append(("stream_options.include_usage", f"must be a boolean, got {include_usage!r}"))
+            include_usage = False
+        elif options and not stream:
+            errors.append(("stream_options", "is only allowed when stream is true"))
+    return bool(stream), bool(include_usage)
+
+
+def _prompt(raw_prompt: Any, errors: list[tuple[str, str]]) -> str | None:
+    """A completion's ``prompt``: a non-empty string, or an array of exactly one."""
+    if isinstance(raw_prompt, list) and len(raw_prompt) == 1:
+        raw_prompt = raw_prompt[0]
+    if not isinstance(raw_prompt, str) or not raw_prompt:
+        errors.append(("prompt", "must be a non-empty string (or an array of exactly one string)"))
+        return None
+    return raw_prompt
+
+
 def validate_request(
     body: Any,
     *,
@@ -232,47 +323,13 @@ def validate_request(
         raise ValidationError([(name, f"unrecognized request argument: {name}") for name in unknown],
                               code="unrecognized_argument", bare=True)
     errors: list[tuple[str, str]] = []
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        errors.append(("model", "is required (a string)"))
-    elif model not in served_models:
-        raise ValidationError([("model", f"The model `{model}` does not exist; this server serves "
-                                         f"`{served_models[0]}`")], status=404, code="model_not_found", bare=True)
+    model = _model(body, served_models, errors)
     for name in body:
         reason = refusal(name, body[name])
         if reason is not None:
             errors.append((name, reason))
-    raw_max = body.get("max_completion_tokens", body.get("max_tokens"))
-    name_max = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-    max_tokens = default_max_tokens
-    if raw_max is not None:
-        if isinstance(raw_max, bool) or not isinstance(raw_max, int):
-            errors.append((name_max, f"must be an integer, got {raw_max!r}"))
-        elif not 1 <= raw_max <= max_tokens_limit:
-            errors.append((name_max, f"must be between 1 and {max_tokens_limit}, got {raw_max}"))
-        else:
-            max_tokens = raw_max
-    temperature = _number(body, "temperature", 1.0, errors)
-    _in_range("temperature", temperature, 0.0, TEMPERATURE_MAX, errors)
-    top_p = _number(body, "top_p", 1.0, errors)
-    if not 0.0 < top_p <= 1.0:
-        errors.append(("top_p", f"must be greater than 0 and at most 1, got {top_p:g}"))
-    presence = _number(body, "presence_penalty", 0.0, errors)
-    _in_range("presence_penalty", presence, -2.0, 2.0, errors)
-    frequency = _number(body, "frequency_penalty", 0.0, errors)
-    _in_range("frequency_penalty", frequency, -2.0, 2.0, errors)
-    repetition = _number(body, "repetition_penalty", 1.0, errors)
-    if not 0.0 < repetition <= 10.0:
-        errors.append(("repetition_penalty", f"must be greater than 0 and at most 10 (1 = off), got {repetition:g}"))
-    top_k = _integer(body, "top_k", 0, errors)
-    if top_k == -1:  # vLLM's "off"
-        top_k = 0
-    if top_k < 0:
-        errors.append(("top_k", f"must be -1 or 0 (off) or a positive integer, got {top_k}"))
-    seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not -2**63 <= seed < 2**64):
-        errors.append(("seed", f"must be an integer, got {seed!r}"))
-        seed = None
+    max_tokens = _max_tokens(body, max_tokens_limit, default_max_tokens, errors)
+    sampling = _sampling_fields(body, errors)
     min_tokens = _integer(body, "min_tokens", 0, errors)
     if not 0 <= min_tokens <= max_tokens:
         errors.append(("min_tokens", f"must be between 0 and max_tokens ({max_tokens}), got {min_tokens}"))
@@ -283,45 +340,17 @@ def validate_request(
     if n is not None and n != 1:
         errors.append(("n", f"only n=1 is supported (the span contract traces one sequence per request: send "
                             f"{n!r} requests instead), got {n!r}"))
-    stream = body.get("stream", False)
-    if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
-        errors.append(("stream", f"must be a boolean, got {stream!r}"))
-        stream = False
-    options = body.get("stream_options") or {}
-    include_usage = False
-    if not isinstance(options, Mapping):
-        errors.append(("stream_options", "must be an object"))
-    else:
-        extra_options = [key for key in options if key not in ("include_usage",)]
-        if extra_options:
-            errors.append((f"stream_options.{extra_options[0]}", f"unrecognized request argument: "
-                                                                  f"stream_options.{extra_options[0]}"))
-        include_usage = options.get("include_usage", False)
-        if not isinstance(include_usage, bool):
-            errors.append(("stream_options.include_usage", f"must be a boolean, got {include_usage!r}"))
-            include_usage = False
-        elif options and not stream:
-            errors.append(("stream_options", "is only allowed when stream is true"))
+    stream, include_usage = _stream(body, errors)
     messages = prompt = None
     if operation == "chat":
         messages = _messages(body.get("messages"), errors)
     else:
-        raw_prompt = body.get("prompt")
-        if isinstance(raw_prompt, list) and len(raw_prompt) == 1:
-            raw_prompt = raw_prompt[0]
-        if not isinstance(raw_prompt, str) or not raw_prompt:
-            errors.append(("prompt", "must be a non-empty string (or an array of exactly one string)"))
-        else:
-            prompt = raw_prompt
+        prompt = _prompt(body.get("prompt"), errors)
     user = body.get("user")
     if errors:
         raise ValidationError(errors)
     return GenerationRequest(
-        operation=operation, model=str(model), max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-        stream=bool(stream), include_usage=bool(include_usage), messages=messages, prompt=prompt,
-        user=user if isinstance(user, str) else None, stop=stop, seed=seed, presence_penalty=presence,
-        frequency_penalty=frequency, logprobs=logprobs, top_logprobs=top_logprobs, ignore_eos=ignore_eos,
-        min_tokens=min_tokens, top_k=top_k, repetition_penalty=repetition,
+        operation=operation, model=str(model), max_tokens=max_tokens, stream=stream, include_usage=include_usage,
+        messages=messages, prompt=prompt, user=user if isinstance(user, str) else None, stop=stop,
+        logprobs=logprobs, top_logprobs=top_logprobs, ignore_eos=ignore_eos, min_tokens=min_tokens, **sampling,
     )

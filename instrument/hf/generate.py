@@ -135,6 +135,83 @@ def _visible_ids(tokenizer: Any, token_ids: set[int], eos_ids: set[int]) -> set[
     return {i for i in candidates if known[i]}
 
 
+def _cached_tokens(generate_kwargs: Mapping[str, Any]) -> int:
+    """Tokens already held by a cache the caller passed (``past_key_values`` / ``cache``)."""
+    user_cache = generate_kwargs.get("past_key_values", generate_kwargs.get("cache"))
+    return int(user_cache.get_seq_length()) if user_cache is not None else 0
+
+
+def _prompt_lengths(tensors: Mapping[str, Any], padded_prompt_tokens: int, batch_rows: int) -> list[int]:
+    """Each prompt row's own length (its attention mask's sum; the padded length without one)."""
+    mask = tensors.get("attention_mask")
+    return mask.sum(dim=-1).tolist() if mask is not None else [padded_prompt_tokens] * batch_rows
+
+
+def _check_traceable(tracer: Any, parent_context: Context | None, sequences: int, max_new_tokens: int) -> None:
+    """ValueError when the call cannot be traced whole: more than one sequence under one
+    parent span, or more new tokens than the tracer's span event limit (a chunk event each)."""
+    if parent_context is not None and sequences > 1:
+        raise ValueError("parent_context: one parent span is one request; pass a batch of 1 sequence")
+    event_limit = span_event_limit_of(tracer)
+    if parent_context is None and event_limit is not None and event_limit < max_new_tokens:
+        raise ValueError(
+            f"max_new_tokens ({max_new_tokens}) exceeds the tracer provider's span event limit ({event_limit}): "
+            "chunk events would be dropped; use setup_tracing() or SpanLimits(max_events=...) above it"
+        )
+
+
+def _root_attributes(model: Any, model_name: str | None, operation: str, max_new_tokens: int, config: Any,
+                     generate_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``gen_ai.*`` request attributes of the call (temperature and top_p when sampling)."""
+    root_attributes: dict[str, Any] = {
+        "gen_ai.operation.name": operation,
+        "gen_ai.request.model": model_name or getattr(model.config, "_name_or_path", "") or model.config.model_type,
+        "gen_ai.request.max_tokens": max_new_tokens,
+    }
+    do_sample = generate_kwargs.get("do_sample", getattr(config, "do_sample", False))
+    if do_sample:
+        for key, attr in (("temperature", "gen_ai.request.temperature"), ("top_p", "gen_ai.request.top_p")):
+            value = generate_kwargs.get(key, getattr(config, key, None))
+            if value is not None:
+                root_attributes[attr] = float(value)
+    return root_attributes
+
+
+def _run_generate(model: Any, tensors: Mapping[str, Any], generate_kwargs: Mapping[str, Any],
+                  recorder: GenerationRecorder, user_streamer: Any, tracer: Any, parent_context: Context | None,
+                  root_attributes: dict[str, Any]) -> tuple[Any, int, int]:
+    """The model's own ``generate`` under the recorder's hooks: (its output, call start ns,
+    call end ns). When it raises: a failed ``generate`` span (unless the caller owns the
+    parent), then the error."""
+    generate = getattr(model, "_tokentrace_original_generate", model.generate)
+    call_start_ns = now_wall_ns()
+    try:
+        with recorder.hooks():
+            output = generate(
+                **tensors, **generate_kwargs, streamer=recorder.streamer(user_streamer), return_dict_in_generate=True
+            )
+    except BaseException as error:
+        if parent_context is None:
+            emit_failed_generate_span(
+                tracer, error, root_attributes=root_attributes, call_start_ns=call_start_ns, call_end_ns=now_wall_ns()
+            )
+        raise
+    return output, call_start_ns, now_wall_ns()
+
+
+def _tokens_recorded(timeline: RecordedTimeline, generated: list[list[int]]) -> int:
+    """Tokens the recorder saw emitted; RuntimeError unless that is one per chunk, one per
+    generated token, after at least one prefill forward (other generation modes)."""
+    steps_recorded = sum(timeline.chunk_tokens)
+    multi_token_chunks = len(timeline.chunk_tokens) - timeline.chunk_tokens.count(1)
+    if multi_token_chunks or steps_recorded != len(generated[0]) or timeline.prefill_forwards < 1:
+        raise RuntimeError(
+            f"traced_generate: recorded {len(timeline.forward_start_ns)} forwards and {len(timeline.emit_ns)} token "
+            f"chunks for {len(generated[0])} generated tokens; this generation mode is not supported"
+        )
+    return steps_recorded
+
+
 def traced_generate(
     model: Any,
     tokenizer: Any,
@@ -172,65 +249,24 @@ def traced_generate(
     batch_rows, padded_prompt_tokens = int(input_ids.shape[0]), int(input_ids.shape[1])
     config, max_new_tokens, eos_ids = _generation_settings(model, generate_kwargs, padded_prompt_tokens)
     return_sequences = int(generate_kwargs.get("num_return_sequences", getattr(config, "num_return_sequences", 1)) or 1)
-    if parent_context is not None and batch_rows * return_sequences > 1:
-        raise ValueError("parent_context: one parent span is one request; pass a batch of 1 sequence")
-    event_limit = span_event_limit_of(tracer)
-    if parent_context is None and event_limit is not None and event_limit < max_new_tokens:
-        raise ValueError(
-            f"max_new_tokens ({max_new_tokens}) exceeds the tracer provider's span event limit ({event_limit}): "
-            "chunk events would be dropped; use setup_tracing() or SpanLimits(max_events=...) above it"
-        )
-    user_cache = generate_kwargs.get("past_key_values", generate_kwargs.get("cache"))
-    cached_tokens = int(user_cache.get_seq_length()) if user_cache is not None else 0
+    _check_traceable(tracer, parent_context, batch_rows * return_sequences, max_new_tokens)
+    cached_tokens = _cached_tokens(generate_kwargs)
     capture = _capture_content(capture_content)
-    generate = getattr(model, "_tokentrace_original_generate", model.generate)
-    recorder = GenerationRecorder(
-        model, device_time=device_time, expected_forwards=max_new_tokens + 1, device=device
-    )
+    recorder = GenerationRecorder(model, device_time=device_time, expected_forwards=max_new_tokens + 1, device=device)
     user_wants_dict = generate_kwargs.pop("return_dict_in_generate", None)
     user_streamer = generate_kwargs.pop("streamer", None)
-    root_attributes: dict[str, Any] = {
-        "gen_ai.operation.name": operation,
-        "gen_ai.request.model": model_name or getattr(model.config, "_name_or_path", "") or model.config.model_type,
-        "gen_ai.request.max_tokens": max_new_tokens,
-    }
-    do_sample = generate_kwargs.get("do_sample", getattr(config, "do_sample", False))
-    if do_sample:
-        for key, attr in (("temperature", "gen_ai.request.temperature"), ("top_p", "gen_ai.request.top_p")):
-            value = generate_kwargs.get(key, getattr(config, key, None))
-            if value is not None:
-                root_attributes[attr] = float(value)
-
-    call_start_ns = now_wall_ns()
-    try:
-        with recorder.hooks():
-            output = generate(
-                **tensors, **generate_kwargs, streamer=recorder.streamer(user_streamer), return_dict_in_generate=True
-            )
-    except BaseException as error:
-        if parent_context is None:
-            emit_failed_generate_span(
-                tracer, error, root_attributes=root_attributes, call_start_ns=call_start_ns, call_end_ns=now_wall_ns()
-            )
-        raise
-    call_end_ns = now_wall_ns()
+    root_attributes = _root_attributes(model, model_name, operation, max_new_tokens, config, generate_kwargs)
+    output, call_start_ns, call_end_ns = _run_generate(
+        model, tensors, generate_kwargs, recorder, user_streamer, tracer, parent_context, root_attributes
+    )
 
     timeline = recorder.timeline()
-    sequences_tensor = output.sequences
-    rows = int(sequences_tensor.shape[0])
-    generated = sequences_tensor[:, padded_prompt_tokens:].tolist()
-    steps_recorded = sum(timeline.chunk_tokens)
-    multi_token_chunks = len(timeline.chunk_tokens) - timeline.chunk_tokens.count(1)
-    if multi_token_chunks or steps_recorded != len(generated[0]) or timeline.prefill_forwards < 1:
-        raise RuntimeError(
-            f"traced_generate: recorded {len(timeline.forward_start_ns)} forwards and {len(timeline.emit_ns)} token "
-            f"chunks for {len(generated[0])} generated tokens; this generation mode is not supported"
-        )
-    mask = tensors.get("attention_mask")
-    prompt_lengths = mask.sum(dim=-1).tolist() if mask is not None else [padded_prompt_tokens] * batch_rows
-    kv = inspect_runtime_kv(
-        model, getattr(output, "cache", None), batch_size=rows, tokens_held=padded_prompt_tokens + steps_recorded - 1
-    )
+    rows = int(output.sequences.shape[0])
+    generated = output.sequences[:, padded_prompt_tokens:].tolist()
+    steps_recorded = _tokens_recorded(timeline, generated)
+    kv = inspect_runtime_kv(model, getattr(output, "cache", None), batch_size=rows,
+                            tokens_held=padded_prompt_tokens + steps_recorded - 1)
+    prompt_lengths = _prompt_lengths(tensors, padded_prompt_tokens, batch_rows)
     visible_ids = _visible_ids(tokenizer, {t for row in generated for t in row}, eos_ids)
     writer = span_writer_for(tracer, direct=direct_spans)
     sequences: list[SequenceTrace] = []

@@ -318,6 +318,34 @@ def kv_layout_from_config(
             f"{model_type}: multi-head latent attention (kv_lora_rank={cfg['kv_lora_rank']}) "
             "caches a compressed latent vector per token, not K and V per KV head"
         )
+    layers_total, q_heads, kv_heads, head_dim = _attention_shape(cfg)
+    dtype, dtype_source = _config_kv_dtype(cfg, kv_dtype)
+    nbytes = dtype_bytes(dtype)
+
+    notes: list[str] = [f"bytes_per_element from {dtype_source} ({canonical_dtype(dtype)})"]
+    sliding_layers = _sliding_layer_count(cfg, model_type, layers_total)
+    window: int | None = None
+    if sliding_layers:
+        window, note = _sliding_window_tokens(cfg, model_type, sliding_layers)
+        notes.append(note)
+    return KVLayout(
+        layers=layers_total - sliding_layers,
+        q_heads=q_heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        dtype=canonical_dtype(dtype),
+        bytes_per_element=nbytes,
+        layout=layout_name(q_heads, kv_heads),
+        sliding_layers=sliding_layers,
+        sliding_window_tokens=window,
+        source=f"config ({model_type})",
+        notes=tuple(notes),
+    )
+
+
+def _attention_shape(cfg: Mapping[str, Any]) -> tuple[int, int, int, int]:
+    """(layers, query heads, KV heads, head dim) a config states (ValueError when one is
+    missing or not a positive integer; head dim from ``hidden_size`` when not stated)."""
     layers_total = _require_int(cfg, "num_hidden_layers")
     q_heads = _require_int(cfg, "num_attention_heads")
     kv_heads = cfg.get("num_key_value_heads") or q_heads
@@ -334,22 +362,27 @@ def kv_layout_from_config(
         head_dim = hidden // q_heads
     if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
         raise ValueError(f"model config field 'head_dim' must be a positive integer, got {head_dim!r}")
+    return layers_total, q_heads, kv_heads, head_dim
 
-    dtype_source = "kv_dtype override"
-    dtype = kv_dtype
-    if dtype is None:
-        dtype = cfg.get("torch_dtype") or cfg.get("dtype")
-        dtype_source = "config torch_dtype"
+
+def _config_kv_dtype(cfg: Mapping[str, Any], kv_dtype: str | None) -> tuple[Any, str]:
+    """(the KV dtype, where it came from): ``kv_dtype`` when given, else the config's
+    ``torch_dtype`` / ``dtype`` (ValueError when it states neither)."""
+    if kv_dtype is not None:
+        return kv_dtype, "kv_dtype override"
+    dtype = cfg.get("torch_dtype") or cfg.get("dtype")
     if dtype is None:
         raise ValueError(
             "the model config states no torch_dtype/dtype: pass the KV dtype explicitly (--kv-dtype)"
         )
-    nbytes = dtype_bytes(dtype)
+    return dtype, "config torch_dtype"
 
-    notes: list[str] = [f"bytes_per_element from {dtype_source} ({canonical_dtype(dtype)})"]
+
+def _sliding_layer_count(cfg: Mapping[str, Any], model_type: str, layers_total: int) -> int:
+    """How many layers are sliding-window ones (``layer_types``, else ``sliding_window`` in
+    use on every layer); UnsupportedArchitecture for non-attention layers or a split this
+    tool cannot read."""
     layer_types = cfg.get("layer_types")
-    sliding_layers = 0
-    window: int | None = None
     if isinstance(layer_types, list) and layer_types:
         if len(layer_types) != layers_total:
             raise ValueError(
@@ -362,42 +395,32 @@ def kv_layout_from_config(
                 f"{model_type}: layer_types include {sorted(other)}: recurrent / state-space or "
                 "other non-attention layers keep state that is not one K and V per KV head per token"
             )
-        sliding_layers = sum(1 for t in layer_types if t == "sliding_attention")
-    elif cfg.get("sliding_window_pattern"):
+        return sum(1 for t in layer_types if t == "sliding_attention")
+    if cfg.get("sliding_window_pattern"):
         raise UnsupportedArchitecture(
             f"{model_type}: sliding_window_pattern without layer_types; which layers slide is "
             "not stated in a form this tool reads"
         )
-    elif cfg.get("sliding_window") and _sliding_window_in_use(cfg, model_type):
+    if cfg.get("sliding_window") and _sliding_window_in_use(cfg, model_type):
         max_window_layers = cfg.get("max_window_layers")
         if isinstance(max_window_layers, int) and 0 < max_window_layers < layers_total:
             raise UnsupportedArchitecture(
                 f"{model_type}: sliding window applies to only part of the layers "
                 f"(max_window_layers={max_window_layers}); the split is engine-specific"
             )
-        sliding_layers = layers_total
-    if sliding_layers:
-        raw_window = cfg.get("sliding_window")
-        if isinstance(raw_window, bool) or not isinstance(raw_window, int) or raw_window <= 1:
-            raise UnsupportedArchitecture(
-                f"{model_type}: {sliding_layers} sliding-window layers but sliding_window is {raw_window!r}"
-            )
-        # transformers' sliding-window cache layers keep the last (window - 1) tokens.
-        window = raw_window - 1
-        notes.append(
-            f"{sliding_layers} sliding-window layers keep at most {window} tokens "
-            f"(sliding_window {raw_window} - 1, as transformers' sliding caches retain)"
+        return layers_total
+    return 0
+
+
+def _sliding_window_tokens(cfg: Mapping[str, Any], model_type: str, sliding_layers: int) -> tuple[int, str]:
+    """(past tokens a sliding-window layer keeps, the note saying so); UnsupportedArchitecture
+    when ``sliding_window`` does not state a window."""
+    raw_window = cfg.get("sliding_window")
+    if isinstance(raw_window, bool) or not isinstance(raw_window, int) or raw_window <= 1:
+        raise UnsupportedArchitecture(
+            f"{model_type}: {sliding_layers} sliding-window layers but sliding_window is {raw_window!r}"
         )
-    return KVLayout(
-        layers=layers_total - sliding_layers,
-        q_heads=q_heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        dtype=canonical_dtype(dtype),
-        bytes_per_element=nbytes,
-        layout=layout_name(q_heads, kv_heads),
-        sliding_layers=sliding_layers,
-        sliding_window_tokens=window,
-        source=f"config ({model_type})",
-        notes=tuple(notes),
-    )
+    # transformers' sliding-window cache layers keep the last (window - 1) tokens.
+    window = raw_window - 1
+    return window, (f"{sliding_layers} sliding-window layers keep at most {window} tokens "
+                    f"(sliding_window {raw_window} - 1, as transformers' sliding caches retain)")

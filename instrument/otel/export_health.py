@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import weakref
 from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
@@ -194,13 +193,14 @@ class CountingSpanProcessor(SpanProcessor):
         return self.inner.force_flush(timeout_millis)
 
 
-_EXTRA: "weakref.WeakKeyDictionary[Any, list[Callable[[], list[ExportCounts]]]]" = weakref.WeakKeyDictionary()
-
-
 def add_counts_source(provider: Any, source: Callable[[], list[ExportCounts]]) -> None:
     """Count ``source()`` among ``provider``'s exporters in :func:`export_health` (the span
-    exporter process of instrument/records/exporter_process.py reports this way)."""
-    _EXTRA.setdefault(provider, []).append(source)
+    exporter process of instrument/records/exporter_process.py reports this way). The sources
+    are the provider's ``count_sources`` (a ``TracingSetup``'s; set on any other provider)."""
+    sources = getattr(provider, "count_sources", None)
+    if sources is None:
+        sources = provider.count_sources = []
+    sources.append(source)
 
 
 def export_health(provider: Any) -> list[ExportCounts]:
@@ -210,11 +210,7 @@ def export_health(provider: Any) -> list[ExportCounts]:
     multi = getattr(provider, "_active_span_processor", None)
     processors = getattr(multi, "_span_processors", ())
     counts = [p.counts() for p in processors if isinstance(p, CountingSpanProcessor)]
-    try:
-        sources = _EXTRA.get(provider, ())
-    except TypeError:
-        sources = ()
-    for source in sources:
+    for source in getattr(provider, "count_sources", None) or ():
         counts.extend(source())
     return counts
 

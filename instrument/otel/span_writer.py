@@ -20,7 +20,6 @@ tests/test_span_writer.py against the installed SDK.
 from __future__ import annotations
 
 import itertools
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Iterable, Sequence
 
@@ -435,29 +434,24 @@ def resolve_context(context: Any) -> Context:
     return context.resolve() if isinstance(context, _LazyContext) else context
 
 
-_WRITERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # SDK tracer -> its DirectSpanWriter
-
-
 def span_writer_for(tracer: trace.Tracer, direct: bool = True) -> ApiSpanWriter | DirectSpanWriter:
     """The direct writer for an enabled SDK tracer when ``direct``, else the API writer.
 
-    A tracer's direct writer is made once and reused (it only reads the tracer's sampler, id
-    generator, processor, resource and limits, which an SDK tracer never replaces)."""
+    A tracer's direct writer is made once and kept on the tracer (``tokentrace_span_writer``;
+    it only reads the tracer's sampler, id generator, processor, resource and limits, which
+    an SDK tracer never replaces)."""
     enabled = getattr(getattr(tracer, "_tracer_config", None), "is_enabled", True)
     if not (direct and enabled):
         return ApiSpanWriter(tracer)
-    try:
-        writer = _WRITERS.get(tracer)
-    except TypeError:  # a tracer that cannot be weakly referenced
-        writer = None
-    if writer is not None:
+    writer = getattr(tracer, "tokentrace_span_writer", None)
+    if isinstance(writer, DirectSpanWriter):
         return writer
     sdk_parts = ("sampler", "id_generator", "span_processor", "resource", "_span_limits")
     if not all(hasattr(tracer, part) for part in sdk_parts):
         return ApiSpanWriter(tracer)
     writer = DirectSpanWriter(tracer)
     try:
-        _WRITERS[tracer] = writer
-    except TypeError:
+        tracer.tokentrace_span_writer = writer  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):  # a tracer that takes no attribute: a writer per call
         pass
     return writer

@@ -32,9 +32,8 @@ import os
 import socket
 import sys
 import uuid
-import weakref
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanLimits, Tracer, TracerProvider
@@ -56,6 +55,7 @@ __all__ = [
     "EXPORTER_NAMES",
     "PROTOCOLS",
     "setup_tracing",
+    "TracingSetup",
     "get_tracer",
     "span_event_limit_of",
 ]
@@ -236,6 +236,37 @@ def default_resource(service_name: str | None = None) -> Resource:
     return _resource(service_name, None, None)
 
 
+class TracingSetup(TracerProvider):
+    """The TracerProvider :func:`setup_tracing` returns, with what tokentrace needs of it kept
+    on it (it *is* the provider: use it wherever a ``TracerProvider`` goes).
+
+    - ``exporter_settings``: how its exporters were asked for (see :func:`exporter_settings`).
+    - ``exporters``: the exporters its processors feed (each in a ``CountingSpanExporter``
+      when ``count_exports``), in order.
+    - ``span_export``: where its spans are exported: ``inline`` (by exporters made in this
+      process) or ``process`` (``make_exporters=False``, or :func:`forward_spans
+      <instrument.records.span_forward.forward_spans>` wired it: the span exporter process).
+    - ``tokentrace_tracer``: its ``tokentrace`` tracer, made by the first :func:`get_tracer`.
+    - ``count_sources``: more export counts for ``export_health`` (another process's
+      exporters, ``export_health.add_counts_source``).
+    - ``exporter_process`` / ``span_forwarder``: the span exporter process and the span
+      processor forwarding to it, once ``forward_spans`` started them (else None).
+
+    Providers made otherwise keep working everywhere: the functions reading these fall back
+    (no settings, no forwarder; the tracer and the count sources kept on the provider object).
+    """
+
+    def __init__(self, *, exporter_settings: dict[str, object], span_export: str, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.exporter_settings = exporter_settings
+        self.span_export = span_export
+        self.exporters: tuple[SpanExporter, ...] = ()
+        self.tokentrace_tracer: Tracer | None = None
+        self.count_sources: list[Callable[[], list]] = []
+        self.exporter_process: object = None
+        self.span_forwarder: object = None
+
+
 def setup_tracing(
     service_name: str | None = None,
     *,
@@ -251,8 +282,9 @@ def setup_tracing(
     count_exports: bool = True,
     make_exporters: bool = True,
     sampler: Sampler | None = None,
-) -> TracerProvider:
-    """A TracerProvider with tokentrace's resource, span limits and exporters (not installed globally).
+) -> TracingSetup:
+    """A TracerProvider (a :class:`TracingSetup`) with tokentrace's resource, span limits and
+    exporters (not installed globally).
 
     - ``exporter``: ``otlp`` | ``console`` | ``otlp_json`` | ``none`` or a list of them.
     - ``protocol`` (for ``otlp``): ``grpc`` or ``http/protobuf``; ``endpoint`` e.g.
@@ -274,14 +306,44 @@ def setup_tracing(
       requests were decided at arrival, instrument/vllm/sampling.py).
     """
     names = _exporter_names(exporter)
+    if make_exporters:
+        exporters, destinations = _named_exporters(names, protocol, endpoint, json_path)
+    else:
+        _check_named_exporters(names, protocol, json_path)
+        exporters, destinations = [], {}
+    exporters.extend(span_exporters)
+    settings: dict[str, object] = {
+        "exporters": [n for n in names if n != "none"],
+        "json_path": str(json_path if json_path is not None else _env(ENV_JSON_PATH) or "") or None,
+        "extra_exporters": len(span_exporters), "endpoint": endpoint, "protocol": protocol, "built": bool(exporters),
+    }
+    provider = TracingSetup(
+        exporter_settings=settings,
+        span_export="inline" if make_exporters else "process",
+        sampler=sampler,
+        resource=_resource(service_name, instance_id, resource_attributes),
+        span_limits=SpanLimits(max_events=_event_limit(span_event_limit), **_attribute_length_limits()),
+    )
+    provider.exporters = _add_processors(provider, exporters, destinations, batch=batch, count_exports=count_exports)
+    return provider
+
+
+def _check_named_exporters(names: list[str], protocol: str | None, json_path: str | Path | None) -> None:
+    """The errors making the named exporters would raise, without making them
+    (``make_exporters=False``: another process makes them)."""
+    if "otlp" in names:
+        _protocol(protocol)  # the same error here as when the exporter is made
+    if "otlp_json" in names and json_path is None and _env(ENV_JSON_PATH) is None:
+        raise ValueError(f"the otlp_json exporter needs json_path= or {ENV_JSON_PATH}")
+
+
+def _named_exporters(names: list[str], protocol: str | None, endpoint: str | None,
+                     json_path: str | Path | None) -> tuple[list[SpanExporter], dict[int, str]]:
+    """The exporters named (``none`` makes none), and where each OTLP one sends by its index
+    (named in the log line when one fails)."""
     exporters: list[SpanExporter] = []
-    destinations: dict[int, str] = {}  # exporter index -> where it sends (named when one fails)
-    if not make_exporters:
-        if "otlp" in names:
-            _protocol(protocol)  # the same error here as when the exporter is made
-        if "otlp_json" in names and json_path is None and _env(ENV_JSON_PATH) is None:
-            raise ValueError(f"the otlp_json exporter needs json_path= or {ENV_JSON_PATH}")
-    for name in names if make_exporters else ():
+    destinations: dict[int, str] = {}
+    for name in names:
         if name == "otlp":
             exporters.append(_otlp_exporter(_protocol(protocol), endpoint))
             destinations[len(exporters) - 1] = otlp_destination(protocol, endpoint)
@@ -294,13 +356,15 @@ def setup_tracing(
             if path is None:
                 raise ValueError(f"the otlp_json exporter needs json_path= or {ENV_JSON_PATH}")
             exporters.append(OTLPJsonLinesSpanExporter(path))
-    exporters.extend(span_exporters)
-    provider = TracerProvider(
-        sampler=sampler,
-        resource=_resource(service_name, instance_id, resource_attributes),
-        span_limits=SpanLimits(max_events=_event_limit(span_event_limit), **_attribute_length_limits()),
-    )
+    return exporters, destinations
+
+
+def _add_processors(provider: TracerProvider, exporters: list[SpanExporter], destinations: dict[int, str], *,
+                    batch: bool, count_exports: bool) -> tuple[SpanExporter, ...]:
+    """One span processor per exporter on ``provider`` (batch or simple; both wrapped to count
+    when ``count_exports``); returns the exporters as the processors hold them."""
     queue_size = None if _env(ENV_BSP_QUEUE_SIZE) else DEFAULT_BATCH_QUEUE_SIZE
+    fed: list[SpanExporter] = []
     for index, span_exporter in enumerate(exporters):
         if count_exports:
             from instrument.otel.export_health import CountingSpanExporter
@@ -314,17 +378,8 @@ def setup_tracing(
 
             processor = CountingSpanProcessor(processor, span_exporter)  # type: ignore[arg-type]
         provider.add_span_processor(processor)
-    try:
-        _SETTINGS[provider] = {"exporters": [n for n in names if n != "none"],
-                               "json_path": str(json_path if json_path is not None else _env(ENV_JSON_PATH) or "")
-                               or None, "extra_exporters": len(span_exporters), "endpoint": endpoint,
-                               "protocol": protocol, "built": bool(exporters)}
-    except TypeError:  # pragma: no cover - SDK providers are weak-referenceable
-        pass
-    return provider
-
-
-_SETTINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        fed.append(span_exporter)
+    return tuple(fed)
 
 
 def exporter_settings(provider: object) -> dict[str, object] | None:
@@ -333,10 +388,7 @@ def exporter_settings(provider: object) -> dict[str, object] | None:
     given, None: from the ``OTEL_*`` variables; ``built``: exporters were made in this
     process), so that another process
     can make the same ones (instrument/records/exporter_process.py); None for other providers."""
-    try:
-        return _SETTINGS.get(provider)
-    except TypeError:
-        return None
+    return provider.exporter_settings if isinstance(provider, TracingSetup) else None
 
 
 def get_tracer(provider: TracerProvider | None = None) -> Tracer:
@@ -348,18 +400,16 @@ def get_tracer(provider: TracerProvider | None = None) -> Tracer:
         from opentelemetry import trace
 
         return trace.get_tracer(SCOPE_NAME, CONTRACT_VERSION)  # type: ignore[return-value]
-    # The SDK builds a new Tracer per call (~20-70 µs); one per provider is enough.
-    try:
-        tracer = _TRACERS.get(provider)
-    except TypeError:  # a provider that cannot be weakly referenced
-        return provider.get_tracer(SCOPE_NAME, CONTRACT_VERSION)
+    # The SDK builds a new Tracer per call (~20-70 µs); one per provider is enough, kept on it
+    # (a TracingSetup's attribute; set on any other provider object that takes attributes).
+    tracer = getattr(provider, "tokentrace_tracer", None)
     if tracer is None:
         tracer = provider.get_tracer(SCOPE_NAME, CONTRACT_VERSION)
-        _TRACERS[provider] = tracer
+        try:
+            provider.tokentrace_tracer = tracer  # type: ignore[attr-defined]
+        except (AttributeError, TypeError):  # a provider that takes no attribute: a tracer per call
+            pass
     return tracer
-
-
-_TRACERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def span_event_limit_of(tracer: object) -> int | None:

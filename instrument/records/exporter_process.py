@@ -54,7 +54,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from instrument.otel.export_health import ExportCounts
 
@@ -90,22 +90,17 @@ class _Control:
 
 
 def _child_main(sock: socket.socket, control: _Control, settings: dict[str, Any]) -> None:
-    """The exporter process's loop (runs in the child)."""
+    """The exporter process's loop (runs in the child): make the provider, then build the
+    spans of every message on ``sock`` and answer the parent's orders on ``control`` (flush,
+    stop; a count report every ``REPORT_EVERY_S``) until told to stop or left alone, then stop."""
     # the parent decides when to stop (stop(), or its end closing the control socket): a
     # SIGINT / SIGTERM sent to the whole process group or cgroup must not cut the export short
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from instrument.otel.export_health import export_health
-    from instrument.otel.tracing import setup_tracing
     from instrument.records.channels import MESSAGES, open_channel
-    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
-    attrs = dict(settings["resource"])
-    provider = setup_tracing(str(attrs.pop("service.name", "tokentrace")), exporter=settings["exporters"] or ["none"],
-                             json_path=settings.get("json_path"), endpoint=settings.get("endpoint"),
-                             protocol=settings.get("protocol"), instance_id=attrs.pop("service.instance.id", None),
-                             resource_attributes=attrs,
-                             sampler=ALWAYS_ON if settings.get("always_on") else None)
+    provider = _child_provider(settings)
     builder = open_channel(MESSAGES, provider)  # the continuous engine's decoder: every message
     received = malformed = malformed_units = 0
     buf = bytearray(_RECV_BYTES)
@@ -158,17 +153,7 @@ def _child_main(sock: socket.socket, control: _Control, settings: dict[str, Any]
             try:
                 order = control.recv()
             except (EOFError, ConnectionResetError):  # the serving process is gone: flush what came and leave
-                order = {"stop": 5.0}
-                while drain():  # everything it sent is in the socket
-                    pass
-                if getattr(builder, "at_rest", False):
-                    LOGGER.warning("tokentrace: the process that sent spans (pid %d) ended without stopping its exporter "
-                                   "process; its last message said it held nothing more: exporting all it sent, "
-                                   "nothing lost", settings.get("sender_pid", 0))
-                else:
-                    LOGGER.warning("tokentrace: the process that sent spans (pid %d) ended without stopping its "
-                                   "exporter process (killed?) while it still held steps: exporting what it sent; "
-                                   "what it held after its last send is lost", settings.get("sender_pid", 0))
+                order = _sender_gone(drain, builder, settings.get("sender_pid", 0))
             if "flush" in order:  # everything sent before the order, built and exported
                 while drain():
                     pass
@@ -180,6 +165,43 @@ def _child_main(sock: socket.socket, control: _Control, settings: dict[str, Any]
         if time.monotonic() - last >= REPORT_EVERY_S:
             report()
             last = time.monotonic()
+    _child_stop(provider, builder, drain, report, stop_timeout)
+
+
+def _child_provider(settings: dict[str, Any]) -> Any:
+    """The exporter process's TracerProvider: the parent's resource and exporters, made here."""
+    from instrument.otel.tracing import setup_tracing
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+
+    attrs = dict(settings["resource"])
+    return setup_tracing(str(attrs.pop("service.name", "tokentrace")), exporter=settings["exporters"] or ["none"],
+                         json_path=settings.get("json_path"), endpoint=settings.get("endpoint"),
+                         protocol=settings.get("protocol"), instance_id=attrs.pop("service.instance.id", None),
+                         resource_attributes=attrs,
+                         sampler=ALWAYS_ON if settings.get("always_on") else None)
+
+
+def _sender_gone(drain: Callable[[], bool], builder: Any, sender_pid: int) -> dict[str, Any]:
+    """The serving process closed the control socket without a stop order: build what it
+    sent (all in the socket), say whether anything it held was lost, and return the stop
+    order it did not send."""
+    while drain():  # everything it sent is in the socket
+        pass
+    if getattr(builder, "at_rest", False):
+        LOGGER.warning("tokentrace: the process that sent spans (pid %d) ended without stopping its exporter "
+                       "process; its last message said it held nothing more: exporting all it sent, "
+                       "nothing lost", sender_pid)
+    else:
+        LOGGER.warning("tokentrace: the process that sent spans (pid %d) ended without stopping its "
+                       "exporter process (killed?) while it still held steps: exporting what it sent; "
+                       "what it held after its last send is lost", sender_pid)
+    return {"stop": 5.0}
+
+
+def _child_stop(provider: Any, builder: Any, drain: Callable[[], bool], report: Callable[..., None],
+                stop_timeout: float) -> None:
+    """The exporter process's end: build what is still in the socket, shut the provider down
+    (its exporters send what they hold), all within ``stop_timeout`` s, then the final report."""
     deadline = time.monotonic() + stop_timeout
     while time.monotonic() < deadline and drain():
         pass

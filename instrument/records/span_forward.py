@@ -26,8 +26,9 @@ exported in the serving process:
 :func:`forward_spans` wires one serving provider this way: it starts the exporter process
 (made from the provider's exporter settings: ``setup_tracing(make_exporters=False)``
 records them without building any exporter here), adds the forwarder, counts the exporter
-process's counts among the provider's, and registers the process, so that the continuous
-engine's step records share it (:func:`exporter_process_of`). ``provider.shutdown()``
+process's counts among the provider's, and keeps the process on the provider (a
+``TracingSetup``'s ``exporter_process``), so that the continuous engine's step records share
+it (:func:`exporter_process_of`). ``provider.shutdown()``
 sends what is pending and stops the exporter process (bounded).
 """
 
@@ -36,7 +37,6 @@ from __future__ import annotations
 import logging
 import marshal
 import threading
-import weakref
 from typing import Any, Sequence
 
 from opentelemetry.attributes import BoundedAttributes
@@ -45,6 +45,7 @@ from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
+from instrument.otel.tracing import TracingSetup
 from instrument.records.channels import FORWARDED_SPANS
 from instrument.records.format import RecordWriter
 
@@ -199,49 +200,41 @@ class SpanForwarder(SpanProcessor):
             self.exporter.stop(self.stop_timeout_s)
 
 
-_PROCESSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # serving provider -> (process, forwarder)
-
-
 def forward_spans(tracer_provider: Any) -> Any:
     """Start the span exporter process for ``tracer_provider`` (exporters given by name to
     ``setup_tracing``, ideally with ``make_exporters=False``) and forward every span the
     provider finishes there; returns the ExporterProcess. ValueError when the provider's
     exporters cannot be made again in another process, or were already made in this one
-    (every span would be exported twice)."""
+    (every span would be exported twice). The process and its forwarder are kept on the
+    provider (a ``TracingSetup``: ``exporter_process``, ``span_forwarder``)."""
     from instrument.otel.export_health import add_counts_source
     from instrument.records.exporter_process import ExporterProcess
     from instrument.otel.tracing import exporter_settings
 
-    if tracer_provider in _PROCESSES:
-        return _PROCESSES[tracer_provider][0]
+    running = exporter_process_of(tracer_provider)
+    if running is not None:
+        return running
     if (exporter_settings(tracer_provider) or {}).get("built"):
         raise ValueError("--span-export process: the tracer provider already exports from this process "
                          "(setup_tracing made its exporters): forwarded too, every span would be exported "
                          "twice; make it with setup_tracing(..., make_exporters=False)")
-    exporter = ExporterProcess.for_provider(tracer_provider)
+    exporter = ExporterProcess.for_provider(tracer_provider)  # ValueError unless a TracingSetup
     forwarder = SpanForwarder(exporter, owns=True)
     tracer_provider.add_span_processor(forwarder)
     add_counts_source(tracer_provider, exporter.counts)
-    _PROCESSES[tracer_provider] = (exporter, forwarder)
+    tracer_provider.exporter_process, tracer_provider.span_forwarder = exporter, forwarder
+    tracer_provider.span_export = "process"
     return exporter
 
 
 def exporter_process_of(tracer_provider: Any) -> Any:
     """The exporter process :func:`forward_spans` started for this provider, or None."""
-    try:
-        entry = _PROCESSES.get(tracer_provider)
-    except TypeError:
-        return None
-    return entry[0] if entry is not None else None
+    return tracer_provider.exporter_process if isinstance(tracer_provider, TracingSetup) else None
 
 
 def forwarder_of(tracer_provider: Any) -> SpanForwarder | None:
     """The provider's :class:`SpanForwarder` (None unless :func:`forward_spans` wired it)."""
-    try:
-        entry = _PROCESSES.get(tracer_provider)
-    except TypeError:
-        return None
-    return entry[1] if entry is not None else None
+    return tracer_provider.span_forwarder if isinstance(tracer_provider, TracingSetup) else None
 
 
 # --- the exporter process's side ------------------------------------------------------------

@@ -80,10 +80,6 @@ def install(tap: StepTap, shape: SchedulerShape) -> bool:
     ``shape``: what :func:`check_scheduler` found on the installed vLLM (call it first); its
     differences between releases are bound here, once, never looked at per step.
     """
-    from collections import deque
-    from operator import attrgetter
-
-    from vllm.v1.core.sched.request_queue import FCFSRequestQueue
     from vllm.v1.core.sched.scheduler import Scheduler
 
     if getattr(Scheduler, _MARK, None) is not None:
@@ -91,6 +87,56 @@ def install(tap: StepTap, shape: SchedulerShape) -> bool:
     schedule, update = Scheduler.schedule, Scheduler.update_from_output
     preempt, free, add = Scheduler._preempt_request, Scheduler._free_request, Scheduler.add_request
     finish, shutdown = Scheduler.finish_requests, Scheduler.shutdown
+
+    # every wrapper made before any is set: one that cannot be made leaves the class as it was
+    traced_schedule, traced_update = _traced_schedule(schedule, tap, shape), _traced_update(update, tap)
+    traced_preempt = _noting(preempt, tap, tap.on_preempt)
+    traced_free = _noting(free, tap, lambda sched, request: tap.on_free(request))
+    traced_add = _noting(add, tap, lambda sched, request: tap.on_add(request))
+    traced_finish = _traced_finish(finish, tap, update.__code__)
+    traced_shutdown = _traced_shutdown(shutdown, tap)
+
+    Scheduler.schedule = traced_schedule
+    Scheduler.update_from_output = traced_update
+    Scheduler._preempt_request = traced_preempt
+    Scheduler._free_request = traced_free
+    Scheduler.add_request = traced_add
+    Scheduler.finish_requests = traced_finish
+    Scheduler.shutdown = traced_shutdown
+    setattr(Scheduler, _MARK, tap)
+
+    def uninstall() -> None:
+        """vLLM's own step methods back (a wrapper raised: vLLM runs on untraced)."""
+        Scheduler.schedule, Scheduler.update_from_output = schedule, update
+
+    tap.uninstall = uninstall
+    return True
+
+
+# The step wrappers (_traced_schedule, _traced_update): per step, each appends one row
+# (instrument/vllm/rows.py): a tuple of vLLM's own per-step lists, dicts and sets, taken by
+# reference, and a few ints. The rows are built in the wrappers, inline: code run between two
+# model steps finds the CPU's caches cold, and a call to a helper function cost ~3 µs there
+# (measured); what is read from the lists waits for the send (marshal, in C, many steps at
+# once). What the wrappers use comes in as positional defaults after vLLM's own parameters
+# (copied from one tuple at the call, where closure cells and globals are each an object of
+# their own, cold; keyword-only defaults cost more than either: a dict lookup each at the
+# call, benchmarks/cold_capture.py), and a wrapper that raised takes the plugin's wrappers off
+# the class (tap.fail), so nothing checks per step whether tracing still runs (or is measured:
+# tap.measure is read once, at install).
+# A plain decode step (every scheduled request scheduled one token, none new) holds None
+# for num_scheduled_tokens; an update where every request sampled one token of one
+# scheduled holds None for the runner's ids and counts: vLLM frees those itself, marshal
+# does not read them cold (instrument/vllm/steps.py reads None as one token each).
+# vLLM 0.32's signature (tests/vllm_step_scenario.py checks it), not *args / **kwargs: no
+# tuple and dict packed per step
+def _traced_schedule(schedule: Any, tap: StepTap, shape: SchedulerShape) -> Any:
+    """vLLM's ``schedule`` appending the step's SCHEDULED row to ``tap.held`` (the comment
+    above says how the wrappers are built)."""
+    from collections import deque
+    from operator import attrgetter
+
+    from vllm.v1.core.sched.request_queue import FCFSRequestQueue
 
     held = tap.held  # (never rebound)
     # releases that re-send a resumed request in full as new (0.34) have no resumed_req_ids:
@@ -105,22 +151,6 @@ def install(tap: StepTap, shape: SchedulerShape) -> bool:
     # (super().__len__()): its C length is read directly, a Python call there costs µs
     fcfs, deque_len = FCFSRequestQueue, deque.__len__
 
-    # per step, each wrapper appends one row (instrument/vllm/rows.py): a tuple of vLLM's own
-    # per-step lists, dicts and sets, taken by reference, and a few ints. The rows are built
-    # here, inline: code run between two model steps finds the CPU's caches cold, and a call to
-    # a helper function cost ~3 µs there (measured); what is read from the lists waits for the
-    # send (marshal, in C, many steps at once). What the wrappers use comes in as positional
-    # defaults after vLLM's own parameters (copied from one tuple at the call, where closure
-    # cells and globals are each an object of their own, cold; keyword-only defaults cost more
-    # than either: a dict lookup each at the call, benchmarks/cold_capture.py), and a wrapper
-    # that raised takes the plugin's wrappers off the class (tap.fail), so nothing checks per
-    # step whether tracing still runs (or is measured: tap.measure is read here, once).
-    # A plain decode step (every scheduled request scheduled one token, none new) holds None
-    # for num_scheduled_tokens; an update where every request sampled one token of one
-    # scheduled holds None for the runner's ids and counts: vLLM frees those itself, marshal
-    # does not read them cold (instrument/vllm/steps.py reads None as one token each).
-    # vLLM 0.32's signature (tests/vllm_step_scenario.py checks it), not *args / **kwargs: no
-    # tuple and dict packed per step
     def traced_schedule(self: Any, throttle_prefills: bool = False, _schedule: Any = schedule,
                         _perf: Any = time.perf_counter_ns, _append: Any = held.append, _tap: StepTap = tap,
                         _measure: bool = tap.measure, _kind: int = SCHEDULED, _fcfs: type = fcfs,
@@ -156,6 +186,14 @@ def install(tap: StepTap, shape: SchedulerShape) -> bool:
                 _tap.schedule_cpu_ns += spent
         return out
 
+    return traced_schedule
+
+
+def _traced_update(update: Any, tap: StepTap) -> Any:
+    """vLLM's ``update_from_output`` appending the step's UPDATED row (tokens sampled per
+    request) and sending the held rows when a send is due."""
+    held = tap.held  # (never rebound)
+
     def traced_update(self: Any, scheduler_output: Any, model_runner_output: Any, _update: Any = update,
                       _perf: Any = time.perf_counter_ns, _append: Any = held.append, _held: list[Any] = held,
                       _tap: StepTap = tap, _measure: bool = tap.measure, _kind: int = UPDATED,
@@ -188,22 +226,26 @@ def install(tap: StepTap, shape: SchedulerShape) -> bool:
             _tap.fail()
         return result
 
-    def noting(method: Any, note: Any) -> Any:
-        """``method`` with ``note(scheduler, request)`` called first (once per request event)."""
-        def traced(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-            if not tap.failed:
-                try:
-                    note(self, request)
-                except Exception:
-                    tap.fail()
-            return method(self, request, *args, **kwargs)
-        return traced
+    return traced_update
 
-    traced_preempt = noting(preempt, tap.on_preempt)
-    traced_free = noting(free, lambda sched, request: tap.on_free(request))
-    traced_add = noting(add, lambda sched, request: tap.on_add(request))
 
-    update_code = update.__code__
+def _noting(method: Any, tap: StepTap, note: Any) -> Any:
+    """``method`` with ``note(scheduler, request)`` called first (once per request event)."""
+    def traced(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        if not tap.failed:
+            try:
+                note(self, request)
+            except Exception:
+                tap.fail()
+        return method(self, request, *args, **kwargs)
+
+    return traced
+
+
+def _traced_finish(finish: Any, tap: StepTap, update_code: Any) -> Any:
+    """vLLM's ``finish_requests``, sending at once the end of a request aborted outside a step
+    (``update_code``: ``update_from_output``'s code, whose own calls wait for its row)."""
+    held = tap.held  # (never rebound)
 
     def traced_finish(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = finish(self, *args, **kwargs)
@@ -219,6 +261,12 @@ def install(tap: StepTap, shape: SchedulerShape) -> bool:
                 tap.hook_cpu_ns += time.thread_time_ns() - cpu - floor
         return result
 
+    return traced_finish
+
+
+def _traced_shutdown(shutdown: Any, tap: StepTap) -> Any:
+    """vLLM's ``shutdown``, closing the plugin's pipeline (``tap.on_shutdown``) first."""
+
     def traced_shutdown(self: Any, *args: Any, **kwargs: Any) -> Any:
         callback, tap.on_shutdown = tap.on_shutdown, None
         if callback is not None:
@@ -228,18 +276,4 @@ def install(tap: StepTap, shape: SchedulerShape) -> bool:
                 log.exception("tokentrace: closing the vLLM span pipeline failed")
         return shutdown(self, *args, **kwargs)
 
-    Scheduler.schedule = traced_schedule
-    Scheduler.update_from_output = traced_update
-    Scheduler._preempt_request = traced_preempt
-    Scheduler._free_request = traced_free
-    Scheduler.add_request = traced_add
-    Scheduler.finish_requests = traced_finish
-    Scheduler.shutdown = traced_shutdown
-    setattr(Scheduler, _MARK, tap)
-
-    def uninstall() -> None:
-        """vLLM's own step methods back (a wrapper raised: vLLM runs on untraced)."""
-        Scheduler.schedule, Scheduler.update_from_output = schedule, update
-
-    tap.uninstall = uninstall
-    return True
+    return traced_shutdown
