@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 from trace_fixtures import RequestPlan, TraceWorld, mixed_trace_id, mixed_world
 
-from analyzer.db import view_keep, views
+from analyzer.db.views import install as views, keep as view_keep
 from analyzer.query import runner as queries
 from analyzer.cli import cli
 from analyzer.db.derived import build_derived, drop_derived, is_current

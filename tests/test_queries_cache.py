@@ -10,7 +10,7 @@ from engine_fixtures import EngineWorld, VllmPlan, add_vllm_request
 from trace_fixtures import RequestPlan, TraceWorld, mixed_db, mixed_trace_id
 
 import analyzer.query.runner as queries
-from analyzer.db import view_keep
+from analyzer.db.views import keep as view_keep
 from analyzer.query.runner import install_views, kept_views, list_queries, materialize_views, run_query, view_files
 
 

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from trace_fixtures import mixed_db, mixed_trace_id, mixed_world
 
 import analyzer.query.runner as queries
-from analyzer.db import view_keep
+from analyzer.db.views import keep as view_keep
 from analyzer.cli import cli
 from analyzer.cli.options import emit_row_batches, emit_rows
 from analyzer.query.runner import kept_order, request_key_ranges, run_query, stream_query
@@ -189,7 +189,7 @@ def test_an_interrupted_range_by_range_keep_leaves_nothing_kept(monkeypatch) -> 
     queries.materialize_views(con, "SELECT * FROM request_keys")
     assert len(request_key_ranges(con)) > 3
     with pytest.raises(KeyboardInterrupt):
-        view_keep._keep(_FailingInsert(con, 3), "request_gap_rows", ranges=request_key_ranges(con))
+        view_keep.keep_view(_FailingInsert(con, 3), "request_gap_rows", ranges=request_key_ranges(con))
     temp = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'temp'").fetchall()}
     assert not {f"{queries.CACHE_PREFIX}request_gap_rows", f"{queries.BUILDING_PREFIX}request_gap_rows"} & temp
     assert "request_gap_rows" in queries.materialize_views(con, queries.load_query("itl").sql)  # kept whole now

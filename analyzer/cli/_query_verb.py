@@ -302,7 +302,7 @@ def _stream_csv(con: duckdb.DuckDBPyConnection, query: str, params: Mapping[str,
 
     from analyzer.cli._csv_lines import ARROW_MIN_EVENTS, csv_line_sql, iter_csv_chunks
     from analyzer.query.runner import stream_query
-    from analyzer.db.view_state import installed_span_events
+    from analyzer.db.views.state import installed_span_events
 
     def chunks():
         try:

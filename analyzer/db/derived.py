@@ -32,8 +32,8 @@ from importlib.metadata import PackageNotFoundError, version
 
 import duckdb
 
-from analyzer.db import views as queries  # the view machinery (analyzer/db/views.py)
-from analyzer.db.view_state import _fingerprint, _quoted
+from analyzer.db import views as queries  # the view machinery (analyzer/db/views/)
+from analyzer.db.views.state import data_fingerprint, quoted
 
 __all__ = ["DerivedReport", "build_derived", "drop_derived", "is_current"]
 
@@ -79,7 +79,7 @@ def _same_spans(stored: str, current: str) -> bool:
 def is_current(con: duckdb.DuckDBPyConnection) -> bool:
     """True when this (writable) connection's database holds derived tables of its data."""
     base, views = queries.view_files()
-    fingerprint, _ = _fingerprint(con, base, views)
+    fingerprint, _ = data_fingerprint(con, base, views)
     return _stored(con) == fingerprint
 
 
@@ -101,7 +101,7 @@ def build_derived(
     next build."""
     started = time.perf_counter()
     base, views = queries.view_files()
-    fingerprint, events = _fingerprint(con, base, views)
+    fingerprint, events = data_fingerprint(con, base, views)
     stored = _stored(con)
     schema = queries.DERIVED_SCHEMA
     if not force and stored is not None and (stored == fingerprint or _same_spans(stored, fingerprint)):
@@ -115,7 +115,7 @@ def build_derived(
     path_before = con.execute("SELECT current_setting('search_path')").fetchall()[0][0]
     drop_derived(con)
     con.execute(f"CREATE SCHEMA {schema}")
-    con.execute(f"USE {_quoted(catalog)}.{schema}")
+    con.execute(f"USE {quoted(catalog)}.{schema}")
     try:
         queries.install_views(con, persist=True)
         kept = [*queries.kept_views(base), *queries.kept_views(base, chunks=True), *queries.MATERIALIZED_VIEWS]
@@ -134,7 +134,7 @@ def build_derived(
         con.execute(f"INSERT INTO {queries.STATE_TABLE} VALUES ($f, $e, $t, $s, $v)",
                     {"f": fingerprint, "e": events, "t": time.time_ns(), "s": seconds, "v": _tokentrace_version()})
     finally:
-        con.execute(f"USE {_quoted(catalog)}.{_quoted(before)}")
+        con.execute(f"USE {quoted(catalog)}.{quoted(before)}")
         if path_before:
             con.execute("SET search_path = $p", {"p": path_before})
         else:

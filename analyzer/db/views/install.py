@@ -1,24 +1,6 @@
-"""The views of ``queries/views/`` on a DuckDB connection: installing them, keeping the views
-the metric queries read as tables, and reading a database's derived tables.
-
-The adapter files are installed in file-name order, then the unions ``request_facts`` and
-``request_chunks`` (:data:`UNIONED_VIEWS`), then the derived files (header line ``-- install:
-after request_facts``). Per connection they are installed once, and the request-level views a
-query needs (:data:`MATERIALIZED_VIEWS`) are kept as temp tables, so the next query reads them
-instead of deriving them from the spans again; the per-chunk ones too, at every size (beyond
-DuckDB's ``memory_limit`` their blocks are evicted to its ``temp_directory``). Both are keyed
-on the data: the row counts of ``spans``, ``span_events``, ``span_links`` and ``loads`` (every
-``tokentrace load`` appends a ``loads`` row) and the view files' text. A change that keeps
-every count (an UPDATE, a DELETE and an INSERT of as many rows) must call
-:func:`install_views` with ``refresh=True``. A database written by ``tokentrace load`` holds
-the same views and kept tables in its schema :data:`DERIVED_SCHEMA` (analyzer/db/derived.py):
-a connection over the same data reads those and derives nothing.
-
-This module installs the views; the files and their header lines are analyzer/db/view_sql.py,
-the per-connection state and the derived tables' location analyzer/db/view_state.py, and the
-kept tables analyzer/db/view_keep.py. analyzer.query.runner re-exports the public names; the query
-files themselves are its concern.
-"""
+"""Installing the views of ``queries/views/`` on a connection (:func:`install_views`), and
+where they are read from: the connection's own temp views and kept tables, or a database's
+derived tables. The package's ``__init__`` says how the parts fit."""
 
 
 from __future__ import annotations
@@ -27,16 +9,16 @@ from typing import Sequence
 
 import duckdb
 
-from analyzer.db.view_keep import (
+from analyzer.db.views.keep import (
     CHUNK_VIEWS,
     MATERIALIZE_MAX_EVENTS,
     MATERIALIZED_VIEWS,
     RANGE_EVENTS,
-    _keep,
+    keep_view,
     materialize_views,
     request_key_ranges,
 )
-from analyzer.db.view_sql import (
+from analyzer.db.views.sql import (
     UNIONED_VIEWS,
     kept_order,
     kept_views,
@@ -45,17 +27,17 @@ from analyzer.db.view_sql import (
     view_files,
     view_names,
 )
-from analyzer.db.view_state import (
+from analyzer.db.views.state import (
     CACHE_PREFIX,
     DERIVED_SCHEMA,
     STATE_TABLE,
-    _cached,
-    _fingerprint,
-    _has_derived,
-    _leave_derived,
-    _state_row,
-    _use_derived,
-    _write_state,
+    cached_views,
+    data_fingerprint,
+    has_derived,
+    leave_derived,
+    state_row,
+    use_derived,
+    write_state,
     derived_location,
     derived_status,
     forget_connection_views,
@@ -100,31 +82,31 @@ def install_views(con: duckdb.DuckDBPyConnection, *, refresh: bool = False, pers
     only): create the views and keep their tables in the current schema, not in ``temp``, and
     write no per-connection state."""
     base, derived = view_files()
-    fingerprint, events = _fingerprint(con, base, derived)
+    fingerprint, events = data_fingerprint(con, base, derived)
     if persist:
         _install(con, base, derived, persist=True)
         return
-    state = _state_row(con)
+    state = state_row(con)
     if not refresh and state is not None and state[0] == fingerprint:
         return
     if not refresh:
         location = derived_location(con, fingerprint)
         if location is not None:
-            _use_derived(con, location, fingerprint, events)
+            use_derived(con, location, fingerprint, events)
             return
-    _leave_derived(con)
-    for view in _cached(con):
+    leave_derived(con)
+    for view in cached_views(con):
         con.execute(f"DROP TABLE IF EXISTS temp.{CACHE_PREFIX}{view}")
     con.execute(f"DROP TABLE IF EXISTS temp.{STATE_TABLE}")
-    status = "stale" if _has_derived(con) else "none"
+    status = "stale" if has_derived(con) else "none"
     _install(con, base, derived, persist=False)
-    _write_state(con, fingerprint, events, None, status)
+    write_state(con, fingerprint, events, None, status)
 
 
 def _install(con: duckdb.DuckDBPyConnection, base: Sequence[str], derived: Sequence[str], *, persist: bool) -> None:
     for text in base:
         con.execute(text)
-    rows = {view: _keep(con, view, persist=persist) for view in kept_views(base)}
+    rows = {view: keep_view(con, view, persist=persist) for view in kept_views(base)}
     views = {
         row[0]
         for row in con.execute(

@@ -12,8 +12,8 @@ from typing import Mapping, Sequence
 
 import duckdb
 
-from analyzer.db.view_sql import _strip_comments, kept_order, kept_views, view_files
-from analyzer.db.view_state import BUILDING_PREFIX, CACHE_PREFIX, _cached, _state, _state_row
+from analyzer.db.views.sql import strip_comments, kept_order, kept_views, view_files
+from analyzer.db.views.state import BUILDING_PREFIX, CACHE_PREFIX, cached_views, connection_state, state_row
 
 __all__ = [
     "CHUNK_VIEWS",
@@ -49,7 +49,7 @@ RANGE_EVENTS: int = 32_000_000
 MATERIALIZE_MAX_EVENTS: int | None = None
 
 
-def _keep(
+def keep_view(
     con: duckdb.DuckDBPyConnection,
     view: str,
     *,
@@ -95,7 +95,7 @@ def request_key_ranges(con: duckdb.DuckDBPyConnection, events: int | None = None
     span events' worth of requests; ``[]`` when there is no request. Needs the views of
     :func:`install_views` on this connection. ``events``: span_events' row count (default:
     the one this connection's views were installed over)."""
-    state = _state(con)
+    state = connection_state(con)
     requests = int(con.execute("SELECT count(*) FROM request_keys").fetchall()[0][0])
     if requests == 0:
         return []
@@ -109,13 +109,13 @@ def request_key_ranges(con: duckdb.DuckDBPyConnection, events: int | None = None
 def _referenced(sql: str, definitions: Mapping[str, str]) -> set[str]:
     """The views ``sql`` reads, directly or through other views (names matched as words)."""
     found: set[str] = set()
-    pending = [_strip_comments(sql)]
+    pending = [strip_comments(sql)]
     while pending:  # bounded: each view is expanded at most once
         text = pending.pop()
         for name, body in definitions.items():
             if name not in found and re.search(rf"\b{re.escape(name)}\b", text):
                 found.add(name)
-                pending.append(_strip_comments(body))
+                pending.append(strip_comments(body))
     return found
 
 
@@ -125,7 +125,7 @@ def _read_counts(sql: str, definitions: Mapping[str, str]) -> dict[str, int]:
     head = re.compile(r"^\s*CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP(?:ORARY)?\s+)?VIEW\s+\S+\s+(?:\([^)]*\)\s*)?AS\s+",
                       re.IGNORECASE)
     # a definition as duckdb_views() stores it starts 'CREATE VIEW <its name> AS': not a read of itself
-    stripped = {name: head.sub("", _strip_comments(body), count=1) for name, body in definitions.items()}
+    stripped = {name: head.sub("", strip_comments(body), count=1) for name, body in definitions.items()}
     memo: dict[str, dict[str, int]] = {}
 
     def counts(text: str) -> dict[str, int]:
@@ -141,7 +141,7 @@ def _read_counts(sql: str, definitions: Mapping[str, str]) -> dict[str, int]:
                     found[sub] = found.get(sub, 0) + n * c
         return found
 
-    return counts(_strip_comments(sql))
+    return counts(strip_comments(sql))
 
 
 def materialize_views(
@@ -168,7 +168,7 @@ def materialize_views(
     span_events row count): keep them as tables of the current schema, at every size.
     Returns the views it materialized."""
     persist = persist_events is not None
-    row = None if persist else _state_row(con)
+    row = None if persist else state_row(con)
     if not persist and (row is None or row[2] is not None):
         return []
     events = persist_events if persist else row[1]  # type: ignore[index]
@@ -179,7 +179,7 @@ def materialize_views(
         ).fetchall()
     )
     needed = _referenced(sql, definitions)
-    cached = set() if persist else _cached(con)
+    cached = set() if persist else cached_views(con)
     base = view_files()[0]
     adapter_chunks = kept_views(base, chunks=True)
     orders = kept_order(base)
@@ -200,8 +200,8 @@ def materialize_views(
         if not persist and (view in CHUNK_VIEWS or view in adapter_chunks) and limit is not None and events > limit:
             continue
         if view in CHUNK_VIEWS:  # request_keys is kept by now: request_gap_rows reads it
-            _keep(con, view, ranges=request_key_ranges(con, events), persist=persist)
+            keep_view(con, view, ranges=request_key_ranges(con, events), persist=persist)
         else:
-            _keep(con, view, order=orders.get(view), persist=persist)
+            keep_view(con, view, order=orders.get(view), persist=persist)
         made.append(view)
     return made

@@ -2,7 +2,7 @@
 which files are adapters and which are derived (``-- install: after request_facts``), the
 unions ``request_facts`` / ``request_chunks`` over the adapters, the view names the files
 create, and the ``-- keep:`` / ``-- keep chunks: ... ORDER BY ...`` lines that say which
-views are kept as tables (analyzer/db/view_keep.py). No connection state: text in, text out.
+views are kept as tables (analyzer/db/views/keep.py). No connection state: text in, text out.
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ def queries_dir() -> Path:
             return found
     except (ModuleNotFoundError, TypeError):
         pass
-    beside = Path(__file__).resolve().parents[2] / "queries"  # analyzer/db/view_sql.py -> repo
+    beside = Path(__file__).resolve().parents[3] / "queries"  # analyzer/db/views/sql.py -> repo
     if (beside / "requests.sql").is_file():
         return beside
     raise FileNotFoundError("tokentrace's queries/ folder is missing from this installation")
 
 
-def _strip_comments(sql: str) -> str:
+def strip_comments(sql: str) -> str:
     return "\n".join(line.split("--", 1)[0] for line in sql.splitlines())
 
 

@@ -4,7 +4,7 @@ kept on the connection, and where a database's derived tables are (schema
 :data:`DERIVED_SCHEMA`, written by ``tokentrace load``: analyzer/db/derived.py).
 
 The fingerprint is the row counts of ``spans``, ``span_events``, ``span_links`` and
-``loads``, the last load id and the view files' text (analyzer/db/views.py's module docstring).
+``loads``, the last load id and the view files' text (analyzer/db/views/install.py's module docstring).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Sequence
 
 import duckdb
 
-from analyzer.db.view_sql import view_names
+from analyzer.db.views.sql import view_names
 
 __all__ = [
     "BUILDING_PREFIX",
@@ -49,7 +49,7 @@ def _present(con: duckdb.DuckDBPyConnection) -> set[str]:
     }
 
 
-def _fingerprint(con: duckdb.DuckDBPyConnection, base: Sequence[str], derived: Sequence[str]) -> tuple[str, int]:
+def data_fingerprint(con: duckdb.DuckDBPyConnection, base: Sequence[str], derived: Sequence[str]) -> tuple[str, int]:
     """What the installed views and kept tables depend on: row counts of the canonical tables,
     the last load id and the view files' text. Also returns span_events' row count."""
     present = _present(con)
@@ -63,7 +63,7 @@ def _fingerprint(con: duckdb.DuckDBPyConnection, base: Sequence[str], derived: S
     return f"{list(values or ())}|{digest}", int(counts.get("span_events") or 0)
 
 
-def _state_row(con: duckdb.DuckDBPyConnection) -> tuple[str, int, str | None, str] | None:
+def state_row(con: duckdb.DuckDBPyConnection) -> tuple[str, int, str | None, str] | None:
     """(fingerprint, span_events rows, derived location or None, derived status) of the views
     installed on this connection, else None."""
     found = con.execute(
@@ -75,23 +75,23 @@ def _state_row(con: duckdb.DuckDBPyConnection) -> tuple[str, int, str | None, st
     return (rows[0][0], int(rows[0][1]), rows[0][2], rows[0][3]) if rows else None
 
 
-def _state(con: duckdb.DuckDBPyConnection) -> tuple[str, int] | None:
+def connection_state(con: duckdb.DuckDBPyConnection) -> tuple[str, int] | None:
     """(fingerprint, span_events rows) of the views installed on this connection, else None."""
-    row = _state_row(con)
+    row = state_row(con)
     return (row[0], row[1]) if row is not None else None
 
 
 def installed_span_events(con: duckdb.DuckDBPyConnection) -> int | None:
     """Rows of ``span_events`` under the views installed on this connection (counted when they
     were installed), else None."""
-    row = _state_row(con)
+    row = state_row(con)
     return row[1] if row is not None else None
 
 
-def _cached(con: duckdb.DuckDBPyConnection) -> set[str]:
+def cached_views(con: duckdb.DuckDBPyConnection) -> set[str]:
     """The views kept as tables for this connection: its temp tables, or, reading a database's
     derived tables, the tables kept there."""
-    row = _state_row(con)
+    row = state_row(con)
     if row is not None and row[2] is not None:
         catalog = row[2].split(".")[0].strip('"')
         where, params = "database_name = $c AND schema_name = $s", {"c": catalog, "s": DERIVED_SCHEMA}
@@ -106,7 +106,7 @@ def _cached(con: duckdb.DuckDBPyConnection) -> set[str]:
     }
 
 
-def _quoted(name: str) -> str:
+def quoted(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
@@ -117,14 +117,14 @@ def derived_location(con: duckdb.DuckDBPyConnection, fingerprint: str) -> str | 
         "SELECT database_name FROM duckdb_tables() WHERE schema_name = $s AND table_name = $t ORDER BY 1",
         {"s": DERIVED_SCHEMA, "t": STATE_TABLE},
     ).fetchall():
-        location = f"{_quoted(catalog)}.{DERIVED_SCHEMA}"
+        location = f"{quoted(catalog)}.{DERIVED_SCHEMA}"
         rows = con.execute(f"SELECT fingerprint FROM {location}.{STATE_TABLE}").fetchall()
         if rows and rows[0][0] == fingerprint:
             return location
     return None
 
 
-def _has_derived(con: duckdb.DuckDBPyConnection) -> bool:
+def has_derived(con: duckdb.DuckDBPyConnection) -> bool:
     return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE schema_name = $s AND table_name = $t",
                             {"s": DERIVED_SCHEMA, "t": STATE_TABLE}).fetchall()[0][0])
 
@@ -134,11 +134,11 @@ def derived_status(con: duckdb.DuckDBPyConnection) -> str | None:
     nothing derived), ``"stale"`` (the database has derived tables, but of other data or of
     another tokentrace's views: derived on this connection instead), ``"none"`` (no derived
     tables: derived on this connection), or None before :func:`install_views`."""
-    row = _state_row(con)
+    row = state_row(con)
     return None if row is None else row[3]
 
 
-def _write_state(con: duckdb.DuckDBPyConnection, fingerprint: str, events: int, derived: str | None,
+def write_state(con: duckdb.DuckDBPyConnection, fingerprint: str, events: int, derived: str | None,
                  status: str) -> None:
     con.execute(f"DROP TABLE IF EXISTS temp.{STATE_TABLE}")
     con.execute(f"CREATE TEMP TABLE {STATE_TABLE} (fingerprint VARCHAR, span_events BIGINT, derived VARCHAR,"
@@ -162,35 +162,35 @@ def _drop_left_views(con: duckdb.DuckDBPyConnection) -> None:
         "SELECT view_name FROM duckdb_views() WHERE NOT internal AND database_name = current_database()"
         " AND schema_name = current_schema() AND list_contains($names, view_name)", {"names": names},
     ).fetchall():
-        con.execute(f"DROP VIEW IF EXISTS {_quoted(name)}")
+        con.execute(f"DROP VIEW IF EXISTS {quoted(name)}")
 
 
-def _use_derived(con: duckdb.DuckDBPyConnection, location: str, fingerprint: str, events: int) -> None:
+def use_derived(con: duckdb.DuckDBPyConnection, location: str, fingerprint: str, events: int) -> None:
     """Read the derived tables at ``location``: they go last on the search path, so the
     current schema (where a writable connection creates and inserts) stays what it was and
     the canonical tables resolve first."""
-    _leave_derived(con)
+    leave_derived(con)
     database = con.execute("SELECT current_database()").fetchall()[0][0]
-    if location.startswith(f"{_quoted(database)}."):  # a connection to that very file (not an attached copy)
+    if location.startswith(f"{quoted(database)}."):  # a connection to that very file (not an attached copy)
         _drop_left_views(con)
-    _write_state(con, fingerprint, events, location, "read")
+    write_state(con, fingerprint, events, location, "read")
     before = con.execute("SELECT current_setting('search_path')").fetchall()[0][0]
-    current = before or f"{_quoted(database)}.main"
+    current = before or f"{quoted(database)}.main"
     con.execute("SET search_path = $p", {"p": f"{current},{location}"})
 
 
 def forget_connection_views(con: duckdb.DuckDBPyConnection) -> None:
     """Drop what :func:`install_views` kept on this connection (its temp tables and state), so
     the next query installs afresh (and reads derived tables just built, when they fit)."""
-    _leave_derived(con)
-    for view in _cached(con):
+    leave_derived(con)
+    for view in cached_views(con):
         con.execute(f"DROP TABLE IF EXISTS temp.{CACHE_PREFIX}{view}")
     con.execute(f"DROP TABLE IF EXISTS temp.{STATE_TABLE}")
 
 
-def _leave_derived(con: duckdb.DuckDBPyConnection) -> None:
-    """Undo :func:`_use_derived` (the data changed on this connection): the search path as it was."""
-    row = _state_row(con)
+def leave_derived(con: duckdb.DuckDBPyConnection) -> None:
+    """Undo :func:`use_derived` (the data changed on this connection): the search path as it was."""
+    row = state_row(con)
     if row is None or row[2] is None:
         return
     before = con.execute(f"SELECT search_path_before FROM temp.{STATE_TABLE}").fetchall()[0][0]
