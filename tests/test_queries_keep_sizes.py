@@ -11,7 +11,7 @@ import pytest
 from trace_fixtures import mixed_db
 
 import analyzer.query.runner as queries
-from analyzer.db import view_keep
+from analyzer.db.views import keep as view_keep
 from analyzer.query.runner import run_query
 
 
@@ -47,7 +47,7 @@ def test_a_kept_table_larger_than_the_memory_limit_spills(tmp_path: Path) -> Non
     con.execute("SET temp_directory = $d", {"d": str(tmp_path)})
     # 8M rows x 3 BIGINTs: 192 MB, three times the limit
     con.execute("CREATE VIEW wide AS SELECT r AS a, r * 7 AS b, r % 150 AS c FROM range(8000000) t(r)")
-    assert view_keep._keep(con, "wide") == 8_000_000
+    assert view_keep.keep_view(con, "wide") == 8_000_000
     in_memory, spilled = con.execute(
         "SELECT memory_usage_bytes, temporary_storage_bytes FROM duckdb_memory() WHERE tag = 'IN_MEMORY_TABLE'"
     ).fetchall()[0]
@@ -71,7 +71,7 @@ def test_an_int_cap_keeps_no_per_chunk_view_above_it(monkeypatch) -> None:
     assert [r[:5] for r in summary] == [r[:5] for r in want_summary]
     assert {"request_facts", "request_keys"} <= _kept(con)
     assert not {"request_gap_rows", "tt_candidate_chunks"} & _kept(con)
-    assert [p.params for p in queries.stream_query(con, "itl")] == [{"perspective": None, "trace_id": None,
+    assert [p.params for p in queries.stream_query(con, "itl")] == [{"perspective": None, "trace_id": None, "request_span_id": None,
                                                                      "request_key_from": None, "request_key_to": None}]
     monkeypatch.setattr(view_keep, "MATERIALIZE_MAX_EVENTS", 10**9)  # above the count: kept again
     run_query(con, "itl")

@@ -77,7 +77,7 @@ def test_typical_request_is_the_median_e2e() -> None:
     chosen = choose_request(requests, None)
     e2es = sorted(r["e2e_ms"] for r in requests if r["e2e_ms"] is not None)
     assert chosen is not None and e2es[0] <= chosen["e2e_ms"] <= e2es[-1]
-    with pytest.raises(ValueError, match="no request with span id"):
+    with pytest.raises(ValueError, match="no request with id .ffff"):
         choose_request(requests, "ffffffffffffffff")
 
 
@@ -101,7 +101,7 @@ def test_cli_report_errors(runner, tmp_path) -> None:
     db = _db_file(tmp_path, mixed_db())
     bad = runner.invoke(cli, ["report", "--db", str(db), "--html", str(tmp_path / "r.html"), "--request", "ffffffffffffffff"],
                         catch_exceptions=False)
-    assert bad.exit_code == 1 and "no request with span id" in bad.output
+    assert bad.exit_code == 1 and "no request with id 'ffffffffffffffff'" in bad.output
 
 
 def _chromium() -> str | None:
