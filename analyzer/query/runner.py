@@ -9,7 +9,7 @@ Each metric question is one ``queries/<name>.sql`` file with a header of ``--`` 
 Parameters are DuckDB's native ``$name`` parameters, bound by name (never formatted into the
 SQL). A parameter a caller does not give takes the default from the header. Before a query
 runs, the views of ``queries/views/`` are installed on the connection and the ones it reads
-are kept as tables, or a database's derived tables are read instead: analyzer/db/views.py
+are kept as tables, or a database's derived tables are read instead: analyzer/db/views/
 (whose public names this module re-exports).
 """
 
@@ -24,9 +24,9 @@ from typing import Any, Iterator, Mapping
 import duckdb
 
 from analyzer.db import views
-from analyzer.db.view_sql import _strip_comments
-from analyzer.db.view_state import BUILDING_PREFIX  # noqa: F401  (re-exported)
-from analyzer.db.views import (  # re-exported: the view machinery lives in analyzer/db/views.py
+from analyzer.db.views.sql import strip_comments
+from analyzer.db.views import (  # the view machinery's public face (analyzer/db/views/), part of this module's API
+    BUILDING_PREFIX,
     CACHE_PREFIX,
     CHUNK_VIEWS,
     DERIVED_SCHEMA,
@@ -113,7 +113,7 @@ class QueryFile:
             )
         bound = {p.name: p.default for p in self.params}
         bound.update(given)
-        used = set(re.findall(r"\$([A-Za-z_][A-Za-z0-9_]*)", _strip_comments(self.sql)))
+        used = set(re.findall(r"\$([A-Za-z_][A-Za-z0-9_]*)", strip_comments(self.sql)))
         return {k: v for k, v in bound.items() if k in used}
 
 
@@ -278,7 +278,7 @@ def stream_query(
         all(p in bound for p in _RANGE_PARAMS)
         and all(bound[p] is None for p in _RANGE_PARAMS)
         and not narrowed
-        and all(v in views._cached(con) for v in CHUNK_VIEWS)  # clustered by request_key: a part reads its range
+        and all(v in views.cached_views(con) for v in CHUNK_VIEWS)  # clustered by request_key: a part reads its range
     )
     ranges = request_key_ranges(con) if ranged else []
     if len(ranges) <= 1:
