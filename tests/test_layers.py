@@ -290,3 +290,16 @@ def test_user_facing_errors_come_from_analyzer_errors_only() -> None:
                     bad += [f"{path.relative_to(REPO)}:{node.lineno}: {a.name} from {node.module}"
                             for a in node.names if a.name in names]
     assert not bad, bad
+
+
+def test_no_function_runs_past_100_lines() -> None:
+    """Each function tells one step of its story: none in analyzer/ or instrument/ is longer
+    than 100 lines (its docstring included)."""
+    long = []
+    for root in ("analyzer", "instrument"):
+        for path in sorted((REPO / root).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 100:
+                    long.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.name} "
+                                f"({node.end_lineno - node.lineno + 1} lines)")
+    assert not long, long

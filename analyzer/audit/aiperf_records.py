@@ -11,7 +11,7 @@ Layouts read: AIPerf 0.13 (``metadata.request_start_ns`` / ``request_end_ns`` /
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -257,6 +257,7 @@ _OSL_COLUMNS = {"record_index": "INTEGER", "request_id": "VARCHAR", "ttft_ms": "
                 "server_tokens": "DOUBLE"}
 #: how many requests a finding names before "and N more"
 NAMED_REQUESTS = 3
+_OSL_CHECK = "output_tokens_vs_osl"
 _OSL_DEFINITIONS = ("ITL = (request_latency - TTFT) / (OSL - 1), per-user rate = 1000 / ITL, "
                     "output_token_throughput = total_osl / window")
 
@@ -271,6 +272,50 @@ def _count_range(values: list[float]) -> str:
     return f"{lo:,.0f}" if lo == hi else f"{lo:,.0f}-{hi:,.0f}"
 
 
+@dataclass
+class _ServerCounts:
+    """The rows of aiperf_osl_server (_OSL_COLUMNS) and where their server counts came from:
+    ``confirmed``: records whose usage count the traced request's O or G confirms
+    (traces:output_tokens); ``left_out``: successful records with an OSL but no server count."""
+
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
+    sources: set[str] = field(default_factory=set)
+    confirmed: int = 0
+    left_out: int = 0
+
+    def source_text(self, per_request: bool) -> str:
+        """Where the server counts came from, in words, for the finding's detail."""
+        source = "; ".join(sorted(self.sources))
+        if self.confirmed:
+            source += f"; the traced requests give the same count on {self.confirmed} of them (traces:output_tokens)"
+        if per_request and self.left_out:
+            source += f"; {self.left_out} successful record(s) without a server count left out"
+        return source
+
+
+def _per_record_counts(records: AiperfRecords | None, joined: list[dict[str, Any]] | None) -> _ServerCounts:
+    """Each successful record with an OSL beside the server's count of its output tokens: its
+    usage_completion_tokens, else (with --db) the joined traced request's output tokens."""
+    counts = _ServerCounts()
+    if records is None:
+        return counts
+    traced = {r["record_index"]: (r["trace_output_tokens"], r["trace_generated_tokens"]) for r in joined or []
+              if r["record_error"] is None and r["trace_id"] is not None}
+    for row, rid, usage in zip(records.rows, records.request_ids, records.usage_completion_tokens):
+        if row[1] is not None or row[4] is None:
+            continue
+        trace = traced.get(row[0])
+        server = usage if usage is not None else trace[0] if trace is not None else None
+        if server is None:
+            counts.left_out += 1
+            continue
+        counts.confirmed += trace is not None and usage is not None and usage in trace
+        counts.sources.add("usage_completion_tokens, the usage the server returned as AIPerf recorded it"
+                           if usage is not None else "the traced requests' output tokens, joined by x_request_id")
+        counts.rows.append((row[0], rid or f"record {row[0] + 1}", row[2], row[3], row[7], row[4], server))
+    return counts
+
+
 def osl_against_server(records: AiperfRecords | None, m: dict[str, dict[str, Any]],
                        con: duckdb.DuckDBPyConnection, joined: list[dict[str, Any]] | None = None) -> Finding:
     """output_tokens_vs_osl: AIPerf's output_sequence_length (OSL: it re-tokenizes the streamed
@@ -282,63 +327,60 @@ def osl_against_server(records: AiperfRecords | None, m: dict[str, dict[str, Any
     (queries/audit/aiperf_osl_vs_server.sql): ITL (AIPerf's per-request TPOT), the per-user
     rate and output_token_throughput; the requests are named. Counts are exact: any
     difference fails, with its size."""
-    check = "output_tokens_vs_osl"
-    rows: list[tuple[Any, ...]] = []
-    sources: set[str] = set()
-    confirmed = 0  # usage counts the traced request's O or G (traces:output_tokens)
-    left_out = 0  # successful records with an OSL but no server count
-    if records is not None:
-        traced = {r["record_index"]: (r["trace_output_tokens"], r["trace_generated_tokens"]) for r in joined or []
-                  if r["record_error"] is None and r["trace_id"] is not None}
-        for row, rid, usage in zip(records.rows, records.request_ids, records.usage_completion_tokens):
-            if row[1] is not None or row[4] is None:
-                continue
-            trace = traced.get(row[0])
-            server = usage if usage is not None else trace[0] if trace is not None else None
-            if server is None:
-                left_out += 1
-                continue
-            confirmed += trace is not None and usage is not None and usage in trace
-            sources.add("usage_completion_tokens, the usage the server returned as AIPerf recorded it"
-                        if usage is not None else "the traced requests' output tokens, joined by x_request_id")
-            rows.append((row[0], rid or f"record {row[0] + 1}", row[2], row[3], row[7], row[4], server))
-    per_request = bool(rows)
-    if not rows:
+    counts = _per_record_counts(records, joined)
+    per_request = bool(counts.rows)
+    if not per_request:
         total_osl, total_usage = _avg(m, "total_osl"), _avg(m, "total_usage_completion_tokens")
         if total_osl is None or total_usage is None:
-            how = ("no record has both output_sequence_length and a server count (usage_completion_tokens, or "
-                   "a traced request joined with --db)" if records is not None else
-                   "pass --individual profile_export.jsonl (usage_completion_tokens per record; with --db, "
-                   "the traced requests' counts)")
-            return Finding(check, CANNOT, "AIPerf's output_sequence_length cannot be compared with the server's "
-                           f"count of output tokens: the report gives no total_usage_completion_tokens and {how}",
-                           {"total_osl": total_osl})
-        sources.add("total_usage_completion_tokens, the summary's total of the usage the server returned")
-        rows.append((0, None, None, None, None, total_osl, total_usage))
-    create_table(con, "aiperf_osl_server", _OSL_COLUMNS, rows)
+            return _osl_cannot_compare(records is not None, total_osl)
+        counts.sources.add("total_usage_completion_tokens, the summary's total of the usage the server returned")
+        counts.rows.append((0, None, None, None, None, total_osl, total_usage))
+    create_table(con, "aiperf_osl_server", _OSL_COLUMNS, counts.rows)
     result = audit_query(con, "aiperf_osl_vs_server")
     first = result[0]
-    source = "; ".join(sorted(sources))
-    if confirmed:
-        source += f"; the traced requests give the same count on {confirmed} of them (traces:output_tokens)"
-    if per_request and left_out:
-        source += f"; {left_out} successful record(s) without a server count left out"
+    source = counts.source_text(per_request)
     numbers: dict[str, Any] = {"per_request": per_request, "server_count_source": source,
-                               "confirmed_by_traces": confirmed, "records_without_server_count": left_out,
+                               "confirmed_by_traces": counts.confirmed,
+                               "records_without_server_count": counts.left_out,
                                "total_osl": first["total_osl"], "total_server_tokens": first["total_server_tokens"],
                                "output_throughput_bias": first["output_throughput_bias"],
                                "definitions": _OSL_DEFINITIONS}
-    thr = first["output_throughput_bias"]
-    totals = f"{first['total_osl']:,.0f} against {first['total_server_tokens']:,.0f} tokens"
     if not per_request:
-        if first["osl_minus_server"] == 0:
-            return Finding(check, PASS, f"AIPerf's total_osl equals the server's count: {totals} (server count: "
-                           f"{source}); per request: pass --individual profile_export.jsonl", numbers)
-        return Finding(check, FAIL, f"AIPerf's total_osl (it re-tokenizes the streamed text) is not the server's "
-                       f"count: {totals} (server count: {source}): output_token_throughput = total_osl / window is "
-                       f"{thr:+.2%} off the server's tokens; the ITL of each request whose OSL differs is off by "
-                       "(O - 1) / (OSL - 1) - 1 (AIPerf's ITL = (request_latency - TTFT) / (OSL - 1)): pass "
-                       "--individual profile_export.jsonl to name the requests and size it", numbers)
+        return _osl_totals_finding(first, source, numbers)
+    return _osl_per_request_finding(result, source, numbers)
+
+
+def _osl_cannot_compare(have_records: bool, total_osl: float | None) -> Finding:
+    """output_tokens_vs_osl cannot_check: no record pairs an OSL with a server count and the
+    report gives no total to compare instead; says what would give one."""
+    how = ("no record has both output_sequence_length and a server count (usage_completion_tokens, or "
+           "a traced request joined with --db)" if have_records else
+           "pass --individual profile_export.jsonl (usage_completion_tokens per record; with --db, "
+           "the traced requests' counts)")
+    return Finding(_OSL_CHECK, CANNOT, "AIPerf's output_sequence_length cannot be compared with the server's "
+                   f"count of output tokens: the report gives no total_usage_completion_tokens and {how}",
+                   {"total_osl": total_osl})
+
+
+def _osl_totals_finding(first: dict[str, Any], source: str, numbers: dict[str, Any]) -> Finding:
+    """output_tokens_vs_osl on the report's totals alone: pass when total_osl is the server's
+    total, else fail with the output_token_throughput bias (a share)."""
+    totals = f"{first['total_osl']:,.0f} against {first['total_server_tokens']:,.0f} tokens"
+    if first["osl_minus_server"] == 0:
+        return Finding(_OSL_CHECK, PASS, f"AIPerf's total_osl equals the server's count: {totals} (server count: "
+                       f"{source}); per request: pass --individual profile_export.jsonl", numbers)
+    return Finding(_OSL_CHECK, FAIL, f"AIPerf's total_osl (it re-tokenizes the streamed text) is not the server's "
+                   f"count: {totals} (server count: {source}): output_token_throughput = total_osl / window is "
+                   f"{first['output_throughput_bias']:+.2%} off the server's tokens; the ITL of each request whose "
+                   "OSL differs is off by (O - 1) / (OSL - 1) - 1 (AIPerf's ITL = (request_latency - TTFT) / "
+                   "(OSL - 1)): pass --individual profile_export.jsonl to name the requests and size it", numbers)
+
+
+def _osl_per_request_finding(result: list[dict[str, Any]], source: str, numbers: dict[str, Any]) -> Finding:
+    """output_tokens_vs_osl request by request: pass when every OSL is the server's count, else
+    fail naming the first NAMED_REQUESTS requests that differ and the bias (shares) on ITL, the
+    per-user rate and output_token_throughput."""
+    first = result[0]
     differ = [r for r in result if r["osl_minus_server"] != 0]
     numbers.update({"requests": len(result), "differ": len(differ),
                     "differing": [{"request": r["request_id"], "osl": r["osl"], "server_tokens": r["server_tokens"],
@@ -348,9 +390,9 @@ def osl_against_server(records: AiperfRecords | None, m: dict[str, dict[str, Any
                     "mean_itl_ms_server": first["mean_itl_ms_server"],
                     "mean_itl_bias": first["mean_itl_bias"]})
     if not differ:
-        return Finding(check, PASS, f"AIPerf's output_sequence_length equals the server's count on all {len(result)} "
-                       f"requests ({first['total_osl']:,.0f} tokens; server count: {source}): its ITL, per-user rate "
-                       "and output_token_throughput count the tokens the server generated", numbers)
+        return Finding(_OSL_CHECK, PASS, f"AIPerf's output_sequence_length equals the server's count on all "
+                       f"{len(result)} requests ({first['total_osl']:,.0f} tokens; server count: {source}): its ITL, "
+                       "per-user rate and output_token_throughput count the tokens the server generated", numbers)
     itl = [r["itl_bias"] for r in differ if r["itl_bias"] is not None]
     rate = [r["per_user_rate_bias"] for r in differ if r["per_user_rate_bias"] is not None]
     named = ", ".join(f"{r['request_id']} (OSL {r['osl']:,.0f}, server {r['server_tokens']:,.0f})"
@@ -360,10 +402,18 @@ def osl_against_server(records: AiperfRecords | None, m: dict[str, dict[str, Any
     numbers.update({"itl_bias_min": min(itl) if itl else None, "itl_bias_max": max(itl) if itl else None,
                     "per_user_rate_bias_min": min(rate) if rate else None,
                     "per_user_rate_bias_max": max(rate) if rate else None})
+    totals = f"{first['total_osl']:,.0f} against {first['total_server_tokens']:,.0f} tokens"
     detail = (f"AIPerf's output_sequence_length (it re-tokenizes the streamed text) differs from the server's count "
               f"on {len(differ)} of {len(result)} requests: OSL {_count_range([r['osl'] for r in differ])} where the "
               f"server generated {_count_range([r['server_tokens'] for r in differ])} ({named}); {totals} over the "
               f"{len(result)} (server count: {source}). Biased by it, as AIPerf's definitions give")
+    return Finding(_OSL_CHECK, FAIL, detail + ": " + "; ".join(_osl_bias_parts(first, itl, rate)), numbers)
+
+
+def _osl_bias_parts(first: dict[str, Any], itl: list[float], rate: list[float]) -> list[str]:
+    """The bias OSL puts on each figure AIPerf builds on it, one phrase each (shares): ITL and
+    the per-user rate over the differing requests (``itl``, ``rate``), mean ITL (ms) and
+    output_token_throughput."""
     parts = []
     if itl:
         mean = ""
@@ -375,9 +425,9 @@ def osl_against_server(records: AiperfRecords | None, m: dict[str, dict[str, Any
         parts.append(f"per-user rate = 1000 / ITL: {_pct_range(rate)}")
     else:
         parts.append("ITL and the per-user rate: none of those requests has both an OSL and a server count above 1")
-    if thr is not None:
-        parts.append(f"output_token_throughput = total_osl / window: {thr:+.2%}")
-    return Finding(check, FAIL, detail + ": " + "; ".join(parts), numbers)
+    if first["output_throughput_bias"] is not None:
+        parts.append(f"output_token_throughput = total_osl / window: {first['output_throughput_bias']:+.2%}")
+    return parts
 
 
 def _avg(m: dict[str, dict[str, Any]], name: str) -> float | None:

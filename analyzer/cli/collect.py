@@ -79,18 +79,7 @@ def collect_command(grpc_addr: str, http_addr: str, out_dir: str, out_format: st
     for signum in (signal.SIGINT, signal.SIGTERM):
         previous[signum] = signal.signal(signum, request_stop)
     try:
-        try:
-            receiver.start()
-        except ImportError as exc:
-            raise UserError(f"--http needs uvicorn and starlette ({exc.name} is missing)",
-                            hint="pip install 'tokentrace[server]', or pass --http off") from None
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
-        except OSError as exc:
-            raise UserError(f"cannot listen: {exc}") from None
-        recovery = getattr(receiver.writer, "recovery", None)
-        if recovery is not None and recovery.anything:
-            click.echo(f"recovered {receiver.out_dir}: {recovery.summary()}", err=True)
+        _start(receiver)
         click.echo(
             f"listening grpc={receiver.grpc_address or 'off'} http={receiver.http_address or 'off'} out={receiver.out_dir}"
         )
@@ -104,6 +93,27 @@ def collect_command(grpc_addr: str, http_addr: str, out_dir: str, out_format: st
         receiver.stop()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+    _say_stopped(receiver)
+
+
+def _start(receiver: Any) -> None:
+    """Start the receiver's listeners (a start error as one Error line) and say what a restart recovered."""
+    try:
+        receiver.start()
+    except ImportError as exc:
+        raise UserError(f"--http needs uvicorn and starlette ({exc.name} is missing)",
+                        hint="pip install 'tokentrace[server]', or pass --http off") from None
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    except OSError as exc:
+        raise UserError(f"cannot listen: {exc}") from None
+    recovery = getattr(receiver.writer, "recovery", None)
+    if recovery is not None and recovery.anything:
+        click.echo(f"recovered {receiver.out_dir}: {recovery.summary()}", err=True)
+
+
+def _say_stopped(receiver: Any) -> None:
+    """The closing line on stderr: requests accepted, spans written / rejected, files, segments compacted."""
     s = receiver.stats
     compacted = getattr(receiver.writer, "segments_compacted", None)
     repeats = getattr(receiver.writer, "spans_repeated_identical", 0)  # parquet: counted in spans written, stored once

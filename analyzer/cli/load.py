@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
@@ -97,23 +98,12 @@ def load(paths: tuple[str, ...], db_path: str, lenient: bool, input_format: str,
       tokentrace load day1/ --db traces.duckdb --no-derive && \\
           tokentrace load day2/ --db traces.duckdb
     """
-    from analyzer.formats.load import LoadReport, load_paths, reasons_summary
+    from analyzer.formats.load import load_paths, reasons_summary
     from analyzer.errors import LoadError
     from analyzer.db.store import connect
 
     if not paths:
-        if no_derive:
-            raise UserError("nothing to do: no PATH to load and --no-derive")
-        if not Path(db_path).exists():
-            raise UserError(f"{db_path}: no such database; give a PATH to load")
-        if not _has_loads(db_path):  # never turn another DuckDB database into a tokentrace one
-            raise UserError(f"{db_path}: not a tokentrace database (no loads table: nothing was loaded into it); "
-                            "give a PATH to load")
-        con = connect(db_path)
-        try:
-            _derive(con, db_path, quiet)
-        finally:
-            con.close()
+        _derive_only(db_path, no_derive, quiet)
         return
     bar = _progress_bar(quiet)
     tasks: dict[str, int] = {}
@@ -139,14 +129,7 @@ def load(paths: tuple[str, ...], db_path: str, lenient: bool, input_format: str,
             else:
                 report = load_paths(con, list(paths), lenient=lenient, input_format=input_format)
         except LoadError as e:
-            if e.committed and not quiet:
-                _print_report(LoadReport(e.load_id or 0, e.committed), reasons_summary, total=False)
-            if e.committed and not no_derive:
-                _derive(con, db_path, quiet=True)
-            con.close()
-            if created:
-                _remove_if_empty(db_path)
-            raise UserError(str(e) + _what_stayed(e, db_path), hint=_report_hint(e) or e.hint) from None
+            _fail_load(e, con, db_path, created=created, quiet=quiet, no_derive=no_derive)
         if not quiet:
             _print_report(report, reasons_summary)
         _say_unreadable_tails(con, report)
@@ -162,6 +145,39 @@ def load(paths: tuple[str, ...], db_path: str, lenient: bool, input_format: str,
                         f"{f' and {len(empty) - 3} more' if len(empty) > 3 else ''})"
                         f"{'; the others are loaded' if len(empty) < len(report.files) else ''}",
                         hint="--allow-empty accepts an input with no spans")
+
+
+def _derive_only(db_path: str, no_derive: bool, quiet: bool) -> None:
+    """``tokentrace load`` without PATH: (re)build the derived tables of an existing tokentrace database."""
+    from analyzer.db.store import connect
+
+    if no_derive:
+        raise UserError("nothing to do: no PATH to load and --no-derive")
+    if not Path(db_path).exists():
+        raise UserError(f"{db_path}: no such database; give a PATH to load")
+    if not _has_loads(db_path):  # never turn another DuckDB database into a tokentrace one
+        raise UserError(f"{db_path}: not a tokentrace database (no loads table: nothing was loaded into it); "
+                        "give a PATH to load")
+    con = connect(db_path)
+    try:
+        _derive(con, db_path, quiet)
+    finally:
+        con.close()
+
+
+def _fail_load(e, con, db_path: str, *, created: bool, quiet: bool, no_derive: bool) -> NoReturn:  # noqa: ANN001
+    """A load that stopped on a bad file: report and derive what the files before it committed,
+    close ``con``, remove a database this load created and kept nothing in, and raise the error."""
+    from analyzer.formats.load import LoadReport, reasons_summary
+
+    if e.committed and not quiet:
+        _print_report(LoadReport(e.load_id or 0, e.committed), reasons_summary, total=False)
+    if e.committed and not no_derive:
+        _derive(con, db_path, quiet=True)
+    con.close()
+    if created:
+        _remove_if_empty(db_path)
+    raise UserError(str(e) + _what_stayed(e, db_path), hint=_report_hint(e) or e.hint) from None
 
 
 def _what_stayed(error, db_path: str) -> str:  # noqa: ANN001

@@ -121,46 +121,19 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
       tokentrace serve --model ./my-model --host 0.0.0.0 --api-key "$KEY" \\
           --kv-budget-bytes 2000000000
     """
-    import logging
-
-    from instrument.client import local_tracer_provider
-    from instrument.hf.generate_spans import DecodeSpanPolicy
     from instrument.gateway.admission import AdmissionBudgets
-    from instrument.gateway.server import is_loopback
 
-    if engine_name != "continuous" and (max_queue_wait_s is not None or not prefix_caching
-                                        or span_export == "process"):
-        flag = ("--max-queue-wait-s" if max_queue_wait_s is not None else "--no-prefix-caching" if not prefix_caching
-                else "--span-export process")
-        why = ("it writes no step records" if flag == "--span-export process"
-               else "the sequential engine has one job queue and no prefix cache")
-        raise UserError(f"{flag} applies to --engine continuous only ({why})")
-    keys = frozenset(k for raw in api_keys for k in raw.split() if k)
-    if not keys and not is_loopback(host):
-        raise UserError(f"--host {host} is not a loopback address: give --api-key (or $TOKENTRACE_API_KEYS)")
+    _check_engine_flags(engine_name, max_queue_wait_s, prefix_caching, span_export)
+    keys = _accepted_keys(api_keys, host)
     problem = _bind_error(host, port)
     if problem is not None:
         raise UserError(problem)
     if span_export is None:
         span_export = "process" if engine_name == "continuous" else "inline"
-    try:
-        DecodeSpanPolicy.parse(decode_spans)
-        # process: the exporters are only named here; the span exporter process makes them
-        provider = local_tracer_provider(service_name, json_path=otlp_json, make_exporters=span_export == "inline")
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    try:
-        import uvicorn
+    provider = _tracer_provider(decode_spans, service_name, otlp_json, span_export)
+    handle = _load_model(model_spec)
+    from instrument.gateway.app import GatewaySettings
 
-        from instrument.gateway.app import GatewaySettings, create_app
-        from instrument.hf.model_handle import load_model_handle
-    except ImportError as exc:
-        raise UserError(f"serve needs the server extras: pip install 'tokentrace[hf,server]' ({exc})") from None
-    try:
-        quiet_model_loading()  # transformers' "Loading weights" bar: noise in a server's log
-        handle = load_model_handle(model_spec)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
     engine_options = ({"kv_block_tokens": kv_block_tokens, "max_batch_tokens": max_batch_tokens,
                        "max_batch_size": max_batch_size, "prefix_caching": prefix_caching,
                        "max_queue_wait_s": max_queue_wait_s, "span_export": span_export}
@@ -171,34 +144,111 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
         budgets=AdmissionBudgets(max_queued_requests, max_queued_tokens, kv_budget_bytes),
         gc_freeze=True, engine=engine_name, engine_options=engine_options, shutdown_grace_s=shutdown_grace_s,
     )
+    _log_requests_on_stderr()
+    app = _create_app(handle, provider, settings, span_export)
+    listening = _listening_line(handle, app.state.gateway.engine, engine_name, keys, span_export)
+    _serve_until_stopped(app, provider, host, port, shutdown_grace_s, listening)
+
+
+def _check_engine_flags(engine_name: str, max_queue_wait_s: float | None, prefix_caching: bool,
+                        span_export: str | None) -> None:
+    """Refuse the flags that apply to --engine continuous only when another engine is asked for."""
+    if engine_name != "continuous" and (max_queue_wait_s is not None or not prefix_caching
+                                        or span_export == "process"):
+        flag = ("--max-queue-wait-s" if max_queue_wait_s is not None else "--no-prefix-caching" if not prefix_caching
+                else "--span-export process")
+        why = ("it writes no step records" if flag == "--span-export process"
+               else "the sequential engine has one job queue and no prefix cache")
+        raise UserError(f"{flag} applies to --engine continuous only ({why})")
+
+
+def _accepted_keys(api_keys: tuple[str, ...], host: str) -> frozenset[str]:
+    """The accepted Bearer keys (each --api-key split on spaces); none is refused off loopback."""
+    from instrument.gateway.server import is_loopback
+
+    keys = frozenset(k for raw in api_keys for k in raw.split() if k)
+    if not keys and not is_loopback(host):
+        raise UserError(f"--host {host} is not a loopback address: give --api-key (or $TOKENTRACE_API_KEYS)")
+    return keys
+
+
+def _tracer_provider(decode_spans: str, service_name: str, otlp_json: str | None, span_export: str):  # noqa: ANN202
+    """The server's tracer provider, --decode-spans checked first. With --span-export process
+    the exporters are only named here: the span exporter process makes them."""
+    from instrument.client import local_tracer_provider
+    from instrument.hf.generate_spans import DecodeSpanPolicy
+
+    try:
+        DecodeSpanPolicy.parse(decode_spans)
+        return local_tracer_provider(service_name, json_path=otlp_json, make_exporters=span_export == "inline")
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _load_model(model_spec: str):  # noqa: ANN202
+    """The model handle of --model, once the server extras are known to be installed."""
+    try:  # the server extras, imported here to check they are installed
+        import uvicorn  # noqa: F401
+
+        from instrument.gateway.app import GatewaySettings, create_app  # noqa: F401
+        from instrument.hf.model_handle import load_model_handle
+    except ImportError as exc:
+        raise UserError(f"serve needs the server extras: pip install 'tokentrace[hf,server]' ({exc})") from None
+    try:
+        quiet_model_loading()  # transformers' "Loading weights" bar: noise in a server's log
+        return load_model_handle(model_spec)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _log_requests_on_stderr() -> None:
+    """The gateway's one JSON line per request goes to stderr, unless a handler is set already."""
+    import logging
+
     log = logging.getLogger("tokentrace.gateway")
     if not log.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
-    from instrument.gateway.server import GracefulServer
-    from instrument.otel.shutdown import export_summary, shutdown_tracing
+
+
+def _create_app(handle, provider, settings, span_export: str):  # noqa: ANN001, ANN202
+    """The gateway app; with --span-export process, its spans forwarded to the span exporter process."""
+    from instrument.gateway.app import create_app
 
     try:
         if span_export == "process":
             from instrument.records.span_forward import forward_spans
 
             forward_spans(provider)  # one span exporter process: the gateway's spans and the engine's records
-        app = create_app(handle, provider, settings)
+        return create_app(handle, provider, settings)
     except ValueError as exc:
         provider.shutdown()
         raise UserError(str(exc)) from None
-    engine = app.state.gateway.engine
+
+
+def _listening_line(handle, engine, engine_name: str, keys: frozenset[str], span_export: str):  # noqa: ANN001, ANN202
+    """The line said on stderr once the server listens (a function of its URL): model, engine
+    (KV blocks and seconds to ready, continuous), auth, KV bytes/token and span export."""
     health = engine.health()
     detail = (f"{health['kv_blocks_total']} KV blocks of {health['kv_block_tokens']} tokens, "
               f"ready in {health['build_s'] + health['warmup_s']:.1f} s" if engine_name == "continuous" else "")
+    return lambda url: (
+        f"tokentrace serve: {handle.model_id} on {url} (engine {engine_name}{': ' + detail if detail else ''}; "
+        f"auth {'on' if keys else 'off'}; KV {handle.kv_bytes_per_token} bytes/token; span export {span_export})")
+
+
+def _serve_until_stopped(app, provider, host: str, port: int, shutdown_grace_s: float, listening) -> None:  # noqa: ANN001
+    """Run uvicorn until SIGTERM/SIGINT (or it exits), then flush the spans and say their counts."""
+    import uvicorn
+
+    from instrument.gateway.server import GracefulServer
+    from instrument.otel.shutdown import export_summary, shutdown_tracing
+
     server = GracefulServer(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                            timeout_graceful_shutdown=max(1, round(shutdown_grace_s))))
-    server.on_listening = lambda url: click.echo(
-        f"tokentrace serve: {handle.model_id} on {url} (engine {engine_name}{': ' + detail if detail else ''}; "
-        f"auth {'on' if keys else 'off'}; KV {handle.kv_bytes_per_token} bytes/token; span export {span_export})",
-        err=True)
+    server.on_listening = lambda url: click.echo(listening(url), err=True)
     try:
         server.run()
     finally:

@@ -184,68 +184,93 @@ def _optional(con: duckdb.DuckDBPyConnection, name: str, params: Mapping[str, An
 def build_report(con: duckdb.DuckDBPyConnection, inputs: ReportInputs) -> str:
     """The report as one HTML string. Raises ValueError when the database holds no request."""
     from analyzer.query.runner import install_views
+    from analyzer.report.engine_steps import engine_steps_section
 
     install_views(con)
     requests = run_query(con, "requests", views=False).dicts()
     if not requests:
         raise ValueError("the database holds no request (load traces first: tokentrace load FILE --db DB)")
-    sections: list[str] = []
-
     window = run_query(con, "window", inputs.window_params, views=False).dicts()[0]
+    sections = _summary_sections(con, window)
+    chosen = choose_request(requests, inputs.request_span_id)
+    if chosen is not None:
+        sections.append(_waterfall_section(con, chosen, chosen_by_id=bool(inputs.request_span_id)))
+    sections.append(_cdf_section(requests))
+    sections.append(_throughput_section(con, requests, window, inputs.bucket_s))
+    sections.append(engine_steps_section(con, _table))
+    sections.extend(_phases_section(con))
+    sections.extend(_skew_section(con))
+    if inputs.audit_findings is not None:
+        cols = ["check", "verdict", "detail"]
+        sections.append("<h2>Audit findings</h2>" + _table(inputs.audit_findings, cols, cls_col="verdict"))
+    return _page(inputs.title, requests, sections)
+
+
+def _summary_sections(con: duckdb.DuckDBPyConnection, window: Mapping[str, Any]) -> list[str]:
+    """The headline cards, the run summary (window.sql, with the rules it counted by and the
+    SLOs it applied) and, when summary.sql is installed, the distributions table."""
     summary = _optional(con, "summary")
     summary_rows = summary.dicts() if summary is not None else []
-    sections.append(headline_html(window, summary_rows, _fmt))
     shown_window = {k: v for k, v in window.items()
                     if k not in ("window_start_utc", "window_end_utc", "token_counting_rule", "request_counting_rule")}
-    sections.append(
+    sections = [
+        headline_html(window, summary_rows, _fmt),
         "<h2>Run summary</h2>"
         f'<p class="note">Window mode <b>{_fmt(window["mode"])}</b>, perspective {_fmt(window["perspective"])}. '
         f"Tokens counted: {_fmt(window['token_counting_rule'])}. Requests counted: "
         f"{_fmt(window['request_counting_rule'])}. SLOs: TTFT ≤ {_fmt(window['slo_ttft_ms'])} ms, "
         f"TPOT ≤ {_fmt(window['slo_tpot_ms'])} ms, E2E ≤ {_fmt(window['slo_e2e_ms'])} ms (— = not applied). "
-        "Times in UTC (hover for the nanoseconds). Definitions: docs/metrics.md.</p>" + _kv_table(shown_window)
-    )
+        "Times in UTC (hover for the nanoseconds). Definitions: docs/metrics.md.</p>" + _kv_table(shown_window),
+    ]
     if summary is not None:
         cols = [c for c in summary.columns if c not in ("source", "unit", "interpolation")]
         rows = [{**r, "metric": metric_label(r["metric"], r.get("unit"))} for r in summary_rows]
         sections.append("<h3>Distributions</h3><p class=\"note\">queries/summary.sql: succeeded requests; "
                         "percentiles by linear interpolation (numpy's default); the unit after each metric.</p>"
                         + _table(rows, cols))
+    return sections
 
-    chosen = choose_request(requests, inputs.request_span_id)
-    if chosen is not None:
-        params = {"trace_id": chosen["trace_id"], "request_span_id": chosen["request_span_id"]}
-        spans = run_query(con, "report/waterfall", params, views=False).dicts()
-        chunks = run_query(con, "report/chunk_times", params, views=False).dicts()
-        steps = run_query(con, "report/decode_steps", params, views=False).dicts()
-        itl = _optional(con, "itl", {"trace_id": chosen["trace_id"]})
-        itl_rows = [r for r in (itl.dicts() if itl else [])
-                    if r["request_span_id"] == chosen["request_span_id"] and r["perspective"] == chosen["perspective"]
-                    and r["itl_ms"] is not None]
-        facts = {k: chosen.get(k) for k in ("perspective", "response_id", "client_request_id", "trace_id",
-                                            "request_span_id", "input_tokens",
-                                            "output_tokens", "finish_reason", "status_code", "ttft_ms", "e2e_ms",
-                                            "tpot_ms", "decode_output_tokens_per_second",
-                                            "whole_request_output_tokens_per_second", "prompt_kv_mib", "stop_kv_mib",
-                                            "null_reason")}
-        how = "chosen with --request" if inputs.request_span_id else "typical: E2E closest to the median"
-        sections.append(
-            f"<h2>Request waterfall</h2><p class=\"note\">Request {_fmt(chosen.get('response_id') or chosen['request_span_id'])} "
-            f"(span {_fmt(chosen['request_span_id'])}; {how}). "
-            "Client-side bars are on the client's clock, server-side bars on the server's: the lane labels "
-            "name each clock. Chunk ticks mark when visible output moved.</p>"
-            + _kv_table(facts) + plots.waterfall_svg(spans, chunks)
-            + "<h3>ITL per gap and KV per decode step</h3>"
-            + f'<p class="note">{len(itl_rows)} gaps from queries/itl.sql ({_fmt(chosen["perspective"])} perspective); '
-            f"{len(steps)} decode spans from queries/report/decode_steps.sql.</p>"
-            + plots.decode_steps_svg(itl_rows, steps)
-        )
 
+#: the facts of the detailed request shown above its waterfall, in this order
+_REQUEST_FACTS = ("perspective", "response_id", "client_request_id", "trace_id", "request_span_id", "input_tokens",
+                  "output_tokens", "finish_reason", "status_code", "ttft_ms", "e2e_ms", "tpot_ms",
+                  "decode_output_tokens_per_second", "whole_request_output_tokens_per_second", "prompt_kv_mib",
+                  "stop_kv_mib", "null_reason")
+
+
+def _waterfall_section(con: duckdb.DuckDBPyConnection, chosen: Mapping[str, Any], chosen_by_id: bool) -> str:
+    """One request in detail: its facts, the waterfall of its spans with chunk ticks, and its ITL
+    per gap (ms, itl.sql, its own perspective) beside the KV of each decode step."""
+    params = {"trace_id": chosen["trace_id"], "request_span_id": chosen["request_span_id"]}
+    spans = run_query(con, "report/waterfall", params, views=False).dicts()
+    chunks = run_query(con, "report/chunk_times", params, views=False).dicts()
+    steps = run_query(con, "report/decode_steps", params, views=False).dicts()
+    itl = _optional(con, "itl", {"trace_id": chosen["trace_id"]})
+    itl_rows = [r for r in (itl.dicts() if itl else [])
+                if r["request_span_id"] == chosen["request_span_id"] and r["perspective"] == chosen["perspective"]
+                and r["itl_ms"] is not None]
+    facts = {k: chosen.get(k) for k in _REQUEST_FACTS}
+    how = "chosen with --request" if chosen_by_id else "typical: E2E closest to the median"
+    return (
+        f"<h2>Request waterfall</h2><p class=\"note\">Request {_fmt(chosen.get('response_id') or chosen['request_span_id'])} "
+        f"(span {_fmt(chosen['request_span_id'])}; {how}). "
+        "Client-side bars are on the client's clock, server-side bars on the server's: the lane labels "
+        "name each clock. Chunk ticks mark when visible output moved.</p>"
+        + _kv_table(facts) + plots.waterfall_svg(spans, chunks)
+        + "<h3>ITL per gap and KV per decode step</h3>"
+        + f'<p class="note">{len(itl_rows)} gaps from queries/itl.sql ({_fmt(chosen["perspective"])} perspective); '
+        f"{len(steps)} decode spans from queries/report/decode_steps.sql.</p>"
+        + plots.decode_steps_svg(itl_rows, steps)
+    )
+
+
+def _cdf_section(requests: Sequence[Mapping[str, Any]]) -> str:
+    """The CDFs of TTFT, TPOT and E2E (ms), one line per perspective."""
     by_perspective: dict[str, dict[str, list[float]]] = {}
     for r in requests:
         for metric in ("ttft_ms", "tpot_ms", "e2e_ms"):
             by_perspective.setdefault(metric, {}).setdefault(r["perspective"], []).append(r[metric])
-    sections.append(
+    return (
         "<h2>Latency distributions (CDF)</h2><div class=\"grid\">"
         + plots.cdf_svg(by_perspective["ttft_ms"], "TTFT (ms)", "TTFT")
         + plots.cdf_svg(by_perspective["tpot_ms"], "TPOT (ms per output token after the first)", "TPOT")
@@ -253,60 +278,71 @@ def build_report(con: duckdb.DuckDBPyConnection, inputs: ReportInputs) -> str:
         + "</div>"
     )
 
-    tput = run_query(con, "report/throughput_timeline", {"bucket_s": inputs.bucket_s}, views=False).dicts()
+
+def _throughput_section(con: duckdb.DuckDBPyConnection, requests: Sequence[Mapping[str, Any]],
+                        window: Mapping[str, Any], bucket_s: float) -> str:
+    """Output throughput per ``bucket_s``-second bucket, the measurement window shaded (its
+    bounds in s after the first request's start)."""
+    tput = run_query(con, "report/throughput_timeline", {"bucket_s": bucket_s}, views=False).dicts()
     t0 = min((r["f_ns"] for r in requests if r.get("f_ns") is not None), default=None)
     shade = None
     if t0 is not None and window.get("window_start_ns") is not None:
         shade = ((window["window_start_ns"] - t0) / 1e9, (window["window_end_ns"] - t0) / 1e9)
-    sections.append("<h2>Throughput over time</h2>" + plots.throughput_svg(tput, shade, inputs.bucket_s))
+    return "<h2>Throughput over time</h2>" + plots.throughput_svg(tput, shade, bucket_s)
 
-    from analyzer.report.engine_steps import engine_steps_section
 
-    sections.append(engine_steps_section(con, _table))
-
+def _phases_section(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """The TTFT phase breakdown (phases.sql), its empty columns left out and named; no section
+    when the query is not installed."""
     phases = _optional(con, "phases")
-    if phases is not None:
-        rows = phases.dicts()
-        wanted = [c for c in phases.columns if c.endswith("_ms") or c in ("request_span_id", "cross_clock_reason")]
-        # a phase no row has (vLLM's own figures beside a gateway's, a gateway's network parts
-        # beside vLLM's) is left out, and named: the table stays within a desktop window
-        cols = [c for c in wanted if c == "request_span_id" or any(r.get(c) is not None for r in rows)]
-        empty = [c for c in wanted if c not in cols]
-        left_out = (f" Empty in every row, so not shown: {', '.join(html.escape(label(c)) for c in empty)} "
-                    "(<code>tokentrace phases --format csv</code> has every column)." if rows and empty else "")
-        sections.append(
-            "<h2>TTFT phase breakdown</h2><p class=\"note\">From queries/phases.sql. Cross-clock parts "
-            "(network in/out) are — when the clock pair is not skew-checked; the reason column says why."
-            f"{left_out}</p>"
-            + (plots.phases_svg(rows) if rows else "") + _table(rows, cols)
-        )
+    if phases is None:
+        return []
+    rows = phases.dicts()
+    wanted = [c for c in phases.columns if c.endswith("_ms") or c in ("request_span_id", "cross_clock_reason")]
+    # a phase no row has (vLLM's own figures beside a gateway's, a gateway's network parts
+    # beside vLLM's) is left out, and named: the table stays within a desktop window
+    cols = [c for c in wanted if c == "request_span_id" or any(r.get(c) is not None for r in rows)]
+    empty = [c for c in wanted if c not in cols]
+    left_out = (f" Empty in every row, so not shown: {', '.join(html.escape(label(c)) for c in empty)} "
+                "(<code>tokentrace phases --format csv</code> has every column)." if rows and empty else "")
+    return [
+        "<h2>TTFT phase breakdown</h2><p class=\"note\">From queries/phases.sql. Cross-clock parts "
+        "(network in/out) are — when the clock pair is not skew-checked; the reason column says why."
+        f"{left_out}</p>"
+        + (plots.phases_svg(rows) if rows else "") + _table(rows, cols)
+    ]
 
+
+def _skew_section(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """The clock skew section: offset bounds per clock-domain pair (skew_offsets.sql) and the
+    first 200 rule violations (skew_rules.sql); no section when neither query is installed."""
     skew_offsets = _optional(con, "skew_offsets")
     skew_rules = _optional(con, "skew_rules")
-    if skew_offsets is not None or skew_rules is not None:
-        body = "<h2>Clock skew</h2>"
-        if skew_offsets is not None:
-            body += "<h3>Offset bounds per clock-domain pair (θ = server − client)</h3>" + _table(
-                skew_offsets.dicts(), skew_offsets.columns, cls_col="verdict")
-        if skew_rules is not None:
-            rows = skew_rules.dicts()
-            shown = [c for c in skew_rules.columns if c not in ("related_span_id", "cross_domain")]
-            body += (f"<h3>Rule violations ({len(rows)})</h3>"
-                     '<p class="note">related_span_id and cross_domain: <code>tokentrace skew --format csv</code>.</p>'
-                     + _table(rows[:200], shown))
-            if len(rows) > 200:
-                body += f'<p class="note">first 200 of {len(rows)} shown</p>'
-        sections.append(body)
+    if skew_offsets is None and skew_rules is None:
+        return []
+    body = "<h2>Clock skew</h2>"
+    if skew_offsets is not None:
+        body += "<h3>Offset bounds per clock-domain pair (θ = server − client)</h3>" + _table(
+            skew_offsets.dicts(), skew_offsets.columns, cls_col="verdict")
+    if skew_rules is not None:
+        rows = skew_rules.dicts()
+        shown = [c for c in skew_rules.columns if c not in ("related_span_id", "cross_domain")]
+        body += (f"<h3>Rule violations ({len(rows)})</h3>"
+                 '<p class="note">related_span_id and cross_domain: <code>tokentrace skew --format csv</code>.</p>'
+                 + _table(rows[:200], shown))
+        if len(rows) > 200:
+            body += f'<p class="note">first 200 of {len(rows)} shown</p>'
+    return [body]
 
-    if inputs.audit_findings is not None:
-        cols = ["check", "verdict", "detail"]
-        sections.append("<h2>Audit findings</h2>" + _table(inputs.audit_findings, cols, cls_col="verdict"))
 
+def _page(title: str, requests: Sequence[Mapping[str, Any]], sections: Sequence[str]) -> str:
+    """The whole HTML document: head with the inline style sheet, title, a line on what the
+    report was built from, then the sections."""
     return (
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
-        f"<title>{html.escape(inputs.title)}</title><style>{_STYLE}</style></head><body>"
-        f"<h1>{html.escape(inputs.title)}</h1>"
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>"
+        f"<h1>{html.escape(title)}</h1>"
         f'<p class="note">{len(requests)} request rows (request × perspective), first request sent '
         f"{_first_sent(requests)}. Built from the analyzer\'s SQL (queries/*.sql); self-contained, opens offline.</p>"
         + "".join(sections) + "</body></html>"

@@ -160,111 +160,159 @@ def _fresh(paths: list[Path]) -> None:
 def run_demo(options: DemoOptions, progress: ProgressFn | None = None) -> DemoResult:
     """Serve, send, export, load, query. ``progress`` is told each stage (and request counts);
     with ``options.say_steps`` each step is also one timed line on stderr."""
+    out = _output_folder(options)
+    say = StepLog(options.say_steps, options.width)
+    say(f"starting: model {options.model}, {1 + options.load_requests} requests, output in {options.out_dir}")
+    report = progress or (lambda _stage, _done, _total: None)
+    server_path, client_path, db_path = out / "server-spans.jsonl", out / "client-spans.jsonl", out / "traces.duckdb"
+    sending = _Sending(options, say, report)
+    # no stale report without matplotlib
+    sending.run([server_path, client_path, db_path, out / "report.html"], server_path, client_path)
+    completed = sum(1 for r in sending.results if getattr(r, "completed", False))
+    say(f"sent {sending.total} requests, {completed} completed; spans written to {client_path.name} and "
+        f"{server_path.name}")
+
+    say(f"loading the spans into {db_path}")
+    spans_loaded, queries, report_path = _load_and_query(db_path, [client_path, server_path], out / "report.html",
+                                                         say, report)
+    say("done" if report_path is not None else "done (no report.html: the report extra, matplotlib, is not installed)")
+    return DemoResult(server_path, client_path, db_path, sending.url, sending.model_id, sending.results,
+                      spans_loaded, queries=queries, report_path=report_path)
+
+
+def _output_folder(options: DemoOptions) -> Path:
+    """The output folder, made when missing, once --model is known to name a model."""
     if options.model not in ("tiny", "smollm2") and not Path(options.model).is_dir():
         raise ValueError(f"--model {options.model!r}: not 'tiny', 'smollm2' or a local model folder")
     out = Path(options.out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out}: exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
-    say = StepLog(options.say_steps, options.width)
-    say(f"starting: model {options.model}, {1 + options.load_requests} requests, output in {options.out_dir}")
-    from instrument.otel.shutdown import StopSignals, export_summary, shutdown_tracing
+    return out
 
-    report = progress or (lambda _stage, _done, _total: None)
-    server_path, client_path, db_path = out / "server-spans.jsonl", out / "client-spans.jsonl", out / "traces.duckdb"
-    total = 1 + options.load_requests
-    done = [0]
-    stop = threading.Event()
-    loading = [True]  # imports and the model: nothing is sent yet, a stop signal ends them at once
 
-    def on_stop(_name: str) -> None:
+class _Sending:
+    """The demo's serving-and-sending step: the model served by the traced gateway on 127.0.0.1,
+    the seed request then the load sent by the traced client, each side's spans to its OTLP-JSON
+    file. SIGINT/SIGTERM set ``stop``: while the model loads (nothing sent yet) the step ends at
+    once; while sending, nothing more is sent and the requests in flight get the grace."""
+
+    def __init__(self, options: DemoOptions, say: StepLog, report: ProgressFn) -> None:
+        self.options, self.say, self.report = options, say, report
+        self.total = 1 + options.load_requests  # requests planned, the seed included
+        self.done = 0  # requests answered
+        self.stop = threading.Event()
+        self.loading = True  # imports and the model: nothing is sent yet, a stop signal ends them at once
+        self.providers: list[Any] = []  # the server's tracer provider, then the client's
+        self.url = ""
+        self.model_id = ""
+        self.seed_results: list[Any] = []
+        self.load_results: list[Any] = []
+
+    @property
+    def results(self) -> list[Any]:
+        """The client's results: the seed request's, then the load's."""
+        return self.seed_results + self.load_results
+
+    def run(self, fresh: list[Path], server_path: Path, client_path: Path) -> None:
+        """Serve and send (``fresh``: files removed first), then flush both span files. Raises
+        DemoStopped when SIGINT or SIGTERM stopped it."""
+        from instrument.otel.shutdown import StopSignals, export_summary, shutdown_tracing
+
+        signals = StopSignals(self._on_stop)
+        try:
+            with signals:
+                self._serve_and_send(fresh, server_path, client_path)
+        except _StopBeforeSending:
+            pass
+        finally:
+            # flushes the OTLP-JSON lines files (on an error too); bounded, so a stop never waits forever
+            counts = [c for provider in self.providers for c in shutdown_tracing(provider, timeout_s=10.0)]
+        if signals.received:
+            raise DemoStopped(signals.received, len(self.results), self.total, export_summary(counts),
+                              [client_path, server_path])
+
+    def _on_stop(self, _name: str) -> None:
         # SIGINT/SIGTERM (docker stop): before sending, stop at once; while sending, send
         # nothing more and give the requests in flight the grace.
-        stop.set()
-        if loading[0]:
-            loading[0] = False
+        self.stop.set()
+        if self.loading:
+            self.loading = False
             raise _StopBeforeSending
 
-    def counted(_result: Any) -> None:
-        done[0] += 1
-        report("requests", done[0], total)
+    def _counted(self, _result: Any) -> None:
+        self.done += 1
+        self.report("requests", self.done, self.total)
 
-    seed_results: list[Any] = []
-    load_results: list[Any] = []
-    url = ""
-    signals = StopSignals(on_stop)
-    server_provider = client_provider = None
-    try:
-        with signals:
-            from analyzer.db.derived import build_derived
-            from analyzer.formats.load import load_paths
-            from analyzer.db.store import connect
-            from instrument.client import SEED_PROMPT, chat_body, local_tracer_provider, run_load_sync
-            from instrument.gateway.app import GatewaySettings, create_app
-            from instrument.gateway.server import ServerThread
-            from instrument.hf.model_handle import load_model_handle
+    def _serve_and_send(self, fresh: list[Path], server_path: Path, client_path: Path) -> None:
+        """Load the model, serve it through the traced gateway in this process and send."""
+        from instrument.client import local_tracer_provider
+        from instrument.gateway.app import GatewaySettings, create_app
+        from instrument.gateway.server import ServerThread
+        from instrument.hf.model_handle import load_model_handle
 
-            _fresh([server_path, client_path, db_path, out / "report.html"])  # no stale report without matplotlib
-            server_provider = local_tracer_provider("tokentrace-gateway", json_path=str(server_path))
-            client_provider = local_tracer_provider("tokentrace-client", json_path=str(client_path))
-            say("importing torch and transformers; " + model_step(options.model))
-            report(f"loading model {options.model}", 0, 1)
-            handle = load_model_handle(options.model)
-            loading[0] = False
-            if stop.is_set():
-                raise _StopBeforeSending
-            report(f"loading model {options.model}", 1, 1)
-            settings = GatewaySettings(max_tokens_limit=max(1024, options.max_tokens))
-            offset_ns = round(options.clock_offset_ms * 1e6)
-            app = create_app(handle, server_provider, settings)
-            with ServerThread(app) as server:
-                url = server.url
-                say(f"serving {handle.model_id} at {server.url} (the traced gateway, in this process)")
-                say(f"sending the seed request, then {options.load_requests} more at concurrency "
-                    f"{max(1, options.concurrency)} (max_tokens {options.max_tokens})")
-                report("requests", 0, total)
-                seed_results = run_load_sync(
-                    server.url, lambda _i: chat_body(handle.model_id, SEED_PROMPT, max_tokens=options.max_tokens),
-                    requests=1, concurrency=1, tracer_provider=client_provider, clock_offset_ns=offset_ns,
-                    on_result=counted, stop=stop, grace_s=options.shutdown_grace_s,
-                ) if not stop.is_set() else []
-                load_results = run_load_sync(
-                    server.url,
-                    lambda i: chat_body(handle.model_id, DEMO_PROMPTS[i % len(DEMO_PROMPTS)],
-                                        max_tokens=options.max_tokens),
-                    requests=options.load_requests, concurrency=max(1, options.concurrency),
-                    tracer_provider=client_provider, clock_offset_ns=offset_ns, seed=options.seed,
-                    on_result=counted, stop=stop, grace_s=options.shutdown_grace_s,
-                ) if options.load_requests and not stop.is_set() else []
-    except _StopBeforeSending:
-        pass
-    finally:
-        # flushes the OTLP-JSON lines files (on an error too); bounded, so a stop never waits forever
-        counts = [c for provider in (server_provider, client_provider) if provider is not None
-                  for c in shutdown_tracing(provider, timeout_s=10.0)]
-    if signals.received:
-        raise DemoStopped(signals.received, len(seed_results) + len(load_results), total, export_summary(counts),
-                          [client_path, server_path])
-    completed = sum(1 for r in seed_results + load_results if getattr(r, "completed", False))
-    say(f"sent {total} requests, {completed} completed; spans written to {client_path.name} and {server_path.name}")
+        options, say = self.options, self.say
+        _fresh(fresh)
+        self.providers.append(local_tracer_provider("tokentrace-gateway", json_path=str(server_path)))
+        self.providers.append(local_tracer_provider("tokentrace-client", json_path=str(client_path)))
+        say("importing torch and transformers; " + model_step(options.model))
+        self.report(f"loading model {options.model}", 0, 1)
+        handle = load_model_handle(options.model)
+        self.loading = False
+        if self.stop.is_set():
+            raise _StopBeforeSending
+        self.report(f"loading model {options.model}", 1, 1)
+        self.model_id = handle.model_id
+        app = create_app(handle, self.providers[0], GatewaySettings(max_tokens_limit=max(1024, options.max_tokens)))
+        with ServerThread(app) as server:
+            self.url = server.url
+            say(f"serving {handle.model_id} at {server.url} (the traced gateway, in this process)")
+            say(f"sending the seed request, then {options.load_requests} more at concurrency "
+                f"{max(1, options.concurrency)} (max_tokens {options.max_tokens})")
+            self.report("requests", 0, self.total)
+            self._send(server.url)
 
-    say(f"loading the spans into {db_path}")
+    def _send(self, url: str) -> None:
+        """The seed request alone, then the load at the options' concurrency; none once stopped."""
+        from instrument.client import SEED_PROMPT, chat_body, run_load_sync
+
+        options, model_id = self.options, self.model_id
+        common: dict[str, Any] = {"tracer_provider": self.providers[1],
+                                  "clock_offset_ns": round(options.clock_offset_ms * 1e6),
+                                  "on_result": self._counted, "stop": self.stop, "grace_s": options.shutdown_grace_s}
+        if not self.stop.is_set():
+            self.seed_results = run_load_sync(
+                url, lambda _i: chat_body(model_id, SEED_PROMPT, max_tokens=options.max_tokens),
+                requests=1, concurrency=1, **common)
+        if options.load_requests and not self.stop.is_set():
+            self.load_results = run_load_sync(
+                url, lambda i: chat_body(model_id, DEMO_PROMPTS[i % len(DEMO_PROMPTS)], max_tokens=options.max_tokens),
+                requests=options.load_requests, concurrency=max(1, options.concurrency), seed=options.seed, **common)
+
+
+def _load_and_query(db_path: Path, span_paths: list[Path], report_file: Path, say: StepLog,
+                    report: ProgressFn) -> tuple[int, dict[str, Any], Path | None]:
+    """Load the span files into a DuckDB database, derive as tokentrace load does, run the
+    summary queries and write the HTML report; returns (spans loaded, the query results, the
+    report's path or None when matplotlib is missing)."""
+    from analyzer.db.derived import build_derived
+    from analyzer.db.store import connect
+    from analyzer.formats.load import load_paths
+
     report("loading spans into DuckDB", 0, 1)
     con = connect(db_path)
     try:
-        loaded = load_paths(con, [str(client_path), str(server_path)])
+        loaded = load_paths(con, [str(path) for path in span_paths])
         build_derived(con)  # as tokentrace load: the query verbs read them afterwards
         queries = summary_queries(con)
         report("loading spans into DuckDB", 1, 1)
-        say(f"loaded {loaded.total('spans_loaded')} spans; writing {out / 'report.html'}")
+        say(f"loaded {loaded.total('spans_loaded')} spans; writing {report_file}")
         report("writing the HTML report", 0, 1)
-        report_path = _write_report(con, out / "report.html")
+        report_path = _write_report(con, report_file)
         report("writing the HTML report", 1, 1)
     finally:
         con.close()
-    say("done" if report_path is not None else "done (no report.html: the report extra, matplotlib, is not installed)")
-    return DemoResult(server_path, client_path, db_path, url, handle.model_id, seed_results + load_results,
-                      loaded.total("spans_loaded"), queries=queries, report_path=report_path)
+    return loaded.total("spans_loaded"), queries, report_path
 
 
 def _write_report(con: Any, path: Path) -> Path | None:

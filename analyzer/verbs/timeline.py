@@ -267,18 +267,7 @@ def compute_artifact(
     validate_request(times, output_tokens)
     if window is not None:
         window.validate()
-    own = con is None
-    con = con if con is not None else connect(None)
-    try:
-        spans, events = timeline_spans(times, input_tokens, output_tokens, kv)
-        insert_rows(con, spans, events)
-        rows = run_query(con, "requests", {"perspective": "client", "trace_id": TRACE_ID}).dicts()
-    finally:
-        if own:
-            con.close()
-    if len(rows) != 1:
-        raise RuntimeError(f"expected one client request row for the timeline, got {len(rows)}")
-    req = rows[0]
+    req = _timeline_request_row(con, times, input_tokens, output_tokens, kv)
     limitations = [
         "endpoint-only timeline: it records the first and last visible token only, so the "
         "per-gap ITL distribution (variance, p99) cannot be derived; tpot_ms is the mean gap",
@@ -290,55 +279,73 @@ def compute_artifact(
         "output_tokens": output_tokens,
         "itl_gaps": output_tokens - 1,
     }
+    artifact.update(_kv_figures(kv, input_tokens, output_tokens))
     if kv is not None:
-        artifact.update(
-            {
-                "kv_layout": kv.to_dict(),
-                "kv_bytes_per_token": kv.kv_bytes_per_token,
-                "kv_mib_per_token": bytes_to_mib(kv.kv_bytes_per_token),
-            }
-        )
-        if input_tokens is not None:
-            prompt = kv.kv_bytes(input_tokens)
-            stop = kv.kv_bytes(input_tokens + output_tokens - 1)
-            artifact.update(
-                {
-                    "prompt_kv_bytes": prompt,
-                    "prompt_kv_mib": bytes_to_mib(prompt),
-                    "prompt_kv_gib": prompt / 2**30,
-                    "stop_kv_bytes": stop,
-                    "stop_kv_mib": bytes_to_mib(stop),
-                }
-            )
         limitations.extend(kv.limitations)
-    else:
-        artifact.update({"kv_bytes_per_token": None, "prompt_kv_mib": None, "stop_kv_mib": None})
     for key in ("ttft_ms", "e2e_ms", "tpot_ms", "decode_output_tokens_per_second", "whole_request_output_tokens_per_second"):
         artifact[key] = req[key]
     artifact["itl_ms"] = None
     artifact["itl_note"] = "not derivable from an endpoint-only timeline"
-    if window is not None:
-        w = _window_figures(window)
-        artifact.update(
-            {
-                "window_s": w["window_s"],
-                "attempted": w["attempted"],
-                "succeeded": w["succeeded"],
-                "slo_passing": w["slo_passing"],
-                "request_throughput_rps": w["request_throughput_rps"],
-                "observed_goodput_rps": w["observed_goodput_rps"],
-                "error_rate": w["error_rate"],
-                "window_mode": w["mode"],
-            }
-        )
-    else:
-        artifact.update(
-            {
-                "window_s": None,
-                "request_throughput_rps": None,
-                "observed_goodput_rps": None,
-                "error_rate": None,
-            }
-        )
+    artifact.update(_window_artifact(window))
     artifact["limitations"] = limitations
     return artifact
+
+
+def _timeline_request_row(con: duckdb.DuckDBPyConnection | None, times: dict[str, float], input_tokens: int | None,
+                          output_tokens: int, kv: KVLayout | None) -> dict[str, Any]:
+    """The timeline as a synthetic trace in ``con`` (an in-memory database, closed after, when
+    None) and its one client row of queries/requests.sql."""
+    own = con is None
+    con = con if con is not None else connect(None)
+    try:
+        spans, events = timeline_spans(times, input_tokens, output_tokens, kv)
+        insert_rows(con, spans, events)
+        rows = run_query(con, "requests", {"perspective": "client", "trace_id": TRACE_ID}).dicts()
+    finally:
+        if own:
+            con.close()
+    if len(rows) != 1:
+        raise RuntimeError(f"expected one client request row for the timeline, got {len(rows)}")
+    return rows[0]
+
+
+def _kv_figures(kv: KVLayout | None, input_tokens: int | None, output_tokens: int) -> dict[str, Any]:
+    """The artifact's KV keys: the layout and bytes per token, and (with input_tokens) the KV
+    held at the prompt and at the stop (bytes, MiB, GiB); None figures without a layout."""
+    if kv is None:
+        return {"kv_bytes_per_token": None, "prompt_kv_mib": None, "stop_kv_mib": None}
+    figures: dict[str, Any] = {
+        "kv_layout": kv.to_dict(),
+        "kv_bytes_per_token": kv.kv_bytes_per_token,
+        "kv_mib_per_token": bytes_to_mib(kv.kv_bytes_per_token),
+    }
+    if input_tokens is not None:
+        prompt = kv.kv_bytes(input_tokens)
+        stop = kv.kv_bytes(input_tokens + output_tokens - 1)
+        figures.update(
+            {
+                "prompt_kv_bytes": prompt,
+                "prompt_kv_mib": bytes_to_mib(prompt),
+                "prompt_kv_gib": prompt / 2**30,
+                "stop_kv_bytes": stop,
+                "stop_kv_mib": bytes_to_mib(stop),
+            }
+        )
+    return figures
+
+
+def _window_artifact(window: WindowCounts | None) -> dict[str, Any]:
+    """The artifact's system-window keys (s, requests, req/s, a share), None without a window."""
+    if window is None:
+        return {"window_s": None, "request_throughput_rps": None, "observed_goodput_rps": None, "error_rate": None}
+    w = _window_figures(window)
+    return {
+        "window_s": w["window_s"],
+        "attempted": w["attempted"],
+        "succeeded": w["succeeded"],
+        "slo_passing": w["slo_passing"],
+        "request_throughput_rps": w["request_throughput_rps"],
+        "observed_goodput_rps": w["observed_goodput_rps"],
+        "error_rate": w["error_rate"],
+        "window_mode": w["mode"],
+    }
