@@ -134,12 +134,13 @@ def test_steps_are_sampled_at_the_ratio_evenly(ratio: float) -> None:
 
 
 def test_the_schedule_wrappers_inlined_step_test_is_step_sampled() -> None:
-    """hooks.install inlines ``(step * STEP_SPREAD) & MASK64 < bound``: the same function."""
+    """The schedule wrapper (hooks._traced_schedule, made by hooks.install) inlines
+    ``(step * STEP_SPREAD) & MASK64 < bound``: the same function."""
     import inspect
 
     from instrument.vllm import hooks
 
-    assert "(self.current_step * _spread) & _mask < _step_bound" in inspect.getsource(hooks.install)
+    assert "(self.current_step * _spread) & _mask < _step_bound" in inspect.getsource(hooks._traced_schedule)
     for bound in (0, Sampling(step_ratio=0.3).step_bound, MASK64 + 1):
         for step in range(1, 2_000):
             assert ((step * STEP_SPREAD) & MASK64 < bound) is step_sampled(step, bound)
