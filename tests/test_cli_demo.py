@@ -79,7 +79,7 @@ def test_demo_says_each_step_with_its_elapsed_time(runner, tmp_path: Path) -> No
     assert all(len(line) <= 80 or " " not in line.strip() for line in ours), ours
     said = re.sub(r"\n {12,}", " ", "\n".join(ours))
     for words in ("starting: model tiny, 2 requests", "importing torch and transformers; loading the tiny random model",
-                  "serving tokentrace/", "sending the seed request, then 1 more", "sent 2 requests, 2 completed",
+                  "serving tokentrace/", "sending the example request, then 1 more", "sent 2 requests, 2 completed",
                   f"loading the spans into {out / 'traces.duckdb'}", "writing", "done"):
         assert words in said, (words, said)
     minutes = [int(line[6:].split(":")[0]) * 60 + int(line.split(":")[1][:2]) for line in steps]
@@ -112,3 +112,16 @@ def test_a_long_hint_command_is_continued_and_runs_as_pasted() -> None:
     words = subprocess.run(["bash", "-c", "printf '%s\\n' " + shown], capture_output=True, text=True, check=True)
     assert words.stdout.split("\n")[:-1] == line.split()
     assert _command("  short --db x", 80) == "  short --db x"
+
+
+def test_the_demos_skew_table_names_clocks_whole(runner, tmp_path: Path) -> None:
+    """The demo's clock-skew table shows each clock by its service name (no cut instance id)
+    and spells the full clock domain out below."""
+    out = tmp_path / "demo"
+    result = runner.invoke(cli, ["demo", "--tiny", "--out", str(out), "--requests", "1", "--max-tokens", "4",
+                                 "--quiet"], catch_exceptions=False, env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    block = result.output.split("Clock skew check")[1].split("Files:")[0]
+    (row,) = [line for line in block.splitlines() if line.startswith("tokentrace-client ")]
+    assert row.split()[:2] == ["tokentrace-client", "tokentrace-gateway"] and "…" not in row, block
+    assert "note: clock tokentrace-client:" in block

@@ -43,7 +43,7 @@ def test_sigterm_while_sending_flushes_both_span_files(tmp_path: Path) -> None:
     stderr: list[str] = []
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not any("sending the seed request" in line for line in stderr):
+        while not any("sending the example request" in line for line in stderr):
             line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
             assert line != "", f"demo exited before sending: {''.join(stderr)}"
             stderr.append(line)

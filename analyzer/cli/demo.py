@@ -26,9 +26,12 @@ def print_query_results(results: dict[str, Any]) -> None:
     titles = {"requests": "Per-request metrics (queries/requests.sql)",
               "window": "Window summary (queries/window.sql, closed cohort)",
               "skew_offsets": "Clock skew check (queries/skew_offsets.sql: server clock - client clock)"}
+    from analyzer.cli.skew import with_short_domains
+
     for name, result in results.items():
         click.echo(f"\n{titles.get(name, name)}")
-        echo_human(name, result.columns, result.rows, columns_flag=False)
+        rows, legend = with_short_domains(result.columns, result.rows)  # clock names told apart, not cut
+        echo_human(name, result.columns, rows, notes=legend, columns_flag=False)
 
 
 def _command(line: str, width: int) -> str:

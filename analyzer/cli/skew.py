@@ -91,15 +91,19 @@ def _echo_table(title: str, result, notes, first: bool) -> None:  # noqa: ANN001
     if title == "skew_rules" and not result.rows:
         click.echo(textwrap.fill(f"no span breaks a rule ({', '.join(RULES)})", width, subsequent_indent="  "))
         return
-    rows, legend = result.rows, []
-    domains = [c for c in ("client_domain", "server_domain") if c in result.columns]
-    if domains:
-        at = [result.columns.index(c) for c in domains]
-        names = short_domain_names({row[i] for row in rows for i in at if row[i]})
-        rows = [tuple(names.get(v, v) if j in at else v for j, v in enumerate(row)) for row in rows]
-        legend = [f"clock {short}: {full}" for full, short in sorted(names.items(), key=lambda kv: kv[1])
-                  if short != full]
+    rows, legend = with_short_domains(result.columns, result.rows)
     echo_human(title, result.columns, rows, notes=[*notes, *legend], columns_flag=False)
+
+
+def with_short_domains(columns, rows) -> tuple[list, list[str]]:  # noqa: ANN001
+    """``rows`` with their client and server clock domains under :func:`short_domain_names`,
+    and the legend lines that spell each shortened one out (skew, the demo)."""
+    at = [columns.index(c) for c in ("client_domain", "server_domain") if c in columns]
+    if not at:
+        return list(rows), []
+    names = short_domain_names({row[i] for row in rows for i in at if row[i]})
+    short = [tuple(names.get(v, v) if j in at else v for j, v in enumerate(row)) for row in rows]
+    return short, [f"clock {s}: {full}" for full, s in sorted(names.items(), key=lambda kv: kv[1]) if s != full]
 
 
 def short_domain_names(domains: set[str]) -> dict[str, str]:

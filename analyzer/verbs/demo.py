@@ -267,7 +267,7 @@ class _Sending:
         with ServerThread(app) as server:
             self.url = server.url
             say(f"serving {handle.model_id} at {server.url} (the traced gateway, in this process)")
-            say(f"sending the seed request, then {options.load_requests} more at concurrency "
+            say(f"sending the example request, then {options.load_requests} more at concurrency "
                 f"{max(1, options.concurrency)} (max_tokens {options.max_tokens})")
             self.report("requests", 0, self.total)
             self._send(server.url)
