@@ -10,22 +10,13 @@ from typing import Sequence
 import duckdb
 
 from analyzer.db.views.keep import (
-    CHUNK_VIEWS,
-    MATERIALIZE_MAX_EVENTS,
-    MATERIALIZED_VIEWS,
-    RANGE_EVENTS,
     keep_view,
-    materialize_views,
-    request_key_ranges,
 )
 from analyzer.db.views.sql import (
     UNIONED_VIEWS,
-    kept_order,
     kept_views,
-    queries_dir,
     union_view_sql,
     view_files,
-    view_names,
 )
 from analyzer.db.views.state import (
     CACHE_PREFIX,
@@ -39,30 +30,9 @@ from analyzer.db.views.state import (
     use_derived,
     write_state,
     derived_location,
-    derived_status,
-    forget_connection_views,
 )
 
-__all__ = [
-    "CHUNK_VIEWS",
-    "DERIVED_SCHEMA",
-    "MATERIALIZED_VIEWS",
-    "MATERIALIZE_MAX_EVENTS",
-    "RANGE_EVENTS",
-    "UNIONED_VIEWS",
-    "derived_location",
-    "derived_status",
-    "forget_connection_views",
-    "install_views",
-    "kept_order",
-    "kept_views",
-    "materialize_views",
-    "queries_dir",
-    "request_key_ranges",
-    "union_view_sql",
-    "view_files",
-    "view_names",
-]
+__all__ = ["install_views"]
 
 
 def install_views(con: duckdb.DuckDBPyConnection, *, refresh: bool = False, persist: bool = False) -> None:
