@@ -166,7 +166,9 @@ def _one(client: httpx.Client, i: int, max_tokens: int) -> int:
     with client.stream("POST", f"http://127.0.0.1:{PORT}/v1/chat/completions", json=body) as resp:
         resp.raise_for_status()
         for line in resp.iter_lines():
-            if line.startswith("data: {"):
+            # only the last chunk's usage is read: a random model's text may hold characters
+            # iter_lines splits a line at (U+2028, U+0085), leaving pieces that are not JSON
+            if line.startswith("data: {") and '"usage":{' in line.replace(" ", ""):
                 usage = json.loads(line[6:]).get("usage")
                 tokens = usage["completion_tokens"] if usage else tokens
     return tokens

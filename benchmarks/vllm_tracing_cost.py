@@ -32,6 +32,10 @@ Goals on this machine (engine thread µs per step): at 1.0, ≤ 25 at concurrenc
 ≤ 5 at every concurrency. The load average (1 min) is printed per load: on a shared machine
 read the figures next to it. vLLM's own tracing is off on every side.
 
+``--baseline DIR``: another checkout of tokentrace (a ``git worktree`` of an earlier commit)
+measured in the same run: each traced side R runs twice per block, as ``R`` (this checkout)
+and ``Rb`` (DIR first on vLLM's ``PYTHONPATH``, ahead of the editable install), in turn.
+
 ``--vllm-python`` runs vLLM: by default this Python if it has vLLM, else the repo's
 ``.venv-vllm``. ``--model tiny`` (use it for these numbers) serves tokentrace's tiny random
 Llama (instrument/hf/tiny_model.py, 2 query heads for vLLM's CPU attention, ~0.1 MB): a model
@@ -42,7 +46,7 @@ vLLM's GC debugger (``VLLM_GC_DEBUG=1``), the engine core's collections summed p
 
 Run:  .venv/bin/python benchmarks/vllm_tracing_cost.py --model tiny [--rounds 1]
       [--concurrency 8 32 64] [--sampling 1.0 0.1 0.01] [--max-tokens 64]
-      [--requests-per-stream 2] [--vllm-python PATH] [--json FILE] [--gc]
+      [--requests-per-stream 2] [--vllm-python PATH] [--json FILE] [--gc] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -80,11 +84,22 @@ def _ratio(text: str) -> str:
     return text
 
 
-def _traced_env(ratio: str, spans: Path) -> dict[str, str]:
-    return {"TOKENTRACE_VLLM_TRACING": "1", "TOKENTRACE_OTLP_JSON": str(spans),
-            "TOKENTRACE_VLLM_STATS": str(spans.with_suffix(".stats.json")),
-            "OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": ratio,
-            "TOKENTRACE_VLLM_STEP_SAMPLE_RATIO": ratio}
+def _side_ratio(side: str) -> float:
+    """A traced side's sampling ratio (``0.01``; ``0.01b``: the same on the baseline checkout)."""
+    return float(side.rstrip("b"))
+
+
+def _traced_env(side: str, spans: Path, baseline: Path | None) -> dict[str, str]:
+    ratio = side.rstrip("b")
+    env = {"TOKENTRACE_VLLM_TRACING": "1", "TOKENTRACE_OTLP_JSON": str(spans),
+           "TOKENTRACE_VLLM_STATS": str(spans.with_suffix(".stats.json")),
+           "OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": ratio,
+           "TOKENTRACE_VLLM_STEP_SAMPLE_RATIO": ratio}
+    if side.endswith("b"):
+        if baseline is None:
+            raise ValueError(f"side {side}: no --baseline checkout")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(baseline), os.environ.get("PYTHONPATH")]))
+    return env
 
 
 def _per(value: float, count: float, scale: float = 1.0) -> float | None:
@@ -119,14 +134,14 @@ def _measure(args: argparse.Namespace, python: str, model: Path, tmp: Path, inde
     log kept, the failure in ``failures``, the loads measured so far returned)."""
     spans, log = tmp / f"spans-{index}.jsonl", tmp / f"server-{index}.log"
     stats_path = spans.with_suffix(".stats.json")
-    traced = None if side == "off" else _traced_env(side, spans)
+    traced = None if side == "off" else _traced_env(side, spans, args.baseline)
     runs = []
     server = parts.start(python, model, traced, log, args.gc)
     try:
         core = parts.engine_core_pid(server.pid)
         last, child, warm_ups = _warm_up(args, stats_path, spans, traced is not None)
         if warm_ups > 1:
-            print(f"{index + 1}/{total} {side:>4} warm-up: {warm_ups} loads of 4 until the plugin sent", flush=True)
+            print(f"{index + 1}/{total} {side:>5} warm-up: {warm_ups} loads of 4 until the plugin sent", flush=True)
         for concurrency in args.concurrency:
             child_before = parts.settled_cpu_s(child) if child else 0.0
             at, log_at = parts.file_end(spans), log.stat().st_size
@@ -155,12 +170,12 @@ def _measure(args: argparse.Namespace, python: str, model: Path, tmp: Path, inde
         shutil.copyfile(log, kept)
         lines = [line for line in log.read_text(errors="replace").splitlines() if "tokentrace" in line]
         failures.append({"server": index + 1, "side": side, "error": str(exc), "log": str(kept), "lines": lines[-5:]})
-        print(f"{index + 1}/{total} {side:>4} FAILED: {exc}\n    log kept: {kept}", flush=True)
+        print(f"{index + 1}/{total} {side:>5} FAILED: {exc}\n    log kept: {kept}", flush=True)
         for line in lines[-5:]:
             print(f"    {line[:76]}")
     finally:
         parts.stop(server)
-    if side != "off" and float(side) == 1.0 and not spans.exists():
+    if side != "off" and _side_ratio(side) == 1.0 and not spans.exists():
         raise SystemExit(f"vllm_tracing_cost: the plugin wrote no spans (is tokentrace installed in {python}?)")
     return runs
 
@@ -182,7 +197,7 @@ def _warm_up(args: argparse.Namespace, stats_path: Path, spans: Path,
 
 
 def _print_run(run: dict[str, Any], total: int) -> None:
-    print(f"{run['server']}/{total} {run['side']:>4} c={run['concurrency']:<3} {run['tok_s']:7.1f} tok/s, "
+    print(f"{run['server']}/{total} {run['side']:>5} c={run['concurrency']:<3} {run['tok_s']:7.1f} tok/s, "
           f"core {run['core_us_per_token']:6.1f} µs/token, load {run['load_average'][0]:.2f}", flush=True)
     if "plugin" in run:
         plugin, otlp = run["plugin"], run["otlp"]
@@ -195,7 +210,7 @@ def _print_run(run: dict[str, Any], total: int) -> None:
               f"{otlp['proto_bytes']} B protobuf", flush=True)
         if run.get("exporter_started"):
             print("    (the exporter process started during this load: its start-up CPU is in it)")
-        if float(run["side"]) == 1.0 and otlp["sampled_tokens"] != run["tokens"]:
+        if _side_ratio(run["side"]) == 1.0 and otlp["sampled_tokens"] != run["tokens"]:
             print(f"    NOTE: the spans say {otlp['sampled_tokens']} tokens of {run['tokens']} generated")
         if plugin["dropped_spans"] or plugin["dropped_steps"] or plugin["dropped_messages"]:
             print(f"    dropped: {plugin['dropped_spans']} spans, {plugin['dropped_steps']} steps, "
@@ -240,14 +255,14 @@ def _cell(value: float | None, spec: str, width: int) -> str:
 
 
 # (heading, key, format, width); group headings over the columns they end at
-COLUMNS = (("c", "concurrency", "d", 3), ("side", "side", "s", 4), ("tok/s", "tok_s", ".0f", 6),
+COLUMNS = (("c", "concurrency", "d", 3), ("side", "side", "s", 5), ("tok/s", "tok_s", ".0f", 6),
            ("ratio", "tok_s_ratio", ".3f", 5), ("µs/tok", "core_us_per_token", ".1f", 6),
            ("added", "core_us_per_token_added", "+.1f", 6), ("µs/stp", "engine_us_per_step", ".2f", 6),
            ("µs/tok", "engine_us_per_token", ".3f", 6), ("µs/stok", "exporter_us_per_sampled_token", ".1f", 8),
            ("JSON", "json_bytes_per_sampled_token", ".0f", 6), ("proto", "proto_bytes_per_sampled_token", ".0f", 5),
            ("/stok", "spans_per_sampled_token", ".2f", 5))
 GROUPS = (("engine core", 5), ("engine thread", 7), ("exporter", 8), ("OTLP B/stok", 10), ("spans", 11))
-PARTS = (("c", "concurrency", "d", 3), ("side", "side", "s", 4), ("sched", "schedule_us_per_step", ".2f", 6),
+PARTS = (("c", "concurrency", "d", 3), ("side", "side", "s", 5), ("sched", "schedule_us_per_step", ".2f", 6),
          ("update", "update_us_per_step", ".2f", 6), ("sends", "sends_us_per_step", ".2f", 6),
          ("named", "steps_named_fraction", ".3f", 6))
 
@@ -272,7 +287,7 @@ def _goals(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
     found = []
     for ratio, concurrencies, most in GOALS:
         for row in summary:
-            if row["side"] != "off" and float(row["side"]) == ratio and \
+            if row["side"] != "off" and _side_ratio(row["side"]) == ratio and \
                     (concurrencies is None or row["concurrency"] in concurrencies):
                 value = row["engine_us_per_step"]
                 found.append({"sampling": row["side"], "concurrency": row["concurrency"], "most_us_per_step": most,
@@ -280,10 +295,10 @@ def _goals(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return found
 
 
-def _revision() -> str:
+def _revision(checkout: Path = parts.REPO) -> str:
     """The checkout's commit, and whether instrument/ differs from it (the plugin measured)."""
     def git(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["git", "-C", str(parts.REPO), *argv], capture_output=True, text=True)
+        return subprocess.run(["git", "-C", str(checkout), *argv], capture_output=True, text=True)
 
     try:
         head = git("rev-parse", "--short", "HEAD").stdout.strip() or "unknown"
@@ -308,6 +323,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, metavar="FILE", help="write every load's figures and the medians")
     parser.add_argument("--gc", action="store_true",
                         help="every side with VLLM_GC_DEBUG=1: the engine core's garbage collections per load")
+    parser.add_argument("--baseline", type=Path, metavar="DIR",
+                        help="another tokentrace checkout (a git worktree) measured beside this one: sides Rb")
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2",
                         help="smollm2 (default) or tiny: tokentrace's 0.1 MB random Llama, a model step "
                              "that leaves the CPU caches to vLLM, as on a GPU host")
@@ -318,7 +335,10 @@ def main() -> None:
     model = smollm2_cache_dir()
     if args.model == "smollm2" and not (model / "config.json").exists():
         raise SystemExit(f"vllm_tracing_cost: no SmolLM2 folder at {model} (./scripts/test-vllm converts it)")
-    sides = ["off", *dict.fromkeys(args.sampling)]
+    if args.baseline is not None and not (args.baseline / "instrument" / "vllm").is_dir():
+        raise SystemExit(f"vllm_tracing_cost: --baseline {args.baseline} is not a tokentrace checkout")
+    ratios = list(dict.fromkeys(args.sampling))
+    sides = ["off", *(side for r in ratios for side in ((r, r + "b") if args.baseline else (r,)))]
     order = (sides + sides[::-1]) * args.rounds
     runs: list[dict[str, Any]] = []
     failures: list[dict[str, Any]] = []
@@ -326,6 +346,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="vllm-cost-") as tmp:
         if args.model == "tiny":
             model = parts.tiny_model(python, Path(tmp) / "tiny-llama")
+        if args.baseline is not None:
+            revision += f"; baseline (sides Rb) {_revision(args.baseline)}"
         print(f"model: {args.model} ({model.name}); tokentrace {revision}\nvLLM's Python: {python}\n"
               f"order: {' '.join(order)}", flush=True)
         for index, side in enumerate(order):
