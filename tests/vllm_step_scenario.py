@@ -116,7 +116,8 @@ def taken(tap: StepTap, records: list[dict]) -> None:
     for f in reader.read(unpack(pack(message(header, reader.number + 1, rows)))):  # as the socket carries them
         if f is None:
             continue
-        records.append({"step": f.step, "times": [f.start_ns, f.sched_end_ns, f.end_ns], "n": f.n, "req_ids": list(f.req_ids[:f.n]),
+        records.append({"step": f.step, "times": [f.start_ns, f.sched_end_ns, f.end_ns], "n": f.n,
+                        "batch": [f.batch_size, f.batch_tokens], "req_ids": list(f.req_ids[:f.n]),
                             "tokens": list(f.tokens[:f.n]), "computed": list(f.computed[:f.n]),
                             "prefill": list(f.prefill[:f.n]), "blocks": list(f.blocks[:f.n]),
                         "sampled": list(f.sampled[:f.n]), "first": f.first, "hits": f.prefix_hit_tokens,
@@ -176,6 +177,7 @@ def main() -> None:
                       "state": state(tap), "async": async_end(), "v1": v1_resume(), "v2": v2_live_tokens(),
                       "reuse": id_used_again(), "sends": send_triggers(), "counts": sampled_counts(), "shutdown": shutdown_first(),
                       "now_ns": time.time_ns(), "aborts": abort_sends(), "start": start_failure(),
+                      "partial": partial_rows(),
                       "failing": failing_hook()}))  # (last: it takes the wrappers off)
 
 
@@ -410,6 +412,43 @@ def v1_resume() -> dict:
     held += [scheduled(out6, 20), updated(out6, {"z": 1})]
     taken(tap, records)
     return {"records": records, "dropped": dropped, "in_flight": in_flight(tap), "let_go": READERS[tap].let_go}
+
+
+def step_bound(bound: int) -> None:
+    """Set the engine_step ratio the installed schedule wrapper holds (bound at install, as a
+    positional default) to ``bound`` (0: no step sampled; 2**64: every step)."""
+    wrapper = Scheduler.schedule
+    names = wrapper.__code__.co_varnames[:wrapper.__code__.co_argcount]
+    defaults = list(wrapper.__defaults__)
+    defaults[names.index("_step_bound") - (len(names) - len(defaults))] = bound
+    wrapper.__defaults__ = tuple(defaults)
+
+
+def partial_rows() -> dict:
+    """A step whose engine_step is not sampled, with one sampled request (s) in flight beside
+    unsampled ones: n new, p in a chunked prefill (no output yet), r preempted earlier and
+    recomputing, d decoding. Held as a PARTIAL row (d left out), then the same step held whole
+    (its engine_step sampled): both read into the same figures for s and the step."""
+    reads = {}
+    for kind, bound in (("partial", 0), ("whole", 2**64)):
+        tap, records = new_tap(), []
+        step_bound(bound)
+        tap.sampled_ids.add("s")
+        tap.recomputing.add("r")
+        for req_id, prompt in (("s", 50), ("p", 100), ("r", 10), ("d", 55), ("n", 30)):
+            tap.held.append((ARRIVED, req_id, 1.0, None, prompt, req_id == "s"))
+        out = output([new("n", 30, 0, [20, 21])], cached([("s", 54, None, 5), ("p", 32, [30], 0),
+                                                          ("r", 12, [40], 7), ("d", 63, None, 9)]),
+                     {"n": 30, "s": 1, "p": 16, "r": 16, "d": 1})
+        tap.held.append(scheduled(out, 9))
+        row = tap.held[-1]
+        tap.held.append(updated(out, {"n": 1, "s": 1, "p": 0, "r": 1, "d": 1}))
+        taken(tap, records)
+        reads[kind] = {"kind": row[0], "records": records}
+        tap.sampled_ids.clear()
+        tap.recomputing.clear()
+    step_bound(2**64)
+    return reads
 
 
 if __name__ == "__main__":

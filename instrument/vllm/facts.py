@@ -18,6 +18,9 @@ class StepFacts:
     """One scheduler step, engine-neutral (plain ints and references to existing strings).
 
     Times in ns since the epoch (instrument/clock.py); counts in requests, tokens, KV blocks.
+    ``batch_size`` / ``batch_tokens``: requests and tokens the step scheduled; the columns
+    below hold ``n`` of them (all, or those a sampled request's spans need: the sampled ones
+    and every one in a prefill; ``waiting`` and the KV figures are then 0, not read).
     Per scheduled request ``i < n``: ``req_ids[i]``, ``tokens[i]`` (scheduled),
     ``computed[i]`` (tokens computed before the step), ``prefill[i]`` (1 = prompt chunk,
     2 = recomputed prefill after a preemption, 0 = decode), ``blocks[i]`` (KV blocks held
@@ -28,13 +31,13 @@ class StepFacts:
     ``finished``: ``(req_id, status, time_ns)``. ``step = -1``: a record of events only.
     """
 
-    __slots__ = ("step", "start_ns", "sched_end_ns", "end_ns", "n", "waiting", "kv_used", "kv_total",
+    __slots__ = ("step", "start_ns", "sched_end_ns", "end_ns", "n", "batch_size", "batch_tokens", "waiting", "kv_used", "kv_total",
                  "prefix_hit_tokens", "block_tokens", "bytes_per_block", "req_ids", "tokens", "computed", "prefill", "blocks", "sampled",
                  "arrivals", "first", "preempted", "finished")
 
     def __init__(self, capacity: int) -> None:
         self.step = self.start_ns = self.sched_end_ns = self.end_ns = 0
-        self.n = self.waiting = self.kv_used = self.kv_total = self.prefix_hit_tokens = 0
+        self.n = self.batch_size = self.batch_tokens = self.waiting = self.kv_used = self.kv_total = self.prefix_hit_tokens = 0
         self.block_tokens = self.bytes_per_block = 0  # KV geometry (first KV cache group)
         self.req_ids: list[str | None] = [None] * capacity
         self.tokens = array("I", bytes(4 * capacity))  # u32 columns: instrument/vllm/rows.py copies them whole

@@ -38,10 +38,20 @@ SCHEDULED  key, step, start, schedule end, requests ``waiting``, KV blocks free,
            ``resumed_req_ids`` (0 on a release without it: 0.34 re-sends a resumed request
            as new), ``new_block_ids``, ``num_computed_tokens``, ``num_output_tokens``. Held
            only for a step with a sampled request in flight or a sampled ``engine_step``
+PARTIAL    key, step, start, schedule end, requests scheduled, tokens scheduled, then
+           ``[(req_id, num_computed_tokens, blocks given (first KV group), output tokens so
+           far (< 0 for ``scheduled_new_reqs``: -2 - its tokens so far when the V2 model
+           runner gives them, else -1), resumed, tokens scheduled)]`` for the requests in
+           the step that a sampled request's spans need: the sampled ones, and every one that
+           may be in a prefill (new, no output token yet, or preempted earlier), whose tokens
+           make ``tokentrace.batch.prefill_tokens``. Held instead of SCHEDULED for a step
+           whose ``engine_step`` is not sampled, with at most ``FEW_SAMPLED`` sampled
+           requests in flight: the others cost nothing per step (instrument/vllm/sampling.py)
 UPDATED    key, end, ``ModelRunnerOutput.req_ids``, tokens sampled per request (in that order:
            the lengths of ``sampled_token_ids``, counted in the update wrapper); None, None
-           when each request was scheduled one token and sampled one. Held when its step's
-           SCHEDULED row was
+           when each request was scheduled one token and sampled one; after a PARTIAL row,
+           the sampled requests of the step and theirs only. Held when its step's
+           SCHEDULED or PARTIAL row was
 ARRIVED    request id, arrival (s, vLLM's float), trace headers (dict, or None: none, or not
            sampled), prompt tokens, sampled (True: its spans are built; instrument/vllm/sampling.py)
 PREEMPTED  request id, KV blocks freed, time
@@ -61,10 +71,14 @@ from __future__ import annotations
 import marshal
 from typing import Any
 
-__all__ = ["ARRIVED", "FINISHED", "GEOMETRY", "IDLE", "PREEMPTED", "SCHEDULED", "UPDATED", "message", "message_end",
-           "pack", "units", "unpack"]
+__all__ = ["ARRIVED", "FEW_SAMPLED", "FINISHED", "GEOMETRY", "IDLE", "PARTIAL", "PREEMPTED", "SCHEDULED", "UPDATED",
+           "message", "message_end", "pack", "scheduled_ids", "units", "unpack"]
 
-SCHEDULED, UPDATED, ARRIVED, PREEMPTED, FINISHED, GEOMETRY, IDLE = range(7)
+SCHEDULED, UPDATED, ARRIVED, PREEMPTED, FINISHED, GEOMETRY, IDLE, PARTIAL = range(8)
+#: sampled requests in flight up to which a step whose engine_step is not sampled holds a
+#: PARTIAL row (each sampled request costs a few C lookups there; beyond this many, vLLM's
+#: whole lists by reference cost less)
+FEW_SAMPLED = 4
 MARSHAL_VERSION = 4  # shares repeated objects (each request id string object written once per message)
 
 
@@ -91,11 +105,19 @@ def message_end(rows: list[tuple[Any, ...]], start: int, count: int) -> int:
     return stop
 
 
+def scheduled_ids(row: tuple[Any, ...]) -> Any:
+    """The request ids a SCHEDULED row names (every request of its step), or a PARTIAL row
+    (those it carries)."""
+    if row[0] == PARTIAL:
+        return [few[0] for few in row[7]]
+    return row[9] if row[7] is None else row[7]
+
+
 def units(rows: list[tuple[Any, ...]]) -> int:
     """The spans ``rows`` stand for (loss counting): a step's engine_step and one per request
-    scheduled, two per request ended."""
-    return sum([len(row[9] if row[7] is None else row[7]) + 1 if row[0] == SCHEDULED else 2 if row[0] == FINISHED
-                else 0 for row in rows])
+    scheduled, two per request ended; a PARTIAL row: one per request it carries."""
+    return sum([len(row[9] if row[7] is None else row[7]) + 1 if row[0] == SCHEDULED else len(row[7])
+                if row[0] == PARTIAL else 2 if row[0] == FINISHED else 0 for row in rows])
 
 
 def unpack(payload: bytes | memoryview) -> list[tuple[Any, ...]]:
@@ -112,4 +134,4 @@ def unpack(payload: bytes | memoryview) -> list[tuple[Any, ...]]:
     return rows
 
 
-_WIDTH = {SCHEDULED: 14, UPDATED: 5, ARRIVED: 6, PREEMPTED: 4, FINISHED: 4, GEOMETRY: 7, IDLE: 1}
+_WIDTH = {SCHEDULED: 14, UPDATED: 5, ARRIVED: 6, PREEMPTED: 4, FINISHED: 4, GEOMETRY: 7, IDLE: 1, PARTIAL: 8}

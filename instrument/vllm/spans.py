@@ -112,7 +112,7 @@ class SpanBuilder:
             rec = self.live.get(req_id)
             if rec is not None:
                 rec.cached = cached
-        if facts.step >= 0 and facts.n:
+        if facts.step >= 0 and facts.batch_size:
             self.steps += 1
             self._step(facts)
             self.last_end_ns = max(self.last_end_ns, facts.end_ns)
@@ -171,12 +171,11 @@ class SpanBuilder:
         self.live[req_id] = _Request(span, arrival_ns, prompt_tokens)
 
     def _step(self, facts: StepFacts) -> None:
-        n = facts.n
-        batch_tokens = sum(facts.tokens[:n])
+        n = facts.n  # the requests in the columns: all the step's, or those sampled requests' spans need
         prefill_tokens = sum(facts.tokens[i] for i in range(n) if facts.prefill[i])
         step_attributes = {
-            "tokentrace.engine.step": facts.step, "tokentrace.batch.size": n,
-            "tokentrace.batch.tokens": batch_tokens, "tokentrace.batch.prefill_tokens": prefill_tokens,
+            "tokentrace.engine.step": facts.step, "tokentrace.batch.size": facts.batch_size,
+            "tokentrace.batch.tokens": facts.batch_tokens, "tokentrace.batch.prefill_tokens": prefill_tokens,
         }
         per_token = facts.bytes_per_block // facts.block_tokens if facts.block_tokens else 0
         discarded_tokens = discarded_sequences = step_drafts = step_accepted = 0

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from instrument.vllm.facts import StepFacts
-from instrument.vllm.rows import ARRIVED, FINISHED, GEOMETRY, IDLE, PREEMPTED, SCHEDULED, UPDATED
+from instrument.vllm.rows import ARRIVED, FINISHED, GEOMETRY, IDLE, PARTIAL, PREEMPTED, SCHEDULED, UPDATED, scheduled_ids
 
 __all__ = ["MAX_IN_FLIGHT", "StepReader"]
 
@@ -61,7 +61,7 @@ class StepReader:
         reborn: set[str] = set()  # ids that ended and arrived again since the last record
         for row in rows:
             kind = row[0]
-            if kind == SCHEDULED:
+            if kind == SCHEDULED or kind == PARTIAL:
                 earlier = opened.pop(row[1], None)
                 if earlier is not None:  # its object is gone, never updated: let go
                     self._let_go(earlier)
@@ -121,7 +121,7 @@ class StepReader:
         ending = self._ending
         ending.update(end[0] for end in finished if end[0] not in reborn)
         for req_id in list(ending):
-            if not any(req_id in (row[9] if row[7] is None else row[7]) for row in self._opened.values()):
+            if not any(req_id in scheduled_ids(row) for row in self._opened.values()):
                 ending.discard(req_id)
                 self._prompt.pop(req_id, None)
                 self._blocks.pop(req_id, None)
@@ -145,14 +145,18 @@ class StepReader:
         facts.first, self._first_carried = self._first_carried, []
         facts.arrivals, facts.preempted, facts.finished = arrivals, preempted, finished
         if scheduled is None:
-            facts.step, facts.n = -1, 0
+            facts.step, facts.n, facts.batch_size, facts.batch_tokens = -1, 0, 0, 0
             facts.start_ns = facts.sched_end_ns = facts.end_ns = self.sent_ns
             return facts
-        _, _, facts.step, start, sched_end, facts.waiting, free = scheduled[:7]
         shift = self.perf_to_wall
-        facts.start_ns, facts.sched_end_ns, facts.end_ns = start + shift, sched_end + shift, updated[2] + shift
         facts.block_tokens, facts.bytes_per_block, total = self.geometry
-        facts.kv_total, facts.kv_used = total, total - free
+        if scheduled[0] == PARTIAL:  # the step's figures; its requests' columns for a few of them
+            _, _, facts.step, start, sched_end, facts.batch_size, facts.batch_tokens, _ = scheduled
+            facts.waiting = facts.kv_total = facts.kv_used = 0  # (engine_step figures: not held)
+        else:
+            _, _, facts.step, start, sched_end, facts.waiting, free = scheduled[:7]
+            facts.kv_total, facts.kv_used = total, total - free
+        facts.start_ns, facts.sched_end_ns, facts.end_ns = start + shift, sched_end + shift, updated[2] + shift
         self._columns(scheduled, updated, facts)
         return facts
 
@@ -160,9 +164,6 @@ class StepReader:
         """Per scheduled request: tokens, computed before, KV blocks held, tokens sampled,
         prefill kind; first schedules into ``facts.first``."""
         prompt_of, blocks_of, phase_of = self._prompt, self._blocks, self._phase
-        (_, _, _, _, _, _, _, tokens_of, news, cached_ids, resumed_ids, cached_blocks, cached_computed,
-         cached_outputs) = scheduled
-        resumed_ids = resumed_ids or ()  # (0: a release that re-sends a resumed request as new, 0.34)
         # tokens sampled per request, in the runner's order (None: one each)
         sampled = updated[4] if updated is not None else ()
         one_each = sampled is None
@@ -171,18 +172,25 @@ class StepReader:
         # (id, tokens computed before the step, blocks given in the step, output tokens so far
         # (< 0 for scheduled_new_reqs: -2 - its tokens so far when the V2 model runner gives
         # them, else -1), resumed)
-        rows = [(req_id, before, given, -2 - so_far if so_far >= 0 else -1, False)
-                for req_id, before, given, so_far in news or ()]
-        for j, req_id in enumerate(cached_ids):
-            given = cached_blocks[j]
-            rows.append((req_id, cached_computed[j], len(given[0]) if given else 0, cached_outputs[j],
-                         req_id in resumed_ids))
+        if scheduled[0] == PARTIAL:  # these rows already, with the tokens scheduled last
+            rows = scheduled[7]
+            tokens_of = {row[0]: row[5] for row in rows}
+        else:
+            (_, _, _, _, _, _, _, tokens_of, news, cached_ids, resumed_ids, cached_blocks, cached_computed,
+             cached_outputs) = scheduled
+            resumed_ids = resumed_ids or ()  # (0: a release that re-sends a resumed request as new, 0.34)
+            rows = [(req_id, before, given, -2 - so_far if so_far >= 0 else -1, False)
+                    for req_id, before, given, so_far in news or ()]
+            for j, req_id in enumerate(cached_ids):
+                given = cached_blocks[j]
+                rows.append((req_id, cached_computed[j], len(given[0]) if given else 0, cached_outputs[j],
+                             req_id in resumed_ids))
         n = len(rows)
         req_ids: list[str] = []
         tokens, computed, blocks, counts = (array("I", bytes(4 * n)) for _ in range(4))
         prefill = bytearray(n)
         hits = 0
-        for i, (req_id, before, added, outputs, resumed) in enumerate(rows):
+        for i, (req_id, before, added, outputs, resumed, *_) in enumerate(rows):
             phase = phase_of.get(req_id, 0)
             if outputs < 0:  # scheduled_new_reqs: new, or resumed (V2 model runner; 0.34) with its whole list
                 # (resumed: seen scheduled before, or its tokens so far run past its prompt:
@@ -222,4 +230,6 @@ class StepReader:
                 counts[i] = sampled[j] if j is not None and j < got else 0
         facts.req_ids, facts.n = req_ids, n
         facts.tokens, facts.computed, facts.blocks, facts.sampled, facts.prefill = tokens, computed, blocks, counts, prefill
+        if scheduled[0] == SCHEDULED:  # (a PARTIAL row says them)
+            facts.batch_size, facts.batch_tokens = n, sum(tokens)
         facts.prefix_hit_tokens = hits

@@ -14,9 +14,12 @@ a step: its end goes out at once) and ``shutdown()`` (the plugin's pipeline clos
 
 Per step each step wrapper appends one row of instrument/vllm/rows.py to
 :attr:`StepTap.held` (only for a step with a sampled request in flight or a sampled
-``engine_step``, instrument/vllm/sampling.py; any other step costs a few comparisons): vLLM's per-step lists, dicts and sets by reference (vLLM builds them
-anew each step; None for those of a plain decode step: one token scheduled and sampled
-per request), a few ints and ``perf_counter`` times; the update wrapper counts the tokens
+``engine_step``, instrument/vllm/sampling.py; any other step costs a few comparisons): for a
+sampled ``engine_step`` (or more than ``FEW_SAMPLED`` sampled requests in flight) vLLM's
+per-step lists, dicts and sets by reference (vLLM builds them anew each step; None for those
+of a plain decode step: one token scheduled and sampled per request); else a PARTIAL row of
+the step's counts and the few requests the sampled ones' spans need (found with C scans of
+vLLM's lists, :func:`~instrument.vllm.hooks.tap.few_rows`); a few ints and ``perf_counter`` times; the update wrapper counts the tokens
 sampled per request in one C pass (``map(len, ...)``, while vLLM's lists are still warm in
 the caches) and compares a few ints to see whether a send is due (the engine went idle;
 ``MAX_HELD`` rows; 2 s after the last send with ``LEAST_HELD`` rows, about 64 steps; 10 s
@@ -46,8 +49,9 @@ from typing import Any
 
 from instrument.vllm.facts import FINISHED_ABORTED, FINISHED_ERROR, FINISHED_LENGTH, FINISHED_STOPPED, StepFacts
 from instrument.vllm.hooks.shape import CHECKED_RELEASES, SchedulerShape, check_scheduler, installed_version
-from instrument.vllm.hooks.tap import (ARRIVED, FINISHED, LEAST_HELD, MAX_HELD, PREEMPTED, SCHEDULED, UPDATED, StepTap,
-                                       new_rows)
+from instrument.vllm.hooks.tap import (ARRIVED, FINISHED, LEAST_HELD, MAX_HELD, PARTIAL, PREEMPTED, SCHEDULED, UPDATED,
+                                       StepTap, few_rows, new_rows)
+from instrument.vllm.rows import FEW_SAMPLED
 from instrument.vllm.sampling import MASK64, STEP_SPREAD
 
 __all__ = ["ARRIVED", "CHECKED_RELEASES", "FINISHED", "FINISHED_ABORTED", "FINISHED_ERROR", "FINISHED_LENGTH",
@@ -158,16 +162,18 @@ def _traced_schedule(schedule: Any, tap: StepTap, shape: SchedulerShape) -> Any:
                         _type: Any = type, _sum: Any = sum, _map: Any = map, _queues_of: Any = queues_of,
                         _resumed_of: Any = resumed_of, _sampled: set[str] = tap.sampled_ids,
                         _step_bound: int = step_bound, _spread: int = STEP_SPREAD, _mask: int = MASK64,
-                        _recorded: dict[int, bool] = tap.recorded) -> Any:
+                        _recorded: dict[int, Any] = tap.recorded, _few: int = FEW_SAMPLED, _partial: int = PARTIAL,
+                        _few_rows: Any = few_rows, _recomputing: set[str] = tap.recomputing) -> Any:
         start = _perf()
         out = _schedule(self, throttle_prefills)
         total = out.total_num_scheduled_tokens
         if total > 0:
             cpu, floor = clock_start() if _measure else (0, 0)
             try:
-                # a sampled request in flight, or this step's engine_step span sampled (sampling.py's
-                # step_sampled, inlined): the step's row; else nothing
-                if _sampled or (self.current_step * _spread) & _mask < _step_bound:
+                # this step's engine_step span sampled (sampling.py's step_sampled, inlined), or
+                # more than a few sampled requests in flight: the step's whole row; a few: a
+                # PARTIAL row of the requests their spans need; none: nothing
+                if (self.current_step * _spread) & _mask < _step_bound or _len(_sampled) > _few:
                     free = _tap.free_queue or (_tap.geometry(self) and _tap.free_queue)
                     cached, news, queues = out.scheduled_cached_reqs, out.scheduled_new_reqs, _queues_of(self)
                     ids = cached.req_ids
@@ -177,6 +183,31 @@ def _traced_schedule(schedule: Any, tap: StepTap, shape: SchedulerShape) -> Any:
                              _new_rows(news) if news else None, ids, _resumed_of(cached), cached.new_block_ids,
                              cached.num_computed_tokens, cached.num_output_tokens))
                     _recorded[_id(out)] = True
+                    _tap.needs_send = True
+                elif _sampled:
+                    _tap.free_queue or _tap.geometry(self)
+                    cached, news = out.scheduled_cached_reqs, out.scheduled_new_reqs
+                    ids, outputs = cached.req_ids, cached.num_output_tokens
+                    if _recomputing or 0 in outputs:  # a cached request may be in a prefill: tap.few_rows
+                        few = _few_rows(out, cached, _sampled, _recomputing, _resumed_of(cached))
+                    else:  # cached ones decode (none preempted or without an output yet): new and sampled ones
+                        few, tokens_of = [], out.num_scheduled_tokens
+                        for new in news:
+                            given, so_far = new.block_ids, new.prefill_token_ids
+                            few.append((new.req_id, new.num_computed_tokens, _len(given[0]) if given else 0,
+                                        -1 if so_far is None else -2 - _len(so_far), False, tokens_of[new.req_id]))
+                        for req_id in _sampled:
+                            if req_id in tokens_of:
+                                try:
+                                    j = ids.index(req_id)
+                                except ValueError:  # scheduled as new: there already
+                                    continue
+                                given = cached.new_block_ids[j]
+                                few.append((req_id, cached.num_computed_tokens[j], _len(given[0]) if given else 0,
+                                            outputs[j], False, tokens_of[req_id]))
+                    _append((_partial, _id(out), self.current_step, start, _perf(), _len(ids) + _len(news), total,
+                             few))
+                    _recorded[_id(out)] = few
                     _tap.needs_send = True
             except Exception:
                 _tap.fail()
@@ -203,7 +234,8 @@ def _traced_update(update: Any, tap: StepTap) -> Any:
         cpu, floor = clock_start() if _measure else (0, 0)
         try:
             end = _perf()
-            if _recorded_pop(_id(scheduler_output), False):  # its SCHEDULED row is held
+            held_as = _recorded_pop(_id(scheduler_output), None)
+            if held_as is True:  # its SCHEDULED row is held
                 ids, sampled = model_runner_output.req_ids, model_runner_output.sampled_token_ids
                 n = _len(ids)
                 # one token scheduled and one sampled per request (without drafts a request samples
@@ -213,6 +245,18 @@ def _traced_update(update: Any, tap: StepTap) -> Any:
                     _append((_kind, _id(scheduler_output), end, None, None))
                 else:
                     _append((_kind, _id(scheduler_output), end, ids, [*_map(_len, sampled)]))
+                _tap.needs_send = True
+            elif held_as is not None:  # its PARTIAL row: tokens sampled by the requests it carries
+                ids, sampled = model_runner_output.req_ids, model_runner_output.sampled_token_ids
+                named, counts = [], []
+                for row in held_as:
+                    try:
+                        j = ids.index(row[0])
+                    except ValueError:  # (not in the runner's output)
+                        continue
+                    named.append(row[0])
+                    counts.append(_len(sampled[j]))
+                _append((_kind, _id(scheduler_output), end, named, counts))
                 _tap.needs_send = True
             idle = not self.requests
             if idle or _len(_held) >= _most or end >= _tap.due_ns and (_len(_held) >= _least or end >= _tap.late_ns):

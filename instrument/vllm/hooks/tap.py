@@ -15,11 +15,11 @@ from typing import Any
 
 from instrument.clock import ANCHOR_PERF_NS, ANCHOR_WALL_NS, now_wall_ns
 from instrument.vllm.facts import FINISHED_ABORTED, FINISHED_ERROR, FINISHED_LENGTH, FINISHED_STOPPED
-from instrument.vllm.rows import ARRIVED, FINISHED, IDLE, PREEMPTED, SCHEDULED, UPDATED
+from instrument.vllm.rows import ARRIVED, FINISHED, IDLE, PARTIAL, PREEMPTED, SCHEDULED, UPDATED
 from instrument.vllm.sampling import Sampling
 
-__all__ = ["ARRIVED", "FINISHED", "FLUSH_LATE_NS", "FLUSH_NS", "LEAST_HELD", "MAX_HELD", "PREEMPTED", "SCHEDULED",
-           "UPDATED", "StepTap", "new_rows"]
+__all__ = ["ARRIVED", "FINISHED", "FLUSH_LATE_NS", "FLUSH_NS", "LEAST_HELD", "MAX_HELD", "PARTIAL", "PREEMPTED",
+           "SCHEDULED", "UPDATED", "StepTap", "few_rows", "new_rows"]
 
 log = logging.getLogger("tokentrace.vllm")
 MAX_HELD = 512  # held rows that make a send due (two per step, one per arrival, preemption, end)
@@ -39,6 +39,40 @@ def new_rows(news: Any) -> list[tuple[str, int, int, int]]:
     with each token: measured when scheduled), else -1)."""
     return [(new.req_id, new.num_computed_tokens, len(new.block_ids[0]) if new.block_ids else 0,
              -1 if new.prefill_token_ids is None else len(new.prefill_token_ids)) for new in news]
+
+
+def few_rows(out: Any, cached: Any, sampled: set[str], recomputing: set[str], resumed: Any) -> list[tuple[Any, ...]]:
+    """A PARTIAL row's requests (instrument/vllm/rows.py): of ``out`` (vLLM's
+    ``SchedulerOutput``; ``cached`` its ``scheduled_cached_reqs``) every request scheduled as
+    new, every cached one with no output token yet (a prompt chunk) or preempted earlier
+    (``recomputing``: a recompute), and the ``sampled`` ones; ``resumed``: the step's
+    ``resumed_req_ids`` (0 on a release without them). Found with C scans of vLLM's lists
+    (``count``, ``index``), never a Python loop over the batch."""
+    tokens_of = out.num_scheduled_tokens
+    rows = [(new.req_id, new.num_computed_tokens, len(new.block_ids[0]) if new.block_ids else 0,
+             -1 if new.prefill_token_ids is None else -2 - len(new.prefill_token_ids), False, tokens_of[new.req_id])
+            for new in out.scheduled_new_reqs]
+    ids, outputs = cached.req_ids, cached.num_output_tokens
+    picked: list[int] = []
+    if 0 in outputs:
+        j = -1
+        for _ in range(outputs.count(0)):
+            j = outputs.index(0, j + 1)
+            picked.append(j)
+    for req_id in (*sampled, *recomputing) if recomputing else sampled:
+        if req_id in tokens_of:
+            try:
+                picked.append(ids.index(req_id))
+            except ValueError:  # scheduled as new: already there
+                pass
+    if picked:
+        given_of, computed = cached.new_block_ids, cached.num_computed_tokens
+        resumed = resumed or ()
+        for j in sorted(set(picked)):
+            req_id, given = ids[j], given_of[j]
+            rows.append((req_id, computed[j], len(given[0]) if given else 0, outputs[j], req_id in resumed,
+                         tokens_of[req_id]))
+    return rows
 
 
 class StepTap:
@@ -69,6 +103,9 @@ class StepTap:
         # none of them in flight, and whose engine_step span is not sampled, holds no row
         self.sampling = sampling if sampling is not None else Sampling()
         self.sampled_ids: set[str] = set()
+        # requests preempted since their arrival (a recompute may be under way: a PARTIAL row
+        # carries them; never rebound: the wrappers hold it)
+        self.recomputing: set[str] = set()
         # id() of each SchedulerOutput whose SCHEDULED row was held, until its update (never
         # rebound: the wrappers hold it)
         self.recorded: dict[int, bool] = {}
@@ -122,10 +159,12 @@ class StepTap:
 
     def on_preempt(self, sched: Any, req: Any) -> None:
         self.needs_send = self.needs_send or req.request_id in self.sampled_ids
+        self.recomputing.add(req.request_id)
         held = sched.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks.get(req.request_id)
         self.held.append((PREEMPTED, req.request_id, len(held) if held is not None else 0, now_wall_ns()))
 
     def on_free(self, req: Any) -> None:
+        self.recomputing.discard(req.request_id)
         if req.request_id in self.sampled_ids:
             self.sampled_ids.discard(req.request_id)
             self.needs_send = True
