@@ -50,8 +50,8 @@ PARTIAL    key, step, start, schedule end, requests scheduled, tokens scheduled,
 UPDATED    key, end, ``ModelRunnerOutput.req_ids``, tokens sampled per request (in that order:
            the lengths of ``sampled_token_ids``, counted in the update wrapper); None, None
            when each request was scheduled one token and sampled one; after a PARTIAL row,
-           the sampled requests of the step and theirs only. Held when its step's
-           SCHEDULED or PARTIAL row was
+           the requests it carries (those in the runner's output) and theirs only. Held
+           when its step's SCHEDULED or PARTIAL row was
 ARRIVED    request id, arrival (s, vLLM's float), trace headers (dict, or None: none, or not
            sampled), prompt tokens, sampled (True: its spans are built; instrument/vllm/sampling.py)
 PREEMPTED  request id, KV blocks freed, time

@@ -106,9 +106,9 @@ class StepTap:
         # requests preempted since their arrival (a recompute may be under way: a PARTIAL row
         # carries them; never rebound: the wrappers hold it)
         self.recomputing: set[str] = set()
-        # id() of each SchedulerOutput whose SCHEDULED row was held, until its update (never
-        # rebound: the wrappers hold it)
-        self.recorded: dict[int, bool] = {}
+        # id() of each SchedulerOutput whose row was held, until its update: True for a
+        # SCHEDULED row, a PARTIAL row's requests for one (never rebound: the wrappers hold it)
+        self.recorded: dict[int, Any] = {}
         # something held that the exporter process needs: a step's row, or an event of a sampled
         # request (only arrivals and ends of unsampled requests otherwise: see worth_sending)
         self.needs_send = False
