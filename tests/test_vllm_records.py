@@ -15,6 +15,7 @@ checks StepTap.take on vLLM's own classes.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -300,7 +301,8 @@ def _as_partial(sends: list[list[tuple[Any, ...]]], keep: dict[int, list[str]]) 
     return out
 
 
-def test_a_request_traced_alone_keeps_its_spans_through_partial_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_request_traced_alone_keeps_its_spans_through_partial_rows(monkeypatch: pytest.MonkeyPatch,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
     """A traced alone, engine_step spans off: each step held as a PARTIAL row of A and the
     requests that may be in a prefill (new, no output yet, preempted earlier: B's recompute in
     steps 5 and 6), as the wrappers pick them. A's spans are the ones it gets when every
@@ -314,6 +316,12 @@ def test_a_request_traced_alone_keeps_its_spans_through_partial_rows(monkeypatch
                 for s in spans if s is root or (s.parent is not None and s.parent.span_id == root.context.span_id)]
 
     everything = _through_records(_sends(), 64)
+    # an exporter process whose step ratio differs from the engine's (here: every step) writes
+    # no engine_step for a step held partially (its waiting and KV figures were never read)
+    with caplog.at_level(logging.WARNING, logger="tokentrace.vllm"):
+        mismatched = _through_records(_as_partial(_sends(), keep), 64)
+    assert "engine_step" not in {s.name for s in mismatched}
+    assert any("held it partially" in r.getMessage() for r in caplog.records)
     monkeypatch.setenv("TOKENTRACE_VLLM_STEP_SAMPLE_RATIO", "off")
     partial = _through_records(_as_partial(_sends(), keep), 64)
     assert {s.name for s in partial} == {"engine_request", "queue", "prefill", "decode"}

@@ -31,12 +31,13 @@ class StepFacts:
     ``finished``: ``(req_id, status, time_ns)``. ``step = -1``: a record of events only.
     """
 
-    __slots__ = ("step", "start_ns", "sched_end_ns", "end_ns", "n", "batch_size", "batch_tokens", "waiting", "kv_used", "kv_total",
+    __slots__ = ("step", "start_ns", "sched_end_ns", "end_ns", "n", "whole", "batch_size", "batch_tokens", "waiting", "kv_used", "kv_total",
                  "prefix_hit_tokens", "block_tokens", "bytes_per_block", "req_ids", "tokens", "computed", "prefill", "blocks", "sampled",
                  "arrivals", "first", "preempted", "finished")
 
     def __init__(self, capacity: int) -> None:
         self.step = self.start_ns = self.sched_end_ns = self.end_ns = 0
+        self.whole = True  # False: read from a PARTIAL row (no engine_step figures)
         self.n = self.batch_size = self.batch_tokens = self.waiting = self.kv_used = self.kv_total = self.prefix_hit_tokens = 0
         self.block_tokens = self.bytes_per_block = 0  # KV geometry (first KV cache group)
         self.req_ids: list[str | None] = [None] * capacity

@@ -115,7 +115,8 @@ def scheduled_ids(row: tuple[Any, ...]) -> Any:
 
 def units(rows: list[tuple[Any, ...]]) -> int:
     """The spans ``rows`` stand for (loss counting): a step's engine_step and one per request
-    scheduled, two per request ended; a PARTIAL row: one per request it carries."""
+    scheduled, two per request ended; a PARTIAL row: one per request it carries. Under
+    sampling an upper bound: unsampled requests in a row are counted, though they get no span."""
     return sum([len(row[9] if row[7] is None else row[7]) + 1 if row[0] == SCHEDULED else len(row[7])
                 if row[0] == PARTIAL else 2 if row[0] == FINISHED else 0 for row in rows])
 

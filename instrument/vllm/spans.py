@@ -97,6 +97,7 @@ class SpanBuilder:
         self.tokens = 0  # generated tokens seen (sampled in a step, for a live request)
         self.lost_requests = 0  # live requests forgotten at an idle engine (engine_idle)
         self.last_end_ns = 0  # the latest step end consumed, ns since the epoch
+        self.partial_steps_sampled = 0  # steps sampled here that the engine held as PARTIAL rows (no engine_step)
 
     # -- the seam ---------------------------------------------------------------------------
     def consume(self, facts: StepFacts) -> None:
@@ -244,6 +245,13 @@ class SpanBuilder:
             step_attributes["tokentrace.spec.draft_tokens"] = step_drafts
             step_attributes["tokentrace.spec.accepted_tokens"] = step_accepted
         if step_sampled(facts.step, self.step_bound):
+            if not facts.whole:  # the engine thread decided otherwise (another step ratio): no figures for it
+                self.partial_steps_sampled += 1
+                if self.partial_steps_sampled == 1:
+                    log.warning("tokentrace: engine step %d is sampled here but the engine held it partially (its "
+                                "TOKENTRACE_VLLM_STEP_SAMPLE_RATIO differs from this process's): no engine_step span "
+                                "for such steps (counted)", facts.step)
+                return
             self._engine_step(facts, step_attributes, prefill_sequences=sum(1 for i in range(n) if facts.prefill[i]))
 
     def _finish(self, req_id: str, status: int, end_ns: int, error_type: str | None = None) -> None:

@@ -150,7 +150,8 @@ class StepReader:
             return facts
         shift = self.perf_to_wall
         facts.block_tokens, facts.bytes_per_block, total = self.geometry
-        if scheduled[0] == PARTIAL:  # the step's figures; its requests' columns for a few of them
+        facts.whole = scheduled[0] != PARTIAL
+        if not facts.whole:  # the step's figures; its requests' columns for a few of them
             _, _, facts.step, start, sched_end, facts.batch_size, facts.batch_tokens, _ = scheduled
             facts.waiting = facts.kv_total = facts.kv_used = 0  # (engine_step figures: not held)
         else:
