@@ -262,8 +262,7 @@ def _report(args: argparse.Namespace, times: dict[tuple[str, str], list[int]], s
     print(f"{'µs per step':<12} {'schedule':>9} {'update':>7} {'sends':>7} {'added':>7} {'µs/token':>9}")
     for side in sends:
         added = [median(side, m) - median("bare", m) for m in ("schedule", "update")]
-        made = [ns for ns in sends[side]]
-        per_step = sum(made) / args.steps
+        per_step = sum(sends[side]) / args.steps
         total = (sum(added) + per_step) / 1000
         print(f"{side:<12} {added[0] / 1000:9.2f} {added[1] / 1000:7.2f} {per_step / 1000:7.2f} {total:7.2f} "
               f"{total / args.batch:9.3f}")

@@ -147,7 +147,7 @@ def main() -> None:
     for names in groups:
         results += profile(args.dump, statements_of(args.dump, names), args.top)
     total = sum(r["wall_s"] for r in results)
-    print(f"{args.dump}: {len(results)} statements, {total:.2f} s wall in all (those over 1 % shown)\n")
+    print(f"{args.dump}:\n{len(results)} statements, {total:.2f} s wall in all (those over 1 % shown)\n")
     for r in results:
         if r["wall_s"] < 0.01 * total:  # (renames, view swaps)
             continue
