@@ -18,6 +18,7 @@ import step_reference as ref
 from click.testing import CliRunner
 
 from analyzer.cli import cli
+from analyzer.formats.canonical import SPAN_COLUMNS
 from analyzer.formats.load import load_paths
 from analyzer.query.runner import run_query
 from analyzer.db.store import connect
@@ -189,7 +190,9 @@ def test_an_ambiguous_step_id_is_null_with_its_reason_never_joined_twice() -> No
     service.instance.id would write: the gaps of that step keep one row each."""
     con = _loaded()
     before = run_query(con, "stalls").dicts()
-    con.execute("INSERT INTO spans SELECT * REPLACE ('ffffffffffffffff' AS span_id) FROM spans "
+    stored = [*SPAN_COLUMNS, "load_id"]  # not the dedicated columns: generated from the maps
+    values = ["'ffffffffffffffff'" if c == "span_id" else c for c in stored]
+    con.execute(f"INSERT INTO spans ({', '.join(stored)}) SELECT {', '.join(values)} FROM spans "
                 "WHERE name = 'engine_step' AND attr_int['tokentrace.engine.step'] = 9")
     after = run_query(con, "stalls").dicts()
     assert len(after) == len(before)

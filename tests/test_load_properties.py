@@ -14,7 +14,7 @@ from analyzer.formats.otlp_proto import write_length_prefixed
 from analyzer.formats.writers import to_jaeger_trace, to_otlp_json, to_otlp_proto
 from analyzer.formats.load import load_paths
 from analyzer.errors import LoadError
-from analyzer.db.schema import SPAN_KINDS, STATUS_CODES
+from analyzer.db.schema import DEDICATED_COLUMNS, SPAN_KINDS, STATUS_CODES
 from analyzer.db.store import connect
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -86,14 +86,21 @@ def spans(draw, jaeger: bool = False) -> list[dict]:
     return out
 
 
+def _without_dedicated(table: str, row: dict) -> dict:
+    """The row without its dedicated columns, once each is checked to equal its map's value."""
+    for c in DEDICATED_COLUMNS[table]:
+        assert row.pop(c.name) == row[c.map_column].get(c.key), (table, c.name)
+    return row
+
+
 def _db_spans(con) -> list[dict]:
     cur = con.execute("SELECT * EXCLUDE (load_id) FROM spans ORDER BY span_id")
     cols = [d[0] for d in cur.description]
-    result = [dict(zip(cols, r)) for r in cur.fetchall()]
+    result = [_without_dedicated("spans", dict(zip(cols, r))) for r in cur.fetchall()]
     for table, key, order in (("span_events", "events", "event_index"), ("span_links", "links", "link_index")):
         cur = con.execute(f"SELECT * FROM {table} ORDER BY span_id, {order}")
         cc = [d[0] for d in cur.description]
-        rows = [dict(zip(cc, r)) for r in cur.fetchall()]
+        rows = [_without_dedicated(table, dict(zip(cc, r))) for r in cur.fetchall()]
         for s in result:
             s[key] = [r for r in rows if r["span_id"] == s["span_id"]]
     return result

@@ -17,8 +17,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from analyzer.db.catalog_views import VIEWS
+from analyzer.db.schema import DEDICATED_COLUMNS
 
-__all__ = ["CATALOG", "Entry", "TABLES", "attribute_maps"]
+__all__ = ["CATALOG", "Entry", "TABLES", "attribute_maps", "dedicated_columns"]
 
 
 class Entry(NamedTuple):
@@ -28,6 +29,13 @@ class Entry(NamedTuple):
     kind: str
     meaning: str
     columns: dict[str, str]
+
+
+def dedicated_columns(table: str) -> dict[str, str]:
+    """The dedicated columns of ``table`` (analyzer.db.schema.DEDICATED_COLUMNS), each the
+    copy of one attribute a scan reads without decoding a map."""
+    return {c.name: f"{c.map_column}['{c.key}'] in a column of its own (NULL: key absent)"
+            for c in DEDICATED_COLUMNS.get(table, ())}
 
 
 def attribute_maps(prefix: str, of: str) -> dict[str, str]:
@@ -66,6 +74,7 @@ _SPANS = {
     "dropped_events_count": "span events the SDK dropped; > 0 on a span with chunk events: f/e unknown",
     "dropped_links_count": "span links the SDK dropped (0 when absent)",
     "load_id": "the loads.load_id of the load that inserted the row",
+    **dedicated_columns("spans"),
 }
 
 _SPAN_EVENTS = {
@@ -76,6 +85,7 @@ _SPAN_EVENTS = {
     "name": "event name ('' when absent): tokentrace.chunk, ...; Jaeger logs: their event field",
     **attribute_maps("attr", "event attributes"),
     "dropped_attributes_count": "event attributes the SDK dropped (0 when absent)",
+    **dedicated_columns("span_events"),
 }
 
 _SPAN_LINKS = {

@@ -14,11 +14,16 @@ Conventions
   JSON functions: ``attr_int['gen_ai.usage.output_tokens']``. Arrays and kvlists are plain
   JSON text in ``attr_json`` (``["stop"]``); bytes values are ``{"bytes_base64": "..."}``
   in ``attr_json``. A key appears in exactly one map.
+- Dedicated columns (:data:`DEDICATED_COLUMNS`): the attributes the metric views read on every
+  decode span and chunk event, each also in a typed column of its own (``attr_tokentrace_step``
+  = ``attr_int['tokentrace.step']``). In a database they are VIRTUAL generated columns (no
+  load cost, never out of step with the maps); the Parquet dump stores them, so a scan of a
+  dump reads one BIGINT column instead of decoding a map per row.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import duckdb
 
@@ -27,6 +32,12 @@ if TYPE_CHECKING:  # pyarrow is imported where a schema is built, not by every v
 
 __all__ = [
     "ATTRIBUTE_MAP_COLUMNS",
+    "DEDICATED_COLUMNS",
+    "DUMP_FORMAT",
+    "FORMAT_KEY",
+    "DedicatedColumn",
+    "dedicated_select",
+    "missing_dedicated",
     "SPAN_KINDS",
     "STATUS_CODES",
     "TABLE_DDL",
@@ -49,6 +60,66 @@ def _attr_cols(prefix: str) -> str:
 
 
 ATTRIBUTE_MAP_COLUMNS: tuple[str, ...] = ("str", "int", "double", "bool", "json")
+
+
+class DedicatedColumn(NamedTuple):
+    """One attribute kept in a typed column of its own, beside its map (docs/tables.md)."""
+
+    name: str  # the column: attr_ + the key with '.' written '_'
+    sql_type: str  # BIGINT, BOOLEAN or VARCHAR
+    map_column: str  # the map that holds the key too: attr_int, attr_bool, attr_str, attr_json
+    key: str  # the attribute key
+
+    @property
+    def from_map(self) -> str:
+        """The SQL that reads the value from its map (DuckDB and Spark alike)."""
+        return f"{self.map_column}['{self.key}']"
+
+
+def _dedicated(sql_type: str, map_column: str, *keys: str) -> tuple[DedicatedColumn, ...]:
+    return tuple(DedicatedColumn("attr_" + k.replace(".", "_"), sql_type, map_column, k) for k in keys)
+
+
+#: Per table, the attributes also kept in typed columns of their own (appended after the
+#: table's other columns, in this order). Chosen for the rows there are many of: a decode span per
+#: token (step, KV bytes), an engine step span per step (step, batch), a chunk event per
+#: visible chunk (index, tokens, visible); and the request figures every metric reads.
+DEDICATED_COLUMNS: dict[str, tuple[DedicatedColumn, ...]] = {
+    "spans": (
+        *_dedicated("BIGINT", "attr_int",
+                    "tokentrace.step", "tokentrace.engine.step", "tokentrace.decode.tokens",
+                    "tokentrace.spec.draft_tokens", "tokentrace.kv.bytes",
+                    "tokentrace.kv.physical_bytes", "tokentrace.batch.size", "tokentrace.batch.tokens",
+                    "tokentrace.batch.prefill_tokens", "gen_ai.usage.input_tokens",
+                    "gen_ai.usage.output_tokens", "tokentrace.generated_tokens"),
+        *_dedicated("VARCHAR", "attr_str", "gen_ai.response.id", "tokentrace.client_request_id"),
+        *_dedicated("VARCHAR", "attr_json", "gen_ai.response.finish_reasons"),
+    ),
+    "span_events": (
+        *_dedicated("BIGINT", "attr_int", "tokentrace.chunk.index", "tokentrace.chunk.tokens"),
+        *_dedicated("BOOLEAN", "attr_bool", "tokentrace.chunk.visible"),
+    ),
+    "span_links": (),
+}
+
+
+#: The Parquet dump's layout version (docs/parquet.md), written in every file's key-value
+#: metadata under FORMAT_KEY: 2 = the dedicated columns. A file without the key is format 1
+#: (written before 2026-12: maps only); readers compute the dedicated columns from its maps.
+FORMAT_KEY = "tokentrace.format"
+DUMP_FORMAT = 2
+
+
+def dedicated_select(table: str, prefix: str = "") -> str:
+    """``attr_int['tokentrace.step'] AS attr_tokentrace_step, ...``: the dedicated columns of
+    ``table`` computed from its maps (``prefix``: a table alias with its dot); ``''`` when
+    the table has none (for writers of files that are not tokentrace's export)."""
+    return ", ".join(f"{prefix}{c.from_map} AS {c.name}" for c in DEDICATED_COLUMNS.get(table, ()))
+
+
+def _dedicated_ddl(table: str) -> str:
+    return "".join(f",\n    {c.name} {c.sql_type} GENERATED ALWAYS AS ({c.from_map}) VIRTUAL"
+                   for c in DEDICATED_COLUMNS.get(table, ()))
 
 TABLE_DDL: dict[str, str] = {
     "spans": f"""
@@ -76,7 +147,7 @@ CREATE TABLE IF NOT EXISTS spans (
     dropped_attributes_count BIGINT NOT NULL DEFAULT 0,
     dropped_events_count BIGINT NOT NULL DEFAULT 0,
     dropped_links_count BIGINT NOT NULL DEFAULT 0,
-    load_id BIGINT
+    load_id BIGINT{_dedicated_ddl('spans')}
 )""",
     "span_events": f"""
 CREATE TABLE IF NOT EXISTS span_events (
@@ -86,7 +157,7 @@ CREATE TABLE IF NOT EXISTS span_events (
     time_ns BIGINT NOT NULL,
     name VARCHAR NOT NULL,
 {_attr_cols('attr')},
-    dropped_attributes_count BIGINT NOT NULL DEFAULT 0
+    dropped_attributes_count BIGINT NOT NULL DEFAULT 0{_dedicated_ddl('span_events')}
 )""",
     "span_links": f"""
 CREATE TABLE IF NOT EXISTS span_links (
@@ -130,9 +201,40 @@ CREATE TABLE IF NOT EXISTS rejects (
 
 
 def create_tables(con: duckdb.DuckDBPyConnection) -> None:
-    """Create the canonical tables (idempotent)."""
+    """Create the canonical tables (idempotent). A span table of a database written before
+    its dedicated columns existed is rebuilt with them (once: DuckDB cannot add a generated
+    column to a table), its rows copied over unchanged."""
     for ddl in TABLE_DDL.values():
         con.execute(ddl)
+    for table, columns in DEDICATED_COLUMNS.items():
+        have = {r[0] for r in con.execute(
+            "SELECT column_name FROM duckdb_columns() WHERE table_name = $t AND schema_name = current_schema()"
+            " AND database_name = current_database()", {"t": table}).fetchall()}
+        if columns and missing_dedicated(table, have):
+            _rebuild(con, table, sorted(have))
+
+
+def _rebuild(con: duckdb.DuckDBPyConnection, table: str, stored: list[str]) -> None:
+    """``table`` recreated from TABLE_DDL with the rows of its older self (``stored``: its
+    columns), in one transaction."""
+    old = f"tt_before_dedicated_{table}"
+    cols = ", ".join(stored)
+    con.execute("BEGIN TRANSACTION")
+    try:
+        con.execute(f"ALTER TABLE {table} RENAME TO {old}")
+        con.execute(TABLE_DDL[table])
+        con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM {old}")
+        con.execute(f"DROP TABLE {old}")
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+
+
+def missing_dedicated(table: str, have: "set[str] | frozenset[str]") -> list[DedicatedColumn]:
+    """The dedicated columns of ``table`` not among the column names ``have`` (a database
+    or a dump written before they existed: readers compute them from the maps)."""
+    return [c for c in DEDICATED_COLUMNS.get(table, ()) if c.name not in have]
 
 
 def arrow_schema(con: duckdb.DuckDBPyConnection, table: str) -> "pa.Schema":

@@ -19,7 +19,7 @@ import duckdb
 
 from analyzer.db.dbfile import check_database_path
 from analyzer.errors import DatabaseFileError, TokentraceError, duckdb_message
-from analyzer.db.schema import arrow_schema, create_tables
+from analyzer.db.schema import DEDICATED_COLUMNS, arrow_schema, create_tables
 
 __all__ = [
     "DEFAULT_DB",
@@ -276,6 +276,8 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str, records: list[dict[str, 
     import pyarrow as pa  # here, not at import: the query verbs never need it (start-up cost)
 
     schema = arrow_schema(con, table)
+    dedicated = {c.name for c in DEDICATED_COLUMNS.get(table, ())}
+    schema = pa.schema([f for f in schema if f.name not in dedicated])  # generated from the maps
     batch = pa.Table.from_pylist(records, schema=schema)  # noqa: F841 (referenced by name below)
     con.register("_tokentrace_rows", batch)
     try:
