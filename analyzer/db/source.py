@@ -19,7 +19,7 @@ import duckdb
 
 from analyzer.db.dbfile import check_database_path
 from analyzer.errors import DatabaseFileError, SourceError
-from analyzer.db.schema import TABLE_DDL
+from analyzer.db.schema import DEDICATED_COLUMNS, DUMP_FORMAT, FORMAT_KEY, TABLE_DDL, missing_dedicated
 
 __all__ = ["DUMP_TABLES", "open_source", "parquet_views", "utc_day_of_ns"]
 
@@ -97,8 +97,10 @@ def parquet_views(
         pattern = str(root / table / "**" / "*.parquet").replace("'", "''")
         source = f"read_parquet('{pattern}', hive_partitioning = true, union_by_name = true)"
         available = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
+        computed = _dedicated_reads(con, pattern, table, len(found), available)
         select = ", ".join(
-            name if name in available else f"CAST(NULL AS {typ}) AS {name}" for name, typ in columns
+            computed[name] if name in computed else name if name in available else f"CAST(NULL AS {typ}) AS {name}"
+            for name, typ in columns
         )
         where = []
         if "date" in available and start_ns is not None:
@@ -108,6 +110,38 @@ def parquet_views(
         clause = f" WHERE {' AND '.join(where)}" if where else ""
         con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT {select} FROM {source}{clause}")
     return files
+
+
+def _dedicated_reads(
+    con: duckdb.DuckDBPyConnection, pattern: str, table: str, files: int, available: set[str]
+) -> dict[str, str]:
+    """How the view reads each dedicated column (analyzer.db.schema.DEDICATED_COLUMNS) of a
+    dump table, by name: absent from the files' schema when none has it (a format-1 dump,
+    written before 2026-12): ``attr_int['tokentrace.step'] AS attr_tokentrace_step``, from
+    the map; ``coalesce(column, map)`` when only some files have it (a folder collected
+    across an upgrade); the column alone (not in the result) when every file has it. Raises
+    SourceError for a file of a newer format than this version reads."""
+    formats = con.execute(
+        f"SELECT decode(value) AS v, min(file_name) FROM parquet_kv_metadata('{pattern}') WHERE decode(key) = $key"
+        " GROUP BY v", {"key": FORMAT_KEY}).fetchall()
+    for value, file in formats:
+        if not (value.isdigit() and 1 <= int(value) <= DUMP_FORMAT):
+            raise SourceError(f"{file}: Parquet dump format {value!r}, newer than this tokentrace reads"
+                              f" (1 to {DUMP_FORMAT}): upgrade tokentrace (pip install -U tokentrace)")
+    wanted = DEDICATED_COLUMNS.get(table, ())
+    if not wanted:
+        return {}
+    names = ", ".join(f"'{c.name}'" for c in wanted)
+    having = dict(con.execute(
+        f"SELECT name, count(DISTINCT file_name) FROM parquet_schema('{pattern}') WHERE name IN ({names}) GROUP BY name"
+    ).fetchall())
+    reads: dict[str, str] = {}
+    for c in wanted:
+        if c.name not in available or having.get(c.name, 0) == 0:
+            reads[c.name] = f"{c.from_map} AS {c.name}"
+        elif having[c.name] < files:
+            reads[c.name] = f"coalesce({c.name}, {c.from_map}) AS {c.name}"
+    return reads
 
 
 def open_source(
@@ -162,7 +196,13 @@ def open_source(
         raise SourceError(f"{path}: not a tokentrace database (no table {', '.join(missing)}); {LOAD_HINT}")
     for table in TABLE_DDL:
         if table in present:
-            con.execute(f"CREATE VIEW {table} AS SELECT * FROM tokentrace_db.main.{table}")
+            # a database loaded before a dedicated column existed: computed from the maps
+            # (read-only here; the next `tokentrace load` into it rebuilds its tables with them)
+            have = {r[0] for r in con.execute(
+                "SELECT column_name FROM duckdb_columns() WHERE database_name = 'tokentrace_db'"
+                " AND schema_name = 'main' AND table_name = $t", {"t": table}).fetchall()}
+            extra = "".join(f", {c.from_map} AS {c.name}" for c in missing_dedicated(table, have))
+            con.execute(f"CREATE VIEW {table} AS SELECT *{extra} FROM tokentrace_db.main.{table}")
         else:
             con.execute(TABLE_DDL[table].replace("CREATE TABLE IF NOT EXISTS", "CREATE TEMP TABLE"))
     return con

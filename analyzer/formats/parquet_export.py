@@ -19,6 +19,7 @@ from pathlib import Path
 
 import duckdb
 
+from analyzer.db.schema import DEDICATED_COLUMNS, DUMP_FORMAT, FORMAT_KEY
 from analyzer.formats.canonical import EVENT_COLUMNS, LINK_COLUMNS, SPAN_COLUMNS
 from analyzer.errors import ExportError
 
@@ -51,11 +52,11 @@ def export_parquet(con: duckdb.DuckDBPyConnection, directory: str | Path, *, ove
         if not overwrite:
             raise ExportError(f"{target}: directory is not empty (use --overwrite to replace its tables)")
     target.mkdir(parents=True, exist_ok=True)
-    span_cols = ", ".join(f"s.{c}" for c in SPAN_COLUMNS if c != "service_name")
+    span_cols = ", ".join([*(f"s.{c}" for c in SPAN_COLUMNS if c != "service_name"), *_dedicated(con, "spans", "s")])
     queries = {
         "spans": f"SELECT {span_cols}, s.service_name, {_DATE} AS date FROM spans s ORDER BY s.trace_id, s.start_ns, s.span_id",
-        "span_events": _child("span_events", EVENT_COLUMNS, "event_index"),
-        "span_links": _child("span_links", LINK_COLUMNS, "link_index"),
+        "span_events": _child("span_events", EVENT_COLUMNS, "event_index", _dedicated(con, "span_events", "c")),
+        "span_links": _child("span_links", LINK_COLUMNS, "link_index", _dedicated(con, "span_links", "c")),
     }
     counts = {}
     for table, query in queries.items():
@@ -65,13 +66,22 @@ def export_parquet(con: duckdb.DuckDBPyConnection, directory: str | Path, *, ove
             continue
         con.execute(
             f"COPY ({query}) TO '{_quote(str(out))}' "
-            "(FORMAT parquet, PARTITION_BY (service_name, date), OVERWRITE_OR_IGNORE true, COMPRESSION zstd)"
+            "(FORMAT parquet, PARTITION_BY (service_name, date), OVERWRITE_OR_IGNORE true, COMPRESSION zstd,"
+            f" KV_METADATA {{'{FORMAT_KEY}': '{DUMP_FORMAT}'}})"
         )
     return ExportReport(str(target), counts["spans"], counts["span_events"], counts["span_links"])
 
 
-def _child(table: str, columns: list[str], order: str) -> str:
-    cols = ", ".join(f"c.{x}" for x in columns)
+def _dedicated(con: duckdb.DuckDBPyConnection, table: str, alias: str) -> list[str]:
+    """The dedicated columns of ``table`` as select items: the column, or computed from its map
+    in a database loaded before it existed (opened read-only: not rebuilt yet)."""
+    have = {r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()}
+    return [f"{alias}.{c.name}" if c.name in have else f"{alias}.{c.from_map} AS {c.name}"
+            for c in DEDICATED_COLUMNS.get(table, ())]
+
+
+def _child(table: str, columns: list[str], order: str, dedicated: list[str]) -> str:
+    cols = ", ".join([*(f"c.{x}" for x in columns), *dedicated])
     return (
         f"SELECT {cols}, s.service_name, {_DATE} AS date FROM {table} c"
         f" JOIN (SELECT DISTINCT ON (trace_id, span_id) trace_id, span_id, service_name, start_ns FROM spans) s"

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from analyzer.db.schema import DEDICATED_COLUMNS
 from analyzer.db.source import DUMP_TABLES, _canonical_columns, utc_day_of_ns
 from analyzer.query.spark_sql import spark_type, to_spark, to_spark_statements
 from analyzer.errors import TranspileError, SparkEngineError
@@ -260,7 +261,14 @@ def _table_view(spark: "SparkSession", root: Path, table: str, where: str, args:
     available = set(frame.columns)
     raw = f"tt_raw_{table}"
     frame.createOrReplaceTempView(raw)
-    select = ", ".join(n if n in available else f"CAST(NULL AS {spark_type(t)}) AS {n}" for n, t in columns)
+    # a dedicated column (analyzer.db.schema) absent from a format-1 dump is read from its
+    # map; where present, the map fills the rows of older files merged into the same folder
+    dedicated = {c.name: c for c in DEDICATED_COLUMNS.get(table, ())}
+    select = ", ".join(
+        (f"coalesce({n}, {dedicated[n].from_map}) AS {n}" if n in available else f"{dedicated[n].from_map} AS {n}")
+        if n in dedicated else n if n in available else f"CAST(NULL AS {spark_type(t)}) AS {n}"
+        for n, t in columns
+    )
     clause = ""
     if where and {"date", "service_name"} <= available:
         clause = f" WHERE {where}"
