@@ -70,9 +70,9 @@ decode_steps AS (
            lag(d.span_id) OVER w AS prev_span_id,
            lag(d.end_ns) OVER w AS prev_end_ns
     FROM (
-        -- the step projected before the window: a map lookup in ORDER BY drags the map along
+        -- the step projected before the window (its dedicated column, docs/tables.md)
         SELECT trace_id, span_id, parent_span_id, start_ns, end_ns, clock_domain,
-               attr_int['tokentrace.step'] AS step
+               attr_tokentrace_step AS step
         FROM spans
         WHERE scope_name = 'tokentrace' AND name = 'decode' AND ($trace_id IS NULL OR trace_id = $trace_id)
     ) d

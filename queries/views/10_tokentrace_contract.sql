@@ -65,15 +65,17 @@ FROM engine e;
 
 -- One row per `tokentrace.chunk` event: when visible output moved, and how many tokens.
 -- A chunk without `tokentrace.chunk.tokens` counts 1 token; without `.visible`, visible.
+-- The three attributes are read from their dedicated columns (docs/tables.md): one typed
+-- column each, not a map decoded per event.
 CREATE OR REPLACE VIEW tt_chunk_events AS
 SELECT
     trace_id,
     span_id,
     event_index,
     time_ns,
-    coalesce(attr_int['tokentrace.chunk.index'], event_index) AS chunk_index,
-    coalesce(attr_int['tokentrace.chunk.tokens'], 1) AS chunk_tokens,
-    coalesce(attr_bool['tokentrace.chunk.visible'], true) AS visible
+    coalesce(attr_tokentrace_chunk_index, event_index) AS chunk_index,
+    coalesce(attr_tokentrace_chunk_tokens, 1) AS chunk_tokens,
+    coalesce(attr_tokentrace_chunk_visible, true) AS visible
 FROM span_events
 WHERE name = 'tokentrace.chunk';
 
@@ -146,8 +148,8 @@ phase AS (
 decode AS (
     SELECT trace_id, parent_span_id,
            count(*) AS decode_spans,
-           max(attr_int['tokentrace.step']) AS last_decode_step,
-           max(attr_int['tokentrace.kv.bytes']) AS stop_kv_bytes
+           max(attr_tokentrace_step) AS last_decode_step,  -- dedicated columns: a decode span per token
+           max(attr_tokentrace_kv_bytes) AS stop_kv_bytes
     FROM spans
     WHERE scope_name = 'tokentrace' AND name = 'decode'
     GROUP BY trace_id, parent_span_id

@@ -81,19 +81,19 @@ LEFT JOIN scheduled_token_buckets q
 -- chunk's prompt tokens) and per decode span (tokens = 1), with the request (the span's
 -- parent: the gateway span, or a root generate span) it belongs to. O(batch) rows per step.
 CREATE OR REPLACE VIEW engine_step_requests AS
-SELECT clock_domain, attr_int['tokentrace.engine.step'] AS step, trace_id, parent_span_id AS request_span_id, span_id,
+SELECT clock_domain, attr_tokentrace_engine_step AS step, trace_id, parent_span_id AS request_span_id, span_id,
        'prefill' AS phase, attr_int['tokentrace.prefill.tokens'] AS tokens,
        attr_int['tokentrace.prefill.chunk'] AS prefill_chunk, CAST(NULL AS BIGINT) AS decode_step, start_ns, end_ns
 FROM spans
-WHERE scope_name = 'tokentrace' AND name = 'prefill' AND attr_int['tokentrace.engine.step'] IS NOT NULL
+WHERE scope_name = 'tokentrace' AND name = 'prefill' AND attr_tokentrace_engine_step IS NOT NULL
 UNION ALL
-SELECT clock_domain, attr_int['tokentrace.engine.step'] AS step, trace_id, parent_span_id AS request_span_id, span_id,
+SELECT clock_domain, attr_tokentrace_engine_step AS step, trace_id, parent_span_id AS request_span_id, span_id,
        -- its own token and, under speculative decoding, the draft tokens verified with it
-       'decode' AS phase, 1 + coalesce(attr_int['tokentrace.spec.draft_tokens'], 0) AS tokens,
-       CAST(NULL AS BIGINT) AS prefill_chunk, attr_int['tokentrace.step'] AS decode_step,
+       'decode' AS phase, 1 + coalesce(attr_tokentrace_spec_draft_tokens, 0) AS tokens,
+       CAST(NULL AS BIGINT) AS prefill_chunk, attr_tokentrace_step AS decode_step,
        start_ns, end_ns
 FROM spans
-WHERE scope_name = 'tokentrace' AND name = 'decode' AND attr_int['tokentrace.engine.step'] IS NOT NULL;
+WHERE scope_name = 'tokentrace' AND name = 'decode' AND attr_tokentrace_engine_step IS NOT NULL;
 
 -- Every generated token after the first, per request, on the engine's clock: token n's
 -- emission is the end of the span that produced it (n = 1: the request's last prompt
@@ -116,11 +116,11 @@ WITH emitted AS (
     -- k + 1 .. k + m at once: one row each (the generator alone in its select list, as Spark
     -- SQL wants it)
     SELECT trace_id, parent_span_id AS request_span_id, clock_domain, end_ns AS emit_ns,
-           attr_int['tokentrace.engine.step'] AS step, attr_int['tokentrace.step'] AS decode_step,
-           unnest(generate_series(1, coalesce(attr_int['tokentrace.decode.tokens'], 1))) AS nth
+           attr_tokentrace_engine_step AS step, attr_tokentrace_step AS decode_step,
+           unnest(generate_series(1, coalesce(attr_tokentrace_decode_tokens, 1))) AS nth
     FROM spans
     WHERE scope_name = 'tokentrace'
-      AND (name = 'decode' OR (name = 'prefill' AND attr_int['tokentrace.step'] IS NOT NULL))
+      AND (name = 'decode' OR (name = 'prefill' AND attr_tokentrace_step IS NOT NULL))
 ),
 later AS (
     SELECT trace_id, request_span_id, clock_domain, decode_step + nth AS token_index, emit_ns, step, decode_step
@@ -134,17 +134,17 @@ silent_recomputes AS (
     SELECT trace_id, parent_span_id AS request_span_id, end_ns
     FROM spans
     WHERE scope_name = 'tokentrace' AND name = 'prefill' AND coalesce(attr_bool['tokentrace.prefill.recompute'], false)
-      AND attr_int['tokentrace.step'] IS NULL
+      AND attr_tokentrace_step IS NULL
 ),
 emissions AS (
     -- token 1: the end of the last prompt chunk before any later token (a recompute after a
     -- preemption follows decode steps: it is not the prompt's prefill)
     SELECT p.trace_id, p.parent_span_id AS request_span_id, max(p.clock_domain) AS clock_domain, 1 AS token_index,
-           max(p.end_ns) AS emit_ns, arg_max(p.attr_int['tokentrace.engine.step'], p.end_ns) AS step,
+           max(p.end_ns) AS emit_ns, arg_max(p.attr_tokentrace_engine_step, p.end_ns) AS step,
            CAST(NULL AS BIGINT) AS decode_step
     FROM spans p
     LEFT JOIN first_later f ON f.trace_id = p.trace_id AND f.request_span_id = p.parent_span_id
-    WHERE p.scope_name = 'tokentrace' AND p.name = 'prefill' AND p.attr_int['tokentrace.step'] IS NULL
+    WHERE p.scope_name = 'tokentrace' AND p.name = 'prefill' AND p.attr_tokentrace_step IS NULL
       AND (f.first_ns IS NULL OR p.end_ns <= f.first_ns)
     GROUP BY p.trace_id, p.parent_span_id
     UNION ALL
