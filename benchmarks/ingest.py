@@ -11,6 +11,7 @@ Usage::
     python benchmarks/ingest.py --sizes 100000  # one size
     python benchmarks/ingest.py --with-1e7      # adds N = 1e7 (about 10 GB of JSON)
     python benchmarks/ingest.py --repeat 3      # each method 3 times, interleaved: best and median
+    python benchmarks/ingest.py --baseline /tmp/tt-main   # also `tokentrace load` of that checkout
 
 Each method runs in its own subprocess; peak RSS is that process's ``ru_maxrss``, CPU its
 user + system time (all threads, start-up included). The clock starts after the method's
@@ -208,8 +209,17 @@ IMPORTS = {"tokentrace load": ("analyzer.formats.load", "analyzer.db.store"), "b
            "Python loop": ("json",), "parse floor (orjson)": ("orjson",)}  # fmt: skip
 
 
+BASELINE = "baseline load"  # tokentrace load with the analyzer of --baseline DIR
+METHODS[BASELINE] = run_tokentrace
+IMPORTS[BASELINE] = IMPORTS["tokentrace load"]
+
+
 def _child(method: str, path: str) -> None:
     import importlib
+
+    code = os.environ.get("TT_BENCH_BASELINE_CODE")
+    if method == BASELINE and code:  # that checkout's analyzer package, ahead of this one
+        sys.path.insert(0, code)
 
     t = time.perf_counter()
     for module in IMPORTS[method]:
@@ -219,10 +229,11 @@ def _child(method: str, path: str) -> None:
     print(json.dumps({"seconds": time.perf_counter() - imported, "import_s": imported - t, "spans": n}))
 
 
-def _measure(method: str, path: str) -> dict:
+def _measure(method: str, path: str, baseline: str | None = None) -> dict:
     """One run of ``method`` in a child process: seconds (timed inside the child), spans,
     peak RSS MiB and CPU seconds (user + system, all threads, interpreter start included)."""
-    proc = subprocess.Popen([sys.executable, __file__, "--child", method, path], stdout=subprocess.PIPE)
+    env = {**os.environ, "TT_BENCH_BASELINE_CODE": baseline} if baseline else None
+    proc = subprocess.Popen([sys.executable, __file__, "--child", method, path], stdout=subprocess.PIPE, env=env)
     out = proc.stdout.read() if proc.stdout else b""
     _, status, usage = os.wait4(proc.pid, 0)
     if status != 0:
@@ -249,7 +260,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", type=int, nargs="*", default=[100_000, 1_000_000])
     ap.add_argument("--with-1e7", action="store_true", help="also N = 1e7 (about 10 GB of JSON on disk)")
-    ap.add_argument("--methods", nargs="*", default=list(METHODS))
+    ap.add_argument("--methods", nargs="*", default=[m for m in METHODS if m != BASELINE])
+    ap.add_argument("--baseline", metavar="DIR", default=None,
+                    help="also time `tokentrace load` with the analyzer of this checkout (e.g. a git worktree of main), "
+                         "as the method 'baseline load', interleaved with the others")
     ap.add_argument("--repeat", type=int, default=1, help="runs per method, interleaved; the best is reported (default 1)")
     ap.add_argument("--child", nargs=2, metavar=("METHOD", "PATH"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -257,6 +271,9 @@ def main() -> None:
         _child(*args.child)
         return
     sizes = args.sizes + ([10_000_000] if args.with_1e7 else [])
+    baseline = str(Path(args.baseline).resolve()) if args.baseline else None
+    if baseline and BASELINE not in args.methods:
+        args.methods.insert(1, BASELINE)
     with tempfile.TemporaryDirectory() as d:
         for n in sizes:
             path = Path(d) / f"spans_{n}.jsonl"
@@ -268,7 +285,7 @@ def main() -> None:
             runs: dict[str, list[dict]] = {m: [] for m in args.methods}
             for _ in range(max(1, args.repeat)):  # interleaved, so a busy spell hits every method
                 for m in args.methods:
-                    runs[m].append(_measure(m, str(path)))
+                    runs[m].append(_measure(m, str(path), baseline if m == BASELINE else None))
             results = {m: _best(r) for m, r in runs.items()}
             bare = results.get("bare DuckDB recipe")
             for m, r in results.items():

@@ -36,6 +36,7 @@ The parent checks that both engines gave the same row counts and the same summar
 
     .venv/bin/python benchmarks/queries.py --sizes 10000 100000 [--keep DIR]
     .venv/bin/python benchmarks/queries.py --sizes 1000000 --keep /tmp/tt-bench   # DuckDB only
+    git worktree add /tmp/tt-main main && .venv/bin/python benchmarks/queries.py --baseline /tmp/tt-main
 """
 
 from __future__ import annotations
@@ -77,8 +78,11 @@ def _select(table: str, values: dict[str, str]) -> str:
 
 
 def generate(directory: Path, n: int) -> None:
-    """Write the synthetic dump of ``n`` requests under ``directory``."""
+    """Write the synthetic dump of ``n`` requests under ``directory`` (the dedicated columns
+    filled from the maps, as ``tokentrace export`` writes them)."""
     import duckdb
+
+    from analyzer.db.schema import dedicated_select
 
     con = duckdb.connect()
     con.execute("SET preserve_insertion_order = false")
@@ -117,8 +121,8 @@ def generate(directory: Path, n: int) -> None:
     selects.append(f"SELECT {_select('spans', decode)} FROM range({n}) t(r), range(1, {DECODE_STEPS + 1}) s(k)")
     day = "'2026-01-01'"
     (directory / "spans").mkdir(parents=True)
-    con.execute(f"COPY (SELECT *, {day} AS date FROM ({' UNION ALL '.join(selects)})) TO '{directory}/spans' "
-                "(FORMAT parquet, PARTITION_BY (service_name, date))")
+    con.execute(f"COPY (SELECT * REPLACE ({dedicated_select('spans')}), {day} AS date FROM ({' UNION ALL '.join(selects)}))"
+                f" TO '{directory}/spans' (FORMAT parquet, PARTITION_BY (service_name, date))")
     jitter = "((r * 31 + i * 17) % 7)"
     events = []
     for no, first_ms, service in ((1, 190, "client"), (2, 187, "server")):
@@ -129,8 +133,9 @@ def generate(directory: Path, n: int) -> None:
                   "attr_bool": "MAP(['tokentrace.chunk.visible'], [true])"}
         events.append(f"SELECT {_select('span_events', values)}, '{service}' AS service_name "
                       f"FROM range({n}) t(r), range(0, {DECODE_STEPS + 1}) c(i)")
-    con.execute(f"COPY (SELECT *, {day} AS date FROM ({' UNION ALL '.join(events)})) TO '{directory}/span_events' "
-                "(FORMAT parquet, PARTITION_BY (service_name, date))")
+    con.execute(f"COPY (SELECT * REPLACE ({dedicated_select('span_events')}), {day} AS date"
+                f" FROM ({' UNION ALL '.join(events)})) TO '{directory}/span_events'"
+                " (FORMAT parquet, PARTITION_BY (service_name, date))")
     con.close()
 
 
@@ -409,6 +414,8 @@ def _peak_rss_mib() -> float:
 
 
 def _child(args: argparse.Namespace) -> None:
+    if args.code:  # --baseline: this checkout's analyzer package, not the one beside this file
+        sys.path.insert(0, args.code)
     if args.child == "pandas":
         result = run_pandas(args.dir)
     else:
@@ -420,8 +427,10 @@ def _child(args: argparse.Namespace) -> None:
 
 
 def _measure(engine: str, directory: Path, queries: str = "", stream_itl: bool = False,
-             memory_limit: str | None = None) -> dict[str, Any]:
+             memory_limit: str | None = None, code: str | None = None) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", engine, "--dir", str(directory), "--queries", queries]
+    if code:
+        cmd += ["--code", code]
     if stream_itl:
         cmd.append("--stream-itl")
     if memory_limit:
@@ -452,6 +461,22 @@ def _same_summary(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[str]
     return diffs
 
 
+def _print_baseline(base: dict[str, Any], full: dict[str, Any], runs: list[dict[str, Any]]) -> None:
+    """The baseline checkout's full metric set beside this one's: seconds per query, the
+    ratio, peak memory, and whether both gave the same rows and summary numbers."""
+    per_query = "  ".join(f"{k} {v:.2f} s" for k, v in base["seconds"].items() if k != "total")
+    print(f"  baseline full metric set: {base['seconds']['total']:.2f} s ({per_query}), cpu {base['cpu_s']:.1f} s, "
+          f"peak RSS {base['peak_rss_mib']:,.0f} MiB, temp dir peak {base.get('temp_peak_gib', 0):.2f} GiB; "
+          f"all runs {[round(r['seconds']['total'], 2) for r in runs]}  [{_load()}]", flush=True)
+    diffs = _same_summary(full["summary"], base["summary"])
+    same_rows = full["rows"] == base["rows"]
+    print(f"  vs baseline: {base['seconds']['total'] / full['seconds']['total']:.2f}x faster (fastest runs; cpu "
+          f"{base['cpu_s'] / full['cpu_s']:.2f}x; per query "
+          + ", ".join(f"{q} {base['seconds'][q] / full['seconds'][q]:.2f}x" for q in FULL_SET)
+          + f"); results {'agree' if not diffs and same_rows else 'DIFFER: ' + '; '.join(diffs[:5])}"
+          f"{'' if same_rows else ' rows ' + str(base['rows']) + ' != ' + str(full['rows'])}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
@@ -462,6 +487,11 @@ def main() -> None:
                         help="DuckDB's itl result: streamed Arrow batches (counted) or one Arrow table")
     parser.add_argument("--keep", default=None, help="write dumps here (default: a temp dir, removed)")
     parser.add_argument("--memory-limit", default=None, help="DuckDB memory_limit, e.g. 12GB (default: DuckDB's, 80%% of RAM)")
+    parser.add_argument("--baseline", default=None, metavar="DIR",
+                        help="also run DuckDB's full metric set with the analyzer of this checkout (e.g. a git "
+                             "worktree of main), interleaved round by round; prints the ratio and checks that "
+                             "both give the same rows and summary")
+    parser.add_argument("--code", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--dir", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--queries", default="", help=argparse.SUPPRESS)
@@ -485,7 +515,11 @@ def main() -> None:
         with_pandas = n <= args.pandas_max
         duck_runs: list[dict[str, Any]] = []
         pandas_runs: list[dict[str, Any]] = []
+        base_runs: list[dict[str, Any]] = []
         for _ in range(args.repeat):  # interleaved, so a burst of load on the machine hits both
+            if args.baseline:
+                base_runs.append(_measure("duckdb", directory, ",".join(FULL_SET), stream, args.memory_limit,
+                                          str(Path(args.baseline).resolve())))
             duck_runs.append(_measure("duckdb", directory, ",".join(FULL_SET), stream, args.memory_limit))
             if with_pandas:
                 pandas_runs.append(_measure("pandas", directory))
@@ -497,6 +531,9 @@ def main() -> None:
               f"rows {full['rows']}, itl {'streamed' if stream else 'Arrow table'}; "
               f"all runs {[round(r['seconds']['total'], 2) for r in duck_runs]}  [{_load()}]", flush=True)
         entry: dict[str, Any] = {"requests": n, "spans": spans, "duckdb": full}
+        if base_runs:
+            entry["baseline"] = base = min(base_runs, key=lambda r: r["seconds"]["total"])
+            _print_baseline(base, full, base_runs)
         if with_pandas:
             pd_res = min(pandas_runs, key=lambda r: r["seconds"]["total"])
             diffs = _same_summary(full["summary"], pd_res["summary"])
@@ -516,7 +553,7 @@ def main() -> None:
                 entry[q] = one
                 print(f"  duckdb {q:<13} {one['seconds']['total']:.2f} s (open+views {one['seconds']['open+views']:.2f} s), "
                       f"peak RSS {one['peak_rss_mib']:,.0f} MiB  [{_load()}]", flush=True)
-        for engine in ("duckdb", "pandas"):
+        for engine in ("duckdb", "pandas", "baseline"):
             if engine in entry:
                 entry[engine].pop("summary", None)
         results.append(entry)
