@@ -34,7 +34,7 @@ class Entry(NamedTuple):
 def dedicated_columns(table: str) -> dict[str, str]:
     """The dedicated columns of ``table`` (analyzer.db.schema.DEDICATED_COLUMNS), each the
     copy of one attribute a scan reads without decoding a map."""
-    return {c.name: f"{c.map_column}['{c.key}'] in a column of its own (NULL: key absent)"
+    return {c.name: f"{c.map_column}['{c.key}'], typed; NULL: key absent"
             for c in DEDICATED_COLUMNS.get(table, ())}
 
 
