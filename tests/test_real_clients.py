@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from analyzer.audit.records_traces import load_traced_requests
+from analyzer.formats.canonical import SPAN_COLUMNS
 from analyzer.formats.load import load_paths
 from analyzer.query.runner import run_query
 from analyzer.db.store import connect
@@ -95,7 +96,9 @@ def test_an_ambiguous_id_is_not_paired_and_the_note_says_why() -> None:
     target = con.execute("SELECT min(c.attr_str['gen_ai.response.id']) FROM spans c JOIN spans s "
                          "ON s.kind = 'SERVER' AND s.attr_str['gen_ai.response.id'] = c.attr_str['gen_ai.response.id'] "
                          "AND s.trace_id <> c.trace_id WHERE c.kind = 'CLIENT'").fetchone()[0]
-    con.execute("INSERT INTO spans SELECT * REPLACE (md5(trace_id) AS trace_id) FROM spans "
+    stored = [*SPAN_COLUMNS, "load_id"]  # not the dedicated columns: generated from the maps
+    values = ["md5(trace_id)" if c == "trace_id" else c for c in stored]
+    con.execute(f"INSERT INTO spans ({', '.join(stored)}) SELECT {', '.join(values)} FROM spans "
                 "WHERE kind = 'SERVER' AND attr_str['gen_ai.response.id'] = $id", {"id": target})
     rows = {r["response_id"]: r for r in _client(run_query(con, "requests").dicts())}
     note = rows[target]["request_id_note"]
