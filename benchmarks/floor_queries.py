@@ -1,8 +1,9 @@
 """The floor: one hand-written DuckDB query per verb that computes the verb's columns directly
 from the canonical tables (spans, span_events), for tokentrace's own span contract only
 (docs/spans.md: a gateway SERVER span, its CLIENT parent, a root generate span; chunk events
-``tokentrace.chunk``) -- no adapter views, no unions, no kept tables, no request keys. Each is
-the query a DuckDB user who knows the contract would write; benchmarks/verbs.py times every
+``tokentrace.chunk``) -- no adapter views, no unions, no kept tables, no request keys; the
+chunk and decode attributes from their dedicated columns (docs/tables.md: a format-2 dump or a
+database). Each is the query a DuckDB user who knows the contract would write; benchmarks/verbs.py times every
 verb against it (what the layering costs) and checks both give the same rows.
 
 Same columns, row order and NULL rules as queries/requests.sql, itl.sql, summary.sql,
@@ -47,10 +48,10 @@ persp AS (
 ),
 chunk_events AS (
     SELECT trace_id, span_id, event_index, time_ns,
-           coalesce(attr_int['tokentrace.chunk.index'], event_index) AS chunk_index,
-           coalesce(attr_int['tokentrace.chunk.tokens'], 1) AS chunk_tokens
+           coalesce(attr_tokentrace_chunk_index, event_index) AS chunk_index,
+           coalesce(attr_tokentrace_chunk_tokens, 1) AS chunk_tokens
     FROM span_events
-    WHERE name = 'tokentrace.chunk' AND coalesce(attr_bool['tokentrace.chunk.visible'], true)
+    WHERE name = 'tokentrace.chunk' AND coalesce(attr_tokentrace_chunk_visible, true)
 )"""
 
 _CHUNK_AGG = """
@@ -118,8 +119,8 @@ phase AS (
     GROUP BY trace_id, parent_span_id
 ),
 decode AS (
-    SELECT trace_id, parent_span_id, count(*) AS decode_spans, max(attr_int['tokentrace.step']) AS last_step,
-           max(attr_int['tokentrace.kv.bytes']) AS stop_kv_bytes
+    SELECT trace_id, parent_span_id, count(*) AS decode_spans, max(attr_tokentrace_step) AS last_step,
+           max(attr_tokentrace_kv_bytes) AS stop_kv_bytes
     FROM spans WHERE scope_name = 'tokentrace' AND name = 'decode'
     GROUP BY trace_id, parent_span_id
 )"""
@@ -340,7 +341,7 @@ def _skew_rules() -> str:
     root = Path(__file__).resolve().parents[1] / "queries"
     text = "\n".join(line.split("--", 1)[0] for line in (root / "skew_rules.sql").read_text().splitlines())
     chunk_events = ("(SELECT trace_id, span_id, event_index, time_ns, "
-                    "coalesce(attr_int['tokentrace.chunk.index'], event_index) AS chunk_index "
+                    "coalesce(attr_tokentrace_chunk_index, event_index) AS chunk_index "
                     "FROM span_events WHERE name = 'tokentrace.chunk')")
     text = text.replace("FROM tt_chunk_events e", f"FROM {chunk_events} e")
     return text.replace("$tolerance_ms", "0.0").replace("$trace_id IS NULL", "true").replace(
