@@ -322,6 +322,10 @@ def test_a_request_traced_alone_keeps_its_spans_through_partial_rows(monkeypatch
         mismatched = _through_records(_as_partial(_sends(), keep), 64)
     assert "engine_step" not in {s.name for s in mismatched}
     assert any("held it partially" in r.getMessage() for r in caplog.records)
+    held = sum(1 for _, *rows in _as_partial(_sends(), keep) for row in rows if row[0] == vllm_rows.PARTIAL)
+    assert held > 0  # the shutdown line counts every one of them
+    assert any(r.getMessage().startswith(f"tokentrace: {held} vLLM engine steps sampled here but held partially")
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
     monkeypatch.setenv("TOKENTRACE_VLLM_STEP_SAMPLE_RATIO", "off")
     partial = _through_records(_as_partial(_sends(), keep), 64)
     assert {s.name for s in partial} == {"engine_request", "queue", "prefill", "decode"}

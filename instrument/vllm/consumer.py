@@ -59,8 +59,9 @@ class RecordConsumer:
         """Shutdown: end the requests still running as failed at the engine's last send (its
         shutdown; :meth:`~instrument.vllm.spans.SpanBuilder.end_at_shutdown`: their
         ``engine_request`` spans are exported, ``error.type`` ``shutdown``) and the open engine
-        trace; say in a line each how many requests were still running and how many steps
-        were scheduled and never updated (an engine error, or in flight at shutdown)."""
+        trace; say in a line each how many requests were still running, how many steps
+        were scheduled and never updated (an engine error, or in flight at shutdown) and how
+        many sampled steps got no engine_step span (held partially by the engine)."""
         live = self.builder.end_at_shutdown(max(self.reader.sent_ns, self.builder.last_end_ns))
         if live:
             log.warning("tokentrace: %d vLLM requests still running at shutdown: ended as failed (error.type "
@@ -68,3 +69,6 @@ class RecordConsumer:
         never = self.reader.let_go + len(self.reader._opened)
         if never:
             log.warning("tokentrace: %d vLLM engine steps scheduled and never updated: not traced", never)
+        if self.builder.partial_steps_sampled:
+            log.warning("tokentrace: %d vLLM engine steps sampled here but held partially by the engine (its "
+                        "TOKENTRACE_VLLM_STEP_SAMPLE_RATIO differed): no engine_step span", self.builder.partial_steps_sampled)
