@@ -97,7 +97,7 @@ def parquet_views(
         pattern = str(root / table / "**" / "*.parquet").replace("'", "''")
         source = f"read_parquet('{pattern}', hive_partitioning = true, union_by_name = true)"
         available = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
-        computed = _dedicated_reads(con, pattern, table, len(found), available)
+        computed = _dedicated_reads(con, pattern, table, available)
         select = ", ".join(
             computed[name] if name in computed else name if name in available else f"CAST(NULL AS {typ}) AS {name}"
             for name, typ in columns
@@ -112,9 +112,7 @@ def parquet_views(
     return files
 
 
-def _dedicated_reads(
-    con: duckdb.DuckDBPyConnection, pattern: str, table: str, files: int, available: set[str]
-) -> dict[str, str]:
+def _dedicated_reads(con: duckdb.DuckDBPyConnection, pattern: str, table: str, available: set[str]) -> dict[str, str]:
     """How the view reads each dedicated column (analyzer.db.schema.DEDICATED_COLUMNS) of a
     dump table, by name: absent from the files' schema when none has it (a format-1 dump,
     written before 2026-12): ``attr_int['tokentrace.step'] AS attr_tokentrace_step``, from
@@ -131,15 +129,15 @@ def _dedicated_reads(
     wanted = DEDICATED_COLUMNS.get(table, ())
     if not wanted:
         return {}
-    names = ", ".join(f"'{c.name}'" for c in wanted)
-    having = dict(con.execute(
-        f"SELECT name, count(DISTINCT file_name) FROM parquet_schema('{pattern}') WHERE name IN ({names}) GROUP BY name"
-    ).fetchall())
+    # files counted by DuckDB's own glob, as read_parquet reads them
+    per_column = ", ".join(f"count(DISTINCT file_name) FILTER (WHERE name = '{c.name}')" for c in wanted)
+    total, *having = con.execute(
+        f"SELECT count(DISTINCT file_name), {per_column} FROM parquet_schema('{pattern}')").fetchall()[0]
     reads: dict[str, str] = {}
-    for c in wanted:
-        if c.name not in available or having.get(c.name, 0) == 0:
+    for c, with_it in zip(wanted, having):
+        if c.name not in available or with_it == 0:
             reads[c.name] = f"{c.from_map} AS {c.name}"
-        elif having[c.name] < files:
+        elif with_it < total:
             reads[c.name] = f"coalesce({c.name}, {c.from_map}) AS {c.name}"
     return reads
 
