@@ -88,6 +88,23 @@ JOIN (SELECT DISTINCT candidate_key, trace_id, span_id FROM tt_request_candidate
   ON k.trace_id = c.trace_id AND k.span_id = c.span_id
 WHERE c.visible;
 
+-- Every gap of a candidate span's visible chunks, on integers only: each chunk after the
+-- first, ordered by chunk index (then time), with the previous chunk's time; gap_index
+-- counts from 1. view tt_request_gap_rows gives them their request perspective. Where the
+-- chunk table is kept in this order, queries/keep/tt_request_gap_rows.sql computes the same
+-- rows in one ordered pass, without this window's partition and sort.
+CREATE OR REPLACE VIEW tt_candidate_gaps AS
+WITH ordered AS (
+    SELECT candidate_key, chunk_index, time_ns, chunk_tokens,
+           lag(time_ns) OVER w AS prev_time_ns,
+           row_number() OVER w - 1 AS gap_index
+    FROM tt_candidate_chunks
+    WINDOW w AS (PARTITION BY candidate_key ORDER BY chunk_index, time_ns)
+)
+SELECT candidate_key, gap_index, chunk_index, prev_time_ns, time_ns, chunk_tokens
+FROM ordered
+WHERE gap_index > 0;
+
 -- Visible chunks of every request perspective, for per-gap (ITL) and steady-state window
 -- questions. perspective_span_id is the span that carried the events.
 CREATE OR REPLACE VIEW tt_request_chunks AS

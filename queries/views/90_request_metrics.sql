@@ -125,11 +125,27 @@ SELECT source, perspective, trace_id, request_span_id,
        row_number() OVER (ORDER BY trace_id, request_span_id, perspective, source) AS request_key
 FROM (SELECT DISTINCT source, perspective, trace_id, request_span_id FROM request_facts) k;
 
--- Every gap on integers only: each visible chunk after the first of a request perspective,
--- ordered by chunk index (then time), with the previous chunk's time; gap_index counts from
--- 1. These are the rows DuckDB keeps per gap (seven BIGINTs, 56 bytes: docs/metrics.md,
--- "Performance"); the figures are computed from them in request_gap_times.
-CREATE OR REPLACE VIEW request_gap_rows AS
+-- tokentrace's request perspectives by integer: the candidate span that carries each one's
+-- chunks (perspective_key, view tt_request_spans), its request_key and how many events that
+-- span dropped. One row per request perspective.
+CREATE OR REPLACE VIEW tt_request_keys AS
+SELECT k.request_key, r.perspective_key, p.dropped_events_count AS events_dropped
+FROM tt_request_spans r
+JOIN tt_request_candidates p ON p.candidate_key = r.perspective_key
+JOIN request_keys k
+  ON k.trace_id = r.trace_id AND k.request_span_id = r.request_span_id
+ AND k.perspective = r.perspective AND k.source = 'tokentrace';
+
+-- tokentrace's gaps (view tt_candidate_gaps) under their request_key: joined on integers,
+-- never on the id strings of every chunk.
+CREATE OR REPLACE VIEW tt_request_gap_rows AS
+SELECT k.request_key, g.gap_index, g.chunk_index, g.prev_time_ns, g.time_ns, g.chunk_tokens, k.events_dropped
+FROM tt_candidate_gaps g
+JOIN tt_request_keys k ON k.perspective_key = g.candidate_key;
+
+-- Every other adapter's gaps, by the same rule: each visible chunk after the first of a
+-- request perspective, ordered by chunk index (then time), with the previous chunk's time.
+CREATE OR REPLACE VIEW adapter_request_gap_rows AS
 WITH ordered AS (
     SELECT
         k.request_key, c.chunk_index, c.time_ns, c.chunk_tokens, c.events_dropped,
@@ -139,11 +155,21 @@ WITH ordered AS (
     JOIN request_keys k
       ON k.trace_id = c.trace_id AND k.request_span_id = c.request_span_id
      AND k.perspective = c.perspective AND k.source = c.source
+    WHERE c.source <> 'tokentrace'
     WINDOW w AS (PARTITION BY k.request_key ORDER BY c.chunk_index, c.time_ns)
 )
 SELECT request_key, gap_index, chunk_index, prev_time_ns, time_ns, chunk_tokens, events_dropped
 FROM ordered
 WHERE gap_index > 0;
+
+-- Every gap on integers only: each visible chunk after the first of a request perspective,
+-- ordered by chunk index (then time), with the previous chunk's time; gap_index counts from
+-- 1. These are the rows DuckDB keeps per gap (seven BIGINTs, 56 bytes: docs/metrics.md,
+-- "Performance"); the figures are computed from them in request_gap_times.
+CREATE OR REPLACE VIEW request_gap_rows AS
+SELECT * FROM tt_request_gap_rows
+UNION ALL
+SELECT * FROM adapter_request_gap_rows;
 
 -- Every gap with its figures: itl_ms = (time - previous time) / 1e6 per chunk;
 -- itl_per_token_ms = itl_ms / tokens of the later chunk; both NULL when the span dropped

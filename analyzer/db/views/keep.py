@@ -8,11 +8,11 @@ rule is there and what it measured.
 from __future__ import annotations
 
 import re
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import duckdb
 
-from analyzer.db.views.sql import strip_comments, kept_order, kept_views, view_files
+from analyzer.db.views.sql import kept_order, kept_views, queries_dir, strip_comments, view_files
 from analyzer.db.views.state import BUILDING_PREFIX, CACHE_PREFIX, cached_views, connection_state, state_row
 
 __all__ = [
@@ -22,12 +22,15 @@ __all__ = [
     "RANGE_EVENTS",
     "materialize_views",
     "request_key_ranges",
+    "streamed_gap_selects",
 ]
 
 #: Views kept as temp tables once a query on the connection needed them, in dependency order
 #: (the Spark engine checkpoints the same request-level views). A kept view ``v`` becomes
 #: ``SELECT * FROM tt_cached_v``; the views built on it read the table.
-MATERIALIZED_VIEWS: tuple[str, ...] = ("request_facts", "request_metrics", "request_keys", "request_gap_rows")
+MATERIALIZED_VIEWS: tuple[str, ...] = (
+    "request_facts", "request_metrics", "request_keys", "tt_request_keys", "request_gap_rows"
+)
 #: The per-chunk views among them (one row per gap: seven BIGINTs, 56 bytes a row in memory;
 #: the view request_gap_times computes the two DOUBLE figures from them as it reads them,
 #: rather than keeping 16 more bytes per gap). Each is kept in consecutive ranges of its ``request_key`` column
@@ -47,6 +50,14 @@ RANGE_EVENTS: int = 32_000_000
 #: rebuilds of the gap window per metric set at 1e6 requests. An int keeps them only while
 #: ``span_events`` has at most that many rows.
 MATERIALIZE_MAX_EVENTS: int | None = None
+#: tokentrace's part of the gap table (view tt_request_gap_rows) computed in one ordered pass
+#: over the kept chunk table, per request_key range (queries/keep/tt_request_gap_rows.sql),
+#: where that table is kept in the order the file's ``-- over:`` line names; the other
+#: adapters' part (view adapter_request_gap_rows) is read from its view.
+STREAMED_GAPS_SQL: str = "keep/tt_request_gap_rows.sql"
+
+#: One range's INSERT sources: ``(SELECT statement, bound parameters)`` pairs.
+RangeSelects = Callable[[int, int], list[tuple[str, dict[str, int]]]]
 
 
 def keep_view(
@@ -56,6 +67,7 @@ def keep_view(
     order: str | None = None,
     ranges: Sequence[tuple[int, int]] | None = None,
     persist: bool = False,
+    range_selects: RangeSelects | None = None,
 ) -> int:
     """Replace ``view`` by a temp table of its rows (views built on it read the table); returns
     its row count. ``order``: write the rows in that order (an ORDER BY list). ``ranges``:
@@ -63,7 +75,8 @@ def keep_view(
     the given order), so the view's work is done per range and the table is clustered.
     ``persist``: a table of the current schema instead (analyzer.db.derived, writing the
     database's derived tables), read by the view through an unqualified name (a view binds
-    names in its own schema first)."""
+    names in its own schema first). ``range_selects``: with ``ranges``, the SELECTs whose
+    rows are one range's rows (default: the view's rows in the range)."""
     temp, kind = ("", "TABLE") if persist else ("temp.", "TEMP TABLE")
     table = f"{temp}{CACHE_PREFIX}{view}"
     if ranges is None:
@@ -77,10 +90,11 @@ def keep_view(
         con.execute(f"CREATE {kind} {building} AS SELECT * FROM {view} WHERE false")
         try:
             for low, high in ranges:
-                con.execute(
-                    f"INSERT INTO {temp}{building} SELECT * FROM {view} WHERE request_key BETWEEN $low AND $high",
-                    {"low": low, "high": high},
-                )
+                selects = range_selects(low, high) if range_selects else [
+                    (f"SELECT * FROM {view} WHERE request_key BETWEEN $low AND $high", {"low": low, "high": high})
+                ]
+                for select, params in selects:
+                    con.execute(f"INSERT INTO {temp}{building} {select}", params)
         except BaseException:
             con.execute(f"DROP TABLE IF EXISTS {temp}{building}")
             raise
@@ -104,6 +118,43 @@ def request_key_ranges(con: duckdb.DuckDBPyConnection, events: int | None = None
     parts = max(1, -(-events // RANGE_EVENTS))
     per_range = -(-requests // parts)
     return [(low, min(requests, low + per_range - 1)) for low in range(1, requests + 1, per_range)]
+
+
+def streamed_gap_selects(
+    con: duckdb.DuckDBPyConnection, orders: Mapping[str, str], kept: set[str]
+) -> RangeSelects | None:
+    """The per-range SELECTs of request_gap_rows with tokentrace's part streamed
+    (:data:`STREAMED_GAPS_SQL`), or ``None`` where its conditions do not hold and the views'
+    window runs instead: the chunk table named on the file's ``-- over:`` line is kept
+    (``kept``) in the order that line names (``orders``: the adapter's ``-- keep chunks:``
+    order), tt_request_keys is kept, and DuckDB preserves insertion order. The rows equal the
+    view's (tests/test_streamed_gaps.py)."""
+    text = (queries_dir() / STREAMED_GAPS_SQL).read_text()
+    over = re.match(r"--\s*over:\s*(\w+)\s+ORDER\s+BY\s+(.+)", text)
+    if over is None:
+        raise ValueError(f"{STREAMED_GAPS_SQL}: its first line must be '-- over: <view> ORDER BY <columns>'")
+    table, order = over[1], ", ".join(c.strip() for c in over[2].split(","))
+    if (
+        table not in kept
+        or orders.get(table) != order
+        or "tt_request_keys" not in kept
+        or not con.execute("SELECT current_setting('preserve_insertion_order')").fetchall()[0][0]
+    ):
+        return None
+
+    def selects(low: int, high: int) -> list[tuple[str, dict[str, int]]]:
+        bounds = {"request_key_from": low, "request_key_to": high}
+        rest = ("SELECT * FROM adapter_request_gap_rows WHERE request_key BETWEEN $low AND $high",
+                {"low": low, "high": high})
+        first, last = con.execute(
+            "SELECT min(perspective_key), max(perspective_key) FROM tt_request_keys"
+            " WHERE request_key BETWEEN $request_key_from AND $request_key_to", bounds,
+        ).fetchall()[0]
+        if first is None:  # no tokentrace request in the range
+            return [rest]
+        return [(text, {**bounds, "candidate_from": first, "candidate_to": last}), rest]
+
+    return selects
 
 
 def _referenced(sql: str, definitions: Mapping[str, str]) -> set[str]:
@@ -200,7 +251,8 @@ def materialize_views(
         if not persist and (view in CHUNK_VIEWS or view in adapter_chunks) and limit is not None and events > limit:
             continue
         if view in CHUNK_VIEWS:  # request_keys is kept by now: request_gap_rows reads it
-            keep_view(con, view, ranges=request_key_ranges(con, events), persist=persist)
+            selects = streamed_gap_selects(con, orders, cached | set(made))
+            keep_view(con, view, ranges=request_key_ranges(con, events), persist=persist, range_selects=selects)
         else:
             keep_view(con, view, order=orders.get(view), persist=persist)
         made.append(view)

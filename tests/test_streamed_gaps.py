@@ -1,0 +1,96 @@
+"""The gap table kept from one ordered pass over the chunk table (queries/keep/
+tt_request_gap_rows.sql, analyzer.db.views.keep.streamed_gap_selects) holds exactly the rows
+of the views' window (view request_gap_rows read in place), for tokentrace's spans and another
+adapter's together, in one range or in ranges that split a trace's perspectives; and the
+window runs instead where DuckDB is told not to preserve insertion order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+from trace_fixtures import mixed_world
+
+import analyzer.db.views.keep as view_keep
+from analyzer.db.views.state import CACHE_PREFIX
+from analyzer.formats.load import load_paths
+from analyzer.query.runner import install_views, run_query
+
+DATA = Path(__file__).resolve().parent / "data"
+CLIENTS = DATA / "real" / "openai-clients-tokentrace"  # tokentrace's server + OpenLLMetry's client spans
+
+
+def _world() -> duckdb.DuckDBPyConnection:
+    """The mixed fixture (dropped events, multi-token and out-of-order chunks, one-token and
+    zero-token requests) plus a real capture whose client chunks another adapter reads."""
+    con = mixed_world().load()
+    load_paths(con, [str(CLIENTS / "server.jsonl"), str(CLIENTS / "openllmetry.jsonl")])
+    return con
+
+
+@pytest.fixture(scope="module")
+def expected() -> list[tuple]:
+    """request_gap_rows through the views' window, nothing kept."""
+    con = _world()
+    install_views(con)
+    rows = con.execute("SELECT * FROM request_gap_rows ORDER BY ALL").fetchall()
+    sources = dict(con.execute("SELECT k.source, count(*) FROM request_gap_rows g JOIN request_keys k"
+                               " USING (request_key) GROUP BY ALL").fetchall())
+    assert sources.get("tokentrace", 0) > 500 and sources.get("openllmetry", 0) > 10, sources
+    assert any(r[6] > 0 for r in rows)  # a span that dropped events
+    return rows
+
+
+def _kept(monkeypatch: pytest.MonkeyPatch, range_events: int | None, *, insertion_order: bool = True) -> tuple:
+    """Keep the gap table as the summary query does; returns its rows (sorted), whether the
+    ordered pass ran, and the number of ranges."""
+    calls: list[object] = []
+    real = view_keep.streamed_gap_selects
+
+    def spy(*args, **kwargs):
+        calls.append(real(*args, **kwargs))
+        return calls[-1]
+
+    monkeypatch.setattr(view_keep, "streamed_gap_selects", spy)
+    if range_events is not None:
+        monkeypatch.setattr(view_keep, "RANGE_EVENTS", range_events)
+    con = _world()
+    if not insertion_order:
+        con.execute("SET preserve_insertion_order = false")
+    run_query(con, "summary")
+    rows = con.execute(f"SELECT * FROM temp.{CACHE_PREFIX}request_gap_rows ORDER BY ALL").fetchall()
+    assert len(calls) == 1
+    return rows, calls[0] is not None, len(view_keep.request_key_ranges(con))
+
+
+@pytest.mark.parametrize("range_events", [None, 1, 150])
+def test_ordered_pass_gives_the_windows_rows(monkeypatch, expected, range_events) -> None:
+    """One range; one request perspective per range (a trace's client and server perspective
+    in different ranges, their candidates in either order); a few requests per range."""
+    rows, streamed, ranges = _kept(monkeypatch, range_events)
+    assert streamed
+    assert ranges == 1 if range_events is None else ranges > 3
+    assert rows == expected
+
+
+def test_window_runs_where_insertion_order_is_not_preserved(monkeypatch, expected) -> None:
+    rows, streamed, _ = _kept(monkeypatch, 150, insertion_order=False)
+    assert not streamed
+    assert rows == expected
+
+
+def test_itl_and_summary_are_those_of_the_views(monkeypatch) -> None:
+    """The metric queries over the kept table, against the same queries with nothing kept
+    (a connection whose views read the window in place)."""
+    monkeypatch.setattr(view_keep, "RANGE_EVENTS", 150)
+    kept = _world()
+    in_place = _world()
+    for name in ("itl", "summary"):
+        got = run_query(kept, name).rows
+        want = run_query(in_place, name, keep=False).rows
+        assert len(got) == len(want) > 0
+        for a, b in zip(got, want):
+            assert all(x == pytest.approx(y, rel=1e-12) if isinstance(x, float) else x == y for x, y in zip(a, b))
+    assert view_keep.streamed_gap_selects(kept, {"tt_candidate_chunks": "candidate_key, chunk_index, time_ns"},
+                                          {"tt_candidate_chunks", "tt_request_keys"}) is not None
