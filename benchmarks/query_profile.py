@@ -64,7 +64,8 @@ def statements_of(dump: Path, names: list[str]) -> list[tuple[str, str, Any]]:
             "SELECT message FROM duckdb_logs WHERE type = 'QueryLog' ORDER BY timestamp").fetchall()]
         for text in logged[seen:]:
             head = " ".join(text.split()).upper()
-            if "DUCKDB_" in head or "TT_VIEW_STATE" in head or head.startswith("SELECT COUNT(*)"):
+            if "DUCKDB_" in head or "TT_VIEW_STATE" in head or head.startswith(
+                    ("SELECT COUNT(*)", "SELECT CURRENT_SETTING", "SELECT MIN(PERSPECTIVE_KEY)", "SELECT 1, MAX(")):
                 continue  # the library reading its own catalog state
             if head.startswith("INSERT") and "BETWEEN $LOW AND $HIGH" in head:
                 # a kept table the library fills range by range (to bound its memory): here at once
@@ -72,6 +73,12 @@ def statements_of(dump: Path, names: list[str]) -> list[tuple[str, str, Any]]:
                 if any(text == earlier for _, earlier, _ in found):
                     continue
                 found.append((name, text, None))
+            elif head.startswith("INSERT") and "$CANDIDATE_FROM" in head:
+                # tokentrace's gaps from the ordered chunk table (queries/keep/): every range at once
+                bounds = con.execute("SELECT 1, max(request_key), min(perspective_key), max(perspective_key)"
+                                     " FROM tt_request_keys").fetchall()[0]
+                found.append((name, text, dict(zip(("request_key_from", "request_key_to", "candidate_from",
+                                                    "candidate_to"), bounds))))
             elif text == "SELECT 'tokentrace: the query'":  # the query itself, with its default parameters
                 found.append((name, query.sql, query.bind({}) or None))
             else:  # a view kept as a table, and the view then pointed at it
@@ -105,7 +112,9 @@ def profile(dump: Path, found: list[tuple[str, str, Any]], top: int) -> list[dic
         con.execute("SET profiling_output = $p", {"p": str(path)})
         for name, text, params in found:
             start = time.perf_counter()
-            if params is not None or text.lstrip().upper().startswith(("SELECT", "WITH", "FROM", "--")):
+            if text.lstrip().upper().startswith("INSERT"):
+                con.execute(text, params).fetchall()
+            elif params is not None or text.lstrip().upper().startswith(("SELECT", "WITH", "FROM", "--")):
                 # fetched as Arrow batches of 1M rows, each dropped (itl at 1e6: 298M rows)
                 for _ in con.sql(text, params=params).to_arrow_reader(1_000_000):
                     pass

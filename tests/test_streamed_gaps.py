@@ -94,3 +94,21 @@ def test_itl_and_summary_are_those_of_the_views(monkeypatch) -> None:
             assert all(x == pytest.approx(y, rel=1e-12) if isinstance(x, float) else x == y for x, y in zip(a, b))
     assert view_keep.streamed_gap_selects(kept, {"tt_candidate_chunks": "candidate_key, chunk_index, time_ns"},
                                           {"tt_candidate_chunks", "tt_request_keys"}) is not None
+
+
+def test_derived_tables_of_a_database_take_the_ordered_pass(monkeypatch, expected, tmp_path) -> None:
+    """tokentrace load writes the gap table into the database's derived schema the same way."""
+    from analyzer.db.derived import build_derived
+    from analyzer.db.store import connect
+    from analyzer.db.views import DERIVED_SCHEMA
+
+    calls: list[object] = []
+    real = view_keep.streamed_gap_selects
+    monkeypatch.setattr(view_keep, "streamed_gap_selects", lambda *a, **k: calls.append(real(*a, **k)) or calls[-1])
+    monkeypatch.setattr(view_keep, "RANGE_EVENTS", 150)
+    con = mixed_world().load(connect(tmp_path / "traces.duckdb"))
+    load_paths(con, [str(CLIENTS / "server.jsonl"), str(CLIENTS / "openllmetry.jsonl")])
+    build_derived(con)
+    assert len(calls) == 1 and calls[0] is not None
+    rows = con.execute(f"SELECT * FROM {DERIVED_SCHEMA}.{CACHE_PREFIX}request_gap_rows ORDER BY ALL").fetchall()
+    assert rows == expected
