@@ -134,6 +134,8 @@ def streamed_gap_selects(
     if over is None:
         raise ValueError(f"{STREAMED_GAPS_SQL}: its first line must be '-- over: <view> ORDER BY <columns>'")
     table, order = over[1], ", ".join(c.strip() for c in over[2].split(","))
+    if f"FROM {CACHE_PREFIX}{table}" not in text:
+        raise ValueError(f"{STREAMED_GAPS_SQL}: it must read the kept table {CACHE_PREFIX}{table}")
     if (
         table not in kept
         or orders.get(table) != order
