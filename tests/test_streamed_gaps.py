@@ -2,7 +2,8 @@
 tt_request_gap_rows.sql, analyzer.db.views.keep.streamed_gap_selects) holds exactly the rows
 of the views' window (view request_gap_rows read in place), for tokentrace's spans and another
 adapter's together, in one range or in ranges that split a trace's perspectives; and the
-window runs instead where DuckDB is told not to preserve insertion order."""
+window runs instead where DuckDB is told not to preserve insertion order, or the chunk table is
+not kept in the order the SQL file names."""
 
 from __future__ import annotations
 
@@ -92,8 +93,21 @@ def test_itl_and_summary_are_those_of_the_views(monkeypatch) -> None:
         assert len(got) == len(want) > 0
         for a, b in zip(got, want):
             assert all(x == pytest.approx(y, rel=1e-12) if isinstance(x, float) else x == y for x, y in zip(a, b))
-    assert view_keep.streamed_gap_selects(kept, {"tt_candidate_chunks": "candidate_key, chunk_index, time_ns"},
-                                          {"tt_candidate_chunks", "tt_request_keys"}) is not None
+
+
+def test_the_window_runs_unless_the_chunk_table_is_kept_in_the_files_order() -> None:
+    """streamed_gap_selects' conditions: the chunk table and tt_request_keys kept, the chunk
+    table in the order the file's '-- over:' line names."""
+    con = _world()
+    install_views(con)
+    order = {"tt_candidate_chunks": "candidate_key, chunk_index, time_ns"}
+    kept = {"tt_candidate_chunks", "tt_request_keys"}
+    assert view_keep.streamed_gap_selects(con, order, kept) is not None
+    assert view_keep.streamed_gap_selects(con, order, {"tt_request_keys"}) is None
+    assert view_keep.streamed_gap_selects(con, order, {"tt_candidate_chunks"}) is None
+    assert view_keep.streamed_gap_selects(con, {"tt_candidate_chunks": "candidate_key, time_ns"}, kept) is None
+    with pytest.raises(ValueError, match="needs ranges"):
+        view_keep.keep_view(con, "request_gap_rows", range_selects=lambda low, high: [])
 
 
 def test_derived_tables_of_a_database_take_the_ordered_pass(monkeypatch, expected, tmp_path) -> None:

@@ -71,4 +71,5 @@ class RecordConsumer:
             log.warning("tokentrace: %d vLLM engine steps scheduled and never updated: not traced", never)
         if self.builder.partial_steps_sampled:
             log.warning("tokentrace: %d vLLM engine steps sampled here but held partially by the engine (its "
-                        "TOKENTRACE_VLLM_STEP_SAMPLE_RATIO differed): no engine_step span", self.builder.partial_steps_sampled)
+                        "TOKENTRACE_VLLM_STEP_SAMPLE_RATIO differed): no engine_step span",
+                        self.builder.partial_steps_sampled)

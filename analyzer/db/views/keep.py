@@ -77,6 +77,8 @@ def keep_view(
     database's derived tables), read by the view through an unqualified name (a view binds
     names in its own schema first). ``range_selects``: with ``ranges``, the SELECTs whose
     rows are one range's rows (default: the view's rows in the range)."""
+    if range_selects is not None and ranges is None:
+        raise ValueError("keep_view: range_selects needs ranges")
     temp, kind = ("", "TABLE") if persist else ("temp.", "TEMP TABLE")
     table = f"{temp}{CACHE_PREFIX}{view}"
     if ranges is None:
@@ -218,7 +220,9 @@ def materialize_views(
     :func:`install_views` on this
     connection (else does nothing; nothing either when they read a database's derived
     tables: everything is kept there). ``persist_events`` (analyzer.db.derived only, with the
-    span_events row count): keep them as tables of the current schema, at every size.
+    span_events row count): keep them as tables of the current schema, at every size. The
+    gap table's tokentrace part comes from one ordered pass over the kept chunk table where
+    :func:`streamed_gap_selects` allows it, else from the views' window.
     Returns the views it materialized."""
     persist = persist_events is not None
     row = None if persist else state_row(con)
