@@ -2,7 +2,7 @@
 
 Two sections, one run:
 
-engine   The real continuous engine (instrument/engines/continuous.py) on ``--model`` in this
+engine   The real continuous engine (instrument/engines/continuous/engine.py) on ``--model`` in this
          process, driven as the gateway drives it: each sequence is submitted with a valid
          parent context (a recording ``gateway`` SERVER span, as instrument/gateway/app.py
          passes ``trace.set_span_in_context(span)``), its tokens go through a queue to a

@@ -229,7 +229,7 @@ class Harness:
         ``engine_step`` span, the engine trace's close and each sequence's prefill/decode
         spans. Instance attributes and the module global the engine looks up at call time
         are wrapped here; no engine file changes. Undone by :meth:`close`."""
-        from instrument.engines import continuous
+        from instrument.engines.continuous import engine as continuous
 
         engine = self.engine
         engine.on_scheduled = self._timed("on_scheduled", engine.on_scheduled)
@@ -326,7 +326,7 @@ class Harness:
                 "probe_p99_ms": percentile(delays, 0.99) * 1e3, "probe_samples": len(delays)}
 
     def close(self) -> None:
-        from instrument.engines import continuous
+        from instrument.engines.continuous import engine as continuous
 
         self.engine.close()
         continuous.write_sequence_spans = self._write_sequence_spans

@@ -222,10 +222,10 @@ def test_burst_over_the_kv_cache_waits_and_loses_nothing(handle: ModelHandle) ->
 
 
 def test_the_hooks_refuse_an_unchecked_transformers() -> None:
-    """cb_hooks reads transformers internals: pinned to the version they were read on."""
+    """The continuous engine's hooks read transformers internals: pinned to the version they were read on."""
     import transformers
 
-    from instrument.engines import cb_hooks
+    from instrument.engines.continuous import hooks as cb_hooks
 
     assert transformers.__version__ == cb_hooks.TESTED_TRANSFORMERS
     cb_hooks.check_version()
@@ -239,8 +239,8 @@ def test_the_hooks_refuse_an_unchecked_transformers() -> None:
 
 
 def test_the_install_pins_the_transformers_the_hooks_were_read_on() -> None:
-    """A fresh install takes what pyproject allows: it must be the one version cb_hooks
-    accepts (transformers 5.25.0 appeared with the pin still open; the default engine then
+    """A fresh install takes what pyproject allows: it must be the one version the hooks
+    accept (transformers 5.25.0 appeared with the pin still open; the default engine then
     refused to start)."""
     from pathlib import Path
 
@@ -248,7 +248,7 @@ def test_the_install_pins_the_transformers_the_hooks_were_read_on() -> None:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
         tomllib = pytest.importorskip("tomli")
-    from instrument.engines import cb_hooks
+    from instrument.engines.continuous import hooks as cb_hooks
 
     pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
     hf = pyproject["project"]["optional-dependencies"]["hf"]

@@ -20,11 +20,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
-from instrument.engines.cb_spans import EngineTraceWriter, SequenceRecord, StepRecord, write_sequence_spans
+from instrument.engines.continuous.spans import EngineTraceWriter, SequenceRecord, StepRecord, write_sequence_spans
 from instrument.hf.generate_spans import DecodeSpanPolicy
 from instrument.kv.formula import KVLayout
 from instrument.records import format as fmt
-from instrument.engines.cb_span_builder import SpanBuilder, layout_meta
+from instrument.engines.continuous.span_builder import SpanBuilder, layout_meta
 from instrument.otel.span_writer import span_writer_for
 from instrument.otel.tracing import get_tracer
 

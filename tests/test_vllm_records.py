@@ -31,7 +31,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from instrument.records import format as fmt
 from instrument.records.channels import VLLM_STEPS
-from instrument.engines.cb_span_builder import SpanBuilder as ExporterSpanBuilder
+from instrument.engines.continuous.span_builder import SpanBuilder as ExporterSpanBuilder
 from instrument.otel.tracing import get_tracer
 from instrument.vllm import rows as vllm_rows
 from instrument.vllm.consumer import RecordConsumer

@@ -4,7 +4,7 @@ Each sequence gets a :class:`SequenceSampler` that turns the model's logits for 
 position into a token (and, when asked, its log probability and the top alternatives). The
 sequential engine runs it as a transformers ``LogitsProcessor`` inside ``generate``
 (:class:`SamplerLogitsProcessor`); the continuous engine runs it once per row of each
-batched step (instrument/engines/cb_hooks.py). Either way the processor leaves one finite
+batched step (instrument/engines/continuous/hooks.py). Either way the processor leaves one finite
 score per row (0 for the chosen token, -inf elsewhere) and the engine's own greedy pick
 returns exactly that token, so sampling is per sequence, with its own random generator,
 whatever else shares the batch.

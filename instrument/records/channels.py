@@ -13,7 +13,7 @@ malformed and goes on).
 ====  ================================================  ======================================
 no.   decoder                                           writer
 ====  ================================================  ======================================
-0     ``instrument.engines.cb_span_builder:SpanBuilder``  the continuous engine (every message)
+0     ``instrument.engines.continuous.span_builder:SpanBuilder``  the continuous engine (every message)
 1     ``instrument.vllm.consumer:RecordConsumer``         the vLLM plugin (scheduler step facts)
 2     ``instrument.records.span_forward:Decoder``         the gateway (its own finished spans)
 ====  ================================================  ======================================
@@ -28,7 +28,7 @@ __all__ = ["CHANNELS", "ChannelDecoder", "MESSAGES", "VLLM_STEPS", "FORWARDED_SP
 
 MESSAGES, VLLM_STEPS, FORWARDED_SPANS = 0, 1, 2
 CHANNELS: dict[int, str] = {
-    MESSAGES: "instrument.engines.cb_span_builder:SpanBuilder",
+    MESSAGES: "instrument.engines.continuous.span_builder:SpanBuilder",
     VLLM_STEPS: "instrument.vllm.consumer:RecordConsumer",
     FORWARDED_SPANS: "instrument.records.span_forward:Decoder",
 }

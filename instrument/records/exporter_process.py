@@ -3,7 +3,7 @@
 Transport (measured by benchmarks/record_transport.py; why: docs/design/span-export-process.md):
 an
 ``AF_UNIX`` ``SOCK_SEQPACKET`` socket pair. The serving process sends one message of one or
-more steps' records (instrument/engines/cb_records.py: every 32 KiB / 50 ms and when the
+more steps' records (instrument/engines/continuous/record_sink.py: every 32 KiB / 50 ms and when the
 engine goes idle) with a non-blocking ``sendmsg`` (~0.8 µs for a batch-64 record to a busy
 reader; waking a sleeping one costs ~40 µs here); a full socket buffer (4 MiB asked,
 thousands of steps) raises instead of waiting, and the message is dropped and counted there.

@@ -1,7 +1,7 @@
 """The serving process's own spans, forwarded whole to the span exporter process (channel 2).
 
 With ``--span-export process`` the engine's spans are built in the span exporter process
-from step records (instrument/engines/cb_records.py); the spans the serving process itself
+from step records (instrument/engines/continuous/record_sink.py); the spans the serving process itself
 finishes (``gateway`` with one ``tokentrace.chunk`` event per token, ``tokenize``,
 ``queue``, whatever else ends on its provider) go there too, so that nothing is encoded or
 exported in the serving process:
@@ -53,7 +53,7 @@ __all__ = ["Decoder", "FLUSH_BYTES", "FLUSH_S", "SpanForwarder", "encode_span", 
            "forward_spans", "forwarder_of"]
 
 LOGGER = logging.getLogger("tokentrace.export")
-# as the engine's records (instrument/engines/cb_records.py): a send that wakes the sleeping
+# as the engine's records (instrument/engines/continuous/record_sink.py): a send that wakes the sleeping
 # exporter costs ~40 µs on the sending thread, so one per 32 KiB or 50 ms, not one per span
 FLUSH_BYTES = 32 * 1024
 FLUSH_S = 0.05

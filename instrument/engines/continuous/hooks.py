@@ -65,7 +65,7 @@ def check_version() -> None:
         raise ValueError(
             f"the continuous engine hooks transformers {TESTED_TRANSFORMERS} internals; "
             f"{transformers.__version__} is installed (use --engine sequential, or check "
-            "instrument/engines/cb_hooks.py against that version)"
+            "instrument/engines/continuous/hooks.py against that version)"
         )
 
 

@@ -16,9 +16,9 @@ import math
 import time
 from typing import Any, Callable
 
-from instrument.engines import cb_hooks
+from instrument.engines.continuous import hooks as cb_hooks
 from instrument.engines.base import QueueWaitExceeded
-from instrument.engines.cb_spans import SequenceRecord
+from instrument.engines.continuous.spans import SequenceRecord
 
 __all__ = ["RequestQueue"]
 

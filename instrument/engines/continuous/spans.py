@@ -121,7 +121,7 @@ def record_run(seq: Any, rec: StepRecord, tokens: int, blocks: int, context: int
     ``tokens`` computed, ``blocks`` held, ``context`` tokens after it. A prefill chunk (``recompute``: after a preemption) is one entry of
     ``prefill``; a recompute chunk that ends by emitting the next token also stands for
     that token's decode step (docs/spans.md). The inline path (continuous.py) and the
-    exporter process (instrument/engines/cb_span_builder.py) both fill records through here."""
+    exporter process (instrument/engines/continuous/span_builder.py) both fill records through here."""
     if prefill:
         seq.prefill.append((rec, tokens, blocks, context, recompute))
         if not recompute_emits:

@@ -1,7 +1,7 @@
 """The continuous engine's ``--span-export process`` side: step records instead of spans.
 
 :class:`StepRecordSink` is what the engine thread calls per step in place of span writing
-(instrument/engines/continuous.py): one STEP entry and one SEQ entry per scheduled sequence
+(instrument/engines/continuous/engine.py): one STEP entry and one SEQ entry per scheduled sequence
 (an OPEN entry at a sequence's first schedule, an END entry when it ends) packed by
 instrument/records/format.py's ``RecordWriter``, sent to the span exporter process
 (instrument/records/exporter_process.py) every ``FLUSH_BYTES`` or ``FLUSH_NS`` and when
@@ -21,7 +21,7 @@ from instrument.kv.formula import KVLayout
 from instrument.records.exporter_process import ExporterProcess
 from instrument.records.format import (SEQ, SEQ_PREFILL, SEQ_RECOMPUTE, SEQ_RECOMPUTE_EMITS, SEQ_SIZE, RecordWriter,
                                       pack_seq)
-from instrument.engines.cb_span_builder import layout_meta
+from instrument.engines.continuous.span_builder import layout_meta
 
 __all__ = ["FLUSH_BYTES", "FLUSH_NS", "StepRecordSink"]
 
@@ -56,7 +56,7 @@ class StepRecordSink:
     def step(self, step: int, start_ns: int, forward_start_ns: int, sequences: list[Any], live: dict[str, Any],
              start: Callable[[Any, Any, int], None], blocks_used: int, waiting: int, geometry: Any,
              blocks_cached: Callable[[], int]) -> None:
-        """One scheduled step: ``sequences`` as cb_hooks reports them, ``live`` the engine's
+        """One scheduled step: ``sequences`` as the hooks report them, ``live`` the engine's
         SequenceRecords by request id, ``start(record, s, start_ns)`` the engine's first-run
         hook. A step with no live (traced) sequence gets no entry, as it gets no span inline."""
         records = self.writer

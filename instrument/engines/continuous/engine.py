@@ -4,13 +4,13 @@ One long-lived ``ContinuousBatchingManager`` (paged KV cache, FIFO scheduler, ch
 prefill, one batched forward per step) serves every request for the process's life. The
 engine sizes its cache from the KV budget (not from the machine's free memory, which is
 what makes a default manager take tens of seconds to start on CPU: docs/gateway.md,
-"Engines"), hooks its loop (instrument/engines/cb_hooks.py, the only module that reads
+"Engines"), hooks its loop (instrument/engines/continuous/hooks.py, the only module that reads
 transformers internals) and writes, per sequence, one ``prefill`` span per prefill chunk and
 one ``decode`` span per decode step, each naming the engine step it ran in, plus one
-``engine_step`` span per step in traces of the engine's own (instrument/engines/cb_spans.py).
+``engine_step`` span per step in traces of the engine's own (instrument/engines/continuous/spans.py).
 
 With ``span_export="process"`` (``serve --span-export process``) the engine thread writes
-none of these spans: per step it packs one compact record (instrument/engines/cb_records.py,
+none of these spans: per step it packs one compact record (instrument/engines/continuous/record_sink.py,
 instrument/records/format.py) for a span exporter process
 (instrument/records/exporter_process.py), which builds the same spans with the same code
 and exports them.
@@ -18,7 +18,7 @@ and exports them.
 Threads: ``submit`` / ``cancel`` come from the gateway's event loop; everything else runs on
 the manager's generation thread (hooks, callbacks, span writing or record packing). The
 request queue's bookkeeping (waiting / started / preempted, cancellations, queue-wait
-deadlines) is in instrument/engines/cb_queue.py.
+deadlines) is in instrument/engines/continuous/request_queue.py.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from typing import Any
 
 from instrument.kv import formula as kv
 from instrument.clock import now_wall_ns
-from instrument.engines import cb_hooks
+from instrument.engines.continuous import hooks as cb_hooks
 from instrument.engines.base import EngineRequest, EngineResult
-from instrument.engines.cb_queue import RequestQueue
-from instrument.engines.cb_spans import (EngineTraceWriter, SequenceRecord, StepRecord, record_run,
+from instrument.engines.continuous.request_queue import RequestQueue
+from instrument.engines.continuous.spans import (EngineTraceWriter, SequenceRecord, StepRecord, record_run,
                                         write_preemption_events, write_sequence_spans)
 from instrument.hf.generate_spans import DecodeSpanPolicy
 from instrument.hf.model_handle import ModelHandle
@@ -141,10 +141,10 @@ class ContinuousEngine(RequestQueue):
         self.writer = span_writer_for(self.tracer)
         self.engine_traces = EngineTraceWriter(self.tracer, self.writer, steps_per_engine_trace)
         self.span_export = span_export
-        self.records: Any = None  # cb_records.StepRecordSink (span_export="process")
+        self.records: Any = None  # record_sink.StepRecordSink (span_export="process")
         self.exporter: Any = None  # its ExporterProcess
         if span_export == "process":
-            from instrument.engines.cb_records import StepRecordSink
+            from instrument.engines.continuous.record_sink import StepRecordSink
 
             self.records = StepRecordSink(tracer_provider, self.layout, self.layout_name, bytes_per_block,
                                           decode_spans, steps_per_engine_trace)

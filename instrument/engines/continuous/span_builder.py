@@ -1,7 +1,7 @@
 """Spans from step records (instrument/records/format.py), built in the exporter process.
 
 The builder keeps what the continuous engine keeps on its own thread in the inline path
-(instrument/engines/cb_spans.py): one :class:`StepRecord` per STEP entry, and per slot the
+(instrument/engines/continuous/spans.py): one :class:`StepRecord` per STEP entry, and per slot the
 prefill chunks and decode steps its SEQ entries name. On END it calls the same
 ``write_sequence_spans``, and every STEP goes to the same ``EngineTraceWriter``: the span
 contract (docs/spans.md) is written by one piece of code in both paths. What stays in the
@@ -18,7 +18,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
-from instrument.engines.cb_spans import EngineTraceWriter, StepRecord, record_run, write_sequence_spans
+from instrument.engines.continuous.spans import EngineTraceWriter, StepRecord, record_run, write_sequence_spans
 from instrument.hf.generate_spans import DecodeSpanPolicy
 from instrument.kv.formula import KVLayout
 from instrument.records import format as fmt
