@@ -243,6 +243,7 @@ class ExporterProcess:
         self._first = self.sender()
         self.dead = False
         self._report: dict[str, Any] = {"counts": [], "received": 0}
+        self._started = threading.Event()  # its first report came: its exporters are made
         self._lock = threading.Lock()
         self._stopped = False
         self._flushes = 0
@@ -321,6 +322,7 @@ class ExporterProcess:
                     report = self._control.recv()
                     self._report = report
                     self._pid = report.get("pid", self._pid)
+                    self._started.set()
                     if report.get("flushed") is not None:
                         with self._flushed:
                             self._flushed.notify_all()
@@ -353,6 +355,11 @@ class ExporterProcess:
                                first.failed, first.dropped + lost, first.pending + pending_extra,
                                first.batches_exported, first.batches_failed, note)
         return rows
+
+    def wait_started(self, timeout_s: float = 30.0) -> bool:
+        """Wait until the child has made its exporters and sent its first report (~0.3-1 s
+        after start: a fresh interpreter imports the OpenTelemetry SDK). False on timeout."""
+        return self._started.wait(timeout_s)
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until the child has built and exported every message sent so far (benchmarks,
