@@ -134,8 +134,10 @@ def test_the_forwarder_counts_what_it_cannot_carry() -> None:
         def __init__(self) -> None:
             self.sent: list[tuple[bytes, int]] = []
             self.dropped_units = 0
+            self.joined: list[tuple[int, Any]] = []
 
-        def sender(self) -> "_Sink":
+        def join(self, channel: int, decoder: Any, preamble: bytes = b"") -> "_Sink":
+            self.joined.append((channel, decoder))
             return self
 
         def send(self, message: Any, units: int) -> bool:
@@ -147,6 +149,7 @@ def test_the_forwarder_counts_what_it_cannot_carry() -> None:
 
     sink = _Sink()
     forwarder = SpanForwarder(sink, flush_s=60.0)
+    assert sink.joined == [(2, Decoder)], "the forwarder names its decoder for channel 2"
     provider = setup_tracing("forward-test", exporter=["none"], count_exports=False)
     provider.add_span_processor(forwarder)
     tracer = get_tracer(provider)

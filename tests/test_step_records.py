@@ -10,6 +10,7 @@ spans go to real SDK providers with in-memory exporters.
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -24,6 +25,8 @@ from instrument.engines.continuous.spans import EngineTraceWriter, SequenceRecor
 from instrument.hf.generate_spans import DecodeSpanPolicy
 from instrument.kv.formula import KVLayout
 from instrument.records import format as fmt
+from instrument.records.channels import RECORD_ENTRIES, decoder_target
+from instrument.records.router import Router
 from instrument.engines.continuous.span_builder import SpanBuilder, layout_meta
 from instrument.otel.span_writer import span_writer_for
 from instrument.otel.tracing import get_tracer
@@ -242,4 +245,81 @@ def test_a_blob_reaches_its_channel_decoder_and_an_unknown_channel_is_refused() 
     w.blob(200, b"x")
     provider, _ = _provider()
     with pytest.raises(ValueError, match="no decoder for BLOB channel 200"):
-        SpanBuilder(provider).feed(bytes(w.take()))
+        Router(provider).feed(bytes(w.take()))
+
+
+class _Tally:
+    """A BLOB decoder a test names by ``module:qualname``: what it was fed."""
+
+    def __init__(self, tracer_provider: object) -> None:
+        self.payloads: list[bytes] = []
+        self.closed = False
+
+    def feed(self, payload: bytes | memoryview) -> None:
+        self.payloads.append(bytes(payload))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_the_router_reads_each_channel_with_the_decoder_its_writer_named() -> None:
+    """DECODER entries open the decoders (channel 0: the engine entries), in the stream's order;
+    a second decoder for a channel, an entry before any decoder and a target that does not
+    import are refused."""
+    provider, spans = _provider()
+    router = Router(provider)
+    w = fmt.RecordWriter()
+    w.idle()
+    with pytest.raises(ValueError, match="entry kind 6 before any writer named their decoder"):
+        router.feed(bytes(w.take()))
+    w.decoder(RECORD_ENTRIES, decoder_target(SpanBuilder))
+    w.meta(layout_meta(LAYOUT, "gqa", BYTES_PER_BLOCK, "all", 1000))
+    w.decoder(7, f"{__name__}:_Tally")
+    w.begin_step(1, T0, T0, 0, 0, 0, 0, 0, 1, 100, 0, 16)
+    w.finish_step(T0 + 10, None)
+    w.blob(7, b"first")
+    w.idle()
+    w.blob(7, b"second")
+    router.feed(bytes(w.take()))
+    tally = router.decoders[7]
+    assert tally.payloads == [b"first", b"second"]
+    assert isinstance(router.decoders[RECORD_ENTRIES], SpanBuilder) and router.at_rest
+    router.close()
+    assert tally.closed
+    assert sorted(s.name for s in spans.get_finished_spans()) == ["engine", "engine_step"]
+    w.decoder(7, decoder_target(SpanBuilder))
+    with pytest.raises(ValueError, match=f"record channel 7: read by {__name__}:_Tally"):
+        router.feed(bytes(w.take()))
+    w.decoder(9, "instrument.no_such_module:Decoder")
+    with pytest.raises(ValueError, match="does not import"):
+        router.feed(bytes(w.take()))
+    with pytest.raises(ValueError, match="cannot be imported by name"):
+        decoder_target(type("Local", (), {"__qualname__": "f.<locals>.Local"}))
+
+
+def test_the_records_package_names_no_writer() -> None:
+    """instrument/records/ owns the exporter process and its routing: no import of, and no
+    string in its code naming, an engine's or the gateway's module (the writers name their
+    decoders; docstrings may point a reader to them)."""
+    import ast
+
+    import instrument.records
+
+    folder = Path(instrument.records.__file__).parent
+    writers = ("instrument.engines", "instrument.vllm", "instrument.gateway", "instrument.hf")
+    found = []
+    for path in sorted(folder.glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                names = [node.value]
+            found += [f"{path.name}: {n[:60]!r}" for n in names if any(w in n for w in writers)]
+    assert found == []

@@ -30,8 +30,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from instrument.records import format as fmt
-from instrument.records.channels import VLLM_STEPS
-from instrument.engines.continuous.span_builder import SpanBuilder as ExporterSpanBuilder
+from instrument.records.channels import decoder_target
+from instrument.records.router import Router
 from instrument.otel.tracing import get_tracer
 from instrument.vllm import rows as vllm_rows
 from instrument.vllm.consumer import RecordConsumer
@@ -175,18 +175,22 @@ def _as_the_wrappers_write(sends: list[list[tuple[Any, ...]]]) -> list[list[tupl
 
 def _through_records(sends: list[list[Any]], per_message: int) -> list[Any]:
     """Pack each send as RecordSink does (about ``per_message`` rows a message, cut where
-    vllm_rows.message_end says, each after its numbered GEOMETRY row), as BLOB messages, into
-    the exporter's SpanBuilder."""
+    vllm_rows.message_end says, each after its numbered GEOMETRY row), as BLOB messages after
+    the DECODER entry its join sends, into the exporter process's router."""
+    from instrument.vllm.sink import CHANNEL
+
     provider, exporter = _provider()
-    builder = ExporterSpanBuilder(provider)
+    builder = Router(provider)
     writer = fmt.RecordWriter()
+    writer.decoder(CHANNEL, decoder_target(RecordConsumer))
+    builder.feed(bytes(writer.take()))
     number = 0
     for header, *rows in sends:
         start = 0
         while start < len(rows):
             stop = vllm_rows.message_end(rows, start, per_message)
             number += 1
-            writer.blob(VLLM_STEPS, vllm_rows.pack(vllm_rows.message(header, number, rows[start:stop])))
+            writer.blob(CHANNEL, vllm_rows.pack(vllm_rows.message(header, number, rows[start:stop])))
             builder.feed(bytes(writer.take()))  # a copy, as the socket gives the child
             start = stop
     builder.close()

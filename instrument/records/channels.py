@@ -1,22 +1,21 @@
-"""The exporter process's decoders, by channel: every engine is a channel of the record stream.
+"""The record stream's channels: which decoder reads what, told by the writers themselves.
 
-Channel 0 is the decoder of the messages themselves (instrument/records/format.py): the
-continuous engine's STEP / SEQ / OPEN / END / IDLE / META entries, and each BLOB entry handed
-to its own channel's decoder. A BLOB channel carries facts that are not the continuous
-engine's steps: another engine's step records, or spans finished in the serving process and
-forwarded whole. The exporter process opens each decoder when it is first needed (imported
-then, by name, so that this package never imports the engines that write them) and feeds it
-every payload in order; ``close()`` at shutdown ends what is still open. A decoder raises
-ValueError on a payload it cannot read (the exporter process counts the message as
-malformed and goes on).
+Every writer of the record stream (an engine, the gateway's span forwarding) *joins* the span
+exporter process with the decoder that reads its entries there
+(:meth:`~instrument.records.exporter_process.ExporterProcess.join`): the join sends one
+DECODER entry (instrument/records/format.py) naming the decoder's class, ahead of anything
+the writer sends, and the exporter process's :class:`~instrument.records.router.Router`
+imports that class then. This package never imports a writer's module and names none: the
+writers name their decoders.
 
-====  ================================================  ======================================
-no.   decoder                                           writer
-====  ================================================  ======================================
-0     ``instrument.engines.continuous.span_builder:SpanBuilder``  the continuous engine (every message)
-1     ``instrument.vllm.consumer:RecordConsumer``         the vLLM plugin (scheduler step facts)
-2     ``instrument.records.span_forward:Decoder``         the gateway (its own finished spans)
-====  ================================================  ======================================
+Channel 0 carries the entries of format.py (META, OPEN, STEP, SEQ, END, IDLE); channels 1-255
+carry BLOB payloads, one decoder each. A channel's number is its writer's constant (the table
+is in docs/architecture.md); two writers asking one channel for different decoders is an
+error at the second join.
+
+A decoder is a class called with the exporter process's tracer provider. It reads in order,
+on one thread; it raises ValueError on a payload it cannot read (the exporter process counts
+the message as malformed and goes on).
 """
 
 from __future__ import annotations
@@ -24,18 +23,13 @@ from __future__ import annotations
 import importlib
 from typing import Any, Protocol
 
-__all__ = ["CHANNELS", "ChannelDecoder", "MESSAGES", "VLLM_STEPS", "FORWARDED_SPANS", "open_channel"]
+__all__ = ["BlobDecoder", "EntryDecoder", "RECORD_ENTRIES", "decoder_target", "open_decoder"]
 
-MESSAGES, VLLM_STEPS, FORWARDED_SPANS = 0, 1, 2
-CHANNELS: dict[int, str] = {
-    MESSAGES: "instrument.engines.continuous.span_builder:SpanBuilder",
-    VLLM_STEPS: "instrument.vllm.consumer:RecordConsumer",
-    FORWARDED_SPANS: "instrument.records.span_forward:Decoder",
-}
+RECORD_ENTRIES = 0  # the channel of format.py's own entries
 
 
-class ChannelDecoder(Protocol):
-    """What the exporter process calls for one channel (one thread)."""
+class BlobDecoder(Protocol):
+    """A BLOB channel's decoder (one thread)."""
 
     def feed(self, payload: bytes | memoryview) -> None:
         """Build (and hand to the exporters) the spans this payload completes; the view is
@@ -45,15 +39,45 @@ class ChannelDecoder(Protocol):
         """Shutdown: end what is still open.
 
         A decoder may also say ``at_rest`` (bool): its writer's last message said it held
-        nothing more; one without it counts as at rest."""
+        nothing more; one without it counts as at rest. ``unknown_slots`` (int), when it has
+        it, is reported with the exporter process's counts."""
 
 
-def open_channel(channel: int, tracer_provider: Any) -> ChannelDecoder:
-    """A new decoder for ``channel`` writing to ``tracer_provider``'s processors.
+class EntryDecoder(Protocol):
+    """Channel 0's decoder: format.py's entries, one at a time (one thread)."""
 
-    Raises ValueError for a channel no decoder is registered for."""
-    target = CHANNELS.get(channel)
-    if target is None:
-        raise ValueError(f"step records: no decoder for BLOB channel {channel}")
+    def entry(self, entry: tuple[Any, ...]) -> None:
+        """One entry as :func:`~instrument.records.format.iter_entries` yields it."""
+
+    def close(self) -> None:
+        """Shutdown: end what is still open (``at_rest`` and ``unknown_slots`` as above)."""
+
+
+def decoder_target(decoder: type | str) -> str:
+    """``module:qualname`` of a decoder class (a string is taken as that already).
+
+    Raises ValueError for a class that another process could not import by that name."""
+    if isinstance(decoder, str):
+        module, _, name = decoder.partition(":")
+        if not module or not name:
+            raise ValueError(f"record decoder: expected 'module:qualname', got {decoder!r}")
+        return decoder
+    qualname = getattr(decoder, "__qualname__", "")
+    if not qualname or "<locals>" in qualname or decoder.__module__ == "__main__":
+        raise ValueError(f"record decoder: {decoder!r} cannot be imported by name in another process")
+    return f"{decoder.__module__}:{qualname}"
+
+
+def open_decoder(target: str, tracer_provider: Any) -> Any:
+    """A new decoder made from ``target`` (``module:qualname``) for ``tracer_provider``.
+
+    Raises ValueError when the target does not import (the message naming it is then counted
+    as malformed)."""
     module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)(tracer_provider)
+    try:
+        found: Any = importlib.import_module(module)
+        for part in name.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ValueError(f"record decoder {target!r} does not import ({type(exc).__name__}: {exc})") from None
+    return found(tracer_provider)

@@ -15,9 +15,9 @@ detection; a multiprocessing pipe blocks when full.
 The child (``python -m instrument.records.exporter_process``, a fresh interpreter: none of
 the parent's threads, locks or ``__main__`` come along; the two sockets are passed as file
 descriptors) builds a TracerProvider with the parent's resource and the same exporters (``setup_tracing``: OTLP
-from the ``OTEL_*`` variables it inherits, OTLP-JSON lines), feeds each message to a
-channel 0's decoder (instrument/records/channels.py: the continuous engine's span builder,
-which hands each BLOB entry to its channel's decoder), and at start and every 0.5 s reports its export
+from the ``OTEL_*`` variables it inherits, OTLP-JSON lines), feeds each message to its
+router (instrument/records/router.py: each entry to the decoder its writer named when it
+joined, :meth:`ExporterProcess.join`), and at start and every 0.5 s reports its export
 counts on a control socket (JSON messages). ``stop()`` asks it to drain the socket, flush and report; what
 it has not exported by the bound is counted as dropped.
 
@@ -36,7 +36,7 @@ started exits, so the exporter is no longer a descendant of the serving process.
 stops its engine core by SIGKILL to the whole process tree (``kill_process_tree``; with its
 default ``--shutdown-timeout 0`` right after SIGTERM, before any handler runs); a detached
 exporter outlives that, sees both sockets close, builds what was sent, ends what was still
-open (the builder's ``close()``), exports, says in one line that the sender ended without
+open (each decoder's ``close()``), exports, says in one line that the sender ended without
 stopping it, and exits within ~5 s. Its liveness is then its control socket, and its pid
 comes in its reports.
 """
@@ -57,6 +57,8 @@ import time
 from typing import Any, Callable
 
 from instrument.otel.export_health import ExportCounts
+from instrument.records.channels import decoder_target
+from instrument.records.format import RecordWriter
 
 __all__ = ["ExporterProcess", "RecordSender"]
 
@@ -64,6 +66,7 @@ LOGGER = logging.getLogger("tokentrace.export")
 SEND_BUFFER_BYTES = 4 * 2**20
 REPORT_EVERY_S = 0.5
 _RECV_BYTES = 1 << 22
+_DECODER_ROOM = 512  # bytes a DECODER entry takes (its target's name is far shorter)
 
 
 class _Control:
@@ -98,10 +101,10 @@ def _child_main(sock: socket.socket, control: _Control, settings: dict[str, Any]
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from instrument.otel.export_health import export_health
-    from instrument.records.channels import MESSAGES, open_channel
+    from instrument.records.router import Router
 
     provider = _child_provider(settings)
-    builder = open_channel(MESSAGES, provider)  # the continuous engine's decoder: every message
+    router = Router(provider)  # each entry to the decoder its writer named (DECODER entries)
     received = malformed = malformed_units = 0
     buf = bytearray(_RECV_BYTES)
     # non-blocking: a socket with a timeout waits for data before every receive, MSG_DONTWAIT or
@@ -112,7 +115,7 @@ def _child_main(sock: socket.socket, control: _Control, settings: dict[str, Any]
         counts = [c.as_dict() for c in export_health(provider)]
         control.send({"pid": os.getpid(), "counts": counts, "received": received, "malformed": malformed,
                       "malformed_units": malformed_units,
-                      "unknown_slots": builder.unknown_slots, "final": final, "flushed": flushed})
+                      "unknown_slots": router.unknown_slots, "final": final, "flushed": flushed})
 
     def drain() -> bool:
         """Build the spans of one waiting message; False when none was waiting."""
@@ -129,7 +132,7 @@ def _child_main(sock: socket.socket, control: _Control, settings: dict[str, Any]
         units = int.from_bytes(message[:4], "little")
         received += units
         try:
-            builder.feed(message[4:])
+            router.feed(message[4:])
         except Exception:  # noqa: BLE001 - one bad message must not stop the exporter
             malformed += 1
             malformed_units += units  # counted as dropped (what it built before failing: exported too)
@@ -153,7 +156,7 @@ def _child_main(sock: socket.socket, control: _Control, settings: dict[str, Any]
             try:
                 order = control.recv()
             except (EOFError, ConnectionResetError):  # the serving process is gone: flush what came and leave
-                order = _sender_gone(drain, builder, settings.get("sender_pid", 0))
+                order = _sender_gone(drain, router, settings.get("sender_pid", 0))
             if "flush" in order:  # everything sent before the order, built and exported
                 while drain():
                     pass
@@ -165,7 +168,7 @@ def _child_main(sock: socket.socket, control: _Control, settings: dict[str, Any]
         if time.monotonic() - last >= REPORT_EVERY_S:
             report()
             last = time.monotonic()
-    _child_stop(provider, builder, drain, report, stop_timeout)
+    _child_stop(provider, router, drain, report, stop_timeout)
 
 
 def _child_provider(settings: dict[str, Any]) -> Any:
@@ -181,13 +184,13 @@ def _child_provider(settings: dict[str, Any]) -> Any:
                          sampler=ALWAYS_ON if settings.get("always_on") else None)
 
 
-def _sender_gone(drain: Callable[[], bool], builder: Any, sender_pid: int) -> dict[str, Any]:
+def _sender_gone(drain: Callable[[], bool], router: Any, sender_pid: int) -> dict[str, Any]:
     """The serving process closed the control socket without a stop order: build what it
     sent (all in the socket), say whether anything it held was lost, and return the stop
     order it did not send."""
     while drain():  # everything it sent is in the socket
         pass
-    if getattr(builder, "at_rest", False):
+    if router.at_rest:
         LOGGER.warning("tokentrace: the process that sent spans (pid %d) ended without stopping its exporter "
                        "process; its last message said it held nothing more: exporting all it sent, "
                        "nothing lost", sender_pid)
@@ -198,14 +201,14 @@ def _sender_gone(drain: Callable[[], bool], builder: Any, sender_pid: int) -> di
     return {"stop": 5.0}
 
 
-def _child_stop(provider: Any, builder: Any, drain: Callable[[], bool], report: Callable[..., None],
+def _child_stop(provider: Any, router: Any, drain: Callable[[], bool], report: Callable[..., None],
                 stop_timeout: float) -> None:
     """The exporter process's end: build what is still in the socket, shut the provider down
     (its exporters send what they hold), all within ``stop_timeout`` s, then the final report."""
     deadline = time.monotonic() + stop_timeout
     while time.monotonic() < deadline and drain():
         pass
-    builder.close()
+    router.close()
     done = threading.Event()
     threading.Thread(target=lambda: (provider.shutdown(), done.set()), daemon=True).start()
     done.wait(max(0.1, deadline - time.monotonic()))
@@ -240,6 +243,7 @@ class ExporterProcess:
         child_sock.close()
         child_control.close()
         self._senders: list[RecordSender] = []
+        self._joined: dict[int, str] = {}  # channel -> its decoder's ``module:qualname``
         self._first = self.sender()
         self.dead = False
         self._report: dict[str, Any] = {"counts": [], "received": 0}
@@ -268,9 +272,35 @@ class ExporterProcess:
                    endpoint=settings["endpoint"], protocol=settings["protocol"])
 
     # --- the senders ------------------------------------------------------------------------
+    def join(self, channel: int, decoder: type | str, preamble: bytes | memoryview = b"") -> "RecordSender":
+        """A sender for a writer whose entries of ``channel`` the exporter process reads with
+        ``decoder`` (its class, or ``module:qualname``; made there with the process's tracer
+        provider). The first message on it is one DECODER entry naming the decoder, then
+        ``preamble`` (entries the decoder needs before anything else, e.g. the continuous
+        engine's META): nothing the writer sends can reach the process before them.
+
+        Raises ValueError when ``channel`` (0-255) is read by another decoder already, or the
+        decoder cannot be imported by name in another process."""
+        target = decoder_target(decoder)
+        if not 0 <= channel <= 255:
+            raise ValueError(f"record channel {channel}: expected 0-255")
+        known = self._joined.get(channel)
+        if known is not None and known != target:
+            raise ValueError(f"record channel {channel}: read by {known}, a writer asked for {target}")
+        self._joined[channel] = target
+        sender = self.sender()
+        writer = RecordWriter(_DECODER_ROOM + len(preamble))
+        writer.decoder(channel, target)
+        message = bytes(writer.take()) + bytes(preamble)
+        if not sender.send(message, 0):
+            LOGGER.error("tokentrace: the span exporter process did not get the name of channel %d's decoder "
+                         "(%s): that channel's spans are counted as dropped", channel, target)
+        return sender
+
     def sender(self) -> "RecordSender":
-        """A sender for one more writing thread (the engine's, the gateway's): its own
-        counters, the same socket (a SEQPACKET send is one atomic message)."""
+        """A sender for one more writing thread whose decoder joined already (or for messages of
+        entries the process reads without one, e.g. a test's): its own counters, the same
+        socket (a SEQPACKET send is one atomic message)."""
         sender = RecordSender(self)
         self._senders.append(sender)
         return sender

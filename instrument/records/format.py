@@ -24,10 +24,13 @@ kind  name      fields (struct format after the kind byte)
 5     END       ``<Q`` slot: the sequence finished; its spans can be built.
 6     IDLE      (nothing): the engine went idle (the open engine trace ends).
 7     BLOB      ``<BI`` channel, length + that many bytes: a payload for the exporter
-                process's decoder of that channel (instrument/records/channels.py), for
-                facts that are not steps of this engine: 1 = vLLM scheduler steps
-                (instrument/vllm/rows.py), 2 = spans finished in the serving process
-                and forwarded whole (instrument/records/span_forward.py).
+                process's decoder of that channel (1-255), for facts that are not the
+                entries above: another engine's step rows, spans finished in the serving
+                process and forwarded whole (docs/architecture.md lists the channels).
+8     DECODER   ``<BH`` channel, length + UTF-8 ``module:qualname``: from here on, the
+                entries of ``channel`` are read by that class (channel 0: the entries 1-6
+                above; any other: its BLOB payloads). A writer sends one when it joins the
+                exporter process (instrument/records/channels.py).
 ====  ========  ==============================================================================
 
 A slot is a number the record writer gives a sequence, never reused in one process.
@@ -44,10 +47,10 @@ import json
 import struct
 from typing import Any, Iterator
 
-__all__ = ["BLOB", "END", "IDLE", "META", "OPEN", "RecordWriter", "SEQ", "SEQ_SIZE", "STEP", "SEQ_PREFILL",
+__all__ = ["BLOB", "DECODER", "END", "IDLE", "META", "OPEN", "RecordWriter", "SEQ", "SEQ_SIZE", "STEP", "SEQ_PREFILL",
            "SEQ_RECOMPUTE", "SEQ_RECOMPUTE_EMITS", "iter_entries", "pack_seq"]
 
-META, OPEN, STEP, SEQ, END, IDLE, BLOB = 1, 2, 3, 4, 5, 6, 7
+META, OPEN, STEP, SEQ, END, IDLE, BLOB, DECODER = 1, 2, 3, 4, 5, 6, 7, 8
 SEQ_PREFILL, SEQ_RECOMPUTE, SEQ_RECOMPUTE_EMITS = 1, 2, 4
 
 _META = struct.Struct("<BI")
@@ -57,6 +60,7 @@ _SEQ = struct.Struct("<BQIIIB")
 _END = struct.Struct("<BQ")
 _IDLE = struct.Struct("<B")
 _BLOB = struct.Struct("<BBI")
+_DECODER = struct.Struct("<BBH")
 _END_OFFSET = 1 + 8 + 8 + 8  # the STEP entry's end ns, patched by finish_step
 _DEVICE_OFFSET = _STEP.size - 8
 _MASK64 = (1 << 64) - 1
@@ -190,6 +194,15 @@ class RecordWriter:
         self._buf[self._pos:self._pos + size] = data
         self._pos += size
 
+    def decoder(self, channel: int, target: str) -> None:
+        """One DECODER entry: ``channel``'s entries are read by ``target`` (``module:qualname``)."""
+        data = target.encode()
+        self._room(_DECODER.size + len(data))
+        _DECODER.pack_into(self._buf, self._pos, DECODER, channel, len(data))
+        self._pos += _DECODER.size
+        self._buf[self._pos:self._pos + len(data)] = data
+        self._pos += len(data)
+
     @property
     def step_open(self) -> bool:
         return self._step_at >= 0
@@ -209,7 +222,8 @@ class RecordWriter:
 def iter_entries(message: bytes | memoryview) -> Iterator[tuple[Any, ...]]:
     """The entries of one message as tuples ``(kind, *fields)``; META yields (META, dict),
     OPEN yields (OPEN, slot, trace id, span id, flags, cached tokens, trace state str),
-    BLOB yields (BLOB, channel, memoryview of the payload: valid while ``message`` is).
+    BLOB yields (BLOB, channel, memoryview of the payload: valid while ``message`` is),
+    DECODER yields (DECODER, channel, target str).
     Raises ValueError on a truncated or unknown entry."""
     buf = memoryview(message)
     pos, n = 0, len(buf)
@@ -240,6 +254,11 @@ def iter_entries(message: bytes | memoryview) -> Iterator[tuple[Any, ...]]:
             if pos + length > n:
                 raise ValueError(f"step records: BLOB entry truncated at byte {n}")
             yield (BLOB, channel, buf[pos:pos + length])
+            pos += length
+        elif kind == DECODER:
+            _, channel, length = _DECODER.unpack_from(buf, pos)
+            pos += _DECODER.size
+            yield (DECODER, channel, bytes(buf[pos:pos + length]).decode())
             pos += length
         elif kind == META:
             _, length = _META.unpack_from(buf, pos)

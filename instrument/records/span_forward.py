@@ -46,10 +46,9 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from instrument.otel.tracing import TracingSetup
-from instrument.records.channels import FORWARDED_SPANS
 from instrument.records.format import RecordWriter
 
-__all__ = ["Decoder", "FLUSH_BYTES", "FLUSH_S", "SpanForwarder", "encode_span", "exporter_process_of",
+__all__ = ["CHANNEL", "Decoder", "FLUSH_BYTES", "FLUSH_S", "SpanForwarder", "encode_span", "exporter_process_of",
            "forward_spans", "forwarder_of"]
 
 LOGGER = logging.getLogger("tokentrace.export")
@@ -57,6 +56,7 @@ LOGGER = logging.getLogger("tokentrace.export")
 # exporter costs ~40 µs on the sending thread, so one per 32 KiB or 50 ms, not one per span
 FLUSH_BYTES = 32 * 1024
 FLUSH_S = 0.05
+CHANNEL = 2  # the record stream's channel of forwarded spans (read by Decoder)
 _VERSION = 1
 
 Deferred = tuple[int, str, tuple[str, ...], Sequence[tuple[Any, ...]]]  # (position, name, keys, rows)
@@ -101,7 +101,7 @@ class SpanForwarder(SpanProcessor):
     def __init__(self, exporter: Any, *, owns: bool = False, flush_bytes: int = FLUSH_BYTES,
                  flush_s: float = FLUSH_S, stop_timeout_s: float = 8.0) -> None:
         self.exporter = exporter
-        self.sender = exporter.sender()
+        self.sender = exporter.join(CHANNEL, Decoder)
         self.owns = owns
         self.flush_bytes = flush_bytes
         self.flush_s = flush_s
@@ -152,7 +152,7 @@ class SpanForwarder(SpanProcessor):
         wake = False
         with self._lock:
             writer = self._writer
-            writer.blob(FORWARDED_SPANS, payload)
+            writer.blob(CHANNEL, payload)
             self._units += 1
             if writer.pending() >= self.flush_bytes:
                 self._send_locked()
@@ -239,8 +239,8 @@ def forwarder_of(tracer_provider: Any) -> SpanForwarder | None:
 
 # --- the exporter process's side ------------------------------------------------------------
 class Decoder:
-    """Channel 2's decoder (instrument/records/channels.py): forwarded spans -> the exporter
-    process's span processors."""
+    """Channel 2's decoder in the exporter process (named by :class:`SpanForwarder` when it
+    joins): forwarded spans -> the process's span processors."""
 
     def __init__(self, tracer_provider: Any) -> None:
         from instrument.otel.span_writer import span_writer_for

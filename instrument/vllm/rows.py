@@ -8,7 +8,7 @@ where each request was scheduled one token and sampled one), plus a row per arri
 preemption and end. When a send is due (the engine went idle; 512 rows held; 2 s since the
 last send with about 64 steps held; 10 s since it) :class:`~instrument.vllm.sink.RecordSink` packs
 the rows with :func:`pack` (``marshal`` format 4, in C: each string object once per message) into
-channel-1 BLOB messages of up to about 256 KiB (instrument/records/channels.py). Measured
+channel-1 BLOB messages of up to about 256 KiB (instrument/vllm/sink.py ``CHANNEL``). Measured
 inside vLLM's engine core, where a model step between two sends leaves vLLM's objects and
 this code cold in the CPU's caches, that costs the engine thread about a third less than
 reading each step into per-request columns there (docs/spans.md "vLLM", cost). No span,

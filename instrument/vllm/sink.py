@@ -17,7 +17,7 @@ from instrument.vllm.hooks import clock_start
 from instrument.vllm.hooks.tap import FLUSH_LATE_NS, FLUSH_NS
 from instrument.vllm.rows import UPDATED, message, message_end, pack, units
 
-__all__ = ["EXPORTER_NICE", "FLUSH_BYTES", "FLUSH_LATE_NS", "FLUSH_NS", "RecordSink"]
+__all__ = ["CHANNEL", "EXPORTER_NICE", "FLUSH_BYTES", "FLUSH_LATE_NS", "FLUSH_NS", "RecordSink"]
 
 log = logging.getLogger("tokentrace.vllm")
 # A send is due whenever the engine goes idle, at hooks.MAX_HELD rows (~256 steps), FLUSH_NS
@@ -39,6 +39,7 @@ log = logging.getLogger("tokentrace.vllm")
 # before, cut in two or three; ~4× that at batch 32)
 FLUSH_BYTES = 256 * 1024
 EXPORTER_NICE = 10  # the exporter process runs this much nicer than the engine core (at most 19)
+CHANNEL = 1  # the record stream's channel of these rows, read by instrument/vllm/consumer.py
 
 
 class RecordSink:
@@ -52,6 +53,7 @@ class RecordSink:
     def __init__(self, exporters: list[str], json_path: str | None, take: Any, protocol: str | None = None) -> None:
         from instrument.records.exporter_process import ExporterProcess
         from instrument.records.format import RecordWriter
+        from instrument.vllm.consumer import RecordConsumer
         from instrument.otel.tracing import default_resource
 
         # the resource setup_tracing gives (OTEL_RESOURCE_ATTRIBUTES, service name, instance id, host),
@@ -65,7 +67,7 @@ class RecordSink:
         # (instrument/vllm/sampling.py); a root must not be decided again on another trace id
         self.exporter = ExporterProcess(resource, exporters, json_path, name="vllm-exporter-process", detach=True,
                                         nice=EXPORTER_NICE, always_on=True, protocol=protocol)
-        self.sender = self.exporter.sender()
+        self.sender = self.exporter.join(CHANNEL, RecordConsumer)  # reads the rows there
         self.writer = RecordWriter()
         self.measure = False  # time each send with the thread's CPU clock
         self.send_cpu_ns = 0  # CPU time spent taking, packing and sending (measure), ns
@@ -122,9 +124,7 @@ class RecordSink:
             self.send_cpu_ns += time.thread_time_ns() - cpu - floor
 
     def _send(self, payload: bytes, units: int) -> None:
-        from instrument.records.channels import VLLM_STEPS
-
-        self.writer.blob(VLLM_STEPS, payload)
+        self.writer.blob(CHANNEL, payload)
         self.sender.send(self.writer.take(), units)
         self.sends += 1
 

@@ -18,10 +18,11 @@ from opentelemetry import trace
 
 from instrument.clock import now_wall_ns
 from instrument.kv.formula import KVLayout
+from instrument.engines.continuous.span_builder import SpanBuilder, layout_meta
+from instrument.records.channels import RECORD_ENTRIES
 from instrument.records.exporter_process import ExporterProcess
 from instrument.records.format import (SEQ, SEQ_PREFILL, SEQ_RECOMPUTE, SEQ_RECOMPUTE_EMITS, SEQ_SIZE, RecordWriter,
                                       pack_seq)
-from instrument.engines.continuous.span_builder import layout_meta
 
 __all__ = ["FLUSH_BYTES", "FLUSH_NS", "StepRecordSink"]
 
@@ -43,13 +44,14 @@ class StepRecordSink:
         shared = exporter_process_of(tracer_provider)  # the serve's one, when its spans are forwarded
         self.owns_exporter = shared is None
         self.exporter = ExporterProcess.for_provider(tracer_provider) if shared is None else shared
-        self.sender = self.exporter.sender()
         self.writer = RecordWriter()
+        self.writer.meta(layout_meta(layout, layout_name, bytes_per_block, decode_spans, steps_per_trace))
+        # the exporter process reads this engine's entries (channel 0) with its SpanBuilder,
+        # told the layout (META) before any step
+        self.sender = self.exporter.join(RECORD_ENTRIES, SpanBuilder, preamble=self.writer.take())
         self.units = 0  # spans the packed, unsent records stand for
         self.sent_ns = 0  # when the records last went out
         self.busy = False  # a step was recorded since the last IDLE entry
-        self.writer.meta(layout_meta(layout, layout_name, bytes_per_block, decode_spans, steps_per_trace))
-        self.flush()
         if self.owns_exporter:
             add_counts_source(tracer_provider, self.exporter.counts)
 

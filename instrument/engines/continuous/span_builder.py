@@ -1,5 +1,9 @@
 """Spans from step records (instrument/records/format.py), built in the exporter process.
 
+:class:`SpanBuilder` is the continuous engine's decoder of the record stream's channel 0: the
+engine's record sink (record_sink.py) names it when it joins the span exporter process, whose
+router hands it each entry of that channel (:meth:`SpanBuilder.entry`).
+
 The builder keeps what the continuous engine keeps on its own thread in the inline path
 (instrument/engines/continuous/spans.py): one :class:`StepRecord` per STEP entry, and per slot the
 prefill chunks and decode steps its SEQ entries name. On END it calls the same
@@ -22,7 +26,6 @@ from instrument.engines.continuous.spans import EngineTraceWriter, StepRecord, r
 from instrument.hf.generate_spans import DecodeSpanPolicy
 from instrument.kv.formula import KVLayout
 from instrument.records import format as fmt
-from instrument.records.channels import ChannelDecoder, open_channel
 from instrument.otel.span_writer import span_writer_for
 from instrument.otel.tracing import get_tracer
 
@@ -56,11 +59,10 @@ class _Sequence:
 
 
 class SpanBuilder:
-    """Feeds messages of step records into spans of ``tracer_provider``."""
+    """Builds the spans of the continuous engine's step records on ``tracer_provider``."""
 
     def __init__(self, tracer_provider: Any) -> None:
         self.tracer_provider = tracer_provider
-        self.channels: dict[int, ChannelDecoder] = {}  # BLOB decoders (instrument/records/channels.py)
         self.tracer = get_tracer(tracer_provider)
         self.writer = span_writer_for(self.tracer)
         self.engine_traces: EngineTraceWriter | None = None
@@ -85,60 +87,59 @@ class SpanBuilder:
         self.engine_traces = EngineTraceWriter(self.tracer, self.writer, int(info["steps_per_trace"]))
 
     def feed(self, message: bytes | memoryview) -> None:
-        """Build the spans one message finishes (raises ValueError on a malformed message)."""
-        sequences = self.sequences
+        """Build the spans one message of these entries finishes (raises ValueError on a
+        malformed message). In the exporter process the router calls :meth:`entry` instead."""
         for entry in fmt.iter_entries(message):
-            kind = entry[0]
-            if kind != fmt.BLOB and kind != fmt.META:
-                self._engine_at_rest = kind == fmt.IDLE
-            if kind == fmt.SEQ:
-                _, slot, tokens, blocks, context, flags = entry
-                seq, rec = sequences.get(slot), self._step
-                if seq is None or rec is None:
-                    self.unknown_slots += 1
-                    continue
-                record_run(seq, rec, tokens, blocks, context, bool(flags & fmt.SEQ_PREFILL),
-                           bool(flags & fmt.SEQ_RECOMPUTE), bool(flags & fmt.SEQ_RECOMPUTE_EMITS))
-            elif kind == fmt.STEP:
-                (_, step, start, forward, end, batch, tokens, prefill_tokens, prefill_seqs, waiting, used, total,
-                 cached, block_tokens, device) = entry
-                rec = StepRecord(step, start, forward, batch, tokens, prefill_tokens, used, total, block_tokens,
-                                 waiting, prefill_seqs, cached, end, None if device < 0 else device)
-                self._step = rec
-                if self.engine_traces is not None:
-                    self.engine_traces.step(rec)
-            elif kind == fmt.OPEN:
-                _, slot, trace_id, span_id, flags, cached, state = entry
-                parent = SpanContext(trace_id, span_id, is_remote=False, trace_flags=TraceFlags(flags),
-                                     trace_state=TraceState.from_header([state]) if state else None)
-                sequences[slot] = _Sequence(_Request(trace.set_span_in_context(NonRecordingSpan(parent))), cached)
-            elif kind == fmt.END:
-                seq = sequences.pop(entry[1], None)
-                if seq is None:
-                    self.unknown_slots += 1
-                elif seq.prefill or seq.decode:
-                    write_sequence_spans(self.writer, seq, self.layout, self.layout_name, self.bytes_per_block,
-                                         self.policy)
-            elif kind == fmt.IDLE:
-                if self.engine_traces is not None:
-                    self.engine_traces.close()
-            elif kind == fmt.BLOB:
-                decoder = self.channels.get(entry[1])
-                if decoder is None:
-                    decoder = self.channels[entry[1]] = open_channel(entry[1], self.tracer_provider)
-                decoder.feed(entry[2])
-            elif kind == fmt.META:
-                self._meta(entry[1])
+            self.entry(entry)
+
+    def entry(self, entry: tuple[Any, ...]) -> None:
+        """One entry as :func:`~instrument.records.format.iter_entries` yields it."""
+        kind = entry[0]
+        if kind != fmt.META:
+            self._engine_at_rest = kind == fmt.IDLE
+        if kind == fmt.SEQ:
+            _, slot, tokens, blocks, context, flags = entry
+            seq, rec = self.sequences.get(slot), self._step
+            if seq is None or rec is None:
+                self.unknown_slots += 1
+                return
+            record_run(seq, rec, tokens, blocks, context, bool(flags & fmt.SEQ_PREFILL),
+                       bool(flags & fmt.SEQ_RECOMPUTE), bool(flags & fmt.SEQ_RECOMPUTE_EMITS))
+        elif kind == fmt.STEP:
+            (_, step, start, forward, end, batch, tokens, prefill_tokens, prefill_seqs, waiting, used, total,
+             cached, block_tokens, device) = entry
+            rec = StepRecord(step, start, forward, batch, tokens, prefill_tokens, used, total, block_tokens,
+                             waiting, prefill_seqs, cached, end, None if device < 0 else device)
+            self._step = rec
+            if self.engine_traces is not None:
+                self.engine_traces.step(rec)
+        elif kind == fmt.OPEN:
+            _, slot, trace_id, span_id, flags, cached, state = entry
+            parent = SpanContext(trace_id, span_id, is_remote=False, trace_flags=TraceFlags(flags),
+                                 trace_state=TraceState.from_header([state]) if state else None)
+            self.sequences[slot] = _Sequence(_Request(trace.set_span_in_context(NonRecordingSpan(parent))), cached)
+        elif kind == fmt.END:
+            seq = self.sequences.pop(entry[1], None)
+            if seq is None:
+                self.unknown_slots += 1
+            elif seq.prefill or seq.decode:
+                write_sequence_spans(self.writer, seq, self.layout, self.layout_name, self.bytes_per_block,
+                                     self.policy)
+        elif kind == fmt.IDLE:
+            if self.engine_traces is not None:
+                self.engine_traces.close()
+        elif kind == fmt.META:
+            self._meta(entry[1])
+        else:
+            raise ValueError(f"continuous engine records: entry kind {kind} is not one of this engine's")
 
     @property
     def at_rest(self) -> bool:
-        """Whether every writer's last message said it held nothing more (an engine gone idle):
-        a writer that ends unannounced then lost nothing it had not sent."""
-        return self._engine_at_rest and all(getattr(d, "at_rest", True) for d in self.channels.values())
+        """Whether the engine's last entry said it went idle: an engine that ends unannounced
+        then lost nothing it had not sent."""
+        return self._engine_at_rest
 
     def close(self) -> None:
-        """End the open engine trace and what every channel decoder holds open (shutdown)."""
+        """End the open engine trace (shutdown)."""
         if self.engine_traces is not None:
             self.engine_traces.close()
-        for decoder in self.channels.values():
-            decoder.close()
