@@ -119,6 +119,7 @@ CASES: list[tuple[str, str]] = [
     ("serve", "--model {d}/garbage.bin"),
     ("serve", "--model tiny --decode-spans bogus"),
     ("serve", "--model tiny --host 0.0.0.0"),
+    ("serve", "--model tiny --engine sequential --span-export process"),
     ("bench", "--url nonsense --requests 1 --concurrency 1"),
     ("bench", f"--url {CLOSED_PORT} --requests 1 --concurrency 1 --timeout-s 2"),
     ("bench", "--url http://127.0.0.1:9 --requests 1"),

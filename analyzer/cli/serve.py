@@ -123,20 +123,18 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
     """
     from instrument.gateway.admission import AdmissionBudgets
 
-    _check_engine_flags(engine_name, max_queue_wait_s, prefix_caching, span_export)
+    span_export = _check_engine_flags(engine_name, max_queue_wait_s, prefix_caching, span_export)
     keys = _accepted_keys(api_keys, host)
     problem = _bind_error(host, port)
     if problem is not None:
         raise UserError(problem)
-    if span_export is None:
-        span_export = "process" if engine_name == "continuous" else "inline"
     provider = _tracer_provider(decode_spans, service_name, otlp_json, span_export)
     handle = _load_model(model_spec)
     from instrument.gateway.app import GatewaySettings
 
     engine_options = ({"kv_block_tokens": kv_block_tokens, "max_batch_tokens": max_batch_tokens,
                        "max_batch_size": max_batch_size, "prefix_caching": prefix_caching,
-                       "max_queue_wait_s": max_queue_wait_s, "span_export": span_export}
+                       "max_queue_wait_s": max_queue_wait_s}
                       if engine_name == "continuous" else {})
     settings = GatewaySettings(
         api_keys=keys, max_body_bytes=max_body_bytes, max_tokens_limit=max_tokens_limit,
@@ -145,21 +143,26 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
         gc_freeze=True, engine=engine_name, engine_options=engine_options, shutdown_grace_s=shutdown_grace_s,
     )
     _log_requests_on_stderr()
-    app = _create_app(handle, provider, settings, span_export)
+    app = _create_app(handle, provider, settings)
     listening = _listening_line(handle, app.state.gateway.engine, engine_name, keys, span_export)
     _serve_until_stopped(app, provider, host, port, shutdown_grace_s, listening)
 
 
 def _check_engine_flags(engine_name: str, max_queue_wait_s: float | None, prefix_caching: bool,
-                        span_export: str | None) -> None:
-    """Refuse the flags that apply to --engine continuous only when another engine is asked for."""
-    if engine_name != "continuous" and (max_queue_wait_s is not None or not prefix_caching
-                                        or span_export == "process"):
-        flag = ("--max-queue-wait-s" if max_queue_wait_s is not None else "--no-prefix-caching" if not prefix_caching
-                else "--span-export process")
-        why = ("it writes no step records" if flag == "--span-export process"
-               else "the sequential engine has one job queue and no prefix cache")
-        raise UserError(f"{flag} applies to --engine continuous only ({why})")
+                        span_export: str | None) -> str:
+    """Refuse the flags that apply to --engine continuous only when another engine is asked
+    for; the span-export mode (decided by ``instrument.engines.span_export_for``: it travels
+    on the tracer provider from here on)."""
+    from instrument.engines import span_export_for
+
+    if engine_name != "continuous" and (max_queue_wait_s is not None or not prefix_caching):
+        flag = "--max-queue-wait-s" if max_queue_wait_s is not None else "--no-prefix-caching"
+        raise UserError(f"{flag} applies to --engine continuous only "
+                        "(the sequential engine has one job queue and no prefix cache)")
+    try:
+        return span_export_for(engine_name, span_export)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
 
 
 def _accepted_keys(api_keys: tuple[str, ...], host: str) -> frozenset[str]:
@@ -213,12 +216,14 @@ def _log_requests_on_stderr() -> None:
         log.setLevel(logging.INFO)
 
 
-def _create_app(handle, provider, settings, span_export: str):  # noqa: ANN001, ANN202
-    """The gateway app; with --span-export process, its spans forwarded to the span exporter process."""
+def _create_app(handle, provider, settings):  # noqa: ANN001, ANN202
+    """The gateway app; with --span-export process (the provider's mode), its spans forwarded
+    to the span exporter process, which the engine's step records share."""
     from instrument.gateway.app import create_app
+    from instrument.otel.tracing import span_export_of
 
     try:
-        if span_export == "process":
+        if span_export_of(provider) == "process":
             from instrument.records.span_forward import forward_spans
 
             forward_spans(provider)  # one span exporter process: the gateway's spans and the engine's records

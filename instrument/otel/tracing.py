@@ -47,7 +47,9 @@ from opentelemetry.sdk.trace.export import (
 
 __all__ = [
     "HashOnceResource",
+    "SPAN_EXPORT_CHOICES",
     "default_resource",
+    "span_export_of",
     "SCOPE_NAME",
     "CONTRACT_VERSION",
     "DEFAULT_SERVICE_NAME",
@@ -228,6 +230,18 @@ def _attribute_length_limits() -> dict[str, int]:
         "max_attribute_length": DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT,
         "max_span_attribute_length": DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT,
     }
+
+
+SPAN_EXPORT_CHOICES = ("inline", "process")
+
+
+def span_export_of(tracer_provider: object) -> str:
+    """Where ``tracer_provider``'s spans are exported: ``process`` (its exporters are made by a
+    span exporter process: ``setup_tracing(make_exporters=False)``, or :func:`forward_spans
+    <instrument.records.span_forward.forward_spans>` wired it) or ``inline`` (made here; any
+    provider not made by :func:`setup_tracing`). The one value engines and the gateway read."""
+    mode = getattr(tracer_provider, "span_export", "inline") if isinstance(tracer_provider, TracingSetup) else "inline"
+    return str(mode)
 
 
 def default_resource(service_name: str | None = None) -> Resource:

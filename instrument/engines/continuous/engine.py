@@ -40,14 +40,13 @@ from instrument.hf.generate_spans import DecodeSpanPolicy
 from instrument.hf.model_handle import ModelHandle
 from instrument.hf.token_sampling import SequenceSampler, TokenLogprobs
 from instrument.otel.span_writer import span_writer_for
-from instrument.otel.tracing import get_tracer
+from instrument.otel.tracing import SPAN_EXPORT_CHOICES, get_tracer, span_export_of
 
 __all__ = ["ContinuousEngine", "DEFAULT_KV_BUDGET_BYTES", "DEFAULT_KV_CACHE_TOKENS", "SPAN_EXPORT_CHOICES"]
 
 LOGGER = logging.getLogger("tokentrace.engine")
 DEFAULT_KV_BUDGET_BYTES = 512 * 2**20  # without --kv-budget-bytes: at most this much paged cache...
 DEFAULT_KV_CACHE_TOKENS = 32_768  # ...and at most this many tokens (the attention mask grows with it)
-SPAN_EXPORT_CHOICES = ("inline", "process")
 
 
 class ContinuousEngine(RequestQueue):
@@ -74,10 +73,12 @@ class ContinuousEngine(RequestQueue):
       one-time kernel set-up).
     - ``device_time``: CUDA event time of each step's forward (``tokentrace.device_ns`` on
       ``engine_step`` spans); default on when the model is on CUDA.
-    - ``span_export``: ``inline`` (default: spans written on the engine thread, exported by
+    - ``span_export``: ``inline`` (spans written on the engine thread, exported by
       ``tracer_provider``) or ``process`` (step records to a span exporter process that
       makes ``tracer_provider``'s exporters again: it must come from ``setup_tracing``
-      without extra exporter objects).
+      without extra exporter objects); default: the provider's own mode
+      (:func:`~instrument.otel.tracing.span_export_of`: ``process`` when its exporters are
+      made by an exporter process, as ``serve`` makes it).
 
     ``tracing`` (attribute, default True): False keeps token delivery, cancellation and the
     queue time but records no steps and writes no prefill/decode/engine spans — the
@@ -91,7 +92,7 @@ class ContinuousEngine(RequestQueue):
                  kv_budget_bytes: int | None = None, kv_block_tokens: int = 16, max_batch_tokens: int = 512,
                  max_batch_size: int = 64, steps_per_engine_trace: int = 1000, warmup: bool = True,
                  device_time: bool | None = None, prefix_caching: bool = True,
-                 max_queue_wait_s: float | None = None, metrics: Any = None, span_export: str = "inline") -> None:
+                 max_queue_wait_s: float | None = None, metrics: Any = None, span_export: str | None = None) -> None:
         cb_hooks.check_version()
         model = handle.model
         self.handle = handle
@@ -111,6 +112,8 @@ class ContinuousEngine(RequestQueue):
         if blocks < 1:
             raise ValueError(f"--kv-budget-bytes {kv_budget_bytes}: smaller than one KV block "
                              f"({kv_block_tokens} tokens x {self.layout.kv_bytes_per_token} bytes = {bytes_per_block} bytes)")
+        if span_export is None:
+            span_export = span_export_of(tracer_provider)
         if span_export not in SPAN_EXPORT_CHOICES:
             raise ValueError(f"--span-export must be one of {', '.join(SPAN_EXPORT_CHOICES)}, got {span_export!r}")
         if max_queue_wait_s is not None and max_queue_wait_s <= 0:
