@@ -8,7 +8,7 @@ the rows StepTap.take gives for those steps (an arrival with a traceparent, a ch
 with prefix-cache hits, decodes, a preemption and its recomputed prefill, an abort, a step
 that names the aborted request, events-only records); both paths write to real SDK providers
 with in-memory exporters. The sink's tests send rows through a real exporter process
-(python -m instrument.records.exporter_process) to an OTLP/JSON file. tests/test_vllm_plugin.py
+(python -m instrument.records.exporter_child) to an OTLP/JSON file. tests/test_vllm_plugin.py
 checks StepTap.take on vLLM's own classes.
 """
 

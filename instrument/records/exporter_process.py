@@ -12,7 +12,7 @@ send fail, so a dead exporter is noticed on the engine thread at no cost. A shar
 ring was cheaper per record (0.3 µs) but needs polling in the reader and its own death
 detection; a multiprocessing pipe blocks when full.
 
-The child (``python -m instrument.records.exporter_process``, a fresh interpreter: none of
+The child (``python -m instrument.records.exporter_child``, a fresh interpreter: none of
 the parent's threads, locks or ``__main__`` come along; the two sockets are passed as file
 descriptors) builds a TracerProvider with the parent's resource and the same exporters (``setup_tracing``: OTLP
 from the ``OTEL_*`` variables it inherits, OTLP-JSON lines), feeds each message to its
@@ -47,175 +47,23 @@ import errno
 import json
 import logging
 import os
-import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
-from typing import Any, Callable
+from typing import Any
 
 from instrument.otel.export_health import ExportCounts
 from instrument.records.channels import decoder_target
+from instrument.records.exporter_child import Control
 from instrument.records.format import RecordWriter
 
 __all__ = ["ExporterProcess", "RecordSender"]
 
 LOGGER = logging.getLogger("tokentrace.export")
 SEND_BUFFER_BYTES = 4 * 2**20
-REPORT_EVERY_S = 0.5
-_RECV_BYTES = 1 << 22
 _DECODER_ROOM = 512  # bytes a DECODER entry takes (its target's name is far shorter)
-
-
-class _Control:
-    """JSON messages over a SOCK_SEQPACKET socket (one message per packet)."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-
-    def send(self, obj: Any) -> None:
-        self.sock.sendall(json.dumps(obj).encode())
-
-    def poll(self, timeout: float = 0.0) -> bool:
-        # poll(), not select(): a process with 1,024 or more files open (vLLM's engine core) has
-        # descriptor numbers select() refuses
-        waiter = select.poll()
-        waiter.register(self.sock, select.POLLIN)
-        return bool(waiter.poll(timeout * 1000))
-
-    def recv(self) -> Any:
-        data = self.sock.recv(1 << 20)
-        if not data:
-            raise EOFError("control socket closed")
-        return json.loads(data)
-
-
-def _child_main(sock: socket.socket, control: _Control, settings: dict[str, Any]) -> None:
-    """The exporter process's loop (runs in the child): make the provider, then build the
-    spans of every message on ``sock`` and answer the parent's orders on ``control`` (flush,
-    stop; a count report every ``REPORT_EVERY_S``) until told to stop or left alone, then stop."""
-    # the parent decides when to stop (stop(), or its end closing the control socket): a
-    # SIGINT / SIGTERM sent to the whole process group or cgroup must not cut the export short
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    from instrument.otel.export_health import export_health
-    from instrument.records.router import Router
-
-    provider = _child_provider(settings)
-    router = Router(provider)  # each entry to the decoder its writer named (DECODER entries)
-    received = malformed = malformed_units = 0
-    buf = bytearray(_RECV_BYTES)
-    # non-blocking: a socket with a timeout waits for data before every receive, MSG_DONTWAIT or
-    # not (CPython), which made each flush order cost two 0.1 s waits; select() does the waiting
-    sock.setblocking(False)
-
-    def report(final: bool = False, flushed: int | None = None) -> None:
-        counts = [c.as_dict() for c in export_health(provider)]
-        control.send({"pid": os.getpid(), "counts": counts, "received": received, "malformed": malformed,
-                      "malformed_units": malformed_units,
-                      "unknown_slots": router.unknown_slots, "final": final, "flushed": flushed})
-
-    def drain() -> bool:
-        """Build the spans of one waiting message; False when none was waiting."""
-        nonlocal received, malformed, malformed_units
-        try:
-            n = sock.recv_into(buf, 0, socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return False
-        except ConnectionResetError:  # the sender's end was reset: nothing more to read
-            return False
-        if n == 0:
-            return False
-        message = memoryview(buf)[:n]
-        units = int.from_bytes(message[:4], "little")
-        received += units
-        try:
-            router.feed(message[4:])
-        except Exception:  # noqa: BLE001 - one bad message must not stop the exporter
-            malformed += 1
-            malformed_units += units  # counted as dropped (what it built before failing: exported too)
-        return True
-
-    waiter = select.poll()  # (not select(): see _Control.poll)
-    sock_fd, control_fd = sock.fileno(), control.sock.fileno()
-    waiter.register(sock_fd, select.POLLIN)
-    waiter.register(control_fd, select.POLLIN)
-    report()  # at once: a detached child's pid reaches the parent this way
-    last = time.monotonic()
-    stop_timeout = None
-    while stop_timeout is None:
-        # wait for a message or an order, whichever comes first (a flush order is answered at
-        # once, not after a receive times out), at most until the next report is due
-        wait = max(0.0, REPORT_EVERY_S - (time.monotonic() - last))
-        ready = {fd for fd, _ in waiter.poll(wait * 1000)}
-        if ready and not drain() and sock_fd in ready:  # readable and empty: the parent closed it
-            ready.add(control_fd)
-        if control_fd in ready:
-            try:
-                order = control.recv()
-            except (EOFError, ConnectionResetError):  # the serving process is gone: flush what came and leave
-                order = _sender_gone(drain, router, settings.get("sender_pid", 0))
-            if "flush" in order:  # everything sent before the order, built and exported
-                while drain():
-                    pass
-                provider.force_flush(int(order["timeout_ms"]))
-                report(flushed=order["flush"])
-                last = time.monotonic()
-                continue
-            stop_timeout = float(order.get("stop", 5.0))
-        if time.monotonic() - last >= REPORT_EVERY_S:
-            report()
-            last = time.monotonic()
-    _child_stop(provider, router, drain, report, stop_timeout)
-
-
-def _child_provider(settings: dict[str, Any]) -> Any:
-    """The exporter process's TracerProvider: the parent's resource and exporters, made here."""
-    from instrument.otel.tracing import setup_tracing
-    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
-
-    attrs = dict(settings["resource"])
-    return setup_tracing(str(attrs.pop("service.name", "tokentrace")), exporter=settings["exporters"] or ["none"],
-                         json_path=settings.get("json_path"), endpoint=settings.get("endpoint"),
-                         protocol=settings.get("protocol"), instance_id=attrs.pop("service.instance.id", None),
-                         resource_attributes=attrs,
-                         sampler=ALWAYS_ON if settings.get("always_on") else None)
-
-
-def _sender_gone(drain: Callable[[], bool], router: Any, sender_pid: int) -> dict[str, Any]:
-    """The serving process closed the control socket without a stop order: build what it
-    sent (all in the socket), say whether anything it held was lost, and return the stop
-    order it did not send."""
-    while drain():  # everything it sent is in the socket
-        pass
-    if router.at_rest:
-        LOGGER.warning("tokentrace: the process that sent spans (pid %d) ended without stopping its exporter "
-                       "process; its last message said it held nothing more: exporting all it sent, "
-                       "nothing lost", sender_pid)
-    else:
-        LOGGER.warning("tokentrace: the process that sent spans (pid %d) ended without stopping its "
-                       "exporter process (killed?) while it still held steps: exporting what it sent; "
-                       "what it held after its last send is lost", sender_pid)
-    return {"stop": 5.0}
-
-
-def _child_stop(provider: Any, router: Any, drain: Callable[[], bool], report: Callable[..., None],
-                stop_timeout: float) -> None:
-    """The exporter process's end: build what is still in the socket, shut the provider down
-    (its exporters send what they hold), all within ``stop_timeout`` s, then the final report."""
-    deadline = time.monotonic() + stop_timeout
-    while time.monotonic() < deadline and drain():
-        pass
-    router.close()
-    done = threading.Event()
-    threading.Thread(target=lambda: (provider.shutdown(), done.set()), daemon=True).start()
-    done.wait(max(0.1, deadline - time.monotonic()))
-    try:
-        report(final=True)
-    except OSError:  # nobody left to read it (orphaned)
-        pass
 
 
 class ExporterProcess:
@@ -232,13 +80,13 @@ class ExporterProcess:
         parent_sock.setblocking(False)
         self._sock = parent_sock
         control, child_control = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._control = _Control(control)
+        self._control = Control(control)
         settings = {"resource": {k: v for k, v in resource_attributes.items()}, "exporters": list(exporters),
                     "json_path": json_path, "endpoint": endpoint, "protocol": protocol, "records_fd": child_sock.fileno(),
                     "control_fd": child_control.fileno(), "detach": detach, "sender_pid": os.getpid(), "nice": nice,
                     "always_on": always_on}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "instrument.records.exporter_process", json.dumps(settings)],
+            [sys.executable, "-m", "instrument.records.exporter_child", json.dumps(settings)],
             pass_fds=(child_sock.fileno(), child_control.fileno()), start_new_session=True)
         child_sock.close()
         child_control.close()
@@ -463,24 +311,3 @@ class RecordSender:
             return False
         self.sent_units += units
         return True
-
-
-def main(argv: list[str]) -> int:
-    """``python -m instrument.records.exporter_process SETTINGS_JSON`` (started by ExporterProcess)."""
-    settings = json.loads(argv[0])
-    if settings.get("nice"):  # this much nicer than the sender (at most 19), before forking
-        try:
-            os.setpriority(os.PRIO_PROCESS, 0, min(19, os.getpriority(os.PRIO_PROCESS, 0) + int(settings["nice"])))
-        except OSError:
-            pass
-    if settings.pop("detach", False) and os.fork() > 0:  # the process started exits; its child goes on
-        os._exit(0)
-    sock = socket.socket(fileno=settings.pop("records_fd"))
-    control = _Control(socket.socket(fileno=settings.pop("control_fd")))
-    _child_main(sock, control, settings)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
-
