@@ -203,39 +203,86 @@ def test_process_export_writes_the_spans_of_the_inline_path(handle: ModelHandle,
     assert inline["root_keys"] == process["root_keys"]
 
 
+def _wait_for(condition: Any, what: str, timeout_s: float = TIMEOUT_S) -> None:
+    """Poll ``condition()`` every 50 ms until true; fail naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout_s:g} s for {what}"
+        time.sleep(0.05)
+
+
+def _exported_request(path: Path, exporter: Any, response_id: str) -> set[str]:
+    """The names of the spans of the request ``response_id`` in the spans file, once the
+    exporter process has exported everything sent so far."""
+    exporter.flush(TIMEOUT_S)
+    if not path.exists():
+        return set()
+    spans = _load(path)
+    gateways = [s["spanId"] for s in spans if s["name"] == "gateway"
+                and s["_attrs"]["gen_ai.response.id"]["stringValue"] == response_id]
+    return {s["name"] for s in spans if s["spanId"] in gateways or s.get("parentSpanId") in gateways}
+
+
 @pytest.mark.timing
-def test_serving_goes_on_when_the_exporter_process_dies(handle: ModelHandle, tmp_path: Path,
-                                                        caplog: pytest.LogCaptureFixture) -> None:
-    provider, app, server = _serve(handle, tmp_path / "killed.jsonl", "process")
+def test_a_killed_exporter_process_is_restarted(handle: ModelHandle, tmp_path: Path,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    """SIGKILL the span exporter process twice while serving: serving goes on, a new one
+    starts each time (one line each), and the requests served after each restart have all
+    their spans: the gateway's (forwarded) and the engine's (built from step records, read
+    with the decoder and layout the engine named when it joined the first process)."""
+    path = tmp_path / "killed.jsonl"
+    provider, app, server = _serve(handle, path, "process")
     engine = app.state.gateway.engine
+    exporter = engine.exporter
+    whole = {"gateway", "tokenize", "queue", "prefill", "decode"}
     try:
-        first = _one_by_one(server.url, FIXED_RUN[:1])
-        assert first[0].completed
-        os.kill(engine.exporter.process.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        with caplog.at_level(logging.ERROR, logger="tokentrace.export"):
-            while not engine.exporter.dead and time.monotonic() < deadline:
-                time.sleep(0.05)
-            after = _one_by_one(server.url, FIXED_RUN[1:])
-        assert engine.exporter.dead
-        assert all(r.completed for r in after), [(r.status_code, r.error) for r in after]
+        with caplog.at_level(logging.WARNING, logger="tokentrace.export"):
+            for restarts, (prompt, tokens) in enumerate(FIXED_RUN[:3]):
+                (result,) = _one_by_one(server.url, [(prompt, tokens)])
+                assert result.completed, (result.status_code, result.error)
+                # the events the test needs, waited for: this request's spans exported...
+                _wait_for(lambda: _exported_request(path, exporter, result.response_id) == whole,
+                          f"the spans of request {restarts + 1}")
+                if restarts == 2:
+                    break
+                killed = exporter.pid
+                os.kill(killed, signal.SIGKILL)
+                # ... and a new exporter process started and ready
+                _wait_for(lambda: exporter.restarts == restarts + 1 and not exporter.dead
+                          and exporter.wait_started(0), f"restart {restarts + 1}")
+                assert exporter.pid != killed
         health = httpx.get(server.url + "/health", timeout=10).json()
-        stopped = [r.getMessage() for r in caplog.records if "tracing stopped" in r.getMessage()]
-        assert len(stopped) == 1, "said once"
     finally:
         server.stop()
         provider.shutdown()
-    assert health["engine"]["exporter_process"]["dead"] is True
-    assert health["engine"]["exporter_process"]["dropped_spans"] > 0
-    (process_row,) = [c for c in health["export"] if c["name"].startswith("exporter-process")]
-    assert process_row["dropped"] > 0 and process_row["last_error"] == "exporter process died"
+    died = [r.getMessage() for r in caplog.records if "a new one is started" in r.getMessage()]
+    restarted = [r.getMessage() for r in caplog.records if "span exporter process restarted" in r.getMessage()]
+    assert len(died) == len(restarted) == 2, (died, restarted)
+    assert health["engine"]["exporter_process"]["restarts"] == 2
+    assert health["engine"]["exporter_process"]["dead"] is False
     counts = export_health(provider)
     (final,) = [c for c in counts if c.name.startswith("exporter-process")]
-    # the requests after the kill: 3 requests x (prefill chunks + decode steps + gateway,
-    # tokenize, queue), plus their steps
-    assert final.dropped >= sum(n for _, n in FIXED_RUN[1:]) + 3 * 3
     assert final.submitted == final.exported + final.failed + final.dropped + final.pending
     assert [c.name for c in counts] == [final.name], "nothing is exported from the serving process"
+
+
+@pytest.mark.timing
+def test_without_restarts_a_dead_exporter_process_stops_tracing(caplog: pytest.LogCaptureFixture) -> None:
+    """``restart=False``: one line says tracing stopped; later messages are dropped, counted."""
+    from instrument.records.exporter_process import ExporterProcess
+
+    exporter = ExporterProcess({"service.name": "no-restart-test"}, ["none"], restart=False)
+    try:
+        assert exporter.wait_started(TIMEOUT_S)
+        with caplog.at_level(logging.ERROR, logger="tokentrace.export"):
+            os.kill(exporter.pid, signal.SIGKILL)
+            _wait_for(lambda: exporter.dead, "the death noticed")
+            assert not exporter.send(memoryview(b""), 3)
+    finally:
+        (row, *_) = exporter.stop(10)
+    assert exporter.restarts == 0
+    assert [r.getMessage() for r in caplog.records if "tracing stopped" in r.getMessage()] != []
+    assert (row.submitted, row.dropped) == (3, 3), row
 
 
 class _OtlpSink:

@@ -40,7 +40,8 @@ class BlobDecoder(Protocol):
 
         A decoder may also say ``at_rest`` (bool): its writer's last message said it held
         nothing more; one without it counts as at rest. ``unknown_slots`` (int), when it has
-        it, is reported with the exporter process's counts."""
+        it, is reported with the exporter process's counts, and ``lost_units`` (int: spans
+        its writer counted that it could not build) is counted as dropped there."""
 
 
 class EntryDecoder(Protocol):

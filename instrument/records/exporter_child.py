@@ -74,7 +74,8 @@ def _child_main(sock: socket.socket, control: Control, settings: dict[str, Any])
         counts = [c.as_dict() for c in export_health(provider)]
         control.send({"pid": os.getpid(), "counts": counts, "received": received, "malformed": malformed,
                       "malformed_units": malformed_units,
-                      "unknown_slots": router.unknown_slots, "final": final, "flushed": flushed})
+                      "unknown_slots": router.unknown_slots, "lost_units": router.lost_units,
+                      "final": final, "flushed": flushed})
 
     def drain() -> bool:
         """Build the spans of one waiting message; False when none was waiting."""

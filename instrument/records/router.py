@@ -66,6 +66,12 @@ class Router:
         """Entries the decoders could not place (a sequence whose OPEN entry was lost)."""
         return sum(int(getattr(d, "unknown_slots", 0)) for d in self.decoders.values())
 
+    @property
+    def lost_units(self) -> int:
+        """Spans the writers counted that the decoders could not build (e.g. the steps of a
+        sequence opened in an earlier exporter process, before a restart)."""
+        return sum(int(getattr(d, "lost_units", 0)) for d in self.decoders.values())
+
     def close(self) -> None:
         """Shutdown: every decoder ends what it holds open."""
         for decoder in self.decoders.values():

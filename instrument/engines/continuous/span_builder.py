@@ -72,6 +72,7 @@ class SpanBuilder:
         self.policy = DecodeSpanPolicy.parse("all")
         self.sequences: dict[int, _Sequence] = {}
         self.unknown_slots = 0  # SEQ / END entries of a slot never opened (its OPEN was dropped)
+        self.lost_units = 0  # ... of which SEQ entries: a span each that is never built
         self._step: StepRecord | None = None
         self._engine_at_rest = True  # no engine entry since the last IDLE (see at_rest)
 
@@ -102,6 +103,7 @@ class SpanBuilder:
             seq, rec = self.sequences.get(slot), self._step
             if seq is None or rec is None:
                 self.unknown_slots += 1
+                self.lost_units += 1
                 return
             record_run(seq, rec, tokens, blocks, context, bool(flags & fmt.SEQ_PREFILL),
                        bool(flags & fmt.SEQ_RECOMPUTE), bool(flags & fmt.SEQ_RECOMPUTE_EMITS))
