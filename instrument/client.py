@@ -81,11 +81,12 @@ def chat_body(model: str, prompt: str = SEED_PROMPT, *, max_tokens: int = 16, te
 
 
 def local_tracer_provider(service_name: str, *, json_path: str | None = None, span_exporters: Sequence[Any] = (),
-                           batch: bool = True, make_exporters: bool = True) -> Any:
+                           batch: bool = True, make_exporters: bool = True, sampler: Any = None) -> Any:
     """A provider for client spans: OTLP-JSON lines to ``json_path`` when given, OTLP when
     ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or the traces endpoint) is set, plus ``span_exporters``.
     ``make_exporters=False``: the exporters are only named (``setup_tracing``), for a span
-    exporter process to make (``serve --span-export process``)."""
+    exporter process to make (``serve --span-export process``). ``sampler``: the provider's
+    (None: the one ``OTEL_TRACES_SAMPLER`` names)."""
     import os
 
     from instrument.otel.tracing import setup_tracing
@@ -96,7 +97,7 @@ def local_tracer_provider(service_name: str, *, json_path: str | None = None, sp
     if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         names.append("otlp")
     return setup_tracing(service_name, exporter=names or ["none"], json_path=json_path,
-                         span_exporters=span_exporters, batch=batch, make_exporters=make_exporters)
+                         span_exporters=span_exporters, batch=batch, make_exporters=make_exporters, sampler=sampler)
 
 
 def _chunk_content(payload: dict[str, Any]) -> tuple[str | None, str | None]:

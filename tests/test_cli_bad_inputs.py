@@ -120,6 +120,8 @@ CASES: list[tuple[str, str]] = [
     ("serve", "--model tiny --decode-spans bogus"),
     ("serve", "--model tiny --host 0.0.0.0"),
     ("serve", "--model tiny --engine sequential --span-export process"),
+    ("serve", "--model tiny --keep-gap-ms 200 --span-export inline"),
+    ("serve", "--model tiny --keep-slowest 2"),
     ("bench", "--url nonsense --requests 1 --concurrency 1"),
     ("bench", f"--url {CLOSED_PORT} --requests 1 --concurrency 1 --timeout-s 2"),
     ("bench", "--url http://127.0.0.1:9 --requests 1"),

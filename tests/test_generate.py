@@ -54,7 +54,7 @@ def test_prefill_and_one_decode_span_per_step(tiny, spans_out, direct_spans):
     assert [d.attributes["tokentrace.context_tokens"] for d in decodes] == [input_tokens + k for k in range(1, 12)]
     # Scope and kind are the contract's.
     for span in spans:
-        assert (span.instrumentation_scope.name, span.instrumentation_scope.version) == ("tokentrace", "2")
+        assert (span.instrumentation_scope.name, span.instrumentation_scope.version) == ("tokentrace", "3")
         assert span.kind == SpanKind.INTERNAL
     # Parentage: prefill and decode spans are children of the root, which has no parent.
     assert root.parent is None

@@ -104,7 +104,7 @@ def _assert_request_spans(requests, expected_input_tokens):
             for scope_spans in resource_spans.scope_spans:
                 scopes.add((scope_spans.scope.name, scope_spans.scope.version))
                 spans.extend(scope_spans.spans)
-    assert scopes == {("tokentrace", "2")}  # CONTRACT_VERSION (docs/spans.md, "Contract version")
+    assert scopes == {("tokentrace", "3")}  # CONTRACT_VERSION (docs/spans.md, "Contract version")
     assert all({"service.name", "service.instance.id", "host.name"} <= set(r) for r in resources)
     (root,) = [s for s in spans if s.name == "generate"]
     (prefill,) = [s for s in spans if s.name == "prefill"]

@@ -90,14 +90,28 @@ def _bind_error(host: str, port: int) -> str | None:
                    "inline (default, and the only choice, with --engine sequential): every span is built "
                    "and exported in the serving process. Same spans either way (docs/gateway.md, "
                    "\"Step records and the span exporter process\").")
+@click.option("--keep-ttft-ms", type=click.FloatRange(min=0), default=None, metavar="MS",
+              help="Keep policy (env TOKENTRACE_KEEP_TTFT_MS): a request whose TTFT is over MS keeps its whole "
+                   "per-token detail; every other request outside the random sample leaves only its gateway span "
+                   "with its figures (docs/gateway.md, \"Keeping the slow requests\").")
+@click.option("--keep-gap-ms", type=click.FloatRange(min=0), default=None, metavar="MS",
+              help="Keep policy (TOKENTRACE_KEEP_GAP_MS): largest inter-token gap on the engine side over MS.")
+@click.option("--keep-tpot-ms", type=click.FloatRange(min=0), default=None, metavar="MS",
+              help="Keep policy (TOKENTRACE_KEEP_TPOT_MS): TPOT over MS.")
+@click.option("--keep-e2e-ms", type=click.FloatRange(min=0), default=None, metavar="MS",
+              help="Keep policy (TOKENTRACE_KEEP_E2E_MS): E2E over MS.")
+@click.option("--keep-slowest", type=click.FloatRange(min=0, max=1, min_open=True), default=None, metavar="F",
+              help="Keep policy (TOKENTRACE_KEEP_SLOWEST): TTFT or largest gap above the (1 - F) quantile of the "
+                   "last 10 minutes' requests (from 100 requests on; up to 2F kept). With any keep rule, errors, "
+                   "aborts and preempted requests are kept too.")
 @click.option("--otlp-json", "otlp_json", default=None, metavar="PATH",
               help="Append the server's spans to this OTLP-JSON lines file.")
 @click.option("--service-name", default="tokentrace-gateway", show_default=True, help="service.name of the spans.")
 def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_limit, rate_limit_rps,
                   rate_limit_burst, max_queued_requests, max_queued_tokens, kv_budget_bytes, engine_name,
                   kv_block_tokens, max_batch_tokens, max_batch_size, prefix_caching, max_queue_wait_s,
-                  shutdown_grace_s, decode_spans, span_export,
-                  otlp_json, service_name) -> None:
+                  shutdown_grace_s, decode_spans, span_export, keep_ttft_ms, keep_gap_ms, keep_tpot_ms,
+                  keep_e2e_ms, keep_slowest, otlp_json, service_name) -> None:
     """Serve /v1/chat/completions and /v1/completions (streaming or not), /v1/models and /health,
     with a traced `gateway` SERVER span per request.
 
@@ -120,6 +134,10 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
           --otlp-json spans.jsonl
       tokentrace serve --model ./my-model --host 0.0.0.0 --api-key "$KEY" \\
           --kv-budget-bytes 2000000000
+      OTEL_TRACES_SAMPLER=parentbased_traceidratio \\
+      OTEL_TRACES_SAMPLER_ARG=0.01 \\
+          tokentrace serve --model smollm2 --keep-gap-ms 200 \\
+          --keep-slowest 0.01
     """
     from instrument.gateway.admission import AdmissionBudgets
 
@@ -128,7 +146,9 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
     problem = _bind_error(host, port)
     if problem is not None:
         raise UserError(problem)
-    provider = _tracer_provider(decode_spans, service_name, otlp_json, span_export)
+    keep = _keep_policy(span_export, {"ttft": keep_ttft_ms, "gap": keep_gap_ms, "tpot": keep_tpot_ms,
+                                      "e2e": keep_e2e_ms, "slowest": keep_slowest})
+    provider = _tracer_provider(decode_spans, service_name, otlp_json, span_export, keep is not None)
     handle = _load_model(model_spec)
     from instrument.gateway.app import GatewaySettings
 
@@ -144,7 +164,8 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
     )
     _log_requests_on_stderr()
     app = _create_app(handle, provider, settings)
-    listening = _listening_line(handle, app.state.gateway.engine, engine_name, keys, span_export)
+    listening = _listening_line(handle, app.state.gateway.engine, engine_name, keys,
+                                span_export + (f"; keep {keep.describe()}" if keep is not None else ""))
     _serve_until_stopped(app, provider, host, port, shutdown_grace_s, listening)
 
 
@@ -175,15 +196,49 @@ def _accepted_keys(api_keys: tuple[str, ...], host: str) -> frozenset[str]:
     return keys
 
 
-def _tracer_provider(decode_spans: str, service_name: str, otlp_json: str | None, span_export: str):  # noqa: ANN202
+def _keep_policy(span_export: str, flags: dict[str, float | None]):  # noqa: ANN202
+    """The keep policy of the --keep-* flags over the TOKENTRACE_KEEP_* environment (a flag wins),
+    or None. Its checked values are put in this process's environment, which the span exporter
+    process inherits and reads (a malformed one is said here, once, and left out)."""
+    import os
+
+    from instrument.records.keep import ENV, KeepPolicy
+
+    merged = {var: os.environ.get(var, "") for var in ENV.values()}
+    merged.update({ENV[name]: repr(value) for name, value in flags.items() if value is not None})
+    policy = KeepPolicy.from_env(merged, warn=lambda line: click.echo(line, err=True))
+    for name, var in ENV.items():
+        value = (policy.thresholds_ms.get(name) if name != "slowest" else policy.slowest) if policy else None
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = repr(value)
+    if policy is not None and span_export != "process":
+        raise UserError("a keep policy (--keep-* or TOKENTRACE_KEEP_*) is decided in the span exporter process: "
+                        "it needs --engine continuous with --span-export process")
+    return policy
+
+
+def _tracer_provider(decode_spans: str, service_name: str, otlp_json: str | None, span_export: str,
+                     keep: bool = False):  # noqa: ANN202
     """The server's tracer provider, --decode-spans checked first. With --span-export process
-    the exporters are only named here: the span exporter process makes them."""
+    the exporters are only named here: the span exporter process makes them. With a keep
+    policy every request is recorded, its root span saying whether the standard sampler took
+    it (instrument/records/keep.py ``HeadMarkingSampler``)."""
     from instrument.client import local_tracer_provider
     from instrument.hf.generate_spans import DecodeSpanPolicy
 
+    sampler = None
+    if keep:
+        from opentelemetry.sdk.trace import TracerProvider
+
+        from instrument.records.keep import HeadMarkingSampler
+
+        sampler = HeadMarkingSampler(TracerProvider().sampler)  # the sampler OTEL_TRACES_SAMPLER names
     try:
         DecodeSpanPolicy.parse(decode_spans)
-        return local_tracer_provider(service_name, json_path=otlp_json, make_exporters=span_export == "inline")
+        return local_tracer_provider(service_name, json_path=otlp_json, make_exporters=span_export == "inline",
+                                     sampler=sampler)
     except ValueError as exc:
         raise UserError(str(exc)) from None
 

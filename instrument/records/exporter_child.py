@@ -126,6 +126,7 @@ def _child_main(sock: socket.socket, control: Control, settings: dict[str, Any])
                 continue
             stop_timeout = float(order.get("stop", 5.0))
         if time.monotonic() - last >= REPORT_EVERY_S:
+            router.tick()
             report()
             last = time.monotonic()
     _child_stop(provider, router, drain, report, stop_timeout)

@@ -72,6 +72,14 @@ class Router:
         sequence opened in an earlier exporter process, before a restart)."""
         return sum(int(getattr(d, "lost_units", 0)) for d in self.decoders.values())
 
+    def tick(self) -> None:
+        """Time passes (called at least every 0.5 s): decoders that wait for something (the
+        keep policy's requests) decide what waited too long."""
+        for decoder in self.decoders.values():
+            tick = getattr(decoder, "tick", None)
+            if tick is not None:
+                tick()
+
     def close(self) -> None:
         """Shutdown: every decoder ends what it holds open."""
         for decoder in self.decoders.values():

@@ -246,8 +246,11 @@ class Decoder:
         from instrument.otel.span_writer import span_writer_for
         from instrument.otel.tracing import get_tracer
 
+        from instrument.records.keep_stage import keep_stage_of
+
         tracer = get_tracer(tracer_provider)
         self.writer = span_writer_for(tracer)
+        self.stage = keep_stage_of(tracer_provider, self.writer.hand_off)  # None: no keep policy
         self.resource = tracer_provider.resource
         self.max_events = getattr(getattr(self.writer, "limits", None), "max_events", None)
         self._scopes: dict[Any, InstrumentationScope] = {}
@@ -313,13 +316,23 @@ class Decoder:
         return _bounded_list(merged, dropped) if dropped else merged
 
     def feed(self, payload: memoryview) -> None:
-        """Rebuild one forwarded span and hand it to the provider's processors."""
+        """Rebuild one forwarded span and hand it to the provider's processors (under a keep
+        policy: to the keep stage, which hands it on once its request is decided)."""
         span = self.build(payload)
-        self.writer.hand_off([span])
+        if self.stage is not None:
+            self.stage.forwarded(span)
+        else:
+            self.writer.hand_off([span])
         self.spans += 1
 
+    def tick(self) -> None:
+        if self.stage is not None:
+            self.stage.tick()
+
     def close(self) -> None:
-        """Nothing is held open between payloads."""
+        """Shutdown: the keep stage decides what it still holds (nothing else is held)."""
+        if self.stage is not None:
+            self.stage.close()
 
 
 def _bounded(attributes: dict[str, Any], dropped: int) -> Any:

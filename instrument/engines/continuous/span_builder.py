@@ -16,6 +16,7 @@ span (a live span there, rare: one per preemption).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,10 +27,11 @@ from instrument.engines.continuous.spans import EngineTraceWriter, StepRecord, r
 from instrument.hf.generate_spans import DecodeSpanPolicy
 from instrument.kv.formula import KVLayout
 from instrument.records import format as fmt
+from instrument.records.keep_stage import EngineFacts, keep_stage_of
 from instrument.otel.span_writer import span_writer_for
 from instrument.otel.tracing import get_tracer
 
-__all__ = ["SpanBuilder", "layout_meta"]
+__all__ = ["SpanBuilder", "engine_facts", "layout_meta"]
 
 
 def layout_meta(layout: KVLayout | None, layout_name: str, bytes_per_block: int, decode_spans: str,
@@ -42,6 +44,8 @@ def layout_meta(layout: KVLayout | None, layout_name: str, bytes_per_block: int,
 @dataclass(slots=True)
 class _Request:
     parent_context: Any
+    trace_id: int = 0  # the request span's (the parent of every span of the sequence)
+    span_id: int = 0
 
 
 @dataclass(slots=True)
@@ -58,6 +62,26 @@ class _Sequence:
     preemptions: tuple[()] = ()
 
 
+def engine_facts(seq: _Sequence) -> EngineFacts:
+    """The keep policy's facts of an ended sequence: the largest gap between two tokens it
+    emitted (the first at the end of its first prefill, token k + 1 at the end of its k-th
+    decode step) and the step after it, time in prefill and decode steps, preemptions."""
+    first = [rec.end_ns for rec, _, _, _, recompute in seq.prefill if not recompute]
+    previous = max(first) if first else None
+    max_gap = gap_step = None
+    for rec in seq.decode:
+        if previous is not None and (max_gap is None or rec.end_ns - previous > max_gap):
+            max_gap, gap_step = rec.end_ns - previous, rec.step
+        previous = rec.end_ns
+    emitted_by_recompute = len(seq.recomputed_steps)
+    return EngineFacts(
+        max_gap_ns=max_gap, gap_step=gap_step,
+        prefill_ns=sum(rec.end_ns - rec.start_ns for rec, *_ in seq.prefill),
+        decode_ns=sum(rec.end_ns - rec.start_ns for rec in seq.decode),
+        preemptions=emitted_by_recompute, cached_tokens=seq.cached_tokens,
+        held_bytes=96 * (len(seq.prefill) + len(seq.decode)))
+
+
 class SpanBuilder:
     """Builds the spans of the continuous engine's step records on ``tracer_provider``."""
 
@@ -65,6 +89,7 @@ class SpanBuilder:
         self.tracer_provider = tracer_provider
         self.tracer = get_tracer(tracer_provider)
         self.writer = span_writer_for(self.tracer)
+        self.stage = keep_stage_of(tracer_provider, self.writer.hand_off)  # None: no keep policy
         self.engine_traces: EngineTraceWriter | None = None
         self.layout: KVLayout | None = None
         self.layout_name = ""
@@ -119,14 +144,20 @@ class SpanBuilder:
             _, slot, trace_id, span_id, flags, cached, state = entry
             parent = SpanContext(trace_id, span_id, is_remote=False, trace_flags=TraceFlags(flags),
                                  trace_state=TraceState.from_header([state]) if state else None)
-            self.sequences[slot] = _Sequence(_Request(trace.set_span_in_context(NonRecordingSpan(parent))), cached)
+            self.sequences[slot] = _Sequence(_Request(trace.set_span_in_context(NonRecordingSpan(parent)), trace_id,
+                                                      span_id), cached)
         elif kind == fmt.END:
             seq = self.sequences.pop(entry[1], None)
             if seq is None:
                 self.unknown_slots += 1
             elif seq.prefill or seq.decode:
-                write_sequence_spans(self.writer, seq, self.layout, self.layout_name, self.bytes_per_block,
-                                     self.policy)
+                if self.stage is None:
+                    write_sequence_spans(self.writer, seq, self.layout, self.layout_name, self.bytes_per_block,
+                                         self.policy)
+                else:  # the keep policy: the spans are written only if the request is kept whole
+                    self.stage.engine_ended(seq.request.trace_id, seq.request.span_id, engine_facts(seq),
+                                            functools.partial(write_sequence_spans, self.writer, seq, self.layout,
+                                                              self.layout_name, self.bytes_per_block, self.policy))
         elif kind == fmt.IDLE:
             if self.engine_traces is not None:
                 self.engine_traces.close()
@@ -141,7 +172,13 @@ class SpanBuilder:
         then lost nothing it had not sent."""
         return self._engine_at_rest
 
+    def tick(self) -> None:
+        if self.stage is not None:
+            self.stage.tick()
+
     def close(self) -> None:
-        """End the open engine trace (shutdown)."""
+        """End the open engine trace; the keep stage decides what it still holds (shutdown)."""
         if self.engine_traces is not None:
             self.engine_traces.close()
+        if self.stage is not None:
+            self.stage.close()

@@ -1,0 +1,136 @@
+"""The keep policy behind the real gateway (continuous engine, span exporter process): a
+planted stall (one engine step held while three requests decode) keeps exactly the requests
+it slowed whole; every other request leaves its gateway span alone, with its figures.
+
+Real uvicorn server on 127.0.0.1, the tiny model, spans to an OTLP-JSON lines file written by
+the span exporter process (which reads TOKENTRACE_KEEP_GAP_MS from the environment it
+inherits, as under ``serve --keep-gap-ms``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("torch")
+
+import httpx  # noqa: E402
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF  # noqa: E402
+from opentelemetry.trace import NoOpTracer  # noqa: E402
+
+from instrument.client import stream_chat  # noqa: E402
+from instrument.gateway.app import GatewaySettings, create_app  # noqa: E402
+from instrument.gateway.server import ServerThread  # noqa: E402
+from instrument.hf.model_handle import load_model_handle  # noqa: E402
+from instrument.otel.tracing import setup_tracing  # noqa: E402
+from instrument.records.keep import HeadMarkingSampler  # noqa: E402
+from instrument.records.span_forward import forward_spans  # noqa: E402
+
+TIMEOUT_S = 60.0
+STALL_S = 0.8  # the planted stall: one step held this long while three requests decode
+KEEP_GAP_MS = 300  # the policy: a gap over this keeps the request whole
+TOKENS = 32
+
+
+def _value(value: dict[str, Any]) -> Any:
+    """An OTLP/JSON AnyValue as Python (intValue is a string there)."""
+    kind, raw = next(iter(value.items()))
+    if kind == "intValue":
+        return int(raw)
+    if kind == "arrayValue":
+        return [_value(v) for v in raw.get("values", [])]
+    return raw
+
+
+def _attrs(span: dict[str, Any]) -> dict[str, Any]:
+    return {a["key"]: _value(a["value"]) for a in span.get("attributes", [])}
+
+
+def _spans(path: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        for rs in json.loads(line)["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                for span in ss["spans"]:
+                    span["_attrs"] = _attrs(span)
+                    out.append(span)
+    return out
+
+
+@pytest.mark.timing
+def test_a_planted_stall_keeps_exactly_the_requests_it_slowed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOKENTRACE_KEEP_GAP_MS", str(KEEP_GAP_MS))
+    path = tmp_path / "keep.jsonl"
+    # the random sample takes nothing (always_off): every request kept whole is kept by the policy
+    provider = setup_tracing("tokentrace-gateway", exporter=["otlp_json"], json_path=path, make_exporters=False,
+                             sampler=HeadMarkingSampler(ALWAYS_OFF))
+    forward_spans(provider)
+    app = create_app(load_model_handle("tiny"), provider, GatewaySettings(engine="continuous", max_tokens_limit=512))
+    engine = app.state.gateway.engine
+    plant = {"armed": True, "stalled_step": None}
+    scheduled = engine.on_scheduled
+
+    def stalling(start_ns: int, forward_start_ns: int, sequences: list[Any], *args: Any) -> None:
+        # the first step in which three sequences decode (phase A) is held STALL_S
+        if plant["armed"] and sum(1 for s in sequences if not s.prefill) >= 3:
+            plant["armed"] = False
+            plant["stalled_step"] = engine.health()["steps"] + 1
+            time.sleep(STALL_S)
+        scheduled(start_ns, forward_start_ns, sequences, *args)
+
+    engine.on_scheduled = stalling
+    server = ServerThread(app).start()
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": TOKENS,
+            "stream": True, "ignore_eos": True}
+
+    async def three() -> list[Any]:
+        async with httpx.AsyncClient(timeout=TIMEOUT_S) as http:
+            return await asyncio.gather(*(stream_chat(http, server.url, body, tracer=NoOpTracer(), index=i)
+                                          for i in range(3)))
+
+    try:
+        stalled = asyncio.run(asyncio.wait_for(three(), TIMEOUT_S))
+        assert not plant["armed"], "the three requests never decoded in one step"
+        steady = asyncio.run(asyncio.wait_for(three(), TIMEOUT_S))
+    finally:
+        server.stop()
+        provider.shutdown()
+    results = [*stalled, *steady]
+    assert all(r.completed for r in results), [(r.status_code, r.error) for r in results]
+    spans = _spans(path)
+    gateways = {s["_attrs"]["gen_ai.response.id"]: s for s in spans if s["name"] == "gateway"}
+    assert sorted(gateways) == sorted(r.response_id for r in results), "every request left its gateway span"
+    children: dict[str, list[dict[str, Any]]] = {}
+    for s in spans:
+        children.setdefault(s.get("parentSpanId", ""), []).append(s)
+    for result in results:
+        gw = gateways[result.response_id]
+        a = gw["_attrs"]
+        detail = {s["name"] for s in children.get(gw["spanId"], [])}
+        chunks = [e for e in gw.get("events", []) if e["name"] == "tokentrace.chunk"]
+        assert a["tokentrace.sampling.head"] is False
+        assert a["gen_ai.latency.e2e"] >= a["gen_ai.latency.time_to_first_token"] > 0
+        crossed = a["tokentrace.gap.max_ms"] > KEEP_GAP_MS
+        if crossed:  # kept whole, for the rule it crossed
+            assert a["tokentrace.sampling.reason"] == "gap", a
+            assert a["tokentrace.sampling.rules"] == [f"gap {a['tokentrace.gap.max_ms']:.0f} ms > {KEEP_GAP_MS} ms"]
+            assert detail == {"tokenize", "queue", "prefill", "decode"} and chunks, (detail, len(chunks))
+            decodes = sorted(int(s["endTimeUnixNano"]) for s in children[gw["spanId"]] if s["name"] == "decode")
+            prefill_end = max(int(s["endTimeUnixNano"]) for s in children[gw["spanId"]] if s["name"] == "prefill")
+            emitted = [prefill_end, *decodes]
+            gaps = [b - a for a, b in zip(emitted, emitted[1:])]
+            assert a["tokentrace.gap.max_ms"] == pytest.approx(max(gaps) / 1e6), "the summary's gap is the spans'"
+        else:  # the summary alone: no chunk events, no other span
+            assert a["tokentrace.sampling.reason"] == "summary", a
+            assert detail == set() and chunks == []
+    kept = {r.response_id for r in results if gateways[r.response_id]["_attrs"]["tokentrace.sampling.reason"] == "gap"}
+    assert kept >= {r.response_id for r in stalled}, "every request the planted stall slowed is kept whole"
+    for result in stalled:
+        a = gateways[result.response_id]["_attrs"]
+        assert a["tokentrace.gap.max_ms"] >= STALL_S * 1e3 and a["tokentrace.gap.engine_step"] == plant["stalled_step"]
