@@ -11,7 +11,7 @@ import pytest
 from opentelemetry.sdk.trace import sampling as sdk_sampling
 from opentelemetry.trace import SpanContext, TraceFlags, NonRecordingSpan, set_span_in_context
 
-from instrument.vllm.sampling import (ENV_STEP_RATIO, MASK64, STEP_SPREAD, Sampling, sampling_from_env,
+from instrument.vllm.sampling import (ENV_SAMPLE_RATIO, ENV_STEP_RATIO, MASK64, STEP_SPREAD, Sampling, sampling_from_env,
                                       step_sampled)
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -106,6 +106,16 @@ def test_a_future_version_with_more_fields_is_read() -> None:
     ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}, "traceidratio", 0.0, 0.0, 0),
     ({"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"},
      "parentbased_traceidratio", 0.0, 0.0, 0),
+    # the plugin's own ratio, apart from vLLM's sampler (which keeps reading OTEL_TRACES_SAMPLER)
+    ({"OTEL_TRACES_SAMPLER": "parentbased_always_on", ENV_SAMPLE_RATIO: "0.01"}, "parentbased_traceidratio",
+     0.01, 0.01, 0),
+    ({ENV_SAMPLE_RATIO: "0.25"}, "parentbased_traceidratio", 0.25, 0.25, 0),
+    ({"OTEL_TRACES_SAMPLER": "always_on", ENV_SAMPLE_RATIO: "0.5", ENV_STEP_RATIO: "off"}, "traceidratio",
+     0.5, 0.0, 0),
+    ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "1", ENV_SAMPLE_RATIO: "0"},
+     "traceidratio", 0.0, 0.0, 0),
+    ({"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.5", ENV_SAMPLE_RATIO: "2"},
+     "parentbased_traceidratio", 1.0, 1.0, 1),
 ])
 def test_sampling_from_the_environment(env: dict[str, str], sampler: str, ratio: float, step_ratio: float,
                                        warned: int) -> None:
@@ -114,6 +124,12 @@ def test_sampling_from_the_environment(env: dict[str, str], sampler: str, ratio:
     # nothing can be sampled: no request (a caller's flag not followed) and no step
     never = sampler == "always_off" or (sampler == "traceidratio" and ratio == 0.0)
     assert got.traces_nothing is (never and step_ratio == 0.0)
+
+
+def test_the_plugins_own_ratio_still_follows_a_callers_sampled_flag() -> None:
+    got = sampling_from_env({"OTEL_TRACES_SAMPLER": "parentbased_always_on", ENV_SAMPLE_RATIO: "0"})
+    assert got.request_sampled(_parent("01")) and not got.request_sampled(_parent("00"))
+    assert not got.request_sampled(None), "a root, at ratio 0"
 
 
 def test_bad_values_say_what_was_used() -> None:

@@ -20,6 +20,14 @@ An unknown sampler name is ``parentbased_always_on``, and a ratio that is not a 
 [0, 1] is 1.0, as the SDK does; each with one warning line. A malformed ``traceparent`` is
 none at all (a new root, as the W3C rules say), one warning line for the first.
 
+``TOKENTRACE_VLLM_SAMPLE_RATIO`` (0 to 1) sets the plugin's request ratio apart from vLLM's own
+sampler, which reads the same standard variables: the plugin then decides as
+``parentbased_traceidratio`` at that ratio when ``OTEL_TRACES_SAMPLER`` is parent-based (or
+unset), else as ``traceidratio``. So ``OTEL_TRACES_SAMPLER=parentbased_always_on`` keeps vLLM's
+``llm_request`` for every request while the plugin traces 1 % of them in detail
+(``TOKENTRACE_VLLM_SAMPLE_RATIO=0.01``); a caller's sampled ``traceparent`` is still followed.
+A value that is not a ratio is 1.0, one warning line.
+
 ``engine_step`` spans have their own ratio, ``TOKENTRACE_VLLM_STEP_SAMPLE_RATIO`` (0 to 1, or
 ``off``); unset, the request sampler's ratio for a request without a parent (1 for
 ``always_on`` and ``parentbased_always_on``, 0 for ``*always_off``). A step is sampled when its
@@ -40,9 +48,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ENV_STEP_RATIO", "MASK64", "STEP_SPREAD", "Sampling", "sampling_from_env", "step_sampled"]
+__all__ = ["ENV_SAMPLE_RATIO", "ENV_STEP_RATIO", "MASK64", "STEP_SPREAD", "Sampling", "sampling_from_env", "step_sampled"]
 
 ENV_STEP_RATIO = "TOKENTRACE_VLLM_STEP_SAMPLE_RATIO"
+ENV_SAMPLE_RATIO = "TOKENTRACE_VLLM_SAMPLE_RATIO"
 MASK64 = (1 << 64) - 1
 #: 2^64 / golden ratio, odd: multiplying spreads consecutive step numbers evenly over 64 bits
 STEP_SPREAD = 0x9E3779B97F4A7C15
@@ -134,7 +143,8 @@ def _ratio(text: str, what: str, warnings: list[str]) -> float:
 
 
 def sampling_from_env(env: Mapping[str, str] = os.environ) -> Sampling:
-    """The plugin's :class:`Sampling` from the standard variables and ``ENV_STEP_RATIO``."""
+    """The plugin's :class:`Sampling` from the standard variables, ``ENV_SAMPLE_RATIO`` and
+    ``ENV_STEP_RATIO``."""
     warnings: list[str] = []
     name = env.get("OTEL_TRACES_SAMPLER", "parentbased_always_on").strip().lower() or "parentbased_always_on"
     if name not in _SAMPLERS:
@@ -142,7 +152,11 @@ def sampling_from_env(env: Mapping[str, str] = os.environ) -> Sampling:
                         "parentbased_always_on used (the OpenTelemetry SDK's default)")
         name = "parentbased_always_on"
     ratio = 1.0
-    if name.endswith("traceidratio"):
+    own = env.get(ENV_SAMPLE_RATIO, "").strip()
+    if own:  # the plugin's ratio, apart from vLLM's own sampler (module docstring)
+        name = "parentbased_traceidratio" if name.startswith("parentbased") else "traceidratio"
+        ratio = _ratio(own, ENV_SAMPLE_RATIO, warnings)
+    elif name.endswith("traceidratio"):
         ratio = _ratio(env.get("OTEL_TRACES_SAMPLER_ARG", ""), "OTEL_TRACES_SAMPLER_ARG", warnings)
     step_text = env.get(ENV_STEP_RATIO, "").strip().lower()
     if step_text == "off":
