@@ -88,11 +88,7 @@ def compare_command(baseline, candidate, perspective, min_effect, fail_pct, slo_
       tokentrace compare before/ after/ --perspective server --format json
       tokentrace compare before.duckdb after.duckdb --fail-on-regression 5
     """
-    try:
-        from analyzer.compare import CompareOptions, compare_runs
-    except ImportError as exc:  # numpy/scipy: the compare extra
-        raise UserError(f"tokentrace compare needs numpy and scipy ({exc.name} is not installed): "
-                        "pip install 'tokentrace[compare]'") from None
+    from analyzer.compare import CompareOptions, compare_runs  # without numpy/scipy: one line naming the extra
     from analyzer.compare.render import CSV_COLUMNS, csv_rows, json_object, text_lines
     from analyzer.compare.run_data import open_run, perspectives_of, read_run
     from analyzer.compare.verdict import regression_beyond

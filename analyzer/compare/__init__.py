@@ -14,7 +14,7 @@ try:  # the extra's packages, checked once here so every entry point says the sa
     import numpy  # noqa: F401
     import scipy.stats  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised by a test that hides the packages
-    raise UserError(f"tokentrace compare needs numpy and scipy ({exc.name} is not installed): "
+    raise UserError(f"tokentrace compare needs numpy and scipy ({(exc.name or 'numpy').split('.')[0]} is not installed): "
                     "pip install 'tokentrace[compare]'") from None
 
 from analyzer.compare.runs import CompareOptions, Comparison, ComparisonRow, compare_runs  # noqa: E402
