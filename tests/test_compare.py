@@ -18,14 +18,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from data_paths import CAPTURES
+from trace_fixtures import RequestPlan, TraceWorld, write_parquet_dump
 
 from analyzer.cli import cli
 from analyzer.compare.render import CSV_COLUMNS
 from analyzer.compare.resample import QUANTILES, _weighted_gap_stats, request_statistics
 from analyzer.compare.verdict import regression_beyond, verdict
 from analyzer.db.store import connect
-from data_paths import CAPTURES
-from trace_fixtures import RequestPlan, TraceWorld, write_parquet_dump
 
 REQUESTS = 40
 GAP_MS = 25.0
@@ -247,7 +247,7 @@ def test_bad_input_is_one_line(runs, tmp_path, make, message) -> None:
 def test_without_scipy_one_line_names_the_extra(runs) -> None:
     code = ("import sys; sys.modules['scipy'] = None; from analyzer.cli import main; "
             f"main(['compare', {str(runs['base'])!r}, {str(runs['same'])!r}])")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
         "Error: tokentrace compare needs numpy and scipy (scipy is not installed): pip install 'tokentrace[compare]'"]
@@ -307,3 +307,23 @@ def test_two_real_serve_runs_give_a_table_and_a_decomposition(tmp_path) -> None:
     assert any("TPOT" in text for text in out["not_compared"])  # the 429 run's answers are one write each
     text = runner.invoke(cli, ["compare", *paths])
     assert text.exit_code == 0 and "where the mean E2E change comes from" in text.stdout
+
+
+def test_engine_steps_say_what_shared_the_stalls(tmp_path) -> None:
+    """The continuous engine's capture (tests/fixtures/continuous_engine) has step data: its
+    stalls are the gaps whose step also computed a prompt (step 9: 1,135 prompt tokens)."""
+    fixture = Path(__file__).resolve().parent / "fixtures" / "continuous_engine"
+    db = tmp_path / "continuous.duckdb"
+    runner = CliRunner()
+    assert runner.invoke(cli, ["load", str(fixture / "server.otlp.jsonl"), str(fixture / "client.otlp.jsonl"),
+                               "--db", str(db), "-q"]).exit_code == 0
+    out = _json(str(db), str(db), "--resamples", "300")
+    steps = {(s["gaps"], s["figure"]): s for s in out["steps"]}
+    assert all(s["a"] == s["b"] for s in out["steps"] if s["a"] is not None)
+    gaps_csv = runner.invoke(cli, ["stalls", "--db", str(db), "--format", "csv", "--section", "gaps"]).stdout
+    with_steps = [r for r in csv.DictReader(io.StringIO(gaps_csv.removeprefix("# gaps\n")))
+                  if r["batch_size"] and r["itl_ms"] and r["prefill_tokens"]]
+    assert steps[("steady", "gaps")]["a"] + steps[("stall", "gaps")]["a"] == len(with_steps)
+    assert steps[("stall", "gaps")]["a"] > 0
+    assert steps[("stall", "prefill tokens mean")]["a"] > 100 * steps[("steady", "prefill tokens mean")]["a"]
+    assert {r["verdict"] for r in out["metrics"]} == {"too_few"}  # 5 requests a side

@@ -14,9 +14,10 @@ try:  # the extra's packages, checked once here so every entry point says the sa
     import numpy  # noqa: F401
     import scipy.stats  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised by a test that hides the packages
-    raise UserError(f"tokentrace compare needs numpy and scipy ({(exc.name or 'numpy').split('.')[0]} is not installed): "
+    missing = (exc.name or "numpy").split(".")[0]
+    raise UserError(f"tokentrace compare needs numpy and scipy ({missing} is not installed): "
                     "pip install 'tokentrace[compare]'") from None
 
-from analyzer.compare.runs import CompareOptions, Comparison, ComparisonRow, compare_runs  # noqa: E402
+from analyzer.compare.runs import CompareOptions, Comparison, ComparisonRow, compare_runs
 
 __all__ = ["CompareOptions", "Comparison", "ComparisonRow", "compare_runs"]

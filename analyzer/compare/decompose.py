@@ -18,7 +18,7 @@ from analyzer.compare.resample import request_interval, request_statistics, subs
 from analyzer.compare.run_data import RunData
 from analyzer.compare.verdict import relative_pct, verdict
 
-__all__ = ["Part", "WorkloadLine", "decompose_e2e", "stall_threshold_ms", "workload_lines"]
+__all__ = ["Part", "StepLine", "WorkloadLine", "decompose_e2e", "stall_threshold_ms", "step_context", "workload_lines"]
 
 
 @dataclass(frozen=True)
@@ -151,3 +151,45 @@ def workload_lines(a: RunData, b: RunData, resamples: int, max_requests: int, se
     lines.append(WorkloadLine("concurrency", "requests in flight", "peak", peak_a, peak_b,
                               relative_pct(peak_b - peak_a, peak_a), None))
     return lines, warnings
+
+
+@dataclass(frozen=True)
+class StepLine:
+    """What the engine steps of one kind of decode gap (steady or stall) held, on each side:
+    the gaps' count and share, and the mean batch size and co-scheduled prefill tokens of
+    the steps that ended them."""
+
+    gaps: str
+    figure: str
+    unit: str
+    a: float
+    b: float
+
+
+def _step_figures(run: RunData, threshold: float) -> dict[tuple[str, str], float]:
+    out: dict[tuple[str, str], float] = {}
+    total = run.step_itl_ms.size
+    for kind, mask in (("steady", run.step_itl_ms <= threshold), ("stall", run.step_itl_ms > threshold)):
+        n = int(mask.sum())
+        out[(kind, "gaps")] = float(n)
+        out[(kind, "share of gaps")] = n / total if total else np.nan
+        out[(kind, "batch size mean")] = float(run.step_batch_size[mask].mean()) if n else np.nan
+        out[(kind, "prefill tokens mean")] = float(run.step_prefill_tokens[mask].mean()) if n else np.nan
+    return out
+
+
+def step_context(a: RunData, b: RunData, stall_factor: float) -> tuple[list[StepLine], list[str]]:
+    """With engine step data on both sides (stalls.sql): for steady gaps and stalls (over
+    ``stall_factor`` x the baseline's median engine gap), what their steps held. Figures,
+    not verdicts: no interval is drawn for them."""
+    if a.step_itl_ms.size == 0 or b.step_itl_ms.size == 0:
+        sides = [run.label for run in (a, b) if run.step_itl_ms.size == 0]
+        return [], [f"no engine step data in {' or '.join(sides)}: what shared the decode steps is not said"]
+    threshold = float(stall_factor * np.median(a.step_itl_ms))
+    fa, fb = _step_figures(a, threshold), _step_figures(b, threshold)
+    units = {"gaps": "gaps", "share of gaps": "fraction", "batch size mean": "sequences",
+             "prefill tokens mean": "tokens"}
+    lines = [StepLine(kind, figure, units[figure], fa[(kind, figure)], fb[(kind, figure)]) for kind, figure in fa]
+    note = (f"engine steps: a stall is an engine gap over {stall_factor:g} x the baseline's median engine gap "
+            f"({threshold:.4g} ms, the engine's clock)")
+    return lines, [note]

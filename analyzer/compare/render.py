@@ -11,7 +11,7 @@ from typing import Any
 from analyzer.cli._human import cell_text, wrap_note
 from analyzer.cli.options import to_jsonable
 from analyzer.compare.run_data import RunData
-from analyzer.compare.runs import Comparison, ComparisonRow, CompareOptions
+from analyzer.compare.runs import CompareOptions, Comparison, ComparisonRow
 from analyzer.query.utc_columns import utc_ms_text
 
 __all__ = ["CSV_COLUMNS", "csv_rows", "json_object", "text_lines"]
@@ -78,8 +78,8 @@ def text_lines(c: Comparison, paths: tuple[str, str], options: CompareOptions) -
               f"  {'figure':<14} {'stat':<5} {'A':>10} {'B':>10} {'change':>9}"]
     for w in c.workload:
         mark = "  differs" if w.differs else ""
-        lines.append(f"  {w.figure:<14} {w.statistic:<5} {_num(w.a):>10} {_num(w.b):>10} {_pct(w.change_pct, w.b - w.a):>9}"
-                     f"{mark}")
+        change = _pct(w.change_pct, w.b - w.a)
+        lines.append(f"  {w.figure:<14} {w.statistic:<5} {_num(w.a):>10} {_num(w.b):>10} {change:>9}{mark}")
     lines += ["", f"  {'stat':<5} {'A':>10} {'B':>10} {'change':>9}  {'95 % interval':>19}  verdict"]
     current = None
     for r in c.rows:
@@ -96,6 +96,11 @@ def text_lines(c: Comparison, paths: tuple[str, str], options: CompareOptions) -
                         else "-")
             name = "E2E (the sum)" if p.part == "E2E" else p.part
             lines.append(f"  {name:<14} {p.a:>10.1f} {p.b:>10.1f} {p.change:>+10.1f}  {interval:>21}")
+    if c.steps:
+        lines += ["", "what shared the decode steps (engine step data, the engine's clock)",
+                  f"  {'gaps':<7} {'figure':<20} {'A':>10} {'B':>10}"]
+        for s in c.steps:
+            lines.append(f"  {s.gaps:<7} {s.figure:<20} {_num(s.a):>10} {_num(s.b):>10}")
     for text in c.not_compared:
         lines += wrap_note(f"not compared: {text}", 80)
     for note in c.notes:
@@ -119,7 +124,8 @@ def _side(run: RunData, path: str) -> dict[str, Any]:
 
 def json_object(c: Comparison, paths: tuple[str, str], options: CompareOptions) -> dict[str, Any]:
     """Everything in one object: the two sides, the options, warnings, workload, one object
-    per metric and statistic (``metrics``), the decomposition, what was not compared, notes."""
+    per metric and statistic (``metrics``), the decomposition, the engine steps' figures,
+    what was not compared, notes."""
     return to_jsonable({
         "baseline": _side(c.baseline, paths[0]),
         "candidate": _side(c.candidate, paths[1]),
@@ -132,6 +138,7 @@ def json_object(c: Comparison, paths: tuple[str, str], options: CompareOptions) 
         "metrics": [_row_dict(r) for r in c.rows],
         "decomposition": [{"part": p.part, "unit": "ms", "a": p.a, "b": p.b, "change": p.change,
                            "ci_low": p.ci_low, "ci_high": p.ci_high} for p in c.parts],
+        "steps": [{"gaps": s.gaps, "figure": s.figure, "unit": s.unit, "a": s.a, "b": s.b} for s in c.steps],
         "not_compared": c.not_compared,
         "notes": c.notes,
     })

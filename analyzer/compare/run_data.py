@@ -1,5 +1,6 @@
 """One side of a comparison: a run's per-request figures and gaps, read from the SQL in
-``queries/`` (``compare/requests.sql``, ``itl.sql``, ``phases.sql``) into numpy arrays.
+``queries/`` (``compare/requests.sql``, ``itl.sql``, ``phases.sql``, ``stalls.sql``) into numpy
+arrays.
 
 Nothing here derives a metric: TTFT, TPOT, E2E, the gaps, queue and prefill come from the
 queries as they are; this module only lines them up by request (``trace_id``,
@@ -8,8 +9,9 @@ queries as they are; this module only lines them up by request (``trace_id``,
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -46,6 +48,11 @@ class RunData:
     prefill_ms: np.ndarray
     gap_ms: np.ndarray  # float, ms
     gap_request: np.ndarray  # int64 index into the per-request arrays
+    # engine gaps joined to their engine step (stalls.sql), only those with step data: the
+    # gap (ms, on the engine's clock), the step's batch size and co-scheduled prefill tokens
+    step_itl_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    step_batch_size: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    step_prefill_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -110,6 +117,13 @@ def read_run(con: duckdb.DuckDBPyConnection, label: str, perspective: str,
             if at is not None and row[itl_at] is not None:
                 gap_values.append(float(row[itl_at]))
                 gap_owner.append(at)
+    step_rows: list[tuple[float, float, float]] = []
+    if req:
+        for row in query_rows(con, "stalls", {}).dicts():
+            if ((row["trace_id"], row["request_span_id"]) in key_index and row["itl_ms"] is not None
+                    and row["batch_size"] is not None and row["prefill_tokens"] is not None):
+                step_rows.append((float(row["itl_ms"]), float(row["batch_size"]), float(row["prefill_tokens"])))
+    steps = np.array(step_rows, dtype=float).reshape(-1, 3)
     outcome = column("outcome")
     return RunData(
         label=label,
@@ -129,6 +143,9 @@ def read_run(con: duckdb.DuckDBPyConnection, label: str, perspective: str,
         prefill_ms=prefill,
         gap_ms=np.array(gap_values, dtype=float),
         gap_request=np.array(gap_owner, dtype=np.int64),
+        step_itl_ms=steps[:, 0],
+        step_batch_size=steps[:, 1],
+        step_prefill_tokens=steps[:, 2],
         notes=notes,
     )
 

@@ -7,14 +7,27 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from analyzer.compare.decompose import Part, WorkloadLine, decompose_e2e, workload_lines
+from analyzer.compare.decompose import Part, StepLine, WorkloadLine, decompose_e2e, step_context, workload_lines
 from analyzer.compare.resample import (
-    STATISTICS, WINDOW_FIGURES, Interval, gap_interval, gap_statistics, request_interval, request_statistics,
-    subset, window_figures, window_interval,
+    STATISTICS,
+    WINDOW_FIGURES,
+    Interval,
+    gap_interval,
+    gap_statistics,
+    request_interval,
+    request_statistics,
+    subset,
+    window_figures,
+    window_interval,
 )
 from analyzer.compare.run_data import RunData
 from analyzer.compare.verdict import (
-    DEFAULT_MIN_EFFECT_PCT, DEFAULT_MIN_REQUESTS, METRICS, Metric, relative_pct, verdict,
+    DEFAULT_MIN_EFFECT_PCT,
+    DEFAULT_MIN_REQUESTS,
+    METRICS,
+    Metric,
+    relative_pct,
+    verdict,
 )
 
 __all__ = ["CompareOptions", "Comparison", "ComparisonRow", "compare_runs"]
@@ -67,6 +80,7 @@ class Comparison:
     rows: list[ComparisonRow]
     parts: list[Part]
     workload: list[WorkloadLine]
+    steps: list[StepLine] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     not_compared: list[str] = field(default_factory=list)
@@ -159,9 +173,10 @@ def compare_runs(a: RunData, b: RunData, options: CompareOptions = CompareOption
                                           options.seed)
     workload, warnings = workload_lines(a, b, options.resamples, options.max_requests, options.seed,
                                         options.min_effect_pct, options.min_requests)
-    notes = [*a.notes, *b.notes, *part_notes]
+    steps, step_notes = step_context(a, b, options.stall_factor)
+    notes = [*a.notes, *b.notes, *part_notes, *step_notes]
     small = [run.label for run in (a, b) if 0 < int(run.succeeded.sum()) < 100]
     if small:
         notes.append(f"{' and '.join(small)}: under 100 succeeded requests, so p99 is interpolated between "
                      "the largest values (the extremes), not a tail estimate")
-    return Comparison(a, b, rows, parts, workload, warnings, notes, not_compared)
+    return Comparison(a, b, rows, parts, workload, steps, warnings, notes, not_compared)

@@ -13,8 +13,14 @@ import math
 from dataclasses import dataclass
 
 __all__ = [
-    "DEFAULT_MIN_EFFECT_PCT", "DEFAULT_MIN_REQUESTS", "METRICS", "Metric", "VERDICTS", "regression_beyond",
-    "relative_pct", "verdict",
+    "DEFAULT_MIN_EFFECT_PCT",
+    "DEFAULT_MIN_REQUESTS",
+    "METRICS",
+    "VERDICTS",
+    "Metric",
+    "regression_beyond",
+    "relative_pct",
+    "verdict",
 ]
 
 DEFAULT_MIN_EFFECT_PCT = 2.0
