@@ -309,14 +309,21 @@ def test_two_real_serve_runs_give_a_table_and_a_decomposition(tmp_path) -> None:
     assert text.exit_code == 0 and "where the mean E2E change comes from" in text.stdout
 
 
-def test_engine_steps_say_what_shared_the_stalls(tmp_path) -> None:
-    """The continuous engine's capture (tests/fixtures/continuous_engine) has step data: its
-    stalls are the gaps whose step also computed a prompt (step 9: 1,135 prompt tokens)."""
+@pytest.fixture(scope="module")
+def continuous(tmp_path_factory) -> Path:
+    """The continuous engine's capture (tests/fixtures/continuous_engine) loaded: 5 requests
+    of the tiny model with engine step data."""
     fixture = Path(__file__).resolve().parent / "fixtures" / "continuous_engine"
-    db = tmp_path / "continuous.duckdb"
+    db = tmp_path_factory.mktemp("continuous") / "continuous.duckdb"
+    assert CliRunner().invoke(cli, ["load", str(fixture / "server.otlp.jsonl"), str(fixture / "client.otlp.jsonl"),
+                                    "--db", str(db), "-q"]).exit_code == 0
+    return db
+
+
+def test_engine_steps_say_what_shared_the_stalls(continuous) -> None:
+    """Its stalls are the gaps whose step also computed a prompt (step 9: 1,135 prompt tokens)."""
+    db = continuous
     runner = CliRunner()
-    assert runner.invoke(cli, ["load", str(fixture / "server.otlp.jsonl"), str(fixture / "client.otlp.jsonl"),
-                               "--db", str(db), "-q"]).exit_code == 0
     out = _json(str(db), str(db), "--resamples", "300")
     steps = {(s["gaps"], s["figure"]): s for s in out["steps"]}
     assert all(s["a"] == s["b"] for s in out["steps"] if s["a"] is not None)
@@ -327,3 +334,16 @@ def test_engine_steps_say_what_shared_the_stalls(tmp_path) -> None:
     assert steps[("stall", "gaps")]["a"] > 0
     assert steps[("stall", "prefill tokens mean")]["a"] > 100 * steps[("steady", "prefill tokens mean")]["a"]
     assert {r["verdict"] for r in out["metrics"]} == {"too_few"}  # 5 requests a side
+
+
+def test_different_models_are_compared_with_a_warning_first(runs, continuous) -> None:
+    result = CliRunner().invoke(cli, ["compare", str(runs["base"]), str(continuous), "--resamples", "300"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    warning = next(i for i, line in enumerate(lines) if line.startswith("warning:"))
+    # the client perspective: the model the client asked for (gen_ai.request.model of its span)
+    assert lines[warning] == "warning: the runs served different models: BASELINE m; CANDIDATE tiny"
+    assert warning < next(i for i, line in enumerate(lines) if line.startswith("verdicts"))
+    out = _json(str(runs["base"]), str(continuous), "--resamples", "300")
+    assert out["steps"] == []  # the generated run has no engine step data
+    assert any("no engine step data in BASELINE" in note for note in out["notes"])

@@ -53,6 +53,7 @@ class RunData:
     step_itl_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
     step_batch_size: np.ndarray = field(default_factory=lambda: np.zeros(0))
     step_prefill_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    models: tuple[str, ...] = ()  # the models its requests name (gen_ai.response.model / request.model)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -146,6 +147,7 @@ def read_run(con: duckdb.DuckDBPyConnection, label: str, perspective: str,
         step_itl_ms=steps[:, 0],
         step_batch_size=steps[:, 1],
         step_prefill_tokens=steps[:, 2],
+        models=tuple(sorted({m for m in column("model") if m})),
         notes=notes,
     )
 

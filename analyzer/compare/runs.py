@@ -123,6 +123,14 @@ def _missing(metric: Metric, a: RunData, b: RunData, have_a: bool, have_b: bool)
     return f"{metric.label} ({metric.key}): no figure in {' or '.join(sides)}"
 
 
+def _model_warnings(a: RunData, b: RunData) -> list[str]:
+    """A warning when the runs name different models (a side naming none says nothing)."""
+    if a.models and b.models and a.models != b.models:
+        return [f"the runs served different models: {a.label} {', '.join(a.models)}; "
+                f"{b.label} {', '.join(b.models)}"]
+    return []
+
+
 def compare_runs(a: RunData, b: RunData, options: CompareOptions = CompareOptions()) -> Comparison:
     """Compare the baseline ``a`` with the candidate ``b``, seen from the same perspective."""
     rows: list[ComparisonRow] = []
@@ -171,8 +179,9 @@ def compare_runs(a: RunData, b: RunData, options: CompareOptions = CompareOption
     if any(r.metric == "e2e_ms" for r in rows) and any(r.metric == "ttft_ms" for r in rows):
         parts, part_notes = decompose_e2e(a, b, options.stall_factor, options.resamples, options.max_requests,
                                           options.seed)
-    workload, warnings = workload_lines(a, b, options.resamples, options.max_requests, options.seed,
+    workload, token_warnings = workload_lines(a, b, options.resamples, options.max_requests, options.seed,
                                         options.min_effect_pct, options.min_requests)
+    warnings = [*_model_warnings(a, b), *token_warnings]
     steps, step_notes = step_context(a, b, options.stall_factor)
     notes = [*a.notes, *b.notes, *part_notes, *step_notes]
     small = [run.label for run in (a, b) if 0 < int(run.succeeded.sum()) < 100]
