@@ -347,3 +347,23 @@ def test_different_models_are_compared_with_a_warning_first(runs, continuous) ->
     out = _json(str(runs["base"]), str(continuous), "--resamples", "300")
     assert out["steps"] == []  # the generated run has no engine step data
     assert any("no engine step data in BASELINE" in note for note in out["notes"])
+
+
+def test_report_compare_adds_the_verdicts_and_both_runs_cdfs(runs, tmp_path) -> None:
+    page_path = tmp_path / "report.html"
+    result = CliRunner().invoke(cli, ["report", "--db", str(runs["slower"]), "--html", str(page_path),
+                                      "--compare", str(runs["base"])])
+    assert result.exit_code == 0, result.output
+    page = page_path.read_text()
+    section = page[page.index("<h2>Compared with a baseline</h2>"):]
+    section = section[:section.index("<h2>", 10)]
+    assert page.index("Run summary") < page.index("Compared with a baseline")
+    assert '<td class="l">TPOT (ms/token)</td><td class="">mean</td>' in section
+    tpot_row = section[section.index('<td class="l">TPOT (ms/token)</td><td class="">mean</td>'):]
+    assert tpot_row[:tpot_row.index("</tr>")].endswith('<td class="l fail">worse</td>')
+    assert section.count("<tr>") == 1 + 31 + 1 + 6  # the figures' table with its header, the parts' table
+    assert section.count("<svg") == 4  # TTFT, TPOT, ITL, E2E: both runs on each
+    assert section.count("A baseline") == 4 and section.count("B this run") == 4
+    bad = CliRunner().invoke(cli, ["report", "--db", str(runs["slower"]), "--html", str(tmp_path / "r2.html"),
+                                   "--compare", str(tmp_path / "missing.duckdb")])
+    assert bad.exit_code == 1 and len(bad.stderr.strip().splitlines()) == 1 and "--compare" in bad.stderr

@@ -14,31 +14,6 @@ from analyzer.cli.options import emit_rows, format_option
 from analyzer.errors import UserError
 
 
-def _pick_perspective(wanted: str | None, found: dict[str, dict[str, int]]) -> str:
-    """``wanted``, or the first of client, server, engine both runs have; one line naming
-    what is missing otherwise."""
-    from analyzer.compare.run_data import PERSPECTIVE_ORDER
-
-    (a_label, a_has), (b_label, b_has) = found.items()
-
-    def listing(has: dict[str, int]) -> str:
-        return ", ".join(f"{p} ({n} requests)" for p, n in has.items()) or "no requests"
-
-    for label, has in found.items():
-        if not has:
-            raise UserError(f"no common metric: {label} holds no requests (nothing to compare)")
-    if wanted is not None:
-        for label, has in found.items():
-            if wanted not in has:
-                raise UserError(f"no common metric: {label} has no {wanted} perspective (it has {listing(has)})")
-        return wanted
-    for perspective in PERSPECTIVE_ORDER:
-        if perspective in a_has and perspective in b_has:
-            return perspective
-    raise UserError(f"no common metric: no perspective in both runs ({a_label}: {listing(a_has)}; "
-                    f"{b_label}: {listing(b_has)})")
-
-
 @cli.command("compare")
 @click.argument("baseline", metavar="BASELINE")
 @click.argument("candidate", metavar="CANDIDATE")
@@ -90,7 +65,7 @@ def compare_command(baseline, candidate, perspective, min_effect, fail_pct, slo_
     """
     from analyzer.compare import CompareOptions, compare_runs  # without numpy/scipy: one line naming the extra
     from analyzer.compare.render import CSV_COLUMNS, csv_rows, json_object, text_lines
-    from analyzer.compare.run_data import open_run, perspectives_of, read_run
+    from analyzer.compare.run_data import open_run, perspectives_of, pick_perspective, read_run
     from analyzer.compare.verdict import regression_beyond
 
     slo = {"slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms, "slo_e2e_ms": slo_e2e_ms}
@@ -98,7 +73,7 @@ def compare_command(baseline, candidate, perspective, min_effect, fail_pct, slo_
     connections = [open_run(path, label.split()[0]) for path, label in zip((baseline, candidate), labels)]
     try:
         found = {label: perspectives_of(con) for label, con in zip(labels, connections)}
-        chosen = _pick_perspective(perspective, found)
+        chosen = pick_perspective(perspective, found)
         runs = [read_run(con, label.split()[0], chosen, slo) for label, con in zip(labels, connections)]
     finally:
         for con in connections:

@@ -18,7 +18,7 @@ import numpy as np
 
 from analyzer.errors import UserError
 
-__all__ = ["PERSPECTIVE_ORDER", "RunData", "open_run", "perspectives_of", "read_run"]
+__all__ = ["PERSPECTIVE_ORDER", "RunData", "open_run", "perspectives_of", "pick_perspective", "read_run"]
 
 #: The perspective compare picks when none is given: the first both runs have.
 PERSPECTIVE_ORDER = ("client", "server", "engine")
@@ -81,6 +81,30 @@ def perspectives_of(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
     rows = installed(con).execute(
         "SELECT perspective, count(*) FROM request_metrics GROUP BY perspective").fetchall()
     return {str(p): int(n) for p, n in rows}
+
+
+def pick_perspective(wanted: str | None, found: dict[str, dict[str, int]]) -> str:
+    """``wanted``, or the first of client, server, engine both runs have; ``found``: the
+    requests per perspective (:func:`perspectives_of`) of each run by its label. One line
+    naming what is missing otherwise."""
+    (a_label, a_has), (b_label, b_has) = found.items()
+
+    def listing(has: dict[str, int]) -> str:
+        return ", ".join(f"{p} ({n} requests)" for p, n in has.items()) or "no requests"
+
+    for label, has in found.items():
+        if not has:
+            raise UserError(f"no common metric: {label} holds no requests (nothing to compare)")
+    if wanted is not None:
+        for label, has in found.items():
+            if wanted not in has:
+                raise UserError(f"no common metric: {label} has no {wanted} perspective (it has {listing(has)})")
+        return wanted
+    for perspective in PERSPECTIVE_ORDER:
+        if perspective in a_has and perspective in b_has:
+            return perspective
+    raise UserError(f"no common metric: no perspective in both runs ({a_label}: {listing(a_has)}; "
+                    f"{b_label}: {listing(b_has)})")
 
 
 def read_run(con: duckdb.DuckDBPyConnection, label: str, perspective: str,

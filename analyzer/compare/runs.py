@@ -126,8 +126,8 @@ def _missing(metric: Metric, a: RunData, b: RunData, have_a: bool, have_b: bool)
 def _model_warnings(a: RunData, b: RunData) -> list[str]:
     """A warning when the runs name different models (a side naming none says nothing)."""
     if a.models and b.models and a.models != b.models:
-        return [f"the runs served different models: {a.label} {', '.join(a.models)}; "
-                f"{b.label} {', '.join(b.models)}"]
+        return [(f"the runs served different models: {a.label} {', '.join(a.models)}; "
+                 f"{b.label} {', '.join(b.models)}")]
     return []
 
 
