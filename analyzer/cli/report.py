@@ -98,18 +98,10 @@ def _comparison_html(baseline: str, db_path: str, slo: dict) -> str:
     """The comparison section: ``baseline`` against the report's database, as ``tokentrace
     compare BASELINE DB`` compares them (default options, the report's SLOs)."""
     from analyzer.compare import CompareOptions, compare_runs
-    from analyzer.compare.run_data import open_run, perspectives_of, pick_perspective, read_run
+    from analyzer.compare.sides import read_sides
     from analyzer.report.comparison import comparison_section
 
-    labels = (f"BASELINE {baseline}", f"this run {db_path}")
-    connections = [open_run(baseline, "--compare"), open_run(db_path, "database")]
-    try:
-        found = {label: perspectives_of(con) for label, con in zip(labels, connections)}
-        chosen = pick_perspective(None, found)
-        runs = [read_run(con, name, chosen, slo) for name, con in zip(("BASELINE", "this run"), connections)]
-    finally:
-        for con in connections:
-            con.close()
+    runs, chosen = read_sides((baseline, db_path), ("BASELINE", "this run"), None, slo)
     result = compare_runs(runs[0], runs[1], CompareOptions(slo_given=any(v is not None for v in slo.values())))
     if not result.rows:
         raise UserError(f"--compare {baseline}: no common metric ({chosen} perspective): "

@@ -53,6 +53,7 @@ class RunData:
     step_itl_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
     step_batch_size: np.ndarray = field(default_factory=lambda: np.zeros(0))
     step_prefill_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    slo_known: bool = True  # meets_slo computed (window.sql's rule); False: a benchmark report's records
     models: tuple[str, ...] = ()  # the models its requests name (gen_ai.response.model / request.model)
     notes: list[str] = field(default_factory=list)
 

@@ -163,6 +163,11 @@ def compare_runs(a: RunData, b: RunData, options: CompareOptions = CompareOption
         elif metric.kind == "window":
             if metric.key == "goodput_rps" and not options.slo_given:
                 continue
+            if metric.key == "goodput_rps" and not (a.slo_known and b.slo_known):
+                sides = " and ".join(run.label for run in (a, b) if not run.slo_known)
+                not_compared.append(f"{metric.label} ({metric.key}): {sides} is a benchmark report (SLOs are "
+                                    "checked on traces only)")
+                continue
             at = WINDOW_FIGURES.index(metric.key)
             if a.requests == 0 or b.requests == 0:
                 not_compared.append(_missing(metric, a, b, a.requests > 0, b.requests > 0))
