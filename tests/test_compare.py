@@ -419,3 +419,14 @@ def test_a_benchmark_report_beside_traces_without_a_client_perspective(tmp_path)
         f"Error: no common metric: CANDIDATE {db} has no client perspective (it has server (12 requests))"]
     server = CliRunner().invoke(cli, ["compare", str(VLLM_BENCH), str(db), "--perspective", "server"])
     assert server.exit_code == 1 and "is a benchmark report" in server.stderr
+
+
+def test_above_max_requests_a_subset_draws_the_intervals(runs, slower) -> None:
+    """--max-requests 20 on 40-request runs: the intervals come from 20 requests a side
+    (wider), the figures from all 40 (unchanged)."""
+    out = _json(str(runs["base"]), str(runs["slower"]), "--max-requests", "20")
+    assert [(r["a"], r["b"]) for r in out["metrics"]] == [(r["a"], r["b"]) for r in slower["metrics"]]
+    sub = next(r for r in out["metrics"] if r["metric"] == "tpot_ms" and r["statistic"] == "mean")
+    full = next(r for r in slower["metrics"] if r["metric"] == "tpot_ms" and r["statistic"] == "mean")
+    assert sub["verdict"] == "worse"
+    assert sub["ci_high"] - sub["ci_low"] > full["ci_high"] - full["ci_low"]

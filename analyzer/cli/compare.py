@@ -31,11 +31,11 @@ from analyzer.errors import UserError
               help="TPOT SLO for goodput (ms, <=).")
 @click.option("--slo-e2e-ms", type=click.FloatRange(min=0, min_open=True), default=None,
               help="E2E SLO for goodput (ms, <=).")
-@click.option("--resamples", type=click.IntRange(min=200, max=100_000), default=2000, show_default=True,
+@click.option("--resamples", type=click.IntRange(min=200, max=100_000), default=1000, show_default=True,
               help="Bootstrap resamples per figure.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the resampling (same seed, same "
                                                                       "intervals).")
-@click.option("--max-requests", type=click.IntRange(min=20), default=2000, show_default=True,
+@click.option("--max-requests", type=click.IntRange(min=20), default=1000, show_default=True,
               help="Above this many requests a side, intervals use a random subset of this many (figures: all).")
 @click.option("--min-requests", type=click.IntRange(min=2), default=20, show_default=True,
               help="Fewer requests with a figure on a side: verdict too_few.")

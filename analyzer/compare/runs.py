@@ -40,9 +40,9 @@ class CompareOptions:
     all); ``stall_factor``: a decode gap over this many times the baseline's median gap is a
     stall; ``slo_given``: goodput is compared only when an SLO was stated."""
 
-    resamples: int = 2000
+    resamples: int = 1000
     seed: int = 0
-    max_requests: int = 2000
+    max_requests: int = 1000
     min_effect_pct: float = DEFAULT_MIN_EFFECT_PCT
     min_requests: int = DEFAULT_MIN_REQUESTS
     stall_factor: float = 3.0

@@ -4,7 +4,7 @@ perspective both have."""
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from analyzer.compare.bench_records import read_benchmark_run
 from analyzer.compare.run_data import RunData, open_run, perspectives_of, pick_perspective, read_run
