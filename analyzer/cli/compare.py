@@ -65,8 +65,8 @@ def compare_command(baseline, candidate, perspective, min_effect, fail_pct, slo_
       tokentrace compare before.duckdb after.duckdb --fail-on-regression 5
       tokentrace compare before/profile_export.jsonl after/profile_export.jsonl
     """
+    from analyzer.cli._compare_render import CSV_COLUMNS, csv_rows, json_object, text_lines
     from analyzer.compare import CompareOptions, compare_runs  # without numpy/scipy: one line naming the extra
-    from analyzer.compare.render import CSV_COLUMNS, csv_rows, json_object, text_lines
     from analyzer.compare.sides import read_sides
     from analyzer.compare.verdict import regression_beyond
 

@@ -77,10 +77,10 @@ def _floats(values: list[Any]) -> np.ndarray:
 
 def perspectives_of(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
     """Requests per perspective in the source (view request_metrics)."""
-    from analyzer.cli._query_verb import installed
+    from analyzer.query.runner import install_views
 
-    rows = installed(con).execute(
-        "SELECT perspective, count(*) FROM request_metrics GROUP BY perspective").fetchall()
+    install_views(con)
+    rows = con.execute("SELECT perspective, count(*) FROM request_metrics GROUP BY perspective").fetchall()
     return {str(p): int(n) for p, n in rows}
 
 
@@ -112,10 +112,13 @@ def read_run(con: duckdb.DuckDBPyConnection, label: str, perspective: str,
              slo: Mapping[str, float | None]) -> RunData:
     """The run in ``con`` seen from ``perspective``; ``slo``: slo_ttft_ms, slo_tpot_ms,
     slo_e2e_ms (None: not applied) for meets_slo."""
-    from analyzer.cli._query_verb import query_rows
+    from analyzer.query.runner import run_query
+
+    def query_rows(name: str, params: Mapping[str, Any]) -> Any:  # every perspective's rows, views kept
+        return run_query(con, name, params)
 
     params = {"perspective": perspective, **{k: v for k, v in slo.items() if v is not None}}
-    req = query_rows(con, "compare/requests", params).dicts()
+    req = query_rows("compare/requests", params).dicts()
     key_index = {(r["trace_id"], r["request_span_id"]): i for i, r in enumerate(req)}
 
     def column(name: str) -> list[Any]:
@@ -125,7 +128,7 @@ def read_run(con: duckdb.DuckDBPyConnection, label: str, perspective: str,
     prefill = np.full(len(req), np.nan)
     notes: list[str] = []
     if req:
-        phases = query_rows(con, "phases", {}).dicts()
+        phases = query_rows("phases", {}).dicts()
         for row in phases:
             at = key_index.get((row["trace_id"], row["request_span_id"]))
             if at is not None:
@@ -136,7 +139,7 @@ def read_run(con: duckdb.DuckDBPyConnection, label: str, perspective: str,
     gap_values: list[float] = []
     gap_owner: list[int] = []
     if req:
-        gaps = query_rows(con, "itl", {"perspective": perspective})
+        gaps = query_rows("itl", {"perspective": perspective})
         trace_at, span_at, itl_at = (gaps.columns.index(c) for c in ("trace_id", "request_span_id", "itl_ms"))
         for row in gaps.rows:
             at = key_index.get((row[trace_at], row[span_at]))
@@ -145,7 +148,7 @@ def read_run(con: duckdb.DuckDBPyConnection, label: str, perspective: str,
                 gap_owner.append(at)
     step_rows: list[tuple[float, float, float]] = []
     if req:
-        for row in query_rows(con, "stalls", {}).dicts():
+        for row in query_rows("stalls", {}).dicts():
             if ((row["trace_id"], row["request_span_id"]) in key_index and row["itl_ms"] is not None
                     and row["batch_size"] is not None and row["prefill_tokens"] is not None):
                 step_rows.append((float(row["itl_ms"]), float(row["batch_size"]), float(row["prefill_tokens"])))
@@ -182,11 +185,13 @@ def open_run(path: str, label: str) -> duckdb.DuckDBPyConnection:
     file (``tokentrace load``), as --parquet / --db read them; one line when it is neither."""
     from pathlib import Path
 
-    from analyzer.cli._query_verb import open_from_flags
+    from analyzer.db.source import open_source
+    from analyzer.errors import SourceError
 
     target = Path(path)
     if not target.exists():
         raise UserError(f"{label} {path}: no such file or folder")
-    if target.is_dir():
-        return open_from_flags(None, str(target))
-    return open_from_flags(str(target), None)
+    try:
+        return open_source(parquet=target) if target.is_dir() else open_source(db=target)
+    except SourceError as exc:
+        raise UserError(str(exc)) from None

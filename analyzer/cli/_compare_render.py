@@ -1,6 +1,8 @@
-"""A comparison as text (80 columns: the workload warnings, the verdicts, the workload, the
-table per metric, the E2E decomposition, notes), as one JSON object, or as csv rows (one
-per metric and statistic). Text rounds for reading; json and csv keep full precision."""
+"""``tokentrace compare``'s output: a comparison (analyzer/compare/) as text (80 columns: the
+warnings, the verdicts, the workload, the table per metric, the E2E decomposition, the engine
+steps, notes), as one JSON object, or as csv rows (one per metric and statistic). Text rounds
+for reading; json and csv keep full precision. Not a verb (the leading underscore keeps it
+out of verb discovery)."""
 
 from __future__ import annotations
 
