@@ -185,7 +185,7 @@ def compare_runs(a: RunData, b: RunData, options: CompareOptions = CompareOption
         parts, part_notes = decompose_e2e(a, b, options.stall_factor, options.resamples, options.max_requests,
                                           options.seed)
     workload, token_warnings = workload_lines(a, b, options.resamples, options.max_requests, options.seed,
-                                        options.min_effect_pct, options.min_requests)
+                                        options.min_effect_pct)
     warnings = [*_model_warnings(a, b), *token_warnings]
     steps, step_notes = step_context(a, b, options.stall_factor)
     notes = [*a.notes, *b.notes, *part_notes, *step_notes]
