@@ -127,6 +127,11 @@ CASES: list[tuple[str, str]] = [
     ("bench", "--url http://127.0.0.1:9 --requests 1"),
     ("demo", "--out {d}/victim.csv --tiny"),
     ("demo", "--model {d}/missing-model --out {d}/d1"),
+    ("compare", "{d}/missing.duckdb {d}/ok.duckdb"),
+    ("compare", "{d}/ok.duckdb {d}/victim.csv"),
+    ("compare", "{d}/ok.duckdb {d}/baddump"),
+    ("compare", "{d}/ok.duckdb {d}/ok.duckdb"),  # no request on either side: no common metric
+    ("compare", "{d}/ok.duckdb {d}/ok.duckdb --min-effect -1"),
     ("nosuchverb", ""),
 ]
 

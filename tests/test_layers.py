@@ -38,7 +38,7 @@ RANKS: dict[str, int] = {
     "analyzer.db": 1,
     "analyzer.formats": 2,
     "analyzer.query": 3,
-    "analyzer.collect": 4, "analyzer.audit": 4, "analyzer.report": 4,
+    "analyzer.collect": 4, "analyzer.audit": 4, "analyzer.report": 4, "analyzer.compare": 4,
     "analyzer.verbs": 5,
     "analyzer.cli": 6,
 }

@@ -66,6 +66,7 @@ class RequestPlan:
     output_tokens: int = 150
     chunk_tokens: Sequence[int] | None = None  # tokens per visible chunk (default: 1 each)
     gap_ms: float = 25.0
+    gaps_ms: Sequence[float] | None = None  # each chunk's gap to the one before (default: gap_ms each)
     network_in_ms: float = 5.0
     gateway_overhead_ms: float = 3.0
     tokenize_ms: float = 11.0
@@ -141,7 +142,11 @@ def add_request(world: TraceWorld, p: RequestPlan) -> None:
     q_start = tok_end + p.tokenize_to_queue_ms
     q_end = q_start + p.queue_ms
     pre_end = q_end + p.prefill_ms
-    server_chunks = [pre_end + p.first_emit_ms + i * p.gap_ms for i in range(len(chunks))]
+    if p.gaps_ms is not None:
+        assert len(p.gaps_ms) == max(0, len(chunks) - 1)
+        server_chunks = list(itertools.accumulate(p.gaps_ms, initial=pre_end + p.first_emit_ms))
+    else:
+        server_chunks = [pre_end + p.first_emit_ms + i * p.gap_ms for i in range(len(chunks))]
     client_chunks = [t + p.network_out_ms for t in server_chunks]
     last_server = server_chunks[-1] if chunks else pre_end + p.first_emit_ms
     gw_end = last_server + 1.0  # trailing finish/usage chunk written after the last visible one

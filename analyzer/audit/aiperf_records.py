@@ -44,6 +44,8 @@ class AiperfRecords:
     usage_prompt_tokens: list[float | None]
     usage_completion_tokens: list[float | None]
     input_sequence_lengths: list[float | None]
+    #: per record, its inter-chunk gaps (ms, AIPerf's inter_chunk_latency), in order
+    chunk_gaps_ms: list[list[float]] = field(default_factory=list)
 
     @property
     def window_s(self) -> float | None:
@@ -116,6 +118,7 @@ def read_aiperf_records(path: Path) -> AiperfRecords:
         out.input_sequence_lengths.append(_num(_metric_value(rec, "input_sequence_length", where), where))
         out.usage_prompt_tokens.append(_num(_metric_value(rec, "usage_prompt_tokens", where), where))
         out.usage_completion_tokens.append(_num(_metric_value(rec, "usage_completion_tokens", where), where))
+        out.chunk_gaps_ms.append([float(_num(g, where)) for g in gaps if g is not None])
     return out
 
 

@@ -104,6 +104,6 @@ def cli() -> None:
     Load:        load, export, collect, pull (traces into DuckDB / Parquet)
     Query:       requests, itl, phases, summary, window, skew, steps, stalls, sql
     Schema:      tables (the tables and views sql reads, their columns)
-    Check:       timeline, kv, audit
+    Check:       timeline, kv, audit, compare (two runs: what changed, how sure)
     Report:      report (one self-contained HTML file)
     """

@@ -28,8 +28,11 @@ from analyzer.errors import UserError
 @click.option("--bucket-s", type=click.FloatRange(min=0.001), default=1.0, show_default=True,
               help="Bucket width of the throughput-over-time plot (s).")
 @click.option("--title", default="tokentrace report", show_default=True, help="Report title.")
+@click.option("--compare", "baseline", default=None, metavar="BASELINE",
+              help="Add a comparison with this baseline run (a database or a Parquet dump folder): "
+                   "`tokentrace compare`'s verdicts and both runs' CDFs (needs the compare extra).")
 def report_command(db_path, html_path, request_span_id, audit_json, mode, slo_ttft_ms, slo_tpot_ms, slo_e2e_ms,
-                   bucket_s, title) -> None:
+                   bucket_s, title, baseline) -> None:
     """Write one self-contained HTML file (inline SVG plots, no CDN) about a trace database.
 
     It opens with the numbers a person wants first: TTFT, TPOT and E2E p50/p99, throughput,
@@ -51,6 +54,8 @@ def report_command(db_path, html_path, request_span_id, audit_json, mode, slo_tt
           --slo-ttft-ms 500
       tokentrace report --db traces.duckdb --html report.html --slo-ttft-ms 500 \\
           --slo-tpot-ms 50
+      tokentrace report --db after.duckdb --html report.html \\
+          --compare before.duckdb
     """
     from analyzer.cli._query_verb import open_from_flags
     from analyzer.report import ReportInputs, build_report, load_audit_findings
@@ -64,12 +69,17 @@ def report_command(db_path, html_path, request_span_id, audit_json, mode, slo_tt
             findings = load_audit_findings(audit_json)
         except ValueError as exc:
             raise UserError(str(exc)) from None
+    comparison_html = None
+    if baseline is not None:
+        comparison_html = _comparison_html(baseline, db_path, {"slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms,
+                                                              "slo_e2e_ms": slo_e2e_ms})
     inputs = ReportInputs(
         request_span_id=request_span_id,
         window_params={"mode": mode, "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms, "slo_e2e_ms": slo_e2e_ms},
         bucket_s=bucket_s,
         audit_findings=findings,
         title=title,
+        comparison_html=comparison_html,
     )
     # Attached read-only, as every query verb: the report's views live in memory, and the
     # database file stays byte-identical.
@@ -82,3 +92,18 @@ def report_command(db_path, html_path, request_span_id, audit_json, mode, slo_tt
         con.close()
     Path(html_path).write_text(page, encoding="utf-8")
     click.echo(f"wrote {html_path} ({len(page) / 1024:.0f} KiB)")
+
+
+def _comparison_html(baseline: str, db_path: str, slo: dict) -> str:
+    """The comparison section: ``baseline`` against the report's database, as ``tokentrace
+    compare BASELINE DB`` compares them (default options, the report's SLOs)."""
+    from analyzer.compare import CompareOptions, compare_runs
+    from analyzer.compare.sides import read_sides
+    from analyzer.report.comparison import comparison_section
+
+    runs, chosen = read_sides((baseline, db_path), ("BASELINE", "this run"), None, slo)
+    result = compare_runs(runs[0], runs[1], CompareOptions(slo_given=any(v is not None for v in slo.values())))
+    if not result.rows:
+        raise UserError(f"--compare {baseline}: no common metric ({chosen} perspective): "
+                        + "; ".join(result.not_compared))
+    return comparison_section(result, baseline)

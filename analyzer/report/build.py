@@ -71,6 +71,8 @@ class ReportInputs:
     bucket_s: float = 1.0
     audit_findings: list[dict[str, Any]] | None = None
     title: str = "tokentrace report"
+    #: the comparison with a baseline (analyzer/report/comparison.py), placed after the summary
+    comparison_html: str | None = None
 
 
 def _number(value: float) -> str:
@@ -192,6 +194,8 @@ def build_report(con: duckdb.DuckDBPyConnection, inputs: ReportInputs) -> str:
         raise ValueError("the database holds no request (load traces first: tokentrace load FILE --db DB)")
     window = run_query(con, "window", inputs.window_params, views=False).dicts()[0]
     sections = _summary_sections(con, window)
+    if inputs.comparison_html is not None:
+        sections.append(inputs.comparison_html)
     chosen = choose_request(requests, inputs.request_span_id)
     if chosen is not None:
         sections.append(_waterfall_section(con, chosen, chosen_by_id=bool(inputs.request_span_id)))

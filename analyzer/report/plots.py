@@ -136,8 +136,10 @@ def decode_steps_svg(itl_rows: Sequence[dict[str, Any]], steps: Sequence[dict[st
     return _svg(fig)
 
 
-def cdf_svg(series: dict[str, Sequence[float]], xlabel: str, title: str) -> str:
-    """Empirical CDF of each named series (fraction of requests <= x)."""
+def cdf_svg(series: dict[str, Sequence[float]], xlabel: str, title: str,
+            ylabel: str = "fraction of requests ≤ x") -> str:
+    """Empirical CDF of each named series (fraction of requests <= x; ``ylabel`` names what
+    is counted when it is not requests)."""
     fig, ax = _figure(4.6, 3.6)
     for name, values in series.items():
         xs = sorted(v for v in values if v is not None)
@@ -146,7 +148,7 @@ def cdf_svg(series: dict[str, Sequence[float]], xlabel: str, title: str) -> str:
         ys = [(i + 1) / len(xs) for i in range(len(xs))]
         ax.step(xs, ys, where="post", label=f"{name} (n={len(xs)})")
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("fraction of requests ≤ x")
+    ax.set_ylabel(ylabel)
     ax.set_ylim(0, 1.02)
     ax.set_title(title)
     _legend_below(fig, [ax], ncol=2)
