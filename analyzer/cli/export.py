@@ -45,7 +45,7 @@ def export(db_path: str, parquet_dir: str | None, perfetto_path: str | None, ove
     if not Path(db_path).exists():
         raise UserError(f"{db_path}: no such database", hint="load traces first: tokentrace load FILE --db " + db_path)
     if perfetto_path is not None:
-        from analyzer.formats.perfetto_export import require_perfetto
+        from analyzer.report.perfetto_trace import require_perfetto
 
         try:
             require_perfetto()  # a missing extra is said before anything is written
@@ -75,7 +75,7 @@ def _export_parquet(db_path: str, parquet_dir: str, overwrite: bool) -> None:
 def _export_perfetto(db_path: str, path: str, overwrite: bool) -> None:
     from analyzer.cli._query_verb import open_from_flags
     from analyzer.errors import ExportError
-    from analyzer.formats.perfetto_export import export_perfetto
+    from analyzer.report.perfetto_trace import export_perfetto
 
     # attached read-only, as every query verb: the views live in memory
     con = open_from_flags(db_path, None)

@@ -1,4 +1,4 @@
-"""Write the engine timeline as a Perfetto protobuf trace (``tokentrace export --perfetto FILE``).
+"""The engine timeline as a Perfetto protobuf trace (``tokentrace export --perfetto FILE``).
 
 Built with the ``perfetto`` package's protos and ``StreamingTraceProtoBuilder`` (the
 ``perfetto`` extra). Layout, one process per clock domain (an engine or a service: its
