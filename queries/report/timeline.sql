@@ -9,6 +9,8 @@
 --   without a prefill span: each visible chunk of its perspective, view request_chunks) and
 --   'preemption' (the continuous engine's tokentrace.preemption and the vLLM plugin's
 --   tokentrace.preempted event, one name here). Ordered by request start, request, time.
+-- param: $request_span_ids VARCHAR[] default NULL -- only these requests (request_span_id as requests.sql gives it); NULL = all
+-- param: $kinds VARCHAR[] default NULL -- only rows of these kinds (e.g. ['request']: one row per request); NULL = all
 -- units: *_ns nanoseconds since the Unix epoch on the lane's clock (clock_domain: the
 --   engine's for engine-side lanes); e2e_ms and ttft_ms milliseconds on that clock; tokens
 --   and generated_tokens tokens; token_index a count (token n); step an engine step id;
@@ -26,7 +28,7 @@ lanes AS (
            r.e2e_ms, r.ttft_ms
     FROM ranked r
     LEFT JOIN spans ls ON ls.span_id = r.perspective_span_id AND ls.clock_domain = r.clock_domain
-    WHERE r.pick = 1
+    WHERE r.pick = 1 AND ($request_span_ids IS NULL OR list_contains($request_span_ids, r.request_span_id))
 ),
 children AS (
     SELECT l.trace_id, l.request_span_id, l.lane_span_id, l.clock_domain, c.span_id, c.name, c.start_ns, c.end_ns,
@@ -98,5 +100,6 @@ items AS (
 SELECT i.*
 FROM items i
 JOIN lanes l ON l.trace_id = i.trace_id AND l.request_span_id = i.request_span_id
+WHERE $kinds IS NULL OR list_contains($kinds, i.kind)
 ORDER BY l.s_ns, i.trace_id, i.request_span_id, CASE WHEN i.kind = 'request' THEN 0 ELSE 1 END, i.start_ns,
          i.kind, i.token_index;
