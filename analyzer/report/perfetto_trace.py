@@ -12,7 +12,9 @@ Built with the ``perfetto`` package's protos and ``StreamingTraceProtoBuilder`` 
 - a track per request: a ``request`` slice over the whole lane, inside it the ``queue``,
   ``prefill`` (``prefill (recompute)`` after a preemption) and ``decode`` slices, an instant
   ``token n`` at each generated token's emission (``chunk n`` for a lane without engine
-  spans), and an instant ``preemption``.
+  spans), and an instant ``preemption``; were a request's spans to overlap, the overlapping
+  ones go to a track of their own beside it (``request <id> (overlapping spans n)``), so every
+  track nests.
 
 Timestamps are the spans' own nanoseconds since the Unix epoch, each on its process's clock
 (the engine's for the engine's process); the clock-skew verdicts between clock domains are
@@ -41,7 +43,9 @@ __all__ = [
     "SEQUENCE_ID",
     "PerfettoReport",
     "export_perfetto",
+    "require_perfetto",
     "step_slice_name",
+    "write_trace",
 ]
 
 PERFETTO_HINT = "install the extra: pip install 'tokentrace[perfetto]'"
@@ -93,7 +97,7 @@ def require_perfetto() -> Any:
 
 
 class _Writer:
-    """Packets on one sequence, track descriptors first."""
+    """Packets on one sequence; each track's descriptor before its events."""
 
     def __init__(self, out: IO[bytes]) -> None:
         from perfetto.trace_builder.proto_builder import StreamingTraceProtoBuilder

@@ -57,17 +57,17 @@ def _domain(engine: Engine, lanes: Sequence[Lane]) -> str:
 
 
 def _stalls(con: duckdb.DuckDBPyConnection, lanes: Sequence[Lane]) -> list[dict[str, Any]]:
-    """The STALLS_SHOWN slowest gaps among ``lanes`` (stalls_slowest.sql, each lane's slowest),
-    with the emission times of the tokens around each (the lane's token rows)."""
+    """Each lane's slowest gap (stalls_slowest.sql), the STALLS_SHOWN largest, numbered from
+    the slowest, with the emission times of the tokens around each (the lane's token rows)."""
     by_span = {lane.request["lane_span_id"]: lane for lane in lanes}
     rows = run_query(con, "stalls_slowest", {"per_request": 1, "request_span_ids": list(by_span)}, views=False).dicts()
     rows = sorted((r for r in rows if r["request_span_id"] in by_span), key=lambda r: -r["itl_ms"])[:STALLS_SHOWN]
-    out = []
-    for n, r in enumerate(rows, start=1):
+    out: list[dict[str, Any]] = []
+    for r in rows:
         lane = by_span[r["request_span_id"]]
         emit = {i["token_index"]: i["start_ns"] for i in lane.kind("token")}
         if r["token_index"] in emit and r["token_index"] - 1 in emit:
-            out.append({**r, "gap": n, "request": lane.label, "prev_emit_ns": emit[r["token_index"] - 1],
+            out.append({**r, "gap": len(out) + 1, "request": lane.label, "prev_emit_ns": emit[r["token_index"] - 1],
                         "emit_ns": emit[r["token_index"]]})
     return out
 
@@ -95,7 +95,7 @@ def timeline_section(con: duckdb.DuckDBPyConnection, table: Table, timeline_requ
     tick_every = max(1, -(-tokens // MAX_PLOT_POINTS))
     stalls = _stalls(con, shown) if steps else []
     service = domain.split("|")[0] or "unknown service"
-    how = (f"all {len(shown):,} requests" if len(shown) == len(in_domain) else
+    how = (f"all {len(shown):,} request{'s' if len(shown) != 1 else ''}" if len(shown) == len(in_domain) else
            f"the {timeline_requests:,} slowest requests by E2E and their neighbours in time: {len(shown):,} of "
            f"{len(in_domain):,} (<code>--timeline-requests N</code>)")
     notes = [(f"{how}, on the clock of {html.escape(service)} (clock domain {html.escape(domain)}); "
