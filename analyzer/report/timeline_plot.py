@@ -55,12 +55,14 @@ def _lanes(ax: Any, lanes: Sequence[Lane], t0: int, stalls: Sequence[dict[str, A
     for y, lane in enumerate(lanes):
         for kind, recompute, color in (("queue", None, _PHASE_COLORS["queue"]), ("prefill", False, _PHASE_COLORS["prefill"]),
                                        ("prefill", True, _RECOMPUTE), ("decode", None, _PHASE_COLORS["decode"])):
-            bars = [((i["start_ns"] - t0) / 1e9, max(i["end_ns"] - i["start_ns"], 0) / 1e9)
+            bars = [((i["start_ns"] - t0) / 1e9, (i["end_ns"] - t0) / 1e9)
                     for i in lane.kind(kind) if recompute is None or bool(i["recompute"]) == recompute]
-            ax.broken_barh(bars, (y - 0.3, 0.6), facecolors=color, linewidth=0)
+            _bars(ax, bars, y - 0.3, y + 0.3, color)
         ticks = [(i["start_ns"] - t0) / 1e9 for i in lane.kind("token", "chunk")][::tick_every]
-        if ticks:
-            ax.vlines(ticks, y - 0.42, y - 0.3, colors="#333333", linewidth=0.5)
+        if ticks:  # one path for the lane's ticks, not one element per token
+            xs = [v for x in ticks for v in (x, x, float("nan"))]
+            ax.plot(xs, [v for _ in ticks for v in (y - 0.42, y - 0.3, float("nan"))], color="#333333",
+                    linewidth=0.5)
         preempted = [(i["start_ns"] - t0) / 1e9 for i in lane.kind("preemption")]
         if preempted:
             ax.plot(preempted, [y] * len(preempted), "x", color=_STALL, markersize=7, markeredgewidth=1.6)
@@ -87,6 +89,24 @@ def _lanes(ax: Any, lanes: Sequence[Lane], t0: int, stalls: Sequence[dict[str, A
         ax.plot([], [], "x", color=_STALL, label="preemption")
     if stalls:
         ax.plot([], [], "s", markerfacecolor="none", markeredgecolor=_STALL, label="slowest gap (numbered)")
+
+
+def _bars(ax: Any, bars: Sequence[tuple[float, float]], low: float, high: float, color: str) -> None:
+    """Rectangles (start s, end s) between ``low`` and ``high`` as one compound path: one SVG
+    element however many bars (a lane has one per decode step)."""
+    if not bars:
+        return
+    from matplotlib.patches import PathPatch
+    from matplotlib.path import Path
+
+    vertices: list[tuple[float, float]] = []
+    codes: list[int] = []
+    for start, end in bars:
+        end = max(end, start)
+        vertices += [(start, low), (end, low), (end, high), (start, high), (start, low)]
+        codes += [Path.MOVETO, Path.LINETO, Path.LINETO, Path.LINETO, Path.CLOSEPOLY]
+    ax.add_patch(PathPatch(Path(vertices, codes), facecolor=color, linewidth=0))
+    ax.update_datalim(vertices)
 
 
 def _rectangle(x: float, y: float, w: float, h: float) -> Any:
