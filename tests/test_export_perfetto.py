@@ -195,6 +195,17 @@ def test_traces_without_steps_give_request_tracks_only_and_say_why(tmp_path) -> 
     assert requests > 0 and len(lanes) == requests
     why = [line for line in result.output.splitlines() if line.startswith("no engine track:")]
     assert len(why) == 1 and trace.metadata["tokentrace.engine_track"] == why[0]
+    # no engine spans: each lane's ticks are its client's visible chunks (view request_chunks)
+    from analyzer.db.source import open_source
+    from analyzer.query.runner import install_views
+
+    con = open_source(db=str(db))
+    install_views(con)
+    chunks = dict(con.execute("SELECT request_span_id, count(*) FROM request_chunks WHERE perspective = 'client' "
+                              "GROUP BY ALL").fetchall())
+    con.close()
+    ticks = {t.events[0]["args"]["request_span_id"]: len(_instants(t, "chunk ")) for t in lanes}
+    assert sum(chunks.values()) == 44 and ticks == {k: chunks.get(k, 0) for k in ticks}
 
 
 def test_a_database_without_requests_is_bad_input(tmp_path) -> None:
