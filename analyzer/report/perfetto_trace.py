@@ -34,7 +34,13 @@ from typing import IO, Any
 import duckdb
 
 from analyzer.errors import ExportError
-from analyzer.report.timeline_data import Engine, Lane, read_engine, stream_lanes
+from analyzer.report.timeline_data import (
+    Engine,
+    Lane,
+    labelled,
+    read_engine,
+    stream_lanes,
+)
 
 __all__ = [
     "COUNTERS",
@@ -283,14 +289,14 @@ def write_trace(engine: Engine, lanes: Iterable[Lane], out: IO[bytes]) -> tuple[
             w.event(track, s["start_ns"], "B", step_slice_name(s), {k: s.get(k) for k in _STEP_ARGS})
             w.event(track, max(s["end_ns"], s["start_ns"]), "E")
     requests = tokens = 0
-    for lane in itertools.chain([first], lanes):
+    for lane, label in labelled(itertools.chain([first], lanes)):
         proc = process(lane.clock_domain)
         main, *overlapping = _sub_tracks(lane.kind("queue", "prefill", "decode"))
-        track = w.track(f"request {lane.label}", proc.uuid, rank=proc.next_rank())
+        track = w.track(f"request {label}", proc.uuid, rank=proc.next_rank())
         for ts, kind, name, args in _lane_events(lane, main):
             w.event(track, ts, kind, name, args)
         for n, spans in enumerate(overlapping, start=1):
-            extra = w.track(f"request {lane.label} (overlapping spans {n})", proc.uuid, rank=proc.next_rank())
+            extra = w.track(f"request {label} (overlapping spans {n})", proc.uuid, rank=proc.next_rank())
             for ts, kind, name, args in _span_events(spans):
                 w.event(extra, ts, kind, name, args)
         requests += 1

@@ -13,7 +13,7 @@ import duckdb
 
 from analyzer.query.runner import install_views, run_query, stream_query
 
-__all__ = ["Engine", "Lane", "read_engine", "read_lanes", "stream_lanes"]
+__all__ = ["Engine", "Lane", "labelled", "read_engine", "read_lanes", "stream_lanes"]
 
 
 @dataclass
@@ -49,6 +49,18 @@ class Lane:
     def label(self) -> str:
         """What a person calls the request: its response id, else its span id."""
         return self.request.get("response_id") or self.request["request_span_id"]
+
+
+def labelled(lanes: Iterable[Lane]) -> Iterator[tuple[Lane, str]]:
+    """Each lane with its label; a label already given (two requests with one response id)
+    gets the request's span id after it, so no two lanes read the same."""
+    seen: set[str] = set()
+    for lane in lanes:
+        text = lane.label
+        if text in seen:
+            text = f"{text} (span {lane.request['request_span_id']})"
+        seen.add(text)
+        yield lane, text
 
 
 @dataclass

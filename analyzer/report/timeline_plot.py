@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from analyzer.report.plots import _PHASE_COLORS, LEGEND_FONT_PT, _svg
-from analyzer.report.timeline_data import Lane
+from analyzer.report.timeline_data import Lane, labelled
 
 __all__ = ["BUCKET_COLORS", "timeline_svg"]
 
@@ -28,8 +28,7 @@ _RECOMPUTE = "#dd8452"
 _STALL = "#c44e52"
 
 
-def _label(lane: Lane, width: int = 22) -> str:
-    text = lane.label
+def _short(text: str, width: int = 22) -> str:
     return text if len(text) <= width else "…" + text[-(width - 1):]
 
 
@@ -73,7 +72,7 @@ def _lanes(ax: Any, lanes: Sequence[Lane], t0: int, stalls: Sequence[dict[str, A
         ax.add_patch(_rectangle(start, y - 0.45, end - start, 0.9))
         ax.text(end, y - 0.45, str(n), color=_STALL, fontsize=LEGEND_FONT_PT, fontweight="bold", ha="left", va="bottom")
     ax.set_yticks(range(len(lanes)))
-    ax.set_yticklabels([_label(lane) for lane in lanes], fontsize=LEGEND_FONT_PT)
+    ax.set_yticklabels([_short(text) for _, text in labelled(lanes)], fontsize=LEGEND_FONT_PT)
     ax.set_ylim(len(lanes) - 0.4, -0.7)
     # legend entries for what the lanes draw (only what is there)
     drawn = {(i["kind"], bool(i["recompute"])) for lane in lanes for i in lane.items}
