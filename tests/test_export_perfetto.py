@@ -255,3 +255,21 @@ def test_overlapping_spans_of_a_request_get_a_track_of_their_own(tmp_path) -> No
     assert [(s[0], s[1], s[2]) for s in _slices(main)] == [("queue", 100, 300), ("request", 100, 900)]
     assert [(s[0], s[1], s[2]) for s in _slices(extra)] == [("prefill", 200, 500)]
     assert _instants(main, "token ") == [500]
+
+
+def test_requests_sharing_a_response_id_get_distinct_track_names(tmp_path) -> None:
+    """The mixed fixture's server requests all answer response id 'r': each track still has a
+    name of its own (the span id after the id)."""
+    from analyzer.report.perfetto_trace import write_trace
+    from analyzer.report.timeline_data import read_engine, stream_lanes
+    from trace_fixtures import mixed_db
+
+    con = mixed_db()
+    engine = read_engine(con)
+    out = tmp_path / "m.pftrace"
+    with open(out, "wb") as f:
+        requests, _, _ = write_trace(engine, stream_lanes(con), f)
+    names = [t.name for t in read_trace(out).tracks.values()
+             if t.name.startswith("request ") and "(overlapping spans" not in t.name]
+    assert len(names) == requests == len(set(names))
+    assert names.count("request r") == 1 and sum(n.startswith("request r (span ") for n in names) > 1
