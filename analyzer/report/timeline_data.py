@@ -38,12 +38,12 @@ class Lane:
     @property
     def start_ns(self) -> int:
         """The earliest time of the request or any item of its lane (ns)."""
-        return min([self.request["start_ns"], *(i["start_ns"] for i in self.items)])
+        return min(t for t in [self.request["start_ns"], *(i["start_ns"] for i in self.items)] if t is not None)
 
     @property
     def end_ns(self) -> int:
         """The latest time of the request or any item of its lane (ns)."""
-        return max([self.request["end_ns"], *(i["end_ns"] for i in self.items)])
+        return max(t for t in [self.request["end_ns"], *(i["end_ns"] for i in self.items)] if t is not None)
 
     @property
     def label(self) -> str:
