@@ -51,6 +51,7 @@ OTHER_PROGRAMS_FLAGS = {
     "--no-deps",  # pip
     "--profile", "--rm", "--build",  # docker compose
     "--tokenizer",  # aiperf
+    "--httpd",  # trace_processor_shell (Perfetto)
     "--version",  # tokentrace --version, the group's own option
 }
 

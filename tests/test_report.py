@@ -19,7 +19,8 @@ from trace_fixtures import mixed_db, seed_db
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 SECTIONS = ["Run summary", "Distributions", "Request waterfall", "ITL per gap and KV per decode step",
-            "Latency distributions (CDF)", "Throughput over time", "Engine steps", "TTFT phase breakdown", "Clock skew"]
+            "Latency distributions (CDF)", "Throughput over time", "Engine steps", "Timeline", "TTFT phase breakdown",
+            "Clock skew"]
 CONTINUOUS_CAPTURE = Path(__file__).resolve().parent / "fixtures" / "continuous_engine"
 
 
@@ -53,7 +54,7 @@ def test_engine_steps_section_plots_batch_kv_and_itl_against_prefill() -> None:
     con = connect()
     load_paths(con, [str(CONTINUOUS_CAPTURE / "server.otlp.jsonl"), str(CONTINUOUS_CAPTURE / "client.otlp.jsonl")])
     page = build_report(con, ReportInputs())
-    section = page[page.index(">Engine steps<"):page.index(">TTFT phase breakdown<")]
+    section = page[page.index(">Engine steps<"):page.index(">Timeline<")]
     assert "20 engine steps from queries/steps.sql (all 20 plotted)" in section
     assert "all 55 gaps with step data plotted" in section
     assert section.count("<svg") == 2
@@ -66,7 +67,7 @@ def test_engine_steps_section_plots_batch_kv_and_itl_against_prefill() -> None:
 
 def test_engine_steps_section_says_why_it_is_empty() -> None:
     page = build_report(seed_db(), ReportInputs())
-    section = page[page.index(">Engine steps<"):page.index(">TTFT phase breakdown<")]
+    section = page[page.index(">Engine steps<"):page.index(">Timeline<")]
     assert "No engine step data in these traces" in section and "<svg" not in section
     assert "1 prefill span(s) in this clock domain carry no tokentrace.engine.step" in section
 
@@ -279,7 +280,7 @@ def test_label_of_a_column_without_one_is_its_words_and_unit() -> None:
 
     assert label("window_start_ns") == "window start (UTC)" and label("ttft_ms") == "TTFT (ms)"
     assert label("queue_wait_ms") == "queue wait (ms)" and label("kv_mib") == "kv (MiB)"
-    assert label("batch_size") == "batch size"
+    assert label("prefill_sequences") == "prefill sequences"
     assert metric_label("ttft_ms", "ms") == "TTFT (ms)" and metric_label("new_metric", "ms") == "new metric (ms)"
 
 

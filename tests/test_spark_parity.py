@@ -93,6 +93,8 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("report/chunk_times", {"trace_id": mixed_trace_id("multi_token")}),
     ("report/decode_steps", {"trace_id": SEED}),
     ("report/throughput_timeline", {"bucket_s": 5.0}),
+    ("report/timeline", {}),
+    ("report/timeline", {"kinds": ["request", "decode", "token"]}),
     # engine steps: the capture's step rows and the mixed world's NULL rows with their reasons
     ("steps", {}),
     ("steps_summary", {}),

@@ -27,12 +27,15 @@ from analyzer.errors import UserError
 @click.option("--slo-e2e-ms", type=float, default=None, help="E2E SLO for goodput (ms).")
 @click.option("--bucket-s", type=click.FloatRange(min=0.001), default=1.0, show_default=True,
               help="Bucket width of the throughput-over-time plot (s).")
+@click.option("--timeline-requests", type=click.IntRange(min=1), default=10, show_default=True, metavar="N",
+              help="Timeline: draw the N slowest requests (E2E), each with its neighbours in time (all when N or "
+                   "fewer).")
 @click.option("--title", default="tokentrace report", show_default=True, help="Report title.")
 @click.option("--compare", "baseline", default=None, metavar="BASELINE",
               help="Add a comparison with this baseline run (a database or a Parquet dump folder): "
                    "`tokentrace compare`'s verdicts and both runs' CDFs (needs the compare extra).")
 def report_command(db_path, html_path, request_span_id, audit_json, mode, slo_ttft_ms, slo_tpot_ms, slo_e2e_ms,
-                   bucket_s, title, baseline) -> None:
+                   bucket_s, timeline_requests, title, baseline) -> None:
     """Write one self-contained HTML file (inline SVG plots, no CDN) about a trace database.
 
     It opens with the numbers a person wants first: TTFT, TPOT and E2E p50/p99, throughput,
@@ -42,18 +45,20 @@ def report_command(db_path, html_path, request_span_id, audit_json, mode, slo_tt
     chunk events; each lane labelled with its clock); ITL per gap and KV bytes per decode
     step; CDFs of TTFT, TPOT, E2E; throughput over time with the window shaded; engine steps
     (batch size and KV blocks used over time, ITL against co-scheduled prefill tokens; only
-    with step data, else the reason); TTFT phase breakdown; clock-skew bounds and rule
-    violations; audit findings with --audit. Every number comes from the SQL in queries/,
-    rounded for reading, under a header that names it and its unit. Every table fits a
-    1280-pixel window; on a phone (390 pixels) a wide table or plot scrolls sideways in its
-    own box, plots never shrink below 80 % of their size.
+    with step data, else the reason); the timeline (a lane per request on the engine's time
+    axis, the engine steps beneath, running / waiting / KV blocks above, the slowest gaps
+    boxed with what shared their step; --timeline-requests); TTFT phase breakdown;
+    clock-skew bounds and rule violations; audit findings with --audit. Every number comes
+    from the SQL in queries/, rounded for reading, under a header that names it and its
+    unit. Every table fits a 1280-pixel window; on a phone (390 pixels) a wide table or
+    plot scrolls sideways in its own box, plots never shrink below 80 % of their size.
 
     \b
     Example:
       tokentrace report --db tokentrace-demo/traces.duckdb --html report.html \\
           --slo-ttft-ms 500
       tokentrace report --db traces.duckdb --html report.html --slo-ttft-ms 500 \\
-          --slo-tpot-ms 50
+          --slo-tpot-ms 50 --timeline-requests 20
       tokentrace report --db after.duckdb --html report.html \\
           --compare before.duckdb
     """
@@ -77,6 +82,7 @@ def report_command(db_path, html_path, request_span_id, audit_json, mode, slo_tt
         request_span_id=request_span_id,
         window_params={"mode": mode, "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms, "slo_e2e_ms": slo_e2e_ms},
         bucket_s=bucket_s,
+        timeline_requests=timeline_requests,
         audit_findings=findings,
         title=title,
         comparison_html=comparison_html,

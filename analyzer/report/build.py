@@ -22,6 +22,7 @@ from analyzer.query.runner import QueryResult, run_query
 from analyzer.report import plots
 from analyzer.report.headline import headline_html
 from analyzer.report.labels import label, metric_label
+from analyzer.report.timeline import DEFAULT_TIMELINE_REQUESTS
 from analyzer.query.utc_columns import utc_ms_text
 
 __all__ = ["ReportInputs", "build_report", "choose_request"]
@@ -73,6 +74,8 @@ class ReportInputs:
     title: str = "tokentrace report"
     #: the comparison with a baseline (analyzer/report/comparison.py), placed after the summary
     comparison_html: str | None = None
+    #: the slowest requests the Timeline draws, each with its neighbours in time
+    timeline_requests: int = DEFAULT_TIMELINE_REQUESTS
 
 
 def _number(value: float) -> str:
@@ -187,6 +190,7 @@ def build_report(con: duckdb.DuckDBPyConnection, inputs: ReportInputs) -> str:
     """The report as one HTML string. Raises ValueError when the database holds no request."""
     from analyzer.query.runner import install_views
     from analyzer.report.engine_steps import engine_steps_section
+    from analyzer.report.timeline import timeline_section
 
     install_views(con)
     requests = run_query(con, "requests", views=False).dicts()
@@ -202,6 +206,7 @@ def build_report(con: duckdb.DuckDBPyConnection, inputs: ReportInputs) -> str:
     sections.append(_cdf_section(requests))
     sections.append(_throughput_section(con, requests, window, inputs.bucket_s))
     sections.append(engine_steps_section(con, _table))
+    sections.append(timeline_section(con, _table, inputs.timeline_requests))
     sections.extend(_phases_section(con))
     sections.extend(_skew_section(con))
     if inputs.audit_findings is not None:
