@@ -118,6 +118,16 @@ def detect_kind(path: str | Path) -> str:
                           f"{', '.join(KINDS[1:])}")
 
 
+def _require_forced_kind(kind: str, path: Path) -> None:
+    """A forced ``--kind`` must find the keys its checks read (AuditInputError otherwise,
+    naming the kind ``auto`` would pick): never a verdict on a report it could not read."""
+    from analyzer.audit.readable import require_kind_keys
+
+    data = read_json(path)
+    detected = _looks_like(data)
+    require_kind_keys(kind, path, data, detected)
+
+
 def audit_report(
     path: str | Path,
     kind: str = "auto",
@@ -138,8 +148,11 @@ def audit_report(
     path = Path(path)
     if kind == "auto":
         kind = detect_kind(path)
-    elif kind in ("aiperf", "llmperf", "vllm") and path.is_file():
-        refuse_per_request_file(path)
+    else:
+        if kind in ("aiperf", "llmperf", "vllm") and path.is_file():
+            refuse_per_request_file(path)
+        if kind not in ("claims", "aiperf"):
+            _require_forced_kind(kind, path)
     con = connect(None)
     try:
         if kind == "claims" or kind == "tokentrace":
