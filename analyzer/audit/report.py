@@ -14,7 +14,7 @@ from analyzer.db.store import connect
 
 __all__ = ["KINDS", "audit_report", "detect_kind"]
 
-KINDS = ("auto", "vllm", "vllm-nightly", "aiperf", "llmperf", "claims", "tokentrace")
+KINDS = ("auto", "vllm", "vllm-nightly", "aiperf", "llmperf", "guidellm", "claims", "tokentrace")
 
 
 def _looks_like(data: Any) -> str | None:
@@ -22,6 +22,8 @@ def _looks_like(data: Any) -> str | None:
         return "vllm-nightly"
     if not isinstance(data, dict):
         return None
+    if isinstance(data.get("benchmarks"), list):  # guidellm (metadata + benchmarks from 0.8 on)
+        return "guidellm"
     if "ttfts" in data or "mean_ttft_ms" in data or ("request_throughput" in data and "duration" in data):
         return "vllm"
     if "schema_version" in data and "aiperf_version" in data or isinstance(data.get("records"), dict):
@@ -97,7 +99,10 @@ def detect_kind(path: str | Path) -> str:
     """The report kind of a file, from its suffix and keys; AuditInputError when unknown."""
     path = Path(path)
     if path.suffix.lower() in (".yaml", ".yml"):
-        return "claims"
+        from analyzer.audit.guidellm_report import is_guidellm_report, read_report_file
+
+        # guidellm writes a YAML twin of its benchmarks.json: told by its top-level keys
+        return "guidellm" if is_guidellm_report(read_report_file(path)) else "claims"
     if path.is_file():
         refuse_per_request_file(path)
     data = read_json(path)
@@ -123,7 +128,12 @@ def _require_forced_kind(kind: str, path: Path) -> None:
     naming the kind ``auto`` would pick): never a verdict on a report it could not read."""
     from analyzer.audit.readable import require_kind_keys
 
-    data = read_json(path)
+    if kind == "guidellm":
+        from analyzer.audit.guidellm_report import read_report_file
+
+        data = read_report_file(path)
+    else:
+        data = read_json(path)
     detected = _looks_like(data)
     require_kind_keys(kind, path, data, detected)
 
@@ -172,6 +182,14 @@ def audit_report(
 
                 findings += check_claims_against_traces(claims, db, rel_tol)
             return findings
+        if kind == "guidellm":
+            from analyzer.audit.guidellm import audit_guidellm
+            from analyzer.audit.guidellm_report import read_report_file
+
+            if individual is not None:
+                raise AuditInputError(f"--individual {individual}: a guidellm report carries its per-request "
+                                      "records itself (benchmarks[].requests); give the report alone")
+            return audit_guidellm(path, read_report_file(path), con, rel_tol, db)
         if kind == "vllm":
             from analyzer.audit.vllm import audit_vllm
 

@@ -12,7 +12,7 @@ import json
 from analyzer.cli.options import db_option, format_option, to_jsonable
 from analyzer.errors import UserError
 
-KIND_CHOICES = ["auto", "vllm", "vllm-nightly", "aiperf", "llmperf", "claims", "tokentrace"]
+KIND_CHOICES = ["auto", "vllm", "vllm-nightly", "aiperf", "llmperf", "guidellm", "claims", "tokentrace"]
 
 
 @cli.command("audit")
@@ -34,7 +34,8 @@ def audit_command(report, kind, individual, db_path, model_config, output_format
     """Check a latency report: internal consistency, counting, statistics recomputed from its
     raw arrays (in DuckDB SQL, with the tool's own percentile and std method), KV from the
     model config, labelling, and (with --db) the traces, request by request where the report
-    has request ids (vLLM bench --request-id-prefix, AIPerf x_request_id). Times in ms, rates
+    has request ids (vLLM bench --request-id-prefix, AIPerf x_request_id, guidellm
+    response_id). A forced --kind whose keys the file lacks is an error. Times in ms, rates
     per second. One row per check; exits 1 when a check fails, so it can gate CI.
 
     \b
@@ -48,6 +49,8 @@ def audit_command(report, kind, individual, db_path, model_config, output_format
       tokentrace audit bench.json --db traces.duckdb
       tokentrace audit profile_export_aiperf.json \\
           --individual profile_export.jsonl --db traces.duckdb
+      # guidellm's report (or benchmarks.yaml), records joined by response_id
+      tokentrace audit benchmarks.json --db traces.duckdb
     """
     from pathlib import Path
 
