@@ -139,6 +139,16 @@ def test_planted_record_and_count_errors_are_caught(tmp_path, data) -> None:
     assert found["request_totals"].verdict == "fail" and "successful 25 vs 24" in found["request_totals"].detail
 
 
+def test_several_benchmarks_are_checked_one_by_one(tmp_path, data) -> None:
+    sweep = copy.deepcopy(data)
+    second = copy.deepcopy(sweep["benchmarks"][0])
+    second["metrics"]["inter_token_latency_ms"]["total"]["mean"] *= 1.01
+    sweep["benchmarks"].append(second)
+    found = audit_report(write(tmp_path, sweep))
+    assert failed(found) == ["benchmark[1]:recompute_inter_token_latency_ms"]
+    assert by_check(found)["benchmark[0]:recompute_inter_token_latency_ms"].verdict == "pass"
+
+
 def test_every_request_refused_fails_every_figure() -> None:
     found = audit_report(REFUSED)
     f = by_check(found)

@@ -29,6 +29,7 @@ from analyzer.audit.compare import (
     audit_query,
     tolerance,
 )
+from analyzer.audit.guidellm_definitions import definition_findings
 from analyzer.audit.guidellm_report import STATUSES, GuidellmReport, load_guidellm
 from analyzer.audit.readable import successful_requests
 from analyzer.query.runner import load_query
@@ -137,7 +138,7 @@ def _benchmark_findings(report: GuidellmReport, b: int, bench: dict[str, Any], r
     for metric, unit in GUIDELLM_METRICS.items():
         out.append(_metric_check(b, metric, unit, metrics.get(metric), stats, rel_tol, sampled, no_success,
                                  windowed))
-    out += _definitions(b, metrics, stats, windowed, bench)
+    out += definition_findings(b, metrics, stats, windowed, bench)
     missing = [m for m in NOT_RECOMPUTED if isinstance(metrics.get(m), dict)]
     if missing:
         out.append(Finding("not_recomputed", CANNOT, "; ".join(f"{m}: {NOT_RECOMPUTED[m]}" for m in missing),
@@ -254,10 +255,3 @@ def _metric_check(b: int, metric: str, unit: str, claimed: Any, stats: dict[tupl
              "neighbours: both accepted)" if boundary else "")
     return Finding(check, PASS, f"{metric}: {len(figures)} figures (4 statuses) recomputed with guidellm's method "
                    f"match; successful count {n:g}{where}", numbers)
-
-
-def _definitions(b: int, metrics: dict[str, Any], stats: dict[tuple[int, str, str], dict[str, Any]],
-                 windowed: dict[str, int], bench: dict[str, Any]) -> list[Finding]:
-    from analyzer.audit.guidellm_definitions import definition_findings
-
-    return definition_findings(b, metrics, stats, windowed, bench)
