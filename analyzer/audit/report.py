@@ -14,7 +14,7 @@ from analyzer.db.store import connect
 
 __all__ = ["KINDS", "audit_report", "detect_kind"]
 
-KINDS = ("auto", "vllm", "vllm-nightly", "aiperf", "llmperf", "guidellm", "claims", "tokentrace")
+KINDS = ("auto", "vllm", "vllm-nightly", "aiperf", "llmperf", "guidellm", "prometheus", "claims", "tokentrace")
 
 
 def _looks_like(data: Any) -> str | None:
@@ -104,6 +104,10 @@ def detect_kind(path: str | Path) -> str:
         # guidellm writes a YAML twin of its benchmarks.json: told by its top-level keys
         return "guidellm" if is_guidellm_report(read_report_file(path)) else "claims"
     if path.is_file():
+        from analyzer.audit.prom_text import looks_like_prometheus_text
+
+        if looks_like_prometheus_text(path):
+            return "prometheus"
         refuse_per_request_file(path)
     data = read_json(path)
     kind = _looks_like(data)
@@ -146,25 +150,39 @@ def audit_report(
     db: str | Path | None = None,
     model_config: str | Path | None = None,
     rel_tol: float = DEFAULT_REL_TOL,
+    baseline: str | Path | None = None,
 ) -> list[Finding]:
     """Run every check for one report and return the findings (one per check).
 
     ``individual``: per-request records (LLMPerf individual responses, AIPerf
     profile_export.jsonl, or the vLLM JSON behind a nightly table). ``db``: a tokentrace
-    DuckDB database whose traces the claims are recomputed from.
+    DuckDB database whose traces the claims are recomputed from. ``baseline``: for a
+    Prometheus scrape, the scrape taken before the run (the window is their difference).
     """
     if kind not in KINDS:
         raise AuditInputError(f"unknown report kind {kind!r}; kinds: {', '.join(KINDS)}")
     path = Path(path)
     if kind == "auto":
         kind = detect_kind(path)
+    elif kind == "prometheus":
+        pass
     else:
         if kind in ("aiperf", "llmperf", "vllm") and path.is_file():
             refuse_per_request_file(path)
         if kind not in ("claims", "aiperf"):
             _require_forced_kind(kind, path)
+    if baseline is not None and kind != "prometheus":
+        raise AuditInputError(f"--baseline {baseline}: only for a Prometheus scrape (--kind prometheus); {path} is a "
+                              f"{kind} report")
     con = connect(None)
     try:
+        if kind == "prometheus":
+            from analyzer.audit.server_histograms import audit_server_histograms
+
+            if individual is not None:
+                raise AuditInputError(f"--individual {individual}: comparing a scrape with the client's records is "
+                                      "not implemented; use --db with the run's traces")
+            return audit_server_histograms(path, None if baseline is None else Path(baseline), con, db)
         if kind == "claims" or kind == "tokentrace":
             from analyzer.audit.claim_checks import check_claims
             from analyzer.audit.claims_file import read_claims_file, read_tokentrace_artifact
