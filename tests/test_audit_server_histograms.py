@@ -5,17 +5,16 @@ algorithm), judged against the traced figures of the same requests; bad scrapes 
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from data_paths import CAPTURES
 
 from analyzer.audit import audit_report, detect_kind
 from analyzer.cli import cli
 from analyzer.errors import AuditInputError
-from data_paths import CAPTURES
 
 RUN = CAPTURES / "tokentrace-metrics-guidellm-0.8.1"
 BEFORE, AFTER, SPANS = RUN / "before.prom", RUN / "after.prom", RUN / "server-spans.jsonl.gz"
@@ -29,7 +28,7 @@ def by_check(findings):
 def buckets(path: Path, family: str) -> dict[float, float]:
     """le -> cumulative count summed over the family's series, read with a regex of its own."""
     out: dict[float, float] = {}
-    for m in re.finditer(rf'^{family}_bucket{{[^}}]*le="([^"]+)"[^}}]*}} (\S+)$', path.read_text(), re.M):
+    for m in re.finditer(rf'^{family}_bucket{{[^}}]*le="([^"]+)"[^}}]*}} (\S+)$', path.read_text(), re.MULTILINE):
         out[float(m[1])] = out.get(float(m[1]), 0.0) + float(m[2])
     return out
 
@@ -108,7 +107,7 @@ def test_planted_histogram_that_contradicts_the_traces(tmp_path, db) -> None:
         return f"{m[1]}{0.0 if le <= 0.1 else 24.0}"
 
     text = re.sub(rf'^({TTFT}_bucket{{[^}}]*{re.escape(model)}[^}}]*le="([^"]+)"[^}}]*}} )\S+$', moved, text,
-                  flags=re.M)
+                  flags=re.MULTILINE)
     path = tmp_path / "after.prom"
     path.write_text(text)
     ttft = by_check(audit_report(path, baseline=BEFORE, db=db))[f"histogram:{TTFT}"]
@@ -117,7 +116,7 @@ def test_planted_histogram_that_contradicts_the_traces(tmp_path, db) -> None:
 
 def _edited(tmp_path: Path, name: str, source: Path, old: str, new: str, count: int = 0) -> Path:
     path = tmp_path / name
-    path.write_text(re.sub(old, new, source.read_text(), count=count, flags=re.M))
+    path.write_text(re.sub(old, new, source.read_text(), count=count, flags=re.MULTILINE))
     return path
 
 
