@@ -68,6 +68,10 @@ KIND_KEYS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "llmperf": ("results_* keys (results_ttft_s_mean, results_num_completed_requests, ...)", _llmperf),
     "claims": ("a figure (ttft_ms, tpot_ms, e2e_ms, ..., kv_bytes_per_token) or a model", _claims),
     "tokentrace": ("a figure (ttft_ms, tpot_ms, ..., window_s) or kv_layout", _tokentrace),
+    "aiperf-server-metrics": ("'metrics' and a 'summary' with 'endpoints_configured' (AIPerf's "
+                              "server_metrics_export.json)",
+                              lambda d: isinstance(d, dict) and isinstance(d.get("metrics"), dict)
+                              and isinstance(d.get("summary"), dict) and "endpoints_configured" in d["summary"]),
     "guidellm": ("a top-level 'benchmarks' list (guidellm's benchmarks.json)", _guidellm),
 }
 

@@ -14,7 +14,8 @@ from analyzer.db.store import connect
 
 __all__ = ["KINDS", "audit_report", "detect_kind"]
 
-KINDS = ("auto", "vllm", "vllm-nightly", "aiperf", "llmperf", "guidellm", "prometheus", "claims", "tokentrace")
+KINDS = ("auto", "vllm", "vllm-nightly", "aiperf", "aiperf-server-metrics", "llmperf", "guidellm", "prometheus",
+         "claims", "tokentrace")
 
 
 def _looks_like(data: Any) -> str | None:
@@ -24,6 +25,9 @@ def _looks_like(data: Any) -> str | None:
         return None
     if isinstance(data.get("benchmarks"), list):  # guidellm (metadata + benchmarks from 0.8 on)
         return "guidellm"
+    if isinstance(data.get("metrics"), dict) and isinstance(data.get("summary"), dict) \
+            and "endpoints_configured" in data["summary"]:
+        return "aiperf-server-metrics"
     if "ttfts" in data or "mean_ttft_ms" in data or ("request_throughput" in data and "duration" in data):
         return "vllm"
     if "schema_version" in data and "aiperf_version" in data or isinstance(data.get("records"), dict):
@@ -200,6 +204,13 @@ def audit_report(
 
                 findings += check_claims_against_traces(claims, db, rel_tol)
             return findings
+        if kind == "aiperf-server-metrics":
+            from analyzer.audit.aiperf_server_metrics import audit_aiperf_server_metrics
+
+            if individual is not None:
+                raise AuditInputError(f"--individual {individual}: comparing server histograms with the client's "
+                                      "records is not implemented; use --db with the run's traces")
+            return audit_aiperf_server_metrics(path, read_json(path), con, db)
         if kind == "guidellm":
             from analyzer.audit.guidellm import audit_guidellm
             from analyzer.audit.guidellm_report import read_report_file

@@ -12,7 +12,8 @@ import json
 from analyzer.cli.options import db_option, format_option, to_jsonable
 from analyzer.errors import UserError
 
-KIND_CHOICES = ["auto", "vllm", "vllm-nightly", "aiperf", "llmperf", "guidellm", "prometheus", "claims", "tokentrace"]
+KIND_CHOICES = ["auto", "vllm", "vllm-nightly", "aiperf", "aiperf-server-metrics", "llmperf", "guidellm", "prometheus",
+                "claims", "tokentrace"]
 
 
 @cli.command("audit")
@@ -55,7 +56,8 @@ def audit_command(report, kind, individual, db_path, model_config, baseline, out
           --individual profile_export.jsonl --db traces.duckdb
       # guidellm's report (or benchmarks.yaml), records joined by response_id
       tokentrace audit benchmarks.json --db traces.duckdb
-      # /metrics histograms of a run (two scrapes) against its traces
+      # AIPerf's server-metrics export, or two /metrics scrapes, vs traces
+      tokentrace audit server_metrics_export.json --db traces.duckdb
       tokentrace audit after.prom --baseline before.prom --db traces.duckdb
     """
     from pathlib import Path
