@@ -58,11 +58,13 @@ def test_detected_and_every_figure_recomputes(findings, data) -> None:
     assert failed(findings) == []
     f = by_check(findings)
     recomputed = [c for c in f if c.startswith("recompute_")]
-    assert len(recomputed) == 17 and all(f[c].verdict == "pass" for c in recomputed)
+    assert len(recomputed) == 18 and all(f[c].verdict == "pass" for c in recomputed)
     assert f["request_totals"].numbers["records_in_window"] == {"successful": 24, "incomplete": 0, "errored": 0,
                                                                 "total": 24}
     assert f["record_identities"].numbers["figures_checked"] == 240
-    assert f["not_recomputed"].verdict == "cannot_check" and "request_concurrency" in f["not_recomputed"].detail
+    assert f["not_recomputed"].verdict == "cannot_check" and "root_dispatch_delay" in f["not_recomputed"].detail
+    conc = f["recompute_request_concurrency"].numbers["figures"]
+    assert conc["successful.max"]["recomputed"] == 4 == conc["successful.max"]["claimed"]  # concurrent@4
 
 
 def test_recomputed_values_match_numpy_from_the_records(findings, data) -> None:

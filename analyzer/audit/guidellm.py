@@ -38,7 +38,7 @@ __all__ = ["GUIDELLM_METRICS", "audit_guidellm"]
 
 #: Summary metrics recomputed (metrics.<name>.<status>), in report order; the unit of each.
 GUIDELLM_METRICS = {
-    "requests_per_second": "requests/s", "request_latency": "s", "request_streaming_iterations_count": "iterations",
+    "requests_per_second": "requests/s", "request_concurrency": "requests", "request_latency": "s", "request_streaming_iterations_count": "iterations",
     "prompt_token_count": "tokens", "output_token_count": "tokens", "total_token_count": "tokens",
     "time_to_first_token_ms": "ms", "time_to_first_output_token_ms": "ms", "time_per_output_token_ms": "ms",
     "inter_token_latency_ms": "ms", "time_to_last_round_trip_ms": "ms", "avg_round_trip_time_ms": "ms",
@@ -56,9 +56,9 @@ _RECORD_FIGURES = (("stored_request_latency_s", "request_latency_s", "s"), ("sto
                    ("stored_prompt_tokens", "prompt_tokens", "tokens"),
                    ("stored_output_tokens", "output_tokens", "tokens"),
                    ("stored_total_tokens", "total_tokens", "tokens"))
-#: summary metrics of the report not recomputed, and why
+#: summary metrics of the report not recomputed, and why (request_concurrency is:
+#: audit/guidellm_concurrency.sql)
 NOT_RECOMPUTED = {
-    "request_concurrency": "concurrency over time (not recomputed yet)",
     "request_dispatch_delay": "schedule-relative (arrival-schedule strategies only; not recomputed yet)",
     "request_scheduled_latency": "schedule-relative (not recomputed yet)",
     "turn_predecessor_delay": "multi-turn scheduling (not recomputed yet)",
@@ -80,12 +80,17 @@ def _recompute(con: duckdb.DuckDBPyConnection) -> dict[tuple[int, str, str], dic
     _materialize(con, "guidellm_rate_events", "guidellm_rate_events")
     _materialize(con, "guidellm_rate_rows", "guidellm_rates")
     _materialize(con, "guidellm_value_count_rows", "guidellm_value_counts")
+    _materialize(con, "guidellm_concurrency_rows", "guidellm_concurrency")
     con.execute("CREATE OR REPLACE TEMP TABLE guidellm_weighted AS "
                 "SELECT benchmark, metric, status, value, weight FROM guidellm_values_loaded "
-                "UNION ALL SELECT benchmark, metric, status, value, weight FROM guidellm_rate_rows")
+                "UNION ALL SELECT benchmark, metric, status, value, weight FROM guidellm_rate_rows "
+                "UNION ALL SELECT benchmark, 'request_concurrency', status, value, weight "
+                "FROM guidellm_concurrency_rows")
     con.execute("CREATE OR REPLACE TEMP TABLE guidellm_counts AS "
                 "SELECT benchmark, metric, status, count FROM guidellm_value_count_rows "
-                "UNION ALL SELECT DISTINCT benchmark, metric, status, event_count FROM guidellm_rate_rows")
+                "UNION ALL SELECT DISTINCT benchmark, metric, status, event_count FROM guidellm_rate_rows "
+                "UNION ALL SELECT DISTINCT benchmark, 'request_concurrency', status, n_intervals "
+                "FROM guidellm_concurrency_rows")
     return {(r["benchmark"], r["metric"], r["status"]): r for r in audit_query(con, "guidellm_stats")}
 
 
