@@ -168,9 +168,7 @@ def audit_report(
     path = Path(path)
     if kind == "auto":
         kind = detect_kind(path)
-    elif kind == "prometheus":
-        pass
-    else:
+    elif kind != "prometheus":  # a scrape is text: its reader names what it lacks
         if kind in ("aiperf", "llmperf", "vllm") and path.is_file():
             refuse_per_request_file(path)
         if kind not in ("claims", "aiperf"):
