@@ -21,6 +21,7 @@ from analyzer.errors import AuditInputError
 RUN = CAPTURES / "guidellm-0.8.1-tokentrace"
 REPORT, TWIN, SPANS = RUN / "benchmarks.json", RUN / "benchmarks.yaml", RUN / "server-spans.jsonl.gz"
 REFUSED = CAPTURES / "guidellm-0.8.1-tokentrace-400" / "benchmarks.json"
+POISSON = CAPTURES / "guidellm-0.8.1-tokentrace-poisson" / "benchmarks.json"
 
 
 def by_check(findings):
@@ -58,11 +59,14 @@ def test_detected_and_every_figure_recomputes(findings, data) -> None:
     assert failed(findings) == []
     f = by_check(findings)
     recomputed = [c for c in f if c.startswith("recompute_")]
-    assert len(recomputed) == 18 and all(f[c].verdict == "pass" for c in recomputed)
+    passed = [c for c in recomputed if f[c].verdict == "pass"]
+    assert len(recomputed) == 23 and len(passed) == 19  # concurrent: no arrival schedule, no dispatch delays
+    assert all("null: guidellm gives schedule-relative delays only" in f[c].detail for c in recomputed
+               if c not in passed)
     assert f["request_totals"].numbers["records_in_window"] == {"successful": 24, "incomplete": 0, "errored": 0,
                                                                 "total": 24}
     assert f["record_identities"].numbers["figures_checked"] == 240
-    assert f["not_recomputed"].verdict == "cannot_check" and "root_dispatch_delay" in f["not_recomputed"].detail
+    assert f["recompute_root_dispatch_delay"].numbers["figures"]["all.count"]["recomputed"] == 24
     conc = f["recompute_request_concurrency"].numbers["figures"]
     assert conc["successful.max"]["recomputed"] == 4 == conc["successful.max"]["claimed"]  # concurrent@4
 
@@ -90,6 +94,20 @@ def test_recomputed_values_match_numpy_from_the_records(findings, data) -> None:
     # the mean of guidellm's rate distribution is a throughput: events in the window / window
     assert rps["successful.mean"]["recomputed"] == pytest.approx(in_window / (end - start), rel=1e-9)
     assert rps["successful.count"]["recomputed"] == in_window
+
+
+def test_arrival_schedule_delays_recompute(tmp_path) -> None:
+    found = audit_report(POISSON)
+    assert failed(found) == [] and not [x.check for x in found if x.verdict == "cannot_check"]
+    data = json.loads(POISSON.read_text())
+    records = data["benchmarks"][0]["requests"]["successful"]
+    delays = np.array([r["info"]["timings"]["request_start"] - r["info"]["timings"]["targeted_start"]
+                       for r in records])
+    figures = by_check(found)["recompute_request_dispatch_delay"].numbers["figures"]
+    assert figures["successful.mean"]["recomputed"] == pytest.approx(delays.mean(), rel=1e-9)
+    data["benchmarks"][0]["metrics"]["request_dispatch_delay"]["successful"]["mean"] = float(np.median(delays))
+    planted = failed(audit_report(write(tmp_path, data)))
+    assert planted == ["recompute_request_dispatch_delay"]
 
 
 def test_definitions_stated_with_the_reports_numbers(findings) -> None:
@@ -155,7 +173,9 @@ def test_every_request_refused_fails_every_figure() -> None:
     found = audit_report(REFUSED)
     f = by_check(found)
     assert f["successful_requests"].verdict == "fail"
-    assert all(f[c].verdict == "fail" for c in f if c.startswith("recompute_"))
+    verdicts = {c: f[c].verdict for c in f if c.startswith("recompute_")}
+    assert sum(v == "fail" for v in verdicts.values()) == 19  # every figure the report gives
+    assert all(v == "fail" or "is null" in f[c].detail for c, v in verdicts.items())
     assert "no request succeeded" in f["recompute_prompt_tokens_per_second"].detail
     totals = f["errored_in_totals"]
     assert totals.verdict == "fail" and totals.numbers["total_prompt_tokens_per_s"] == pytest.approx(17845.2, abs=0.1)

@@ -30,7 +30,7 @@ SCHEMA_VERSION = 2
 
 _TIMINGS = ("request_start", "resolve_start", "request_end", "resolve_end", "first_token_iteration",
             "first_output_token_iteration", "last_token_iteration", "last_request_sent", "request_sent_sum",
-            "token_received_sum")
+            "token_received_sum", "targeted_start", "predecessor_completed")
 _TIMING_COUNTS = ("token_iterations", "request_iterations", "request_sent_count", "token_received_count")
 _STORED = {"stored_request_latency_s": "request_latency", "stored_ttft_ms": "time_to_first_token_ms",
            "stored_ttfot_ms": "time_to_first_output_token_ms", "stored_tpot_ms": "time_per_output_token_ms",
@@ -42,7 +42,8 @@ _RECORD_COLUMNS = {
     "request_id": "VARCHAR", "error": "VARCHAR",
     "request_start": "DOUBLE", "resolve_start": "DOUBLE", "request_end": "DOUBLE", "resolve_end": "DOUBLE",
     "first_token": "DOUBLE", "first_output_token": "DOUBLE", "last_token": "DOUBLE", "last_request_sent": "DOUBLE",
-    "request_sent_sum": "DOUBLE", "token_received_sum": "DOUBLE",
+    "request_sent_sum": "DOUBLE", "token_received_sum": "DOUBLE", "targeted_start": "DOUBLE",
+    "predecessor_completed": "DOUBLE", "preceding_nodes": "BIGINT",
     "token_iterations": "BIGINT", "request_iterations": "BIGINT", "request_sent_count": "BIGINT",
     "token_received_count": "BIGINT", "prompt_tokens": "DOUBLE", "output_usage_tokens": "DOUBLE",
     **{name: "DOUBLE" for name in _STORED},
@@ -139,6 +140,8 @@ def _record_row(path: Path, rec: Any, where: str, benchmark: int, status: str, i
         values[key] = None if count is None else int(count)
     if values["token_iterations"] is None:
         values["token_iterations"] = 0  # guidellm's default
+    preceding = _number(info, "preceding_nodes", path, f"{where}.info")
+    values["preceding_nodes"] = None if preceding is None else int(preceding)
     for key, column in (("input_metrics", "prompt_tokens"), ("output_metrics", "output_usage_tokens")):
         metrics = _mapping(rec, key, path, where)
         values[column] = _number(metrics, "total_tokens", path, f"{where}.{key}")

@@ -60,18 +60,22 @@ def _guidellm(data: Any) -> bool:
     return isinstance(data, dict) and isinstance(data.get("benchmarks"), list)
 
 
+def _aiperf_server_metrics(data: Any) -> bool:
+    from analyzer.audit.aiperf_server_metrics import is_aiperf_server_metrics
+
+    return is_aiperf_server_metrics(data)
+
+
 #: kind -> (what its checks read, said in the error; the test)
 KIND_KEYS: dict[str, tuple[str, Callable[[Any], bool]]] = {
-    "vllm": ("per-request arrays (ttfts, itls, output_lens), *_ttft_ms / *_tpot_ms / *_itl_ms / *_e2el_ms "
-             "statistics, completed or request_throughput", _vllm),
+    "vllm": (("per-request arrays (ttfts, itls, output_lens), *_ttft_ms / *_tpot_ms / *_itl_ms / *_e2el_ms "
+              "statistics, completed or request_throughput"), _vllm),
     "vllm-nightly": ("a JSON list of rows with columns such as 'Tput (req/s)', 'Mean TTFT (ms)'", _nightly),
     "llmperf": ("results_* keys (results_ttft_s_mean, results_num_completed_requests, ...)", _llmperf),
     "claims": ("a figure (ttft_ms, tpot_ms, e2e_ms, ..., kv_bytes_per_token) or a model", _claims),
     "tokentrace": ("a figure (ttft_ms, tpot_ms, ..., window_s) or kv_layout", _tokentrace),
-    "aiperf-server-metrics": ("'metrics' and a 'summary' with 'endpoints_configured' (AIPerf's "
-                              "server_metrics_export.json)",
-                              lambda d: isinstance(d, dict) and isinstance(d.get("metrics"), dict)
-                              and isinstance(d.get("summary"), dict) and "endpoints_configured" in d["summary"]),
+    "aiperf-server-metrics": (("'metrics' and a 'summary' with 'endpoints_configured' (AIPerf's "
+                               "server_metrics_export.json)"), _aiperf_server_metrics),
     "guidellm": ("a top-level 'benchmarks' list (guidellm's benchmarks.json)", _guidellm),
 }
 

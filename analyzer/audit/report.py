@@ -25,8 +25,9 @@ def _looks_like(data: Any) -> str | None:
         return None
     if isinstance(data.get("benchmarks"), list):  # guidellm (metadata + benchmarks from 0.8 on)
         return "guidellm"
-    if isinstance(data.get("metrics"), dict) and isinstance(data.get("summary"), dict) \
-            and "endpoints_configured" in data["summary"]:
+    from analyzer.audit.aiperf_server_metrics import is_aiperf_server_metrics
+
+    if is_aiperf_server_metrics(data):
         return "aiperf-server-metrics"
     if "ttfts" in data or "mean_ttft_ms" in data or ("request_throughput" in data and "duration" in data):
         return "vllm"

@@ -11,7 +11,10 @@
 --   (NULL unless output_tokens > 1); total_tokens = prompt + output (NULL when both are);
 --   tokens_per_second, output_tokens_per_second over request_latency_s (NULL when 0);
 --   iter_tokens_per_iteration = (output_tokens - 1) / (token_iterations - 1) (NULL unless
---   both > 1); the in_* flags say which of guidellm's windowed lists the record is in
+--   both > 1); schedule-relative: dispatch_delay_s = request_start - targeted_start,
+--   scheduled_latency_s = request_end - targeted_start, predecessor_delay_s = max(0, min(
+--   request_start, predecessor_completed) - targeted_start) (0 without a predecessor),
+--   scheduling_delay_s = dispatch - predecessor delay; the in_* flags say which of guidellm's windowed lists the record is in
 --   (get_within_range, partial overlap: its end event >= measure_start and its start event,
 --   else its end, <= measure_end): in_by_request (start -> end: the default),
 --   in_by_first_token (start -> first token: TTFT), in_by_first_output_token (TTFOT),
@@ -38,10 +41,17 @@ derived AS (
            CASE WHEN prompt_tokens IS NOT NULL OR output_tokens IS NOT NULL
                 THEN coalesce(prompt_tokens, 0) + coalesce(output_tokens, 0) END AS total_tokens,
            CASE WHEN output_tokens > 1 AND token_iterations > 1
-                THEN (output_tokens - 1.0) / (token_iterations - 1.0) END AS iter_tokens_per_iteration
+                THEN (output_tokens - 1.0) / (token_iterations - 1.0) END AS iter_tokens_per_iteration,
+           request_start - targeted_start AS dispatch_delay_s,
+           request_end - targeted_start AS scheduled_latency_s,
+           CASE WHEN targeted_start IS NULL OR request_start IS NULL THEN NULL
+                WHEN predecessor_completed IS NULL THEN 0.0
+                ELSE greatest(0.0, least(request_start, predecessor_completed) - targeted_start)
+           END AS predecessor_delay_s
     FROM r
 )
 SELECT *,
+       dispatch_delay_s - predecessor_delay_s AS scheduling_delay_s,
        CASE WHEN request_latency_s <> 0 THEN total_tokens / request_latency_s END AS tokens_per_second,
        CASE WHEN request_latency_s <> 0 THEN output_tokens / request_latency_s END AS output_tokens_per_second,
        coalesce(end_time >= measure_start AND coalesce(start_time, end_time) <= measure_end, false) AS in_by_request,

@@ -11,6 +11,9 @@
 --   iter_tokens_per_iteration for each of token_iterations - 1 later iterations (or the whole
 --   output_tokens once without iteration data); iter_tokens_per_iteration: the later ones only.
 --   time_to_last_round_trip_ms and avg_round_trip_time_ms: websocket send timings (NULL: 0).
+--   Schedule-relative (request_dispatch_delay, request_scheduled_latency, turn_predecessor_delay,
+--   turn_scheduling_delay; seconds): records without the figure left out (guidellm's None);
+--   root_dispatch_delay: status 'all' (one summary over every status, first turns only).
 -- units: metric names carry the unit (_ms milliseconds, request_latency seconds, *_count and
 --   *_per_iteration tokens or iterations); weights tokens or 1.
 WITH r AS (SELECT * FROM guidellm_request_rows),
@@ -20,6 +23,18 @@ iter_rows AS (
     FROM r WHERE in_by_request
 ),
 obs AS (
+    SELECT benchmark, 'request_dispatch_delay' AS metric, status, dispatch_delay_s AS value, 1.0 AS weight
+    FROM r WHERE in_by_request AND dispatch_delay_s IS NOT NULL
+    UNION ALL
+    SELECT benchmark, 'request_scheduled_latency', status, scheduled_latency_s, 1.0
+    FROM r WHERE in_by_request AND scheduled_latency_s IS NOT NULL
+    UNION ALL
+    SELECT benchmark, 'turn_predecessor_delay', status, predecessor_delay_s, 1.0
+    FROM r WHERE in_by_request AND predecessor_delay_s IS NOT NULL
+    UNION ALL
+    SELECT benchmark, 'turn_scheduling_delay', status, scheduling_delay_s, 1.0
+    FROM r WHERE in_by_request AND scheduling_delay_s IS NOT NULL
+    UNION ALL
     SELECT benchmark, 'request_latency' AS metric, status, coalesce(request_latency_s, 0) AS value, 1.0 AS weight
     FROM r WHERE in_by_request
     UNION ALL
@@ -71,4 +86,8 @@ obs AS (
 )
 SELECT benchmark, metric, status, value, weight FROM obs
 UNION ALL
-SELECT benchmark, metric, 'total', value, weight FROM obs;
+SELECT benchmark, metric, 'total', value, weight FROM obs
+UNION ALL
+-- root_dispatch_delay: one summary over every status, first turns (preceding_nodes 0) only
+SELECT benchmark, 'root_dispatch_delay', 'all', dispatch_delay_s, 1.0
+FROM r WHERE in_by_request AND preceding_nodes = 0 AND dispatch_delay_s IS NOT NULL;
