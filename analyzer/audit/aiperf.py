@@ -17,6 +17,7 @@ import duckdb
 from analyzer.audit.compare import CANNOT, DEFINITION_REL_TOL, FAIL, PASS, Finding, agree, audit_query, compare_figure
 from analyzer.audit.aiperf_records import (check_aiperf_records, osl_against_server, read_aiperf_records,
                                            records_against_traces)
+from analyzer.audit.readable import successful_requests
 from analyzer.errors import AuditInputError
 
 __all__ = ["audit_aiperf", "normalize_aiperf"]
@@ -37,9 +38,10 @@ def normalize_aiperf(path: Path, data: Any) -> dict[str, dict[str, Any]]:
     for key, value in source.items():
         if isinstance(value, dict) and ("avg" in value or "unit" in value):
             out[_RENAMES.get(str(value.get("tag", key)), str(value.get("tag", key)))] = value
-    if "request_count" not in out and "time_to_first_token" not in out:
-        raise AuditInputError(f"{path}: no AIPerf metrics found (expected 'records' or top-level metric objects such "
-                              "as 'request_count', 'time_to_first_token')")
+    if not {"request_count", "time_to_first_token", "error_request_count"} & set(out):
+        raise AuditInputError(f"{path}: not an aiperf report: no AIPerf metrics found (expected 'records' or "
+                              "top-level metric objects such as 'request_count', 'time_to_first_token', "
+                              "'error_request_count')")
     return out
 
 
@@ -60,6 +62,10 @@ def audit_aiperf(path: Path, data: Any, con: duckdb.DuckDBPyConnection, rel_tol:
     rates = _report_rates(m, con)
     findings += _rates(m, data, con, rel_tol, records.window_s if records is not None else None)
     findings.append(_errors(data, m, con))
+    errors = _avg(m, "error_request_count")
+    ok = _avg(m, "request_count")
+    # AIPerf writes no request_count when no request succeeded: its error count says how many failed
+    findings.append(successful_requests(0.0 if ok is None and errors else ok, what="request_count", failed=errors))
     findings.append(_reasoning(m, rates))
     findings.append(_rate_vs_itl(m, con, rel_tol))
     if records is not None:

@@ -189,8 +189,9 @@ def check_aiperf_records(records: AiperfRecords, m: dict[str, dict[str, Any]], c
                            f"the report summarises {count:g}: a partial records file cannot reproduce the statistics",
                            numbers))
     else:
-        out.append(Finding("recompute_stats", CANNOT, "summary recomputation from profile_export.jsonl is not "
-                           "implemented yet; per-record identities only", numbers))
+        from analyzer.audit.aiperf_summary import recompute_summary
+
+        out.append(recompute_summary(records.path, m, con, rel_tol))
     return out
 
 

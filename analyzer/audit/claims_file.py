@@ -162,6 +162,8 @@ def claims_from_mapping(path: Path, data: Any, model_config: str | Path | None =
         if name in data and data[name] is not None:
             claims.figures[name] = _figure(path, name, data[name], default_stat)
     claims.model, claims.model_q_heads = _model(path, data.get("model"), model_config)
+    if not claims.figures and claims.model is None:
+        raise AuditInputError(f"{path}: no figure to check: none of {', '.join(FIGURES)} and no model")
     return claims
 
 

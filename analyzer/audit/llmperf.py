@@ -17,6 +17,7 @@ import duckdb
 from analyzer.audit.compare import (CANNOT, DEFINITION_REL_TOL, FAIL, PASS, Finding, agree, audit_query,
                                     compare_figure, create_table, distribution_stats, load_values)
 from analyzer.audit.inputs import optional_number, read_json
+from analyzer.audit.readable import successful_requests
 from analyzer.errors import AuditInputError
 
 __all__ = ["audit_llmperf", "LLMPERF_METRICS"]
@@ -64,7 +65,9 @@ def audit_llmperf(path: Path, data: Any, con: duckdb.DuckDBPyConnection, rel_tol
         raise AuditInputError(f"{path}: an LLMPerf summary is a JSON object")
     s = {k: optional_number(data, k, path) for k in data
          if k.startswith("results_") and k != "results_error_code_frequency"}
-    findings = [_counts(s, con, rel_tol), _window(s, rel_tol)]
+    findings = [_counts(s, con, rel_tol), _window(s, rel_tol),
+                successful_requests(s.get("results_num_completed_requests"), what="results_num_completed_requests",
+                                    failed=s.get("results_number_errors"))]
     ind = _individual_path(path, individual)
     if ind is None:
         findings.append(Finding("recompute_stats", CANNOT, "no individual responses: pass --individual "

@@ -14,7 +14,8 @@ from analyzer.db.store import connect
 
 __all__ = ["KINDS", "audit_report", "detect_kind"]
 
-KINDS = ("auto", "vllm", "vllm-nightly", "aiperf", "llmperf", "claims", "tokentrace")
+KINDS = ("auto", "vllm", "vllm-nightly", "aiperf", "aiperf-server-metrics", "llmperf", "guidellm", "prometheus",
+         "claims", "tokentrace")
 
 
 def _looks_like(data: Any) -> str | None:
@@ -22,6 +23,12 @@ def _looks_like(data: Any) -> str | None:
         return "vllm-nightly"
     if not isinstance(data, dict):
         return None
+    if isinstance(data.get("benchmarks"), list):  # guidellm (metadata + benchmarks from 0.8 on)
+        return "guidellm"
+    from analyzer.audit.aiperf_server_metrics import is_aiperf_server_metrics
+
+    if is_aiperf_server_metrics(data):
+        return "aiperf-server-metrics"
     if "ttfts" in data or "mean_ttft_ms" in data or ("request_throughput" in data and "duration" in data):
         return "vllm"
     if "schema_version" in data and "aiperf_version" in data or isinstance(data.get("records"), dict):
@@ -97,8 +104,15 @@ def detect_kind(path: str | Path) -> str:
     """The report kind of a file, from its suffix and keys; AuditInputError when unknown."""
     path = Path(path)
     if path.suffix.lower() in (".yaml", ".yml"):
-        return "claims"
+        from analyzer.audit.guidellm_report import is_guidellm_report, read_report_file
+
+        # guidellm writes a YAML twin of its benchmarks.json: told by its top-level keys
+        return "guidellm" if is_guidellm_report(read_report_file(path)) else "claims"
     if path.is_file():
+        from analyzer.audit.prom_text import looks_like_prometheus_text
+
+        if looks_like_prometheus_text(path):
+            return "prometheus"
         refuse_per_request_file(path)
     data = read_json(path)
     kind = _looks_like(data)
@@ -118,6 +132,21 @@ def detect_kind(path: str | Path) -> str:
                           f"{', '.join(KINDS[1:])}")
 
 
+def _require_forced_kind(kind: str, path: Path) -> None:
+    """A forced ``--kind`` must find the keys its checks read (AuditInputError otherwise,
+    naming the kind ``auto`` would pick): never a verdict on a report it could not read."""
+    from analyzer.audit.readable import require_kind_keys
+
+    if kind == "guidellm":
+        from analyzer.audit.guidellm_report import read_report_file
+
+        data = read_report_file(path)
+    else:
+        data = read_json(path)
+    detected = _looks_like(data)
+    require_kind_keys(kind, path, data, detected)
+
+
 def audit_report(
     path: str | Path,
     kind: str = "auto",
@@ -126,22 +155,37 @@ def audit_report(
     db: str | Path | None = None,
     model_config: str | Path | None = None,
     rel_tol: float = DEFAULT_REL_TOL,
+    baseline: str | Path | None = None,
 ) -> list[Finding]:
     """Run every check for one report and return the findings (one per check).
 
     ``individual``: per-request records (LLMPerf individual responses, AIPerf
     profile_export.jsonl, or the vLLM JSON behind a nightly table). ``db``: a tokentrace
-    DuckDB database whose traces the claims are recomputed from.
+    DuckDB database whose traces the claims are recomputed from. ``baseline``: for a
+    Prometheus scrape, the scrape taken before the run (the window is their difference).
     """
     if kind not in KINDS:
         raise AuditInputError(f"unknown report kind {kind!r}; kinds: {', '.join(KINDS)}")
     path = Path(path)
     if kind == "auto":
         kind = detect_kind(path)
-    elif kind in ("aiperf", "llmperf", "vllm") and path.is_file():
-        refuse_per_request_file(path)
+    elif kind != "prometheus":  # a scrape is text: its reader names what it lacks
+        if kind in ("aiperf", "llmperf", "vllm") and path.is_file():
+            refuse_per_request_file(path)
+        if kind not in ("claims", "aiperf"):
+            _require_forced_kind(kind, path)
+    if baseline is not None and kind != "prometheus":
+        raise AuditInputError(f"--baseline {baseline}: only for a Prometheus scrape (--kind prometheus); {path} is a "
+                              f"{kind} report")
     con = connect(None)
     try:
+        if kind == "prometheus":
+            from analyzer.audit.server_histograms import audit_server_histograms
+
+            if individual is not None:
+                raise AuditInputError(f"--individual {individual}: comparing a scrape with the client's records is "
+                                      "not implemented; use --db with the run's traces")
+            return audit_server_histograms(path, None if baseline is None else Path(baseline), con, db)
         if kind == "claims" or kind == "tokentrace":
             from analyzer.audit.claim_checks import check_claims
             from analyzer.audit.claims_file import read_claims_file, read_tokentrace_artifact
@@ -159,6 +203,21 @@ def audit_report(
 
                 findings += check_claims_against_traces(claims, db, rel_tol)
             return findings
+        if kind == "aiperf-server-metrics":
+            from analyzer.audit.aiperf_server_metrics import audit_aiperf_server_metrics
+
+            if individual is not None:
+                raise AuditInputError(f"--individual {individual}: comparing server histograms with the client's "
+                                      "records is not implemented; use --db with the run's traces")
+            return audit_aiperf_server_metrics(path, read_json(path), con, db)
+        if kind == "guidellm":
+            from analyzer.audit.guidellm import audit_guidellm
+            from analyzer.audit.guidellm_report import read_report_file
+
+            if individual is not None:
+                raise AuditInputError(f"--individual {individual}: a guidellm report carries its per-request "
+                                      "records itself (benchmarks[].requests); give the report alone")
+            return audit_guidellm(path, read_report_file(path), con, rel_tol, db)
         if kind == "vllm":
             from analyzer.audit.vllm import audit_vllm
 

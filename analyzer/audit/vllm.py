@@ -19,6 +19,7 @@ import duckdb
 
 from analyzer.audit.compare import CANNOT, FAIL, PASS, Finding, audit_query, compare_figure, create_table, distribution_stats, load_values
 from analyzer.audit.inputs import optional_number
+from analyzer.audit.readable import successful_requests
 from analyzer.errors import AuditInputError
 from analyzer.audit.records_traces import RequestRecord, compare_records_with_traces, load_traced_requests
 
@@ -85,6 +86,8 @@ def audit_vllm(path: Path, data: Any, con: duckdb.DuckDBPyConnection, rel_tol: f
     if not isinstance(data.get("ttfts"), list):
         findings.append(Finding("recompute_stats", CANNOT, "the file has no per-request arrays (ttfts, itls, "
                                 "output_lens): saved without detail", {}))
+        findings.append(successful_requests(optional_number(data, "completed", path), what="completed",
+                                            failed=optional_number(data, "failed", path)))
         findings += _summary_only_checks(path, data, rel_tol)
         return findings
     load_vllm_arrays(path, data, con)
@@ -95,6 +98,8 @@ def audit_vllm(path: Path, data: Any, con: duckdb.DuckDBPyConnection, rel_tol: f
     for metric in VLLM_METRICS:
         findings.append(_stat_check(path, data, metric, stats, rel_tol))
     traced = _against_traces(data, con, db, rel_tol) if db is not None else None
+    findings.append(successful_requests(totals["completed"], what="successful requests in the arrays",
+                                        failed=totals["failed"]))
     findings += _count_checks(path, data, totals, rel_tol, traced)
     findings += _summary_only_checks(path, data, rel_tol)
     findings.append(_chunking(totals, stats, rel_tol))

@@ -12,13 +12,15 @@ import json
 from analyzer.cli.options import db_option, format_option, to_jsonable
 from analyzer.errors import UserError
 
-KIND_CHOICES = ["auto", "vllm", "vllm-nightly", "aiperf", "llmperf", "claims", "tokentrace"]
+KIND_CHOICES = ["auto", "vllm", "vllm-nightly", "aiperf", "aiperf-server-metrics", "llmperf", "guidellm", "prometheus",
+                "claims", "tokentrace"]
 
 
 @cli.command("audit")
 @click.argument("report", metavar="REPORT", type=click.Path())
-@click.option("--kind", type=click.Choice(KIND_CHOICES), default="auto", show_default=True,
-              help="Report format; auto detects it from the file's suffix and keys.")
+@click.option("--kind", type=click.Choice(KIND_CHOICES), default="auto", show_default=True, metavar="KIND",
+              help=f"Report format, one of {', '.join(KIND_CHOICES)}; auto detects it from the file's "
+                   "suffix and keys.")
 @click.option("--individual", type=click.Path(), default=None, metavar="FILE",
               help="Per-request records: LLMPerf *_individual_responses.json, AIPerf profile_export.jsonl, "
                    "or the vLLM benchmark JSON behind a nightly table row.")
@@ -26,15 +28,19 @@ KIND_CHOICES = ["auto", "vllm", "vllm-nightly", "aiperf", "llmperf", "claims", "
                     "bench and AIPerf reports, join each request to its traced request by id and compare.")
 @click.option("--model-config", type=click.Path(), default=None, metavar="PATH",
               help="HuggingFace config.json for the KV check (overrides the claims file's model).")
+@click.option("--baseline", type=click.Path(), default=None, metavar="BEFORE.prom",
+              help="For a Prometheus scrape (/metrics text): the scrape taken before the run; the audited "
+                   "window is REPORT minus it.")
 @format_option(choices=("table", "json"))
 @click.option("--rel-tol", type=click.FloatRange(min=0, max=1), default=None, metavar="X",
               help="Relative tolerance of every comparison (default 1e-4; a figure printed with "
                    "decimals also gets half a unit of its last decimal).")
-def audit_command(report, kind, individual, db_path, model_config, output_format, rel_tol) -> None:
+def audit_command(report, kind, individual, db_path, model_config, baseline, output_format, rel_tol) -> None:
     """Check a latency report: internal consistency, counting, statistics recomputed from its
     raw arrays (in DuckDB SQL, with the tool's own percentile and std method), KV from the
     model config, labelling, and (with --db) the traces, request by request where the report
-    has request ids (vLLM bench --request-id-prefix, AIPerf x_request_id). Times in ms, rates
+    has request ids (vLLM bench --request-id-prefix, AIPerf x_request_id, guidellm
+    response_id). A forced --kind whose keys the file lacks is an error. Times in ms, rates
     per second. One row per check; exits 1 when a check fails, so it can gate CI.
 
     \b
@@ -48,6 +54,11 @@ def audit_command(report, kind, individual, db_path, model_config, output_format
       tokentrace audit bench.json --db traces.duckdb
       tokentrace audit profile_export_aiperf.json \\
           --individual profile_export.jsonl --db traces.duckdb
+      # guidellm's report (or benchmarks.yaml), records joined by response_id
+      tokentrace audit benchmarks.json --db traces.duckdb
+      # AIPerf's server-metrics export, or two /metrics scrapes, vs traces
+      tokentrace audit server_metrics_export.json --db traces.duckdb
+      tokentrace audit after.prom --baseline before.prom --db traces.duckdb
     """
     from pathlib import Path
 
@@ -59,7 +70,7 @@ def audit_command(report, kind, individual, db_path, model_config, output_format
         raise UserError(f"--db {db_path}: no such database file")
     try:
         findings = audit_report(report, kind, individual=individual, db=db_path, model_config=model_config,
-                                rel_tol=DEFAULT_REL_TOL if rel_tol is None else rel_tol)
+                                rel_tol=DEFAULT_REL_TOL if rel_tol is None else rel_tol, baseline=baseline)
     except AuditInputError as exc:
         raise UserError(str(exc)) from None
     if output_format == "json":

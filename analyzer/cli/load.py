@@ -227,7 +227,7 @@ def _report_hint(error) -> str | None:  # noqa: ANN001
     except (AuditInputError, OSError, ValueError):
         return None
     names = {"vllm": "a vLLM bench", "vllm-nightly": "a vLLM nightly benchmark", "aiperf": "an AIPerf",
-             "llmperf": "an LLMPerf"}
+             "llmperf": "an LLMPerf", "guidellm": "a guidellm"}
     if kind not in names:
         return None
     import shlex

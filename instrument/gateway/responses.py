@@ -44,20 +44,26 @@ async def stream_body(gateway: Any, state: RequestState) -> AsyncIterator[bytes]
     choice = _choice_text(gateway, gen)
     plain = sse.ContentChunks(gen.operation, rid, created, model).render
     chat = gen.operation == "chat"
+    continuous = gen.continuous_usage
+
+    def so_far() -> dict[str, Any] | None:
+        """The usage up to now (tokens generated so far, vLLM's count) under continuous usage stats."""
+        return sse.usage(state.input_tokens, choice.completion_tokens) if continuous else None
 
     def render(delta: str, entries: Any) -> bytes:
-        if entries is None:
+        if entries is None and not continuous:
             return plain(delta)
-        logprobs = ({"content": entries} if chat
-                    else completion_logprobs(entries, len(choice.text) - len(delta)))
-        return sse.sse_line(sse.content_chunk(gen.operation, rid, created, model, delta, logprobs=logprobs))
+        logprobs = None if entries is None else ({"content": entries} if chat
+                                                 else completion_logprobs(entries, len(choice.text) - len(delta)))
+        return sse.sse_line(sse.content_chunk(gen.operation, rid, created, model, delta, logprobs=logprobs,
+                                              usage_so_far=so_far()))
 
     push = choice.push
     state.response_started = True
     try:
         if chat:
             sent_ns = now_wall_ns()
-            yield sse.sse_line(sse.content_chunk("chat", rid, created, model, "", role=True))
+            yield sse.sse_line(sse.content_chunk("chat", rid, created, model, "", role=True, usage_so_far=so_far()))
             state.chunk_written(0, False, sent_ns)
         result: EngineResult | None = None
         while result is None:
@@ -94,7 +100,7 @@ async def stream_body(gateway: Any, state: RequestState) -> AsyncIterator[bytes]
             yield sse.sse_line(sse.error_body(f"generation failed: {result.error}", error_type="server_error"))
             state.chunk_written(0, False, sent_ns)
         else:
-            yield sse.sse_line(sse.finish_chunk(gen.operation, rid, created, model, finish))
+            yield sse.sse_line(sse.finish_chunk(gen.operation, rid, created, model, finish, usage_so_far=so_far()))
             state.chunk_written(0, False, sent_ns)
             if gen.include_usage:
                 sent_ns = now_wall_ns()

@@ -3,7 +3,8 @@
 Chat chunks are ``chat.completion.chunk`` objects with a ``delta``; text completions are
 ``text_completion`` objects with ``text``. A stream is ``data: {json}\\n\\n`` lines ending
 with ``data: [DONE]\\n\\n``; with ``stream_options.include_usage`` a last chunk carries
-``usage`` and an empty ``choices`` list.
+``usage`` and an empty ``choices`` list; with ``continuous_usage_stats`` too (vLLM's extension)
+every other chunk also carries ``usage``: the tokens generated so far.
 """
 
 from __future__ import annotations
@@ -30,16 +31,19 @@ def _base(operation: str, request_id: str, created_s: int, model: str) -> dict[s
 
 def content_chunk(
     operation: str, request_id: str, created_s: int, model: str, text: str, *, role: bool = False,
-    logprobs: Any = None,
+    logprobs: Any = None, usage_so_far: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A chunk with a content delta (chat: ``delta.content``; completions: ``text``);
-    ``logprobs``: the choice's logprobs object for the tokens of this delta (None: not asked)."""
+    ``logprobs``: the choice's logprobs object for the tokens of this delta (None: not asked);
+    ``usage_so_far``: the usage up to this chunk (continuous usage stats; None: not asked)."""
     out = _base(operation, request_id, created_s, model)
     if operation == "chat":
         delta: dict[str, Any] = {"role": "assistant", "content": text} if role else {"content": text}
         out["choices"] = [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": None}]
     else:
         out["choices"] = [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": None}]
+    if usage_so_far is not None:
+        out["usage"] = usage_so_far
     return out
 
 
@@ -66,13 +70,17 @@ class ContentChunks:
         return self.prefix + encode_basestring(text).encode("utf-8") + self.suffix
 
 
-def finish_chunk(operation: str, request_id: str, created_s: int, model: str, finish_reason: str) -> dict[str, Any]:
-    """The chunk that carries the finish reason and no content."""
+def finish_chunk(operation: str, request_id: str, created_s: int, model: str, finish_reason: str,
+                 usage_so_far: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The chunk that carries the finish reason and no content (and, with continuous usage
+    stats, ``usage_so_far``)."""
     out = _base(operation, request_id, created_s, model)
     if operation == "chat":
         out["choices"] = [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason}]
     else:
         out["choices"] = [{"index": 0, "text": "", "logprobs": None, "finish_reason": finish_reason}]
+    if usage_so_far is not None:
+        out["usage"] = usage_so_far
     return out
 
 

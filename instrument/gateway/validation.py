@@ -52,6 +52,7 @@ class GenerationRequest:
     top_p: float
     stream: bool
     include_usage: bool
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats with include_usage: usage on every chunk
     messages: list[dict[str, str]] | None = None
     prompt: str | None = None
     user: str | None = None
@@ -262,8 +263,11 @@ def _sampling_fields(body: Mapping[str, Any], errors: list[tuple[str, str]]) -> 
             "repetition_penalty": repetition, "top_k": top_k, "seed": seed}
 
 
-def _stream(body: Mapping[str, Any], errors: list[tuple[str, str]]) -> tuple[bool, bool]:
-    """(``stream``, ``stream_options.include_usage``); stream options only with ``stream``."""
+def _stream(body: Mapping[str, Any], errors: list[tuple[str, str]]) -> tuple[bool, bool, bool]:
+    """(``stream``, ``stream_options.include_usage``, usage on every chunk); stream options
+    only with ``stream``. ``stream_options.continuous_usage_stats`` is vLLM's extension (guidellm
+    sends it on every streamed request): with ``include_usage`` also true every chunk carries
+    the usage so far; without ``include_usage`` it is accepted and changes nothing (vLLM's rule)."""
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -271,11 +275,11 @@ def _stream(body: Mapping[str, Any], errors: list[tuple[str, str]]) -> tuple[boo
         errors.append(("stream", f"must be a boolean, got {stream!r}"))
         stream = False
     options = body.get("stream_options") or {}
-    include_usage = False
+    include_usage = continuous = False
     if not isinstance(options, Mapping):
         errors.append(("stream_options", "must be an object"))
     else:
-        extra_options = [key for key in options if key not in ("include_usage",)]
+        extra_options = [key for key in options if key not in ("include_usage", "continuous_usage_stats")]
         if extra_options:
             errors.append((f"stream_options.{extra_options[0]}", f"unrecognized request argument: "
                                                                   f"stream_options.{extra_options[0]}"))
@@ -283,9 +287,15 @@ def _stream(body: Mapping[str, Any], errors: list[tuple[str, str]]) -> tuple[boo
         if not isinstance(include_usage, bool):
             errors.append(("stream_options.include_usage", f"must be a boolean, got {include_usage!r}"))
             include_usage = False
-        elif options and not stream:
+        continuous = options.get("continuous_usage_stats", False)
+        if continuous is None:
+            continuous = False
+        if not isinstance(continuous, bool):
+            errors.append(("stream_options.continuous_usage_stats", f"must be a boolean, got {continuous!r}"))
+            continuous = False
+        if options and not stream:
             errors.append(("stream_options", "is only allowed when stream is true"))
-    return bool(stream), bool(include_usage)
+    return bool(stream), bool(include_usage), bool(include_usage and continuous)
 
 
 def _prompt(raw_prompt: Any, errors: list[tuple[str, str]]) -> str | None:
@@ -340,7 +350,7 @@ def validate_request(
     if n is not None and n != 1:
         errors.append(("n", f"only n=1 is supported (the span contract traces one sequence per request: send "
                             f"{n!r} requests instead), got {n!r}"))
-    stream, include_usage = _stream(body, errors)
+    stream, include_usage, continuous_usage = _stream(body, errors)
     messages = prompt = None
     if operation == "chat":
         messages = _messages(body.get("messages"), errors)
@@ -351,6 +361,7 @@ def validate_request(
         raise ValidationError(errors)
     return GenerationRequest(
         operation=operation, model=str(model), max_tokens=max_tokens, stream=stream, include_usage=include_usage,
+        continuous_usage=continuous_usage,
         messages=messages, prompt=prompt, user=user if isinstance(user, str) else None, stop=stop,
         logprobs=logprobs, top_logprobs=top_logprobs, ignore_eos=ignore_eos, min_tokens=min_tokens, **sampling,
     )
