@@ -170,6 +170,15 @@ decode AS (
     FROM spans
     WHERE scope_name = 'tokentrace' AND name = 'decode'
     GROUP BY trace_id, parent_span_id
+),
+-- a gateway span a keep policy summarized (docs/gateway.md, "Keeping the slow requests"): no
+-- chunk events, its figures as attributes, TTFT and E2E in seconds from its start
+summarized AS (
+    SELECT trace_id, span_id,
+           start_ns + CAST(round(attr_double['gen_ai.latency.time_to_first_token'] * 1e9) AS BIGINT) AS f_ns,
+           start_ns + CAST(round(attr_double['gen_ai.latency.e2e'] * 1e9) AS BIGINT) AS e_ns
+    FROM spans
+    WHERE scope_name = 'tokentrace' AND name = 'gateway' AND attr_str['tokentrace.sampling.reason'] = 'summary'
 )
 SELECT
     'tokentrace' AS source,
@@ -183,8 +192,8 @@ SELECT
     sv.clock_domain AS server_clock_domain,
     cl.clock_domain AS client_clock_domain,
     p.start_ns AS s_ns,
-    CASE WHEN p.dropped_events_count = 0 THEN ca.first_chunk_ns END AS f_ns,
-    CASE WHEN p.dropped_events_count = 0 THEN ca.last_chunk_ns END AS e_ns,
+    CASE WHEN p.dropped_events_count = 0 THEN coalesce(ca.first_chunk_ns, sm.f_ns) END AS f_ns,
+    CASE WHEN p.dropped_events_count = 0 THEN coalesce(ca.last_chunk_ns, sm.e_ns) END AS e_ns,
     p.end_ns AS end_ns,
     -- Newest GenAI names first; the deprecated prompt_tokens / completion_tokens are read too.
     coalesce(p.attr_int['gen_ai.usage.input_tokens'], p.attr_int['gen_ai.usage.prompt_tokens'],
@@ -255,7 +264,7 @@ SELECT
         WHEN p.dropped_events_count > 0 THEN
             'f/e unknown: ' || CAST(p.dropped_events_count AS VARCHAR)
             || ' events dropped by the span event limit'
-        WHEN ca.first_chunk_ns IS NULL THEN 'no visible chunk events'
+        WHEN ca.first_chunk_ns IS NULL AND sm.f_ns IS NULL THEN 'no visible chunk events'
     END AS null_reason
 FROM tt_request_spans r
 JOIN tt_request_candidates p ON p.candidate_key = r.perspective_key
@@ -265,4 +274,5 @@ LEFT JOIN chunk_agg ca ON ca.candidate_key = r.perspective_key
 LEFT JOIN chunk_agg sca ON sca.candidate_key = r.server_key
 LEFT JOIN chunk_agg cca ON cca.candidate_key = r.client_key
 LEFT JOIN phase ph ON ph.trace_id = r.trace_id AND ph.parent_span_id = r.server_span_id
-LEFT JOIN decode dc ON dc.trace_id = r.trace_id AND dc.parent_span_id = r.server_span_id;
+LEFT JOIN decode dc ON dc.trace_id = r.trace_id AND dc.parent_span_id = r.server_span_id
+LEFT JOIN summarized sm ON sm.trace_id = r.trace_id AND sm.span_id = r.perspective_span_id;
