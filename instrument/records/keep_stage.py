@@ -87,7 +87,8 @@ class KeepStage:
         self._by_trace: dict[int, tuple[float, list[ReadableSpan]]] = {}  # trace id -> (since, spans before their root)
         self._decided: collections.OrderedDict[int, bool] = collections.OrderedDict()  # span id -> kept whole
         self.held_bytes = 0
-        self.kept: dict[str, int] = {}  # requests decided, by reason ("summary": not kept)
+        self.kept: dict[str, int] = {}  # requests decided, by reason ("summary": not kept; "engine_only":
+        # the engine's side decided without its request span, its detail written)
         self.forced = 0  # requests decided early: the memory bound
 
     # --- what comes in ------------------------------------------------------------------------
@@ -173,11 +174,11 @@ class KeepStage:
         request = self._by_span.pop(span_id)
         self.held_bytes -= request.held_bytes
         span, facts = request.span, request.facts
-        if span is None:  # the engine's side alone: its request span was lost on the way
-            decision = KeepDecision(True, "error", ("error: no request span",))
+        if span is None:  # the engine's side alone (its request span lost, or not come yet when
+            # the memory bound forced the decision): its detail is written, nothing is lost
             if request.write_detail is not None:
                 request.write_detail()
-            self.kept[decision.reason] = self.kept.get(decision.reason, 0) + 1
+            self.kept["engine_only"] = self.kept.get("engine_only", 0) + 1
             return
         outcome = outcome_of(span, facts)
         decision = self.policy.decide(outcome, self.clock())
