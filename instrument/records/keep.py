@@ -39,6 +39,7 @@ import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["ENV", "HeadMarkingSampler", "KeepDecision", "KeepPolicy", "MIN_REQUESTS", "RULES", "RequestOutcome",
            "WINDOW_S"]
@@ -220,10 +221,10 @@ class HeadMarkingSampler:
         parent = trace.get_current_span(parent_context).get_span_context()  # type: ignore[arg-type]
         if parent.is_valid and not parent.is_remote:
             return SamplingResult(Decision.RECORD_AND_SAMPLE, given, parent.trace_state)
-        head = self.head.should_sample(parent_context, trace_id, name, kind, attributes, links,  # type: ignore[attr-defined]
-                                       trace_state)
-        return SamplingResult(Decision.RECORD_AND_SAMPLE, {**given, "tokentrace.sampling.head": head.decision.is_sampled()},
-                              head.trace_state)
+        inner: Any = self.head
+        head = inner.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
+        marked = {**given, "tokentrace.sampling.head": head.decision.is_sampled()}
+        return SamplingResult(Decision.RECORD_AND_SAMPLE, marked, head.trace_state)
 
     def get_description(self) -> str:
         return f"HeadMarkingSampler{{{self.head.get_description()}}}"  # type: ignore[attr-defined]
