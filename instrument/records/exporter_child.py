@@ -70,12 +70,17 @@ def _child_main(sock: socket.socket, control: Control, settings: dict[str, Any])
     # not (CPython), which made each flush order cost two 0.1 s waits; select() does the waiting
     sock.setblocking(False)
 
-    def report(final: bool = False, flushed: int | None = None) -> None:
+    def report(final: bool = False, flushed: int | None = None) -> bool:
+        """Send the counts to the parent; False when it is gone (its end of the socket closed)."""
         counts = [c.as_dict() for c in export_health(provider)]
-        control.send({"pid": os.getpid(), "counts": counts, "received": received, "malformed": malformed,
-                      "malformed_units": malformed_units,
-                      "unknown_slots": router.unknown_slots, "lost_units": router.lost_units,
-                      "final": final, "flushed": flushed})
+        try:
+            control.send({"pid": os.getpid(), "counts": counts, "received": received, "malformed": malformed,
+                          "malformed_units": malformed_units,
+                          "unknown_slots": router.unknown_slots, "lost_units": router.lost_units,
+                          "final": final, "flushed": flushed})
+        except OSError:  # (BrokenPipeError, ConnectionResetError): killed between our poll and this send
+            return False
+        return True
 
     def drain() -> bool:
         """Build the spans of one waiting message; False when none was waiting."""
@@ -102,9 +107,9 @@ def _child_main(sock: socket.socket, control: Control, settings: dict[str, Any])
     sock_fd, control_fd = sock.fileno(), control.sock.fileno()
     waiter.register(sock_fd, select.POLLIN)
     waiter.register(control_fd, select.POLLIN)
-    report()  # at once: a detached child's pid reaches the parent this way
+    # at once: a detached child's pid reaches the parent this way
+    stop_timeout = None if report() else _sender_gone(drain, router, settings.get("sender_pid", 0))["stop"]
     last = time.monotonic()
-    stop_timeout = None
     while stop_timeout is None:
         # wait for a message or an order, whichever comes first (a flush order is answered at
         # once, not after a receive times out), at most until the next report is due
@@ -121,13 +126,16 @@ def _child_main(sock: socket.socket, control: Control, settings: dict[str, Any])
                 while drain():
                     pass
                 provider.force_flush(int(order["timeout_ms"]))
-                report(flushed=order["flush"])
-                last = time.monotonic()
-                continue
+                if not report(flushed=order["flush"]):
+                    order = _sender_gone(drain, router, settings.get("sender_pid", 0))
+                else:
+                    last = time.monotonic()
+                    continue
             stop_timeout = float(order.get("stop", 5.0))
-        if time.monotonic() - last >= REPORT_EVERY_S:
+        if stop_timeout is None and time.monotonic() - last >= REPORT_EVERY_S:
             router.tick()
-            report()
+            if not report():  # the serving process is gone: as when its socket closes
+                stop_timeout = float(_sender_gone(drain, router, settings.get("sender_pid", 0))["stop"])
             last = time.monotonic()
     _child_stop(provider, router, drain, report, stop_timeout)
 
@@ -162,7 +170,7 @@ def _sender_gone(drain: Callable[[], bool], router: Any, sender_pid: int) -> dic
     return {"stop": 5.0}
 
 
-def _child_stop(provider: Any, router: Any, drain: Callable[[], bool], report: Callable[..., None],
+def _child_stop(provider: Any, router: Any, drain: Callable[[], bool], report: Callable[..., bool],
                 stop_timeout: float) -> None:
     """The exporter process's end: build what is still in the socket, shut the provider down
     (its exporters send what they hold), all within ``stop_timeout`` s, then the final report."""
@@ -173,10 +181,7 @@ def _child_stop(provider: Any, router: Any, drain: Callable[[], bool], report: C
     done = threading.Event()
     threading.Thread(target=lambda: (provider.shutdown(), done.set()), daemon=True).start()
     done.wait(max(0.1, deadline - time.monotonic()))
-    try:
-        report(final=True)
-    except OSError:  # nobody left to read it (orphaned)
-        pass
+    report(final=True)  # (False: nobody left to read it, orphaned)
 
 
 def main(argv: list[str]) -> int:
