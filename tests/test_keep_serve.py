@@ -3,8 +3,8 @@ planted stall (one engine step held while three requests decode) keeps exactly t
 it slowed whole; every other request leaves its gateway span alone, with its figures.
 
 Real uvicorn server on 127.0.0.1, the tiny model, spans to an OTLP-JSON lines file written by
-the span exporter process (which reads TOKENTRACE_KEEP_GAP_MS from the environment it
-inherits, as under ``serve --keep-gap-ms``).
+the span exporter process (which gets TOKENTRACE_KEEP_GAP_MS in its environment through the
+provider's ``exporter_env``, as under ``serve --keep-gap-ms``; this process's is unchanged).
 """
 
 from __future__ import annotations
@@ -64,12 +64,12 @@ def _spans(path: Path) -> list[dict[str, Any]]:
 
 
 @pytest.mark.timing
-def test_a_planted_stall_keeps_exactly_the_requests_it_slowed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TOKENTRACE_KEEP_GAP_MS", str(KEEP_GAP_MS))
+def test_a_planted_stall_keeps_exactly_the_requests_it_slowed(tmp_path: Path) -> None:
     path = tmp_path / "keep.jsonl"
     # the random sample takes nothing (always_off): every request kept whole is kept by the policy
     provider = setup_tracing("tokentrace-gateway", exporter=["otlp_json"], json_path=path, make_exporters=False,
                              sampler=HeadMarkingSampler(ALWAYS_OFF))
+    provider.exporter_env["TOKENTRACE_KEEP_GAP_MS"] = str(KEEP_GAP_MS)
     forward_spans(provider)
     app = create_app(load_model_handle("tiny"), provider, GatewaySettings(engine="continuous", max_tokens_limit=512))
     engine = app.state.gateway.engine
@@ -134,3 +134,25 @@ def test_a_planted_stall_keeps_exactly_the_requests_it_slowed(tmp_path: Path, mo
     for result in stalled:
         a = gateways[result.response_id]["_attrs"]
         assert a["tokentrace.gap.max_ms"] >= STALL_S * 1e3 and a["tokentrace.gap.engine_step"] == plant["stalled_step"]
+
+
+def test_serve_carries_the_policy_to_the_exporter_process_and_leaves_its_own_environment() -> None:
+    """The flags over the environment, checked, as the exporter process's variables; a refused
+    policy changes nothing either."""
+    import os
+
+    import click
+
+    from analyzer.cli.serve import _keep_policy
+    from analyzer.errors import UserError
+
+    before = dict(os.environ)
+    policy, env = _keep_policy("process", {"ttft": None, "gap": 200.0, "tpot": None, "e2e": None, "slowest": 0.01})
+    assert policy is not None and policy.describe() == "gap > 200 ms, slowest 1 %, errors, preempted"
+    assert env == {"TOKENTRACE_KEEP_TTFT_MS": "", "TOKENTRACE_KEEP_GAP_MS": "200.0", "TOKENTRACE_KEEP_TPOT_MS": "",
+                   "TOKENTRACE_KEEP_E2E_MS": "", "TOKENTRACE_KEEP_SLOWEST": "0.01"}
+    assert _keep_policy("process", dict.fromkeys(("ttft", "gap", "tpot", "e2e", "slowest"))) == (None, {})
+    with pytest.raises((UserError, click.ClickException), match="needs --engine continuous with --span-export process"):
+        _keep_policy("inline", {"ttft": 500.0, "gap": None, "tpot": None, "e2e": None, "slowest": None})
+    assert dict(os.environ) == before
+

@@ -146,9 +146,10 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
     problem = _bind_error(host, port)
     if problem is not None:
         raise UserError(problem)
-    keep = _keep_policy(span_export, {"ttft": keep_ttft_ms, "gap": keep_gap_ms, "tpot": keep_tpot_ms,
-                                      "e2e": keep_e2e_ms, "slowest": keep_slowest})
+    keep, keep_env = _keep_policy(span_export, {"ttft": keep_ttft_ms, "gap": keep_gap_ms, "tpot": keep_tpot_ms,
+                                                "e2e": keep_e2e_ms, "slowest": keep_slowest})
     provider = _tracer_provider(decode_spans, service_name, otlp_json, span_export, keep is not None)
+    provider.exporter_env.update(keep_env)  # the span exporter process reads the policy there
     handle = _load_model(model_spec)
     from instrument.gateway.app import GatewaySettings
 
@@ -198,8 +199,9 @@ def _accepted_keys(api_keys: tuple[str, ...], host: str) -> frozenset[str]:
 
 def _keep_policy(span_export: str, flags: dict[str, float | None]):  # noqa: ANN202
     """The keep policy of the --keep-* flags over the TOKENTRACE_KEEP_* environment (a flag wins),
-    or None. Its checked values are put in this process's environment, which the span exporter
-    process inherits and reads (a malformed one is said here, once, and left out)."""
+    or None, and the variables that carry its checked values to the span exporter process
+    (a malformed one is said here, once, and left out). This process's environment is not
+    changed."""
     import os
 
     from instrument.records.keep import ENV, KeepPolicy
@@ -207,16 +209,13 @@ def _keep_policy(span_export: str, flags: dict[str, float | None]):  # noqa: ANN
     merged = {var: os.environ.get(var, "") for var in ENV.values()}
     merged.update({ENV[name]: repr(value) for name, value in flags.items() if value is not None})
     policy = KeepPolicy.from_env(merged, warn=lambda line: click.echo(line, err=True))
-    for name, var in ENV.items():
-        value = (policy.thresholds_ms.get(name) if name != "slowest" else policy.slowest) if policy else None
-        if value is None:
-            os.environ.pop(var, None)
-        else:
-            os.environ[var] = repr(value)
-    if policy is not None and span_export != "process":
+    if policy is None:
+        return None, {}
+    if span_export != "process":
         raise UserError("a keep policy (--keep-* or TOKENTRACE_KEEP_*) is decided in the span exporter process: "
                         "it needs --engine continuous with --span-export process")
-    return policy
+    values = {**policy.thresholds_ms, "slowest": policy.slowest}
+    return policy, {var: repr(values[name]) if values[name] is not None else "" for name, var in ENV.items()}
 
 
 def _tracer_provider(decode_spans: str, service_name: str, otlp_json: str | None, span_export: str,

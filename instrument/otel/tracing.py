@@ -265,6 +265,8 @@ class TracingSetup(TracerProvider):
       exporters, ``export_health.add_counts_source``).
     - ``exporter_process`` / ``span_forwarder``: the span exporter process and the span
       processor forwarding to it, once ``forward_spans`` started them (else None).
+    - ``exporter_env``: variables that span exporter process gets besides this process's
+      environment (``serve``'s keep policy: its ``TOKENTRACE_KEEP_*`` values).
 
     Providers made otherwise keep working everywhere: the functions reading these fall back
     (no settings, no forwarder; the tracer and the count sources kept on the provider object).
@@ -279,6 +281,7 @@ class TracingSetup(TracerProvider):
         self.count_sources: list[Callable[[], list]] = []
         self.exporter_process: object = None
         self.span_forwarder: object = None
+        self.exporter_env: dict[str, str] = {}
 
 
 def setup_tracing(

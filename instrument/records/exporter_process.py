@@ -82,8 +82,10 @@ class ExporterProcess:
 
     def __init__(self, resource_attributes: dict[str, Any], exporters: list[str], json_path: str | None = None,
                  name: str = "exporter-process", endpoint: str | None = None, protocol: str | None = None,
-                 detach: bool = False, nice: int = 0, always_on: bool = False, restart: bool = True) -> None:
+                 detach: bool = False, nice: int = 0, always_on: bool = False, restart: bool = True,
+                 env: dict[str, str] | None = None) -> None:
         self.name = name
+        self.env = dict(env or {})  # variables the child gets besides this process's (the keep policy's)
         self.detached = detach  # the child forks and the process started exits (module docstring)
         self.restart = restart  # start a new child when one dies (module docstring, "Restarts")
         self._settings = {"resource": {k: v for k, v in resource_attributes.items()}, "exporters": list(exporters),
@@ -119,7 +121,8 @@ class ExporterProcess:
                     "sender_pid": os.getpid()}
         process = subprocess.Popen(
             [sys.executable, "-m", "instrument.records.exporter_child", json.dumps(settings)],
-            pass_fds=(child_sock.fileno(), child_control.fileno()), start_new_session=True)
+            pass_fds=(child_sock.fileno(), child_control.fileno()), start_new_session=True,
+            env={**os.environ, **self.env} if self.env else None)
         child_sock.close()
         child_control.close()
         for channel, (target, preamble) in self._joined.items():
@@ -136,8 +139,8 @@ class ExporterProcess:
     def for_provider(cls, tracer_provider: Any) -> "ExporterProcess":
         """The exporter process for a ``setup_tracing`` provider whose exporters were given by
         name (the child makes them again: same names, OTLP-JSON path, endpoint, protocol,
-        resource). ValueError for any other provider (extra exporter objects, e.g. in-memory,
-        cannot cross a process boundary)."""
+        resource; the provider's ``exporter_env`` added to its environment). ValueError for any
+        other provider (extra exporter objects, e.g. in-memory, cannot cross a process boundary)."""
         from instrument.otel.tracing import exporter_settings
 
         settings = exporter_settings(tracer_provider)
@@ -145,7 +148,8 @@ class ExporterProcess:
             raise ValueError("--span-export process: the tracer provider must come from setup_tracing with "
                              "exporters given by name (another process makes them again)")
         return cls(dict(tracer_provider.resource.attributes), list(settings["exporters"]), settings["json_path"],
-                   endpoint=settings["endpoint"], protocol=settings["protocol"])
+                   endpoint=settings["endpoint"], protocol=settings["protocol"],
+                   env=getattr(tracer_provider, "exporter_env", None))
 
     # --- the senders ------------------------------------------------------------------------
     def join(self, channel: int, decoder: type | str, preamble: bytes | memoryview = b"") -> "RecordSender":
