@@ -63,6 +63,7 @@ def test_setup_tracing_count_exports_off_keeps_the_plain_processors() -> None:
     assert export_health(provider) == []
 
 
+@pytest.mark.timing  # durations compared (with SLACK_S); the slow endpoint answers 0.5 s inside a 1 s deadline
 def test_endpoint_down_503_or_slow_does_not_slow_generation_and_every_span_is_counted(
         caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
     caplog.set_level(logging.INFO, logger=LOGGER_NAME)
@@ -89,12 +90,16 @@ def test_endpoint_down_503_or_slow_does_not_slow_generation_and_every_span_is_co
     assert any("failed=78" in r.getMessage() for r in lines)
 
 
+@pytest.mark.timing  # drops need generation to outpace a 1 s export; the answer must beat the 4 s deadline
 def test_full_batch_queue_drops_are_counted(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "8")
     monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "8")
     model, tok = reliability.tiny()
-    with reliability.FaultEndpoint("slow", slow_s=0.3) as ep:
-        with reliability.export_timeout(2.0):
+    # A batch takes 1 s to export: spans beyond the 8 queued are dropped when 16 or more end
+    # within 1 s (40 tokens; at 0.3 s a busy machine could generate too slowly to drop any),
+    # and 1 s is far inside the 4 s deadline (what was exported is what arrived).
+    with reliability.FaultEndpoint("slow", slow_s=1.0) as ep:
+        with reliability.export_timeout(4.0):
             provider = setup_tracing("drops", exporter="otlp", protocol="http/protobuf", endpoint=ep.url)
         traced_generate(model, tok, reliability.PROMPT, tracer_provider=provider, max_new_tokens=40, do_sample=False)
         provider.shutdown()
@@ -105,6 +110,7 @@ def test_full_batch_queue_drops_are_counted(monkeypatch: pytest.MonkeyPatch) -> 
     assert received == c.exported  # what was counted as exported is what arrived
 
 
+@pytest.mark.timing  # a delivered batch must beat the 5 s deadline
 def test_export_resumes_after_503_recovery() -> None:
     # A 5 s deadline: the recovered export must not fail on a pause of the (shared, 2-core) CI
     # machine; CI once saw a delivered batch counted failed under the 1 s deadline.
@@ -114,6 +120,7 @@ def test_export_resumes_after_503_recovery() -> None:
     assert run.counts.failed == run.during_fault and run.counts.exported == run.after_recovery, run
 
 
+@pytest.mark.timing  # a delivered batch must beat the 5 s deadline
 def test_closed_port_then_receiver_started_and_restarted(tmp_path: Path) -> None:
     run = reliability.recovery_receiver_restart(tmp_path / "rx", requests=1, max_tokens=8,
                                                 timeout_s=RECOVERY_DEADLINE_S)
