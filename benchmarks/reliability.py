@@ -46,12 +46,14 @@ EXPORT_TIMEOUT_ENV = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"
 # --------------------------------------------------------------------------------------
 class FaultEndpoint:
     """OTLP/HTTP traces endpoint on 127.0.0.1. ``mode``: ``ok`` (200, spans recorded),
-    ``503`` (Service Unavailable, nothing recorded), ``slow`` (sleeps ``slow_s`` then 200).
+    ``503`` (Service Unavailable, nothing recorded), ``slow`` (sleeps ``slow_s`` then 200;
+    with ``hold`` set to an Event, waits until it is set instead, at most 60 s).
     ``mode`` may be changed while running (recovery). ``down()`` gives a closed port."""
 
     def __init__(self, mode: str = "ok", slow_s: float = 0.5) -> None:
         self.mode = mode
         self.slow_s = slow_s
+        self.hold: threading.Event | None = None
         self.requests = 0
         self.span_ids: list[bytes] = []  # every span received in a 200 answer (repeats kept)
         self._lock = threading.Lock()
@@ -76,7 +78,9 @@ class FaultEndpoint:
                     self.send_header("content-length", "0")
                     self.end_headers()
                     return
-                if mode == "slow":
+                if mode == "slow" and endpoint.hold is not None:
+                    endpoint.hold.wait(60.0)
+                elif mode == "slow":
                     time.sleep(endpoint.slow_s)
                 req = ExportTraceServiceRequest.FromString(body)
                 ids = [s.span_id for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans]

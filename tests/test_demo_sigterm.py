@@ -14,6 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from collect_fixtures import TOKENTRACE, stderr_lines
@@ -33,6 +34,14 @@ def _spans(path: Path) -> list[dict]:
     return spans
 
 
+def _answered(url: str) -> int:
+    """Requests the demo's gateway has answered (its /metrics request-duration count)."""
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("gen_ai_server_request_duration_seconds_count")))
+
+
+@pytest.mark.timing  # bounded waits; the grace (30 s) must cover the two requests in flight
 def test_sigterm_while_sending_flushes_both_span_files(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     proc = subprocess.Popen(
@@ -47,7 +56,12 @@ def test_sigterm_while_sending_flushes_both_span_files(tmp_path: Path) -> None:
             line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
             assert line != "", f"demo exited before sending: {''.join(stderr)}"
             stderr.append(line)
-        time.sleep(1.5)  # a few requests done, two in flight, their spans still queued
+        (url,) = {m.group(1) for line in stderr for m in [re.search(r" at (http://127\.0\.0\.1:\d+) ", line)] if m}
+        # the seed and one load request answered: the load is under way, two requests in flight,
+        # their spans still queued (waiting for that, not sleeping: a busy machine is slower)
+        while _answered(url) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, f"no load answered: {''.join(stderr)}"
+            time.sleep(0.02)
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=90)
     finally:
@@ -63,7 +77,7 @@ def test_sigterm_while_sending_flushes_both_span_files(tmp_path: Path) -> None:
                       r"dropped=(\d+)", stopped[0])
     assert found, stopped[0]
     sent, total, submitted, exported, failed, dropped = map(int, found.groups())
-    assert total == PLANNED + 1 and 1 <= sent < total
+    assert total == PLANNED + 1 and 2 <= sent < total
     assert (failed, dropped) == (0, 0) and exported == submitted
     client, server = _spans(out / "client-spans.jsonl"), _spans(out / "server-spans.jsonl")
     assert len(client) + len(server) == exported  # every span counted is in a file

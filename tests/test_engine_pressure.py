@@ -291,6 +291,7 @@ def test_a_full_queue_still_gets_429_with_retry_after(handle: ModelHandle) -> No
         assert codes == {"over_requests_budget"}
 
 
+@pytest.mark.timing  # the long generation (400 tokens) must outlast --max-queue-wait-s (0.2 s)
 def test_a_wait_past_max_queue_wait_s_gets_503_with_retry_after(handle: ModelHandle) -> None:
     """A long generation holds part of the cache; a longer prompt that fits the cache alone
     cannot be scheduled beside it and ends after --max-queue-wait-s with 503 + Retry-After

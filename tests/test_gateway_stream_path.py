@@ -136,6 +136,7 @@ def _state(handle: ModelHandle, loop: asyncio.AbstractEventLoop, *, waker: bool 
     return state, exporter
 
 
+@pytest.mark.timing  # bounded waits (a 0.05 s timeout is timed, with a 5 s upper bound)
 def test_hand_off_delivers_every_token_in_order_and_times_out(handle: ModelHandle) -> None:
     async def go() -> None:
         state, _ = _state(handle, asyncio.get_running_loop())
@@ -182,6 +183,7 @@ def test_hand_off_delivers_every_token_in_order_and_times_out(handle: ModelHandl
     asyncio.run(go())
 
 
+@pytest.mark.timing  # a lost wake-up shows as a 5 s timeout; a paused thread must not look like one
 @pytest.mark.parametrize("waker", [False, True], ids=["own wake-ups", "shared LoopWaker"])
 def test_hand_off_never_loses_a_wake_up_under_races(handle: ModelHandle, waker: bool) -> None:
     """A fast worker against a consumer that sometimes lags (as when a write takes long):
@@ -214,6 +216,7 @@ def test_hand_off_never_loses_a_wake_up_under_races(handle: ModelHandle, waker: 
     asyncio.run(go())
 
 
+@pytest.mark.timing  # a lost wake-up shows as a 2 s timeout; a paused thread must not look like one
 @pytest.mark.parametrize("waker", [False, True], ids=["own wake-ups", "shared LoopWaker"])
 def test_hand_off_ping_pong_wakes_for_every_last_token(handle: ModelHandle, waker: bool) -> None:
     """The worker sends one token and waits until it is received: each token is the last one

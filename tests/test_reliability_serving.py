@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import reliability  # noqa: E402
 
 
+@pytest.mark.timing  # a leaving client's decode must stop within one step of its disconnect
 def test_overload_burst_with_leaving_clients_loses_nothing() -> None:
     run = reliability.overload(burst=12, max_queued=3, max_tokens=8, disconnect_every=4)
     assert run.hung == 0 and run.other == [], run
@@ -32,6 +33,7 @@ def test_overload_burst_with_leaving_clients_loses_nothing() -> None:
     assert run.lost == 0
 
 
+@pytest.mark.timing  # durations compared (1.5 x + 0.5 s)
 def test_slow_readers_do_not_hold_back_other_clients() -> None:
     run = reliability.slow_clients(slow=2, normal=3, max_tokens=16, read_delay_s=0.05)
     assert run.all_completed
@@ -40,6 +42,7 @@ def test_slow_readers_do_not_hold_back_other_clients() -> None:
     assert run.normal_e2e_with_slow_s <= 1.5 * run.normal_e2e_alone_s + 0.5, run
 
 
+@pytest.mark.timing  # durations compared (1.5 x + 0.3 s)
 def test_serving_with_the_otlp_endpoint_down_keeps_its_speed_and_counts_the_loss() -> None:
     run = reliability.serving_with_export_down(requests=3, max_tokens=8, timeout_s=1.0)
     assert run.e2e_failing_s <= 1.5 * run.e2e_healthy_s + 0.3, run
