@@ -66,6 +66,17 @@ class Served:
         while admission.requests_in_flight and time.monotonic() < deadline:
             time.sleep(0.02)
         assert admission.requests_in_flight == 0
+        # ... and the engine went idle after its last step: its open engine trace ended (the
+        # gateway can finish the last request before the engine thread notices it is idle)
+        while not self._engine_traces_closed() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert self._engine_traces_closed(), "the engine trace never ended"
+
+    def _engine_traces_closed(self) -> bool:
+        """Every engine_step span exported is counted by an ended ``engine`` root."""
+        roots = self.spans("engine")
+        return bool(roots) and sum(r.attributes["tokentrace.engine.steps"] for r in roots) == len(
+            self.spans("engine_step"))
 
     def stop(self) -> None:
         self.server.stop()
