@@ -129,6 +129,9 @@ def test_a_planted_stall_keeps_exactly_the_requests_it_slowed(tmp_path: Path) ->
         else:  # the summary alone: no chunk events, no other span
             assert a["tokentrace.sampling.reason"] == "summary", a
             assert detail == set() and chunks == []
+    reasons = [gateways[r.response_id]["_attrs"]["tokentrace.sampling.reason"] for r in results]
+    decisions = provider.exporter_process.health()["keep"]  # the exporter process's last report
+    assert decisions == {**{r: reasons.count(r) for r in set(reasons)}, "forced": 0}, decisions
     kept = {r.response_id for r in results if gateways[r.response_id]["_attrs"]["tokentrace.sampling.reason"] == "gap"}
     assert kept >= {r.response_id for r in stalled}, "every request the planted stall slowed is kept whole"
     for result in stalled:

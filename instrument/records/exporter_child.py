@@ -73,11 +73,13 @@ def _child_main(sock: socket.socket, control: Control, settings: dict[str, Any])
     def report(final: bool = False, flushed: int | None = None) -> bool:
         """Send the counts to the parent; False when it is gone (its end of the socket closed)."""
         counts = [c.as_dict() for c in export_health(provider)]
+        stage = getattr(provider, "_tokentrace_keep_stage", None)  # the keep policy's, when one is set
+        keep = {**stage.kept, "forced": stage.forced} if stage else None
         try:
             control.send({"pid": os.getpid(), "counts": counts, "received": received, "malformed": malformed,
                           "malformed_units": malformed_units,
                           "unknown_slots": router.unknown_slots, "lost_units": router.lost_units,
-                          "final": final, "flushed": flushed})
+                          "keep": keep, "final": final, "flushed": flushed})
         except OSError:  # (BrokenPipeError, ConnectionResetError): killed between our poll and this send
             return False
         return True

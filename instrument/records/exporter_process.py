@@ -347,8 +347,11 @@ class ExporterProcess:
                 and not self.dead
 
     def health(self) -> dict[str, Any]:
-        """For /health: alive or not, restarts, and what was dropped on the way."""
+        """For /health: alive or not, restarts, what was dropped on the way, and the keep
+        policy's decisions (requests by reason, ``summary``: not kept whole; ``forced``: decided
+        early by the memory bound; None without a policy)."""
         return {"pid": self.pid, "alive": self._alive(), "dead": self.dead, "restarts": self.restarts,
+                "keep": self._report.get("keep"),
                 "dropped_messages": self.dropped_messages, "dropped_spans": self.dropped_units,
                 "malformed_messages": self._report.get("malformed", 0)}
 
