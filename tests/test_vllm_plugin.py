@@ -300,7 +300,9 @@ def test_sigterm_mid_load_exports_what_was_sent_and_ends_the_running_requests(
     out, client = sigterm_run
     log = (out / "vllm-server.log").read_text()
     assert "force killing remaining process EngineCore" in log  # (vLLM's own line: the default stop)
-    assert "ended without stopping its exporter process (killed?)" in log
+    # the exporter process says it was orphaned; whether anything held was lost depends on
+    # which signal won (all aborted and their ends sent: it held nothing more)
+    assert "ended without stopping its exporter process" in log
     ours = read_spans([out / "tokentrace.jsonl"])
     requests = {s.attrs["gen_ai.request.id"]: s for s in ours if s.name == "engine_request"}
     assert sorted(requests) == sorted(client["chunks"]), (sorted(requests), client)
@@ -308,6 +310,8 @@ def test_sigterm_mid_load_exports_what_was_sent_and_ends_the_running_requests(
     assert set(ends) <= {("shutdown", ("error",)), (None, ("cancelled",))}, ends
     failed = ends.count(("shutdown", ("error",)))
     assert (f"{failed} vLLM requests still running at shutdown: ended as failed" in log) == (failed > 0), (failed, ends)
+    if failed:  # a request was still running when the kill landed: its later steps were held, lost
+        assert "ended without stopping its exporter process (killed?) while it still held steps" in log
     if failed < len(ends):  # vLLM's engine core aborted them before the kill
         assert "EngineCore: aborting in-flight requests" in log
     for rid, req in requests.items():
