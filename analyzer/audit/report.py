@@ -182,10 +182,7 @@ def audit_report(
         if kind == "prometheus":
             from analyzer.audit.server_histograms import audit_server_histograms
 
-            if individual is not None:
-                raise AuditInputError(f"--individual {individual}: comparing a scrape with the client's records is "
-                                      "not implemented; use --db with the run's traces")
-            return audit_server_histograms(path, None if baseline is None else Path(baseline), con, db)
+            return audit_server_histograms(path, None if baseline is None else Path(baseline), con, db, individual)
         if kind == "claims" or kind == "tokentrace":
             from analyzer.audit.claim_checks import check_claims
             from analyzer.audit.claims_file import read_claims_file, read_tokentrace_artifact
@@ -206,10 +203,7 @@ def audit_report(
         if kind == "aiperf-server-metrics":
             from analyzer.audit.aiperf_server_metrics import audit_aiperf_server_metrics
 
-            if individual is not None:
-                raise AuditInputError(f"--individual {individual}: comparing server histograms with the client's "
-                                      "records is not implemented; use --db with the run's traces")
-            return audit_aiperf_server_metrics(path, read_json(path), con, db)
+            return audit_aiperf_server_metrics(path, read_json(path), con, db, individual)
         if kind == "guidellm":
             from analyzer.audit.guidellm import audit_guidellm
             from analyzer.audit.guidellm_report import read_report_file

@@ -23,7 +23,8 @@ KIND_CHOICES = ["auto", "vllm", "vllm-nightly", "aiperf", "aiperf-server-metrics
                    "suffix and keys.")
 @click.option("--individual", type=click.Path(), default=None, metavar="FILE",
               help="Per-request records: LLMPerf *_individual_responses.json, AIPerf profile_export.jsonl, "
-                   "or the vLLM benchmark JSON behind a nightly table row.")
+                   "or the vLLM benchmark JSON behind a nightly table row; with a /metrics scrape or AIPerf's "
+                   "server-metrics export, AIPerf's profile_export.jsonl (TTFT and E2E against the client's).")
 @db_option(optional="tokentrace DuckDB database: recompute the claimed figures from its traces; for vLLM "
                     "bench and AIPerf reports, join each request to its traced request by id and compare.")
 @click.option("--model-config", type=click.Path(), default=None, metavar="PATH",
@@ -59,6 +60,8 @@ def audit_command(report, kind, individual, db_path, model_config, baseline, out
       # AIPerf's server-metrics export, or two /metrics scrapes, vs traces
       tokentrace audit server_metrics_export.json --db traces.duckdb
       tokentrace audit after.prom --baseline before.prom --db traces.duckdb
+      tokentrace audit after.prom --baseline before.prom \\
+          --individual profile_export.jsonl
     """
     from pathlib import Path
 
