@@ -70,6 +70,7 @@ def test_a_planted_stall_keeps_exactly_the_requests_it_slowed(tmp_path: Path) ->
     provider = setup_tracing("tokentrace-gateway", exporter=["otlp_json"], json_path=path, make_exporters=False,
                              sampler=HeadMarkingSampler(ALWAYS_OFF))
     provider.exporter_env["TOKENTRACE_KEEP_GAP_MS"] = str(KEEP_GAP_MS)
+    provider.exporter_env["TOKENTRACE_KEEP_STEP_RATIO"] = "0"  # engine steps: only those of kept requests' gaps
     forward_spans(provider)
     app = create_app(load_model_handle("tiny"), provider, GatewaySettings(engine="continuous", max_tokens_limit=512))
     engine = app.state.gateway.engine
@@ -131,7 +132,22 @@ def test_a_planted_stall_keeps_exactly_the_requests_it_slowed(tmp_path: Path) ->
             assert detail == set() and chunks == []
     reasons = [gateways[r.response_id]["_attrs"]["tokentrace.sampling.reason"] for r in results]
     decisions = provider.exporter_process.health()["keep"]  # the exporter process's last report
+    steps_written = decisions.pop("engine_steps")
     assert decisions == {**{r: reasons.count(r) for r in set(reasons)}, "forced": 0}, decisions
+    # engine_step spans: exactly the steps that ran during each kept request's 3 largest gaps
+    wanted: set[int] = set()
+    for gw in (g for g in gateways.values() if g["_attrs"]["tokentrace.sampling.reason"] == "gap"):
+        kids = children[gw["spanId"]]
+        first = max((s for s in kids if s["name"] == "prefill"), key=lambda s: int(s["endTimeUnixNano"]))
+        emitted = sorted((int(s["endTimeUnixNano"]), s["_attrs"]["tokentrace.engine.step"])
+                         for s in [first, *(k for k in kids if k["name"] == "decode")])
+        gaps = sorted(((b[0] - a[0], a[1], b[1]) for a, b in zip(emitted, emitted[1:])), reverse=True)[:3]
+        wanted |= {step for _, before, after in gaps for step in range(max(before + 1, after - 63), after + 1)}
+    written = [s for s in spans if s["name"] == "engine_step"]
+    assert sorted(s["_attrs"]["tokentrace.engine.step"] for s in written) == sorted(wanted)
+    assert plant["stalled_step"] in wanted and steps_written == {"sampled": 0, "kept_for_gaps": len(wanted), "lost": 0}
+    roots = {s["spanId"]: s for s in spans if s["name"] == "engine"}
+    assert all(roots[s["parentSpanId"]]["_attrs"]["tokentrace.sampling.reason"] == "gap" for s in written)
     kept = {r.response_id for r in results if gateways[r.response_id]["_attrs"]["tokentrace.sampling.reason"] == "gap"}
     assert kept >= {r.response_id for r in stalled}, "every request the planted stall slowed is kept whole"
     for result in stalled:

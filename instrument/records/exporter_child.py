@@ -75,6 +75,9 @@ def _child_main(sock: socket.socket, control: Control, settings: dict[str, Any])
         counts = [c.as_dict() for c in export_health(provider)]
         stage = getattr(provider, "_tokentrace_keep_stage", None)  # the keep policy's, when one is set
         keep = {**stage.kept, "forced": stage.forced} if stage else None
+        steps = getattr(provider, "_tokentrace_step_keeper", None)  # engine_step spans under the policy
+        if keep is not None and steps is not None:
+            keep["engine_steps"] = steps.counts()
         try:
             control.send({"pid": os.getpid(), "counts": counts, "received": received, "malformed": malformed,
                           "malformed_units": malformed_units,

@@ -24,6 +24,7 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
 from instrument.engines.continuous.spans import EngineTraceWriter, StepRecord, record_run, write_sequence_spans
+from instrument.engines.continuous.step_keeper import StepKeeper, step_ratio_from_env
 from instrument.hf.generate_spans import DecodeSpanPolicy
 from instrument.kv.formula import KVLayout
 from instrument.records import format as fmt
@@ -31,7 +32,7 @@ from instrument.records.keep_stage import EngineFacts, keep_stage_of
 from instrument.otel.span_writer import span_writer_for
 from instrument.otel.tracing import get_tracer
 
-__all__ = ["SpanBuilder", "engine_facts", "layout_meta"]
+__all__ = ["SpanBuilder", "emissions", "engine_facts", "layout_meta"]
 
 
 def layout_meta(layout: KVLayout | None, layout_name: str, bytes_per_block: int, decode_spans: str,
@@ -82,6 +83,13 @@ def engine_facts(seq: _Sequence) -> EngineFacts:
         held_bytes=96 * (len(seq.prefill) + len(seq.decode)))
 
 
+def emissions(seq: _Sequence) -> list[tuple[int, int]]:
+    """(end ns, engine step) of each token the sequence emitted, in order: the first at the end
+    of its first prefill, token k + 1 at the end of its k-th decode step."""
+    first = [(rec.end_ns, rec.step) for rec, _, _, _, recompute in seq.prefill if not recompute]
+    return ([max(first)] if first else []) + [(rec.end_ns, rec.step) for rec in seq.decode]
+
+
 class SpanBuilder:
     """Builds the spans of the continuous engine's step records on ``tracer_provider``."""
 
@@ -91,6 +99,7 @@ class SpanBuilder:
         self.writer = span_writer_for(self.tracer)
         self.stage = keep_stage_of(tracer_provider, self.writer.hand_off)  # None: no keep policy
         self.engine_traces: EngineTraceWriter | None = None
+        self.step_keeper: StepKeeper | None = None  # with a keep policy: the steps' spans follow the requests
         self.layout: KVLayout | None = None
         self.layout_name = ""
         self.bytes_per_block = 0
@@ -111,6 +120,11 @@ class SpanBuilder:
         if self.engine_traces is not None:
             self.engine_traces.close()
         self.engine_traces = EngineTraceWriter(self.tracer, self.writer, int(info["steps_per_trace"]))
+        if self.stage is not None:
+            if self.step_keeper is not None:
+                self.step_keeper.close()
+            self.step_keeper = StepKeeper(self.tracer, self.writer, int(info["steps_per_trace"]), step_ratio_from_env())
+            self.tracer_provider._tokentrace_step_keeper = self.step_keeper  # its counts, in /health
 
     def feed(self, message: bytes | memoryview) -> None:
         """Build the spans one message of these entries finishes (raises ValueError on a
@@ -138,7 +152,9 @@ class SpanBuilder:
             rec = StepRecord(step, start, forward, batch, tokens, prefill_tokens, used, total, block_tokens,
                              waiting, prefill_seqs, cached, end, None if device < 0 else device)
             self._step = rec
-            if self.engine_traces is not None:
+            if self.step_keeper is not None:
+                self.step_keeper.step(rec)
+            elif self.engine_traces is not None:
                 self.engine_traces.step(rec)
         elif kind == fmt.OPEN:
             _, slot, trace_id, span_id, flags, cached, state = entry
@@ -156,15 +172,23 @@ class SpanBuilder:
                                          self.policy)
                 else:  # the keep policy: the spans are written only if the request is kept whole
                     self.stage.engine_ended(seq.request.trace_id, seq.request.span_id, engine_facts(seq),
-                                            functools.partial(write_sequence_spans, self.writer, seq, self.layout,
-                                                              self.layout_name, self.bytes_per_block, self.policy))
+                                            functools.partial(self._write_kept, seq))
         elif kind == fmt.IDLE:
             if self.engine_traces is not None:
                 self.engine_traces.close()
+            if self.step_keeper is not None:
+                self.step_keeper.idle()
         elif kind == fmt.META:
             self._meta(entry[1])
         else:
             raise ValueError(f"continuous engine records: entry kind {kind} is not one of this engine's")
+
+    def _write_kept(self, seq: _Sequence) -> None:
+        """A request the keep policy kept whole: its prefill and decode spans, and the engine
+        steps of its largest gaps."""
+        write_sequence_spans(self.writer, seq, self.layout, self.layout_name, self.bytes_per_block, self.policy)
+        if self.step_keeper is not None:
+            self.step_keeper.keep_gaps(emissions(seq))
 
     @property
     def at_rest(self) -> bool:
@@ -182,3 +206,5 @@ class SpanBuilder:
             self.engine_traces.close()
         if self.stage is not None:
             self.stage.close()
+        if self.step_keeper is not None:
+            self.step_keeper.close()
