@@ -8,7 +8,9 @@
 --   gen_ai.request.id) and client_request_id = the id the client sent (the gateway's
 --   tokentrace.client_request_id = X-Request-ID; vLLM: its request id less 'chatcmpl-'):
 --   what joins a benchmark's per-request records to the traces (tokentrace audit --db);
---   request_id_note says where they came from, or why one is NULL. Formulas: view request_metrics (queries/views/
+--   request_id_note says where they came from, or why one is NULL. sampling_reason: a keep
+--   policy's decision (head: the random sample; a rule: ttft, gap, tpot, e2e, slowest, error,
+--   preempted; summary: not kept whole, its figures from the span's attributes); NULL: no policy. Formulas: view request_metrics (queries/views/
 --   90_request_metrics.sql) and docs/metrics.md.
 -- param: $perspective VARCHAR default NULL -- client, server or engine; NULL = every perspective
 -- param: $trace_id VARCHAR default NULL -- only requests of this trace (32 lowercase hex); NULL = all
@@ -52,6 +54,7 @@ SELECT
     response_id,
     client_request_id,
     request_id_note,
+    sampling_reason,
     null_reason
 FROM request_metrics
 WHERE ($perspective IS NULL OR perspective = $perspective)

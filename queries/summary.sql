@@ -8,7 +8,9 @@
 --   value has NULL statistics and null_reason says so (never 0); the gap metrics (itl_*)
 --   have no row for a perspective without any gap (every counted request has at most one
 --   chunk), and NULL statistics with a reason when gaps exist but none has a value. Per-request values come from view
---   request_metrics, gaps from view request_gap_times.
+--   request_metrics, gaps from view request_gap_times. request_set says which requests a row
+--   counts: 'every request', or for the gap rows under a keep policy the random sample (its
+--   size, and the requests kept for a rule and summarized that are left out: docs/metrics.md).
 --   Prefix cache (engines that report gen_ai.usage.cache_read.input_tokens, e.g. tokentrace's
 --   continuous engine): ttft_ms_prefix_cache_hit / ttft_ms_prefix_cache_miss are the TTFT
 --   distribution over the requests reporting both cached and input tokens (request_metrics'
@@ -27,13 +29,30 @@ WITH req AS (
       AND ($include_unsuccessful OR outcome = 'succeeded')
 ),
 -- the gaps of the counted requests, matched on the integer request_key (view request_keys):
--- request_gap_times holds the gap figures without the request's names
+-- request_gap_times holds the gap figures without the request's names. Under a keep policy
+-- only the random sample's (sampling_reason head): a request kept for a rule is slow by
+-- selection and would bias the distribution; a summarized one has no gaps
 req_keys AS (
     SELECT r.perspective, k.request_key
     FROM req r
     JOIN request_keys k
       ON k.trace_id = r.trace_id AND k.request_span_id = r.request_span_id
      AND k.perspective = r.perspective AND k.source = r.source
+    WHERE r.sampling_reason IS NULL OR r.sampling_reason = 'head'
+),
+-- which requests each figure counts, per perspective: every counted request, except the gap
+-- figures under a keep policy (the random sample only)
+request_sets AS (
+    SELECT perspective,
+           CASE WHEN count(sampling_reason) = 0 THEN 'every request'
+                ELSE 'random sample: ' || CAST(count(*) FILTER (WHERE sampling_reason = 'head') AS VARCHAR)
+                     || ' of ' || CAST(count(*) AS VARCHAR) || ' requests ('
+                     || CAST(count(*) FILTER (WHERE sampling_reason NOT IN ('head', 'summary')) AS VARCHAR)
+                     || ' kept for a rule and '
+                     || CAST(count(*) FILTER (WHERE sampling_reason = 'summary') AS VARCHAR)
+                     || ' summarized left out)' END AS gap_set
+    FROM req
+    GROUP BY perspective
 ),
 metrics (metric_order, metric, unit) AS (
     VALUES (1, 'ttft_ms', 'ms'), (2, 'tpot_ms', 'ms/token'), (3, 'e2e_ms', 'ms'),
@@ -140,9 +159,12 @@ SELECT
     percentiles[4] AS p99,
     max,
     'linear' AS interpolation,
+    CASE WHEN metric_order IN (4, 5) THEN coalesce(s.gap_set, 'every request') ELSE 'every request' END
+        AS request_set,
     CASE WHEN count = 0 AND metric_order = 10
          THEN 'no request reports prefix-cache tokens (gen_ai.usage.cache_read.input_tokens)'
          WHEN count = 0 THEN 'no known value of ' || metric END AS null_reason
 FROM distributions
 JOIN metrics USING (metric_order)
+LEFT JOIN request_sets s USING (perspective)
 ORDER BY metric_order, perspective;

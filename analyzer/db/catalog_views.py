@@ -64,6 +64,8 @@ _FACTS = {
     "response_id": "id the server returned (gen_ai.response.id; vLLM, SGLang: gen_ai.request.id)",
     "client_request_id": "id the client sent (X-Request-ID: tokentrace.client_request_id)",
     "request_id_note": "where response_id and client_request_id came from, or why they are NULL",
+    "sampling_reason": "a keep policy's decision: head (random sample), the rule that kept it, or summary; "
+                       "NULL: no policy",
     "output_tokens_basis": "the attribute or rule output_tokens was read from",
     "null_reason": "why a figure of the row is NULL (every reason, joined by '; '); NULL when none is",
 }
@@ -91,7 +93,8 @@ _METRICS = {
     "physical_kv_mib": "physical_kv_bytes / 2^20, MiB",
     "kv_null_reason": "why a KV figure of the row is NULL (every reason, joined by '; ')",
     **{name: _FACTS[name] for name in (
-        "synthetic", "response_id", "client_request_id", "request_id_note", "output_tokens_basis")},
+        "synthetic", "response_id", "client_request_id", "request_id_note", "sampling_reason",
+        "output_tokens_basis")},
     "null_reason": "why each NULL metric of the row is NULL (every reason, joined by '; '); NULL: none",
 }
 

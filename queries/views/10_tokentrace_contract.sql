@@ -253,6 +253,8 @@ SELECT
                        || '(the request carried no X-Request-ID header)'
                   ELSE 'client_request_id NULL: no gateway span (tokentrace.client_request_id is recorded there)' END
     END AS request_id_note,
+    -- a keep policy's decision (docs/spans.md, "Kept and summarized requests"); NULL: no policy
+    coalesce(sv.attr_str['tokentrace.sampling.reason'], p.attr_str['tokentrace.sampling.reason']) AS sampling_reason,
     CASE
         WHEN p.attr_int['gen_ai.usage.output_tokens'] IS NOT NULL THEN 'gen_ai.usage.output_tokens'
         WHEN p.attr_int['gen_ai.usage.completion_tokens'] IS NOT NULL THEN 'gen_ai.usage.completion_tokens'

@@ -112,6 +112,7 @@ SELECT
         ELSE 'vllm: response_id = gen_ai.request.id; client_request_id = it without its chatcmpl-/cmpl- '
              || 'prefix: the X-Request-Id the client sent, or a random id vLLM made when it sent none'
     END AS request_id_note,
+    CAST(NULL AS VARCHAR) AS sampling_reason,
     v.output_tokens_basis,
     CASE
         WHEN v.ttft_ns IS NULL THEN

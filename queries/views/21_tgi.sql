@@ -192,6 +192,7 @@ SELECT
     CAST(NULL AS VARCHAR) AS response_id,
     CAST(NULL AS VARCHAR) AS client_request_id,
     'tgi: the router spans record no request or response id' AS request_id_note,
+    CAST(NULL AS VARCHAR) AS sampling_reason,
     CASE WHEN r.generations IS NOT NULL THEN 'send_generation spans'
          WHEN r.inference_ns IS NOT NULL AND r.per_token_ns > 0 THEN 'inference_time / time_per_token' END
         AS output_tokens_basis,

@@ -145,6 +145,7 @@ SELECT
     CAST(NULL AS VARCHAR) AS client_request_id,
     'sglang: response_id = gen_ai.request.id (the rid, also the response''s id); client_request_id '
     || 'NULL: SGLang records no client-sent id apart from its rid' AS request_id_note,
+    CAST(NULL AS VARCHAR) AS sampling_reason,
     CASE WHEN r.completion_tokens IS NOT NULL THEN 'gen_ai.usage.completion_tokens'
          WHEN st.decode_traced AND ch.tokens IS NOT NULL THEN '1 + decode_loop slices' END AS output_tokens_basis,
     CASE

@@ -361,6 +361,7 @@ SELECT
                 r.source || ': client_request_id NULL: the server span (' || r.sv_name
                 || ') carries no tokentrace.client_request_id'
         END), '') AS request_id_note,
+    CAST(NULL AS VARCHAR) AS sampling_reason,
     r.output_tokens_basis,
     CASE
         WHEN r.dropped_events_count > 0 THEN

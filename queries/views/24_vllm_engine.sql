@@ -57,7 +57,8 @@ SELECT
     coalesce(e.attr_int['gen_ai.usage.cache_read.input_tokens'], e.attr_int['tokentrace.cached_tokens']) AS cached_tokens,
     e.attr_int['tokentrace.kv.physical_bytes'] AS physical_kv_bytes,
     json_extract_string(e.attr_json['gen_ai.response.finish_reasons'], '$[0]') AS finish_reason,
-    e.attr_str['error.type'] AS error_type
+    e.attr_str['error.type'] AS error_type,
+    e.attr_str['tokentrace.sampling.reason'] AS sampling_reason
 FROM engine e
 LEFT JOIN matched m ON m.engine_span_id = e.span_id AND m.engine_trace_id = e.trace_id
 LEFT JOIN vllm_request_spans l ON l.span_id = m.llm_span_id AND l.trace_id = m.llm_trace_id;
@@ -165,6 +166,7 @@ SELECT
         ELSE 'vllm engine: merged with llm_request by ' || r.merged_by || '; response_id = gen_ai.request.id; '
              || 'client_request_id = it without its chatcmpl-/cmpl- prefix'
     END AS request_id_note,
+    r.sampling_reason,
     'gen_ai.usage.output_tokens (vllm engine: generated tokens, a final stop token included)' AS output_tokens_basis,
     CASE
         WHEN r.dropped_events_count > 0 THEN

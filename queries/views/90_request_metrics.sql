@@ -85,6 +85,7 @@ SELECT
     response_id,
     client_request_id,
     request_id_note,
+    sampling_reason,
     output_tokens_basis,
     -- every reason that applies, joined by '; ' (the adapter's first): a row's NULL metrics
     -- each have theirs here, none hidden behind another; NULL when there is none.

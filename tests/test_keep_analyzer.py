@@ -1,0 +1,86 @@
+"""The analyzer on mixed detail (a keep policy's output): every request counted in the
+per-request figures, from its summary where it has no chunk events; the gap figures over the
+random sample only, said with its size. The spans are made by the real keep stage
+(instrument/records/keep_stage.py) from the contract's requests (tests/trace_fixtures.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+from opentelemetry.sdk.trace import ReadableSpan
+from trace_fixtures import RequestPlan, TraceWorld
+
+from analyzer.db.store import connect, insert_rows
+from analyzer.formats.sdk_spans import rows_from_sdk_spans
+from analyzer.query.runner import run_query
+from instrument.records.keep import KeepPolicy
+from instrument.records.keep_stage import HEAD_ATTRIBUTE, EngineFacts, KeepStage
+
+TOKENS = 20
+#: request -> (its gaps, ms; whether the random sample took it). The policy: a gap over 200 ms
+PLANS = {
+    "sampled": ([25.0] * (TOKENS - 1), True),
+    "stalled": ([25.0] * 9 + [400.0] + [25.0] * 9, False),
+    "quiet_a": ([30.0] * (TOKENS - 1), False),
+    "quiet_b": ([35.0] * (TOKENS - 1), False),
+}
+
+
+def _with_head(span: ReadableSpan, head: bool) -> ReadableSpan:
+    """The gateway span as HeadMarkingSampler leaves it: every request recorded, marked."""
+    return ReadableSpan(span.name, span.context, span.parent, span.resource,
+                        {**(span.attributes or {}), HEAD_ATTRIBUTE: head}, span.events, span.links, span.kind,
+                        status=span.status, start_time=span.start_time, end_time=span.end_time,
+                        instrumentation_scope=span.instrumentation_scope)
+
+
+def mixed_detail_db():
+    """The four requests' spans after the keep stage: the sampled and the stalled one whole,
+    the two quiet ones summarized (their gateway span alone, without chunk events)."""
+    world = TraceWorld()
+    for i, (gaps, _) in enumerate(PLANS.values()):
+        world.add(RequestPlan(start_ms=i * 10_000.0, output_tokens=TOKENS, gaps_ms=gaps))
+    written = list(world.exporter.get_finished_spans())
+    gateways = [s for s in written if s.name == "gateway"]
+    out: list[ReadableSpan] = []
+    stage = KeepStage(KeepPolicy.from_env({"TOKENTRACE_KEEP_GAP_MS": "200"}), out.extend)
+    for gw, (gaps, head) in zip(gateways, PLANS.values()):
+        stage.forwarded(_with_head(gw, head))
+        stage.engine_ended(gw.context.trace_id, gw.context.span_id, EngineFacts(max_gap_ns=int(max(gaps) * 1e6)),
+                           lambda: None)
+    kept = {s.context.span_id for s in out if s.attributes["tokentrace.sampling.reason"] != "summary"}
+    # a summarized request leaves its gateway span alone (its client span, a root, is the client's own)
+    others = [s for s in written if s.name != "gateway" and (s.parent is None or s.parent.span_id in kept)]
+    con = connect(None)
+    insert_rows(con, *rows_from_sdk_spans([*others, *out]))
+    return con, {s.attributes["tokentrace.sampling.reason"] for s in out}
+
+
+def test_every_request_counts_and_the_gaps_only_over_the_random_sample() -> None:
+    con, reasons = mixed_detail_db()
+    assert reasons == {"head", "gap", "summary"}
+    requests = [r for r in run_query(con, "requests", {"perspective": "server"}).dicts()]
+    by_reason: dict[str, int] = {}
+    for r in requests:
+        by_reason[r["sampling_reason"]] = by_reason.get(r["sampling_reason"], 0) + 1
+        assert r["ttft_ms"] is not None and r["e2e_ms"] is not None  # summaries too, from their attributes
+    assert by_reason == {"head": 1, "gap": 1, "summary": 2}
+    rows = {(r["metric"], r["perspective"]): r for r in run_query(con, "summary").dicts()}
+    e2e = rows[("e2e_ms", "server")]
+    assert e2e["count"] == 4 and e2e["request_set"] == "every request"
+    itl = rows[("itl_ms", "server")]
+    sampled_gaps = PLANS["sampled"][0]
+    assert itl["count"] == len(sampled_gaps)  # the stalled request's 400 ms gap is not in it
+    assert itl["max"] == max(sampled_gaps) and itl["p99"] == np.percentile(sampled_gaps, 99)
+    assert itl["request_set"] == "random sample: 1 of 4 requests (1 kept for a rule and 2 summarized left out)"
+    # the client perspective is labelled by its server span's decision
+    assert rows[("itl_ms", "client")]["request_set"] == itl["request_set"]
+
+
+def test_without_a_policy_every_figure_counts_every_request() -> None:
+    world = TraceWorld()
+    for i, (gaps, _) in enumerate(PLANS.values()):
+        world.add(RequestPlan(start_ms=i * 10_000.0, output_tokens=TOKENS, gaps_ms=gaps))
+    con = world.load()
+    rows = {(r["metric"], r["perspective"]): r for r in run_query(con, "summary").dicts()}
+    itl = rows[("itl_ms", "server")]
+    assert itl["count"] == 4 * (TOKENS - 1) and itl["max"] == 400.0 and itl["request_set"] == "every request"
