@@ -138,6 +138,7 @@ totals AS (
         nullif(array_to_string(list_sort(list_distinct(list(output_tokens_basis) FILTER (WHERE tokens_count))), ', '), '')
             AS output_tokens_bases,
         count(*) FILTER (WHERE tokens_count AND visible_chunks = 0 AND output_tokens > 0) AS requests_without_chunks,
+        count(*) FILTER (WHERE sampling_reason = 'summary') AS summarized_requests,
         count(*) FILTER (WHERE source = 'vllm' AND perspective = 'server') AS vllm_own_requests,
         count(*) FILTER (WHERE source = 'vllm' AND perspective = 'engine') AS vllm_plugin_requests,
         count(*) FILTER (WHERE source = 'vllm' AND perspective = 'engine' AND has_vllm_server) AS vllm_plugin_over_own,
@@ -188,7 +189,8 @@ SELECT
                       ELSE 'succeeded' END
               || CASE WHEN t.requests_without_chunks > 0
                       THEN '; ' || CAST(t.requests_without_chunks AS VARCHAR)
-                           || ' counted request(s) with output tokens have no chunk events (vLLM, openai-v2): their tokens are not in this count'
+                           || ' counted request(s) with output tokens have no chunk events (vLLM, openai-v2, or '
+                           || 'summarized by a keep policy): their tokens are not in this count'
                       ELSE '' END
     END AS token_counting_rule,
     CASE WHEN $mode = 'closed_cohort' THEN 'attempted = requests whose start s (s_ns: the arrival, on the clock of its perspective) is in the window'
@@ -217,6 +219,10 @@ SELECT
                  || 'tokentrace''s vLLM plugin (engine_request), which it writes for aborted requests too ('
                  || CAST(t.vllm_plugin_cancelled AS VARCHAR) || ' cancelled here); a request vLLM rejects in '
                  || 'its frontend (a 400) reaches neither its engine nor the plugin'
+            ELSE '' END
+    || CASE WHEN t.summarized_requests > 0
+            THEN '; ' || CAST(t.summarized_requests AS VARCHAR) || ' request(s) summarized by a keep policy '
+                 || '(sampling_reason summary): counted, with their TTFT and E2E from their spans'' attributes'
             ELSE '' END AS request_counting_rule,
     $slo_ttft_ms AS slo_ttft_ms,
     $slo_tpot_ms AS slo_tpot_ms,
