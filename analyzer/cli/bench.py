@@ -96,6 +96,10 @@ def bench_command(url, n_requests, concurrency, rate_per_s, api_key, model, prom
     from instrument.client import SEED_PROMPT, chat_body
 
     _check_load_flags(url, concurrency, rate_per_s)
+    if db_path is not None:  # refused before the run, not after it
+        from analyzer.db.ownership import check_writable
+
+        check_writable(db_path)
     if model is None:
         model = _first_model(url, api_key, timeout_s)
     text = prompt or SEED_PROMPT
