@@ -307,10 +307,11 @@ def _phases_section(con: duckdb.DuckDBPyConnection) -> list[str]:
     if phases is None:
         return []
     rows = phases.dicts()
-    wanted = [c for c in phases.columns if c.endswith("_ms") or c in ("request_span_id", "cross_clock_reason")]
+    ids = ("response_id", "request_span_id")  # the request by what the client got, its span id beside
+    wanted = [c for c in phases.columns if c in ids or c.endswith("_ms") or c == "cross_clock_reason"]
     # a phase no row has (vLLM's own figures beside a gateway's, a gateway's network parts
     # beside vLLM's) is left out, and named: the table stays within a desktop window
-    cols = [c for c in wanted if c == "request_span_id" or any(r.get(c) is not None for r in rows)]
+    cols = [c for c in wanted if c in ids or any(r.get(c) is not None for r in rows)]
     empty = [c for c in wanted if c not in cols]
     left_out = (f" Empty in every row, so not shown: {', '.join(html.escape(label(c)) for c in empty)} "
                 "(<code>tokentrace phases --format csv</code> has every column)." if rows and empty else "")
