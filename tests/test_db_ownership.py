@@ -45,7 +45,8 @@ def _foreign(tmp_path: Path) -> dict[str, tuple[Path, str]]:
                       f"INSERT INTO {SCHEMA_TABLE} VALUES ({SCHEMA_VERSION + 1}, 'tokentrace 9')")
     mixed = _database(tmp_path / "mixed.duckdb", *TABLE_DDL.values(), "CREATE TABLE customers (id INTEGER)")
     return {
-        "shop": (shop, "not a tokentrace database (tables or views tokentrace does not write: big_orders, customers, orders"),
+        "shop": (shop, "not a tokentrace database (tables or views tokentrace does not write: "
+                       "big_orders, customers, orders"),
         "spans": (spans, "not a tokentrace database (a spans table of another shape: no column attr_bool"),
         "newer": (newer, f"a tokentrace database of schema version {SCHEMA_VERSION + 1}, written by a newer "
                          f"tokentrace (this one writes version {SCHEMA_VERSION})"),

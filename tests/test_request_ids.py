@@ -110,7 +110,8 @@ def test_itl_and_stalls_name_each_request_by_its_response_id_in_csv_and_json(db:
     for section in ("gaps", "slowest"):
         rows = stalls[section]
         assert rows and all(r["response_id"] == ids[r["request_span_id"]] for r in rows), section
-        rows_csv = list(csv.DictReader(io.StringIO(_run("stalls", "--db", db, "--section", section, "--format", "csv"))))
+        text = _run("stalls", "--db", db, "--section", section, "--format", "csv")
+        rows_csv = list(csv.DictReader(io.StringIO(text)))
         assert [r["response_id"] for r in rows_csv] == [r["response_id"] for r in rows], section
     shared = [r for r in stalls["slowest"] if r["largest_shared_prefill_request_span_id"]]
     assert shared and all(r["largest_shared_prefill_response_id"] == ids[r["largest_shared_prefill_request_span_id"]]
