@@ -139,8 +139,7 @@ TABLES: dict[str, Entry] = {
     "rejects": Entry("table", "every record or span a load rejected, raw, with its reason code", _REJECTS),
     "tokentrace_schema": Entry(
         "table", "one row: the file is a tokentrace database (analyzer/db/ownership.py), and its layout",
-        {"schema_version": "the layout of spans, span_events, span_links, loads and rejects (1 today); "
-                           "a newer one is not written into",
+        {"schema_version": "the layout of the five tables (1 today); a newer one is not written into",
          "created_by": "the tokentrace that marked the file (e.g. tokentrace 0.1.0)"}),
 }
 
