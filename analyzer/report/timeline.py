@@ -33,9 +33,10 @@ STALLS_SHOWN = 5
 Table = Callable[[Sequence[Mapping[str, Any]], Sequence[str]], str]
 
 #: the columns of the slowest-gaps table (labels: analyzer/report/labels.py)
-STALL_COLUMNS = ["gap", "response_id", "request_span_id", "token_index", "itl_ms", "step", "batch_size",
-                 "shared_decode_sequences", "shared_prefill_sequences", "shared_prefill_tokens", "untraced_sequences",
-                 "waiting", "kv_blocks_used"]
+#: (response_id: the request by what the client got, its span id in the cell's tooltip)
+STALL_COLUMNS = ["gap", "response_id", "token_index", "itl_ms", "step", "batch_size", "shared_decode_sequences",
+                 "shared_prefill_sequences", "shared_prefill_tokens", "untraced_sequences", "waiting",
+                 "kv_blocks_used"]
 
 
 def pick_lanes(lanes: Sequence[Lane], n: int) -> list[Lane]:
