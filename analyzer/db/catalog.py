@@ -6,9 +6,10 @@ names a column that does not exist. docs/tables.md and docs/metrics.md explain t
 length.
 
 Public objects: the five tables every input is loaded into (this module; defined in
-analyzer/db/schema.py), the marker table of analyzer/db/ownership.py, and the views people query with ``tokentrace sql``
-(analyzer/db/catalog_views.py; defined in queries/views/). The adapters' own views
-(``tt_*``, ``vllm_*``, ...) and the runner's helpers are internal and not described.
+analyzer/db/schema.py), the marker table of analyzer/db/ownership.py, and the views people
+query with ``tokentrace sql`` (analyzer/db/catalog_views.py; defined in queries/views/). The
+adapters' own views (``tt_*``, ``vllm_*``, ...) and the runner's helpers are internal and
+not described.
 Plain ASCII text: it is printed as it is on any terminal.
 """
 

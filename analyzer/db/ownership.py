@@ -27,13 +27,13 @@ import duckdb
 
 from analyzer.db.dbfile import check_database_path
 from analyzer.db.schema import DEDICATED_COLUMNS, TABLE_DDL
+from analyzer.db.views.state import DERIVED_SCHEMA
 from analyzer.errors import DatabaseFileError
 
 __all__ = ["SCHEMA_TABLE", "SCHEMA_VERSION", "check_owned", "check_writable", "write_marker"]
 
 SCHEMA_TABLE = "tokentrace_schema"
 SCHEMA_VERSION = 1  # the canonical tables as schema.TABLE_DDL creates them
-DERIVED_SCHEMA = "tokentrace_derived"  # analyzer.db.views.state.DERIVED_SCHEMA, without importing the views
 _REQUIRED = ("spans", "loads")
 _NAMED_AT_MOST = 5
 _REFUSAL_TAIL = "; left untouched (tokentrace writes only into a new file or a database it created: give another --db)"
