@@ -91,6 +91,10 @@ def load(paths: tuple[str, ...], db_path: str, lenient: bool, input_format: str,
     --allow-empty. Without PATH, only (re)builds the derived tables (after a --no-derive
     load, or a database written by another tool).
 
+    --db is a new file or a database tokentrace created (its tokentrace_schema table); any
+    other DuckDB database is refused before anything is written, the file untouched. A first
+    load that fails (an empty, truncated or unreadable input) leaves no file behind.
+
     \b
     Example:
       tokentrace load otel-traces.jsonl --db traces.duckdb
