@@ -10,27 +10,41 @@
 -- param: $request_key_from BIGINT default NULL -- only request_key >= this (view request_keys); NULL = no bound
 -- param: $request_key_to BIGINT default NULL -- only request_key <= this; NULL = no bound. The library
 --   streams a large result range by range with these two (analyzer.query.runner.stream_query).
+--   response_id: the id the client got (gen_ai.response.id, chatcmpl-...), the request's in
+--   every perspective (as in requests.sql); NULL when no span of the request carries one.
 -- units: *_ns nanoseconds since the Unix epoch on the perspective's clock; itl_ms and
 --   itl_per_token_ms milliseconds; chunk_tokens tokens.
+WITH response_ids AS (
+    -- one row per request perspective of this range, by its integer key: the gaps take their
+    -- response_id by request_key, so the per-gap join and sort stay on integers
+    SELECT k.request_key, max(m.response_id) AS response_id
+    FROM request_keys k
+    JOIN request_metrics m ON m.trace_id = k.trace_id AND m.request_span_id = k.request_span_id
+    WHERE ($request_key_from IS NULL OR k.request_key >= $request_key_from)
+      AND ($request_key_to IS NULL OR k.request_key <= $request_key_to)
+    GROUP BY k.request_key
+)
 SELECT
-    source,
-    perspective,
-    trace_id,
-    request_span_id,
-    gap_index,
-    chunk_index,
-    prev_time_ns,
-    time_ns,
-    chunk_tokens,
-    itl_ms,
-    itl_per_token_ms,
-    null_reason
-FROM request_gaps
-WHERE ($perspective IS NULL OR perspective = $perspective)
-  AND ($trace_id IS NULL OR trace_id = $trace_id)
-  AND ($request_span_id IS NULL OR request_span_id = $request_span_id)
-  AND ($request_key_from IS NULL OR request_key >= $request_key_from)
-  AND ($request_key_to IS NULL OR request_key <= $request_key_to)
+    g.source,
+    g.perspective,
+    g.trace_id,
+    g.request_span_id,
+    r.response_id,
+    g.gap_index,
+    g.chunk_index,
+    g.prev_time_ns,
+    g.time_ns,
+    g.chunk_tokens,
+    g.itl_ms,
+    g.itl_per_token_ms,
+    g.null_reason
+FROM request_gaps g
+LEFT JOIN response_ids r ON r.request_key = g.request_key
+WHERE ($perspective IS NULL OR g.perspective = $perspective)
+  AND ($trace_id IS NULL OR g.trace_id = $trace_id)
+  AND ($request_span_id IS NULL OR g.request_span_id = $request_span_id)
+  AND ($request_key_from IS NULL OR g.request_key >= $request_key_from)
+  AND ($request_key_to IS NULL OR g.request_key <= $request_key_to)
 -- request_key numbers (trace_id, request_span_id, perspective) in that order (view request_keys):
 -- the same row order as sorting on the three strings, at the cost of one integer.
-ORDER BY request_key, gap_index;
+ORDER BY g.request_key, g.gap_index;

@@ -15,32 +15,52 @@
 -- param: $trace_id VARCHAR default NULL -- only requests of this trace (32 lowercase hex); NULL = all
 -- param: $request_span_ids VARCHAR[] default NULL -- only the request whose span is one of these (--request gives every span id of the request's perspectives); NULL = all
 -- param: $clock_domain VARCHAR default NULL -- only gaps of this clock domain (the engine's); NULL = all
+--   response_id: the id the client got (gen_ai.response.id, chatcmpl-...), as in requests.sql;
+--   NULL when no span of the request carries one.
 -- units: *_ns nanoseconds since the Unix epoch on the engine's clock; *_ms milliseconds;
 --   token_index and decode_step counts (token n = k + 1 comes from decode step k); step an
 --   engine step id; batch_size and waiting sequences; *_tokens tokens; kv_blocks_* KV blocks.
+WITH response_ids AS (
+    -- the id the client got (gen_ai.response.id, chatcmpl-...) by every span id that names the
+    -- request (its request_span_id and each perspective's span: request_span_id here is the span
+    -- that holds the decode spans, the plugin's engine_request where vLLM's llm_request is the
+    -- request's), as analyzer/query/request_ids.py resolves --request. By span id alone: the
+    -- plugin's engine_request may sit in a trace of its own, merged with vLLM's by request id.
+    SELECT span_id, max(response_id) AS response_id
+    FROM (
+        SELECT unnest(span_ids) AS span_id, response_id
+        FROM (SELECT max(response_id) AS response_id,
+                     list_distinct(list(perspective_span_id) || [request_span_id]) AS span_ids
+              FROM request_metrics
+              GROUP BY trace_id, request_span_id)
+    )
+    GROUP BY span_id
+)
 SELECT
-    trace_id,
-    request_span_id,
-    clock_domain,
-    token_index,
-    decode_step,
-    prev_emit_ns,
-    emit_ns,
-    itl_ms,
-    step,
-    steps_in_gap,
-    between_steps_ms,
-    step_ms,
-    batch_size,
-    scheduled_tokens,
-    prefill_tokens,
-    prefill_tokens_bucket,
-    waiting,
-    kv_blocks_used,
-    kv_blocks_total,
-    null_reason
-FROM request_step_gaps
-WHERE ($trace_id IS NULL OR trace_id = $trace_id)
-  AND ($request_span_ids IS NULL OR list_contains($request_span_ids, request_span_id))
-  AND ($clock_domain IS NULL OR clock_domain = $clock_domain)
-ORDER BY trace_id, request_span_id, token_index;
+    g.trace_id,
+    g.request_span_id,
+    r.response_id,
+    g.clock_domain,
+    g.token_index,
+    g.decode_step,
+    g.prev_emit_ns,
+    g.emit_ns,
+    g.itl_ms,
+    g.step,
+    g.steps_in_gap,
+    g.between_steps_ms,
+    g.step_ms,
+    g.batch_size,
+    g.scheduled_tokens,
+    g.prefill_tokens,
+    g.prefill_tokens_bucket,
+    g.waiting,
+    g.kv_blocks_used,
+    g.kv_blocks_total,
+    g.null_reason
+FROM request_step_gaps g
+LEFT JOIN response_ids r ON r.span_id = g.request_span_id
+WHERE ($trace_id IS NULL OR g.trace_id = $trace_id)
+  AND ($request_span_ids IS NULL OR list_contains($request_span_ids, g.request_span_id))
+  AND ($clock_domain IS NULL OR g.clock_domain = $clock_domain)
+ORDER BY g.trace_id, g.request_span_id, g.token_index;

@@ -16,7 +16,26 @@
 -- units: *_ms milliseconds; *_tokens tokens; batch_size, waiting, shared_* and
 --   untraced_sequences sequences (shared_prefill_tokens, largest_shared_prefill_tokens
 --   tokens); shared_prefill_request_span_ids a comma-separated list of span ids.
-WITH ranked AS (
+--   response_id / largest_shared_prefill_response_id: the id the client got of the request and
+--   of the largest co-scheduled prefill's request (gen_ai.response.id, as in requests.sql);
+--   NULL when no span of that request carries one.
+WITH response_ids AS (
+    -- the id the client got (gen_ai.response.id, chatcmpl-...) by every span id that names the
+    -- request (its request_span_id and each perspective's span: request_span_id here is the span
+    -- that holds the decode spans, the plugin's engine_request where vLLM's llm_request is the
+    -- request's), as analyzer/query/request_ids.py resolves --request. By span id alone: the
+    -- plugin's engine_request may sit in a trace of its own, merged with vLLM's by request id.
+    SELECT span_id, max(response_id) AS response_id
+    FROM (
+        SELECT unnest(span_ids) AS span_id, response_id
+        FROM (SELECT max(response_id) AS response_id,
+                     list_distinct(list(perspective_span_id) || [request_span_id]) AS span_ids
+              FROM request_metrics
+              GROUP BY trace_id, request_span_id)
+    )
+    GROUP BY span_id
+),
+ranked AS (
     SELECT g.*,
            row_number() OVER (PARTITION BY g.trace_id, g.request_span_id ORDER BY g.itl_ms DESC, g.token_index) AS gap_rank
     FROM request_step_gaps g
@@ -50,6 +69,7 @@ shared AS (
 SELECT
     t.trace_id,
     t.request_span_id,
+    r.response_id,
     t.gap_rank,
     t.token_index,
     t.itl_ms,
@@ -69,6 +89,7 @@ SELECT
     CASE WHEN t.batch_size IS NOT NULL THEN coalesce(s.shared_prefill_sequences, 0) END AS shared_prefill_sequences,
     CASE WHEN t.batch_size IS NOT NULL THEN coalesce(s.shared_prefill_tokens, 0) END AS shared_prefill_tokens,
     s.largest_shared_prefill_request_span_id,
+    lp.response_id AS largest_shared_prefill_response_id,
     s.largest_shared_prefill_tokens,
     CASE WHEN t.batch_size IS NOT NULL THEN coalesce(s.shared_prefill_request_span_ids, '') END
         AS shared_prefill_request_span_ids,
@@ -78,4 +99,6 @@ SELECT
 FROM slowest t
 LEFT JOIN shared s
   ON s.trace_id = t.trace_id AND s.request_span_id = t.request_span_id AND s.token_index = t.token_index
+LEFT JOIN response_ids r ON r.span_id = t.request_span_id
+LEFT JOIN response_ids lp ON lp.span_id = s.largest_shared_prefill_request_span_id
 ORDER BY t.trace_id, t.request_span_id, t.gap_rank;

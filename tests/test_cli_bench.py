@@ -351,8 +351,11 @@ def test_bench_prints_the_response_and_client_request_ids_requests_shows(runner,
     gateway = {s.attributes["tokentrace.client_request_id"]: s.attributes["gen_ai.response.id"]
                for s in exporter.get_finished_spans() if s.name == "gateway"}
     assert sorted(gateway) == ["run7-0", "run7-1", "run7-2"]
+    lines = ids_table.strip("\n").split("\n\n")[0].splitlines()
+    assert lines[0].split() == ["response_id", "client_request_id", "request_span_id"], ids_table
+    assert max(len(line) for line in lines) <= 80 and "trace_id" in lines[-1], ids_table  # named, not shown at 80
     for client_id, response_id in gateway.items():  # the gateway's own ids, one table row each
-        assert re.search(rf"\b[0-9a-f]{{8}}\s+{response_id}\s+{client_id}\s*$", ids_table, re.M), ids_table
+        assert re.search(rf"^{response_id}\s+{client_id}\s+[0-9a-f]{{16}}\s*$", ids_table, re.M), ids_table
     con = connect(str(db))
     try:
         insert_rows(con, *rows_from_sdk_spans(exporter.get_finished_spans()))

@@ -5,6 +5,7 @@ On the real capture of vLLM 0.32 with tokentrace's plugin (tests/data/real)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,65 @@ def test_shared_ids_fall_back_to_the_span_id_and_name_no_single_request() -> Non
     assert resolve_request(rows, "x-2")["trace_id"] == "t2"
     with pytest.raises(RequestIdError, match="'r' names 2 requests"):
         resolve_request(rows, "r")
+
+
+def _response_ids(db: str) -> dict[str, str]:
+    """Every span id of a request (its request_span_id and each perspective's) -> the response
+    id requests.sql gives it: what the client got."""
+    from analyzer.db.source import open_source
+    from analyzer.query.request_ids import request_id_rows
+    from analyzer.query.runner import install_views
+
+    con = open_source(db=db)
+    try:
+        install_views(con)
+        return {span: r["response_id"] for r in request_id_rows(con) for span in r["span_ids"]}
+    finally:
+        con.close()
+
+
+def test_itl_and_stalls_name_each_request_by_its_response_id_in_csv_and_json(db: str) -> None:
+    import csv
+    import io
+
+    ids = _response_ids(db)
+    assert ids[SPAN] == ids[ENGINE_SPAN] == "chatcmpl-tt-plugin-2" and len(set(ids.values())) == 10
+    gaps = json.loads(_run("itl", "--db", db, "--format", "json"))
+    assert len(gaps) > 20 and all(g["response_id"] == ids[g["request_span_id"]] for g in gaps)
+    itl_csv = list(csv.DictReader(io.StringIO(_run("itl", "--db", db, "--format", "csv"))))
+    assert [(r["request_span_id"], r["response_id"]) for r in itl_csv] == [
+        (g["request_span_id"], g["response_id"]) for g in gaps]
+    assert list(itl_csv[0])[2:5] == ["trace_id", "request_span_id", "response_id"]
+    stalls = json.loads(_run("stalls", "--db", db, "--format", "json"))
+    for section in ("gaps", "slowest"):
+        rows = stalls[section]
+        assert rows and all(r["response_id"] == ids[r["request_span_id"]] for r in rows), section
+        text = _run("stalls", "--db", db, "--section", section, "--format", "csv")
+        rows_csv = list(csv.DictReader(io.StringIO(text)))
+        assert [r["response_id"] for r in rows_csv] == [r["response_id"] for r in rows], section
+    shared = [r for r in stalls["slowest"] if r["largest_shared_prefill_request_span_id"]]
+    assert shared and all(r["largest_shared_prefill_response_id"] == ids[r["largest_shared_prefill_request_span_id"]]
+                          for r in shared)
+    assert "response_id" not in stalls["groups"][0]  # a group names no request
+
+
+def test_stalls_csv_without_a_section_asks_for_one(db: str) -> None:
+    for extra in ([], ["--section", "gaps", "--section", "slowest"]):
+        result = CliRunner().invoke(cli, ["stalls", "--db", db, "--format", "csv", *extra])
+        assert result.exit_code == 1 and result.stdout == "", result.output
+        assert result.stderr == ("Error: --format csv writes one table per file: give one --section "
+                                 "(gaps, groups or slowest); --format json holds every section\n"), result.stderr
+
+
+def test_the_report_tables_name_requests_by_response_id(db: str, tmp_path: Path) -> None:
+    page = tmp_path / "r.html"
+    _run("report", "--db", db, "--html", str(page))
+    text = page.read_text()
+    phases = text[text.index(">TTFT phase breakdown<"):]
+    phases = phases[:phases.index("</table>")]
+    assert '<th class="l" title="response_id">' in phases and 'title="request_span_id">' not in phases
+    assert f'<td class="l" title="request_span_id {SPAN}">chatcmpl-tt-plugin-2</td>' in phases, phases[:3000]
+    timeline = text[text.index(">Timeline<"):text.index(">TTFT phase breakdown<")]
+    stall_table = timeline[timeline.rindex("<table>"):]
+    assert '<th class="l" title="response_id">' in stall_table
+    assert re.search(r'<td class="l" title="request_span_id [0-9a-f]{16}">chatcmpl-tt-plugin-\d</td>', stall_table)

@@ -13,6 +13,7 @@ import click
 from analyzer.cli._query_verb import merge_params, open_from_flags, query_rows, with_request_ids
 from analyzer.cli._human import terminal_width, wrap_note
 from analyzer.cli.options import emit_rows, to_jsonable
+from analyzer.errors import UserError
 
 if TYPE_CHECKING:
     from analyzer.cli._table_cut import TableCut
@@ -41,10 +42,17 @@ def run_sections(
     table_order: Sequence[str] | None = None,
 ) -> None:
     """Run ``sections`` (name -> (query, flags)) that ``chosen`` names (none: all, in order) on
-    one connection and print them: a table or csv block per section under its name, or one
-    JSON object keyed by section name (plus ``notes``). Parameters are checked before any
+    one connection and print them: a table per section under its name, the one section's csv,
+    or one JSON object keyed by section name (plus ``notes``). Parameters are checked before any
     query runs. The table format prints the sections in ``table_order`` (the answer first)
-    and cuts those ``cuts`` names (analyzer/cli/_table_cut.py); csv and json are complete."""
+    and cuts those ``cuts`` names (analyzer/cli/_table_cut.py); csv and json are complete.
+    csv is one table per file: exactly one section (a UserError naming them otherwise, before
+    any query), written as plain csv (no ``# name`` line)."""
+    picked = list(dict.fromkeys(chosen))
+    if output_format == "csv" and len(picked) != 1:
+        names = list(sections)
+        raise UserError(f"--format csv writes one table per file: give one --section "
+                        f"({', '.join(names[:-1])} or {names[-1]}); --format json holds every section")
     order = list(table_order) if output_format == "table" and table_order else list(sections)
     names = [name for name in order if not chosen or name in chosen]
     bound = {name: merge_params(sections[name][0], sections[name][1], ()) for name in names}
@@ -75,5 +83,4 @@ def run_sections(
                 for line in wrap_note(text, terminal_width()):
                     click.echo(line)
             continue
-        click.echo(f"# {name}")
         emit_rows(result.columns, result.rows, output_format, notes=notes if last else ())

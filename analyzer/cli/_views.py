@@ -44,6 +44,13 @@ def request_id(row: Mapping[str, Any]) -> Any:
     return row.get("response_id") or row.get("client_request_id") or row.get("request_span_id")
 
 
+def _shown_id(row: Mapping[str, Any]) -> Any:
+    """The id a gap's row shows for its request: the one every verb shows (``request_id``, set
+    for the table by analyzer/cli/_query_verb.py ``with_request_ids``), else its response id,
+    else its span id."""
+    return row.get("request_id") or row.get("response_id") or row.get("request_span_id")
+
+
 def _unique_request_ids(rows: list[dict[str, Any]]) -> list[str]:
     """Set ``_request_id`` of each requests row: :func:`request_id`, or the span id where that
     id is shared by several requests (a fixed response id, a reused X-Request-ID)."""
@@ -101,7 +108,7 @@ _REQUESTS = View((
 ), group_by="perspective", group_title=_perspective_title("request"), prepare=_unique_request_ids)
 
 _ITL = View((
-    Col("request_id", "request id", cut=True, value=lambda r: r.get("request_id") or r.get("request_span_id")),
+    Col("response_id", "request id", cut=True, value=_shown_id),
     Col("gap_index", "gap", "#", kind="count"),
     Col("time_ns", "chunk at", "UTC", kind="utc", rank=2),
     Col("chunk_tokens", "chunk", "tok", kind="count"),
@@ -275,7 +282,7 @@ _STEPS_SUMMARY = View((
 ))
 
 _STALLS = View((
-    Col("request_id", "request id", cut=True, value=lambda r: r.get("request_id") or r.get("request_span_id")),
+    Col("response_id", "request id", cut=True, value=_shown_id),
     Col("token_index", "token", "#", kind="count"),
     Col("itl_ms", "ITL", "ms", kind="ms"),
     Col("step", "step", kind="count"),
@@ -302,7 +309,7 @@ _STALLS_GROUPS = View((
 ))
 
 _STALLS_SLOWEST = View((
-    Col("request_id", "request id", cut=True, value=lambda r: r.get("request_id") or r.get("request_span_id")),
+    Col("response_id", "request id", cut=True, value=_shown_id),
     Col("gap_rank", "rank", kind="count"),
     Col("token_index", "token", "#", kind="count"),
     Col("itl_ms", "ITL", "ms", kind="ms"),
@@ -310,7 +317,8 @@ _STALLS_SLOWEST = View((
     Col("batch_size", "batch", "seq", kind="count"),
     Col("shared_prefill_tokens", "prefill", "tok", kind="count"),
     Col("largest_shared_prefill_request_span_id", "largest prefill", "request", rank=1, cut=True,
-        value=lambda r: r.get("largest_shared_prefill_request_id") or r.get("largest_shared_prefill_request_span_id")),
+        value=lambda r: (r.get("largest_shared_prefill_request_id") or r.get("largest_shared_prefill_response_id")
+                         or r.get("largest_shared_prefill_request_span_id"))),
     Col("null_reason", "why empty", rank=2, cut=True, fill=True),
 ))
 

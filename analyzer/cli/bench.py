@@ -96,6 +96,10 @@ def bench_command(url, n_requests, concurrency, rate_per_s, api_key, model, prom
     from instrument.client import SEED_PROMPT, chat_body
 
     _check_load_flags(url, concurrency, rate_per_s)
+    if db_path is not None:  # refused before the run, not after it
+        from analyzer.db.ownership import check_writable
+
+        check_writable(db_path)
     if model is None:
         model = _first_model(url, api_key, timeout_s)
     text = prompt or SEED_PROMPT
@@ -270,15 +274,20 @@ def _say_where_the_spans_are(say: Callable[[str], None], otlp_json: str | None, 
 
 
 def _print_per_request(con) -> None:  # noqa: ANN001
-    """--per-request: every request's row, the window table and each request's ids."""
+    """--per-request: every request's row, the window table and each request's ids, under
+    requests.sql's column names (what joins them to its csv/json and to itl's and stalls'):
+    response_id, client_request_id, request_span_id and trace_id, the last left out (and
+    named) where the terminal is too narrow for it."""
+    from analyzer.cli._human import Col, View, render, terminal_width
     from analyzer.cli.demo import print_query_results
-    from analyzer.cli.options import emit_rows
     from analyzer.verbs.demo import summary_queries
 
     results_by_query = summary_queries(con, perspective="client", skew=False)
     print_query_results(results_by_query)
     requests_result = results_by_query["requests"]
-    keep = [requests_result.columns.index(c) for c in ("request", "response_id", "client_request_id")]
+    ids = View(tuple(Col(name, name, rank=1 if name == "trace_id" else 0, cut=name != "request_span_id")
+                     for name in ("response_id", "client_request_id", "request_span_id", "trace_id")))
     click.echo("\nRequest ids (queries/requests.sql; X-Request-ID = client_request_id)")
-    emit_rows([requests_result.columns[i] for i in keep],
-              [tuple(row[i] for i in keep) for row in requests_result.rows], "table")
+    for line in render(ids, requests_result.columns, requests_result.rows, width=terminal_width(),
+                       columns_flag=False):
+        click.echo(line)

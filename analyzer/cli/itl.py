@@ -29,7 +29,9 @@ def itl_command(db_path, parquet_dir, engine, perspective, trace_id, request, ou
     itl_ms is the gap before a chunk; itl_per_token_ms divides it by that chunk's tokens
     (they differ under speculative decoding or per-word flushing). A request with O
     one-token chunks has O - 1 gaps. Gaps of a span that dropped events are empty with a
-    reason. Units: milliseconds; *_ns nanoseconds since the epoch. With --format csv or
+    reason. Each gap names its request by response_id (what the client got, chatcmpl-...)
+    beside trace_id and request_span_id. Units: milliseconds; *_ns nanoseconds since the
+    epoch. With --format csv or
     json every gap is written, computed one range of requests at a time (~150 rows per
     request never sit in memory whole). The table (the default) leads with the answer:
     the 20 largest gaps (--limit N), with a line saying how many were left out; --all

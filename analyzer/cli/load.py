@@ -91,6 +91,10 @@ def load(paths: tuple[str, ...], db_path: str, lenient: bool, input_format: str,
     --allow-empty. Without PATH, only (re)builds the derived tables (after a --no-derive
     load, or a database written by another tool).
 
+    --db is a new file or a database tokentrace created (its tokentrace_schema table); any
+    other DuckDB database is refused before anything is written, the file untouched. A first
+    load that fails (an empty, truncated or unreadable input) leaves no file behind.
+
     \b
     Example:
       tokentrace load otel-traces.jsonl --db traces.duckdb
@@ -121,6 +125,7 @@ def load(paths: tuple[str, ...], db_path: str, lenient: bool, input_format: str,
         raise UserError(str(e), hint=e.hint) from None
     created = not Path(db_path).exists()
     con = connect(db_path)
+    succeeded = False
     try:
         try:
             if bar is not None:
@@ -129,17 +134,21 @@ def load(paths: tuple[str, ...], db_path: str, lenient: bool, input_format: str,
             else:
                 report = load_paths(con, list(paths), lenient=lenient, input_format=input_format)
         except LoadError as e:
-            _fail_load(e, con, db_path, created=created, quiet=quiet, no_derive=no_derive)
+            _fail_load(e, con, db_path, quiet=quiet, no_derive=no_derive)
         if not quiet:
             _print_report(report, reasons_summary)
         _say_unreadable_tails(con, report)
         empty = [f.file for f in report.files if f.spans_read == 0]
         for name in empty:
             click.echo(f"warning: {name}: no spans in it (an empty file, or traces with no spans)", err=True)
-        if not no_derive:
+        nothing_kept = created and len(empty) == len(report.files)
+        if not no_derive and not (nothing_kept and not allow_empty):  # a database about to be removed
             _derive(con, db_path, quiet)
+        succeeded = not (empty and not allow_empty)
     finally:
         con.close()
+        if created and not succeeded:  # a failed first load leaves no empty database (nor its .wal) behind
+            _remove_if_empty(db_path)
     if empty and not allow_empty:
         raise UserError(f"{len(empty)} of {len(report.files)} inputs gave no spans ({', '.join(empty[:3])}"
                         f"{f' and {len(empty) - 3} more' if len(empty) > 3 else ''})"
@@ -165,18 +174,16 @@ def _derive_only(db_path: str, no_derive: bool, quiet: bool) -> None:
         con.close()
 
 
-def _fail_load(e, con, db_path: str, *, created: bool, quiet: bool, no_derive: bool) -> NoReturn:  # noqa: ANN001
+def _fail_load(e, con, db_path: str, *, quiet: bool, no_derive: bool) -> NoReturn:  # noqa: ANN001
     """A load that stopped on a bad file: report and derive what the files before it committed,
-    close ``con``, remove a database this load created and kept nothing in, and raise the error."""
+    close ``con`` and raise the error."""
     from analyzer.formats.load import LoadReport, reasons_summary
 
     if e.committed and not quiet:
         _print_report(LoadReport(e.load_id or 0, e.committed), reasons_summary, total=False)
     if e.committed and not no_derive:
         _derive(con, db_path, quiet=True)
-    con.close()
-    if created:
-        _remove_if_empty(db_path)
+    con.close()  # the caller removes a database this load created and kept nothing in
     raise UserError(str(e) + _what_stayed(e, db_path), hint=_report_hint(e) or e.hint) from None
 
 

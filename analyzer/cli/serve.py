@@ -115,7 +115,8 @@ def serve_command(model_spec, host, port, api_keys, max_body_bytes, max_tokens_l
     """Serve /v1/chat/completions and /v1/completions (streaming or not), /v1/models and /health,
     with a traced `gateway` SERVER span per request.
 
-    Spans go to --otlp-json and, when OTEL_EXPORTER_OTLP_ENDPOINT is set, over OTLP. One JSON
+    Spans go to --otlp-json and, when OTEL_EXPORTER_OTLP_ENDPOINT is set, over OTLP; with
+    neither, one line at start says they go nowhere. One JSON
     log line per request on stderr (id, tokens, queue wait, status). GET /metrics serves
     Prometheus text (GenAI semconv TTFT / TPOT / duration histograms, queue, KV, prefix
     cache, preemptions); OTEL_METRICS_EXPORTER=otlp (or OTEL_EXPORTER_OTLP_ENDPOINT) also

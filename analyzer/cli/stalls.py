@@ -43,14 +43,17 @@ def stalls_command(db_path, parquet_dir, engine, trace_id, request, clock_domain
 
     The table (the default) leads with the answer: slowest, then groups, then gaps; slowest
     and gaps show their 20 largest gaps (--limit N, or --all for every row in order) with a
-    line saying how many were left out. csv and json hold every row, sections in the order
-    gaps, groups, slowest.
+    line saying how many were left out. json holds every row of every section (gaps, groups,
+    slowest); csv is one table per file: give one --section. Each gap row and slowest row
+    names its request by response_id (what the client got, chatcmpl-...) beside trace_id and
+    request_span_id.
 
     \b
     Example:
       tokentrace stalls --db traces.duckdb --section groups
       tokentrace stalls --db traces.duckdb --section slowest --per-request 5 \\
           --format json
+      tokentrace stalls --db traces.duckdb --section gaps --format csv > gaps.csv
     """
     common = {**request_flags(db_path, parquet_dir, request, check_trace_id(trace_id), span_list=True),
               "clock_domain": clock_domain}

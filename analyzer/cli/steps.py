@@ -38,6 +38,7 @@ def steps_command(db_path, parquet_dir, engine, clock_domain, min_fit_steps, min
     fixed_ms are empty and null_reason says "fit does not hold" (fit_r2 stays). Traces from
     `--engine sequential` have no steps: their rows are empty with a reason, never zeros.
     Units: milliseconds, tokens, sequences, KV blocks; *_ns nanoseconds since the epoch.
+    json holds both sections; csv is one table per file: give one --section.
 
     \b
     Example:

@@ -6,9 +6,10 @@ names a column that does not exist. docs/tables.md and docs/metrics.md explain t
 length.
 
 Public objects: the five tables every input is loaded into (this module; defined in
-analyzer/db/schema.py) and the views people query with ``tokentrace sql``
-(analyzer/db/catalog_views.py; defined in queries/views/). The adapters' own views
-(``tt_*``, ``vllm_*``, ...) and the runner's helpers are internal and not described.
+analyzer/db/schema.py), the marker table of analyzer/db/ownership.py, and the views people
+query with ``tokentrace sql`` (analyzer/db/catalog_views.py; defined in queries/views/). The
+adapters' own views (``tt_*``, ``vllm_*``, ...) and the runner's helpers are internal and
+not described.
 Plain ASCII text: it is printed as it is on any terminal.
 """
 
@@ -137,6 +138,10 @@ TABLES: dict[str, Entry] = {
     "loads": Entry("table", "one row per input file per tokentrace load: read, loaded, duplicate, rejected",
                    _LOADS),
     "rejects": Entry("table", "every record or span a load rejected, raw, with its reason code", _REJECTS),
+    "tokentrace_schema": Entry(
+        "table", "one row: the file is a tokentrace database (analyzer/db/ownership.py), and its layout",
+        {"schema_version": "the layout of the five tables (1 today); a newer one is not written into",
+         "created_by": "the tokentrace that marked the file (e.g. tokentrace 0.1.0)"}),
 }
 
 #: Every public table and view: the tables, then the views (analyzer/db/catalog_views.py).

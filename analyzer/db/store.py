@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import duckdb
 
 from analyzer.db.dbfile import check_database_path
+from analyzer.db.ownership import check_writable, write_marker
 from analyzer.errors import DatabaseFileError, TokentraceError, duckdb_message
 from analyzer.db.schema import DEDICATED_COLUMNS, arrow_schema, create_tables
 
@@ -75,10 +76,16 @@ def connect(path: str | Path | None = None, read_only: bool = False) -> duckdb.D
     (:func:`analyzer.db.dbfile.check_database_path`): a path that exists and is not a DuckDB
     database, an empty file, a missing folder, or (``read_only``) a missing file raises
     :class:`~analyzer.db.dbfile.DatabaseFileError` with one line, and the file is not touched.
+    For writing, an existing database must be one tokentrace created
+    (:func:`analyzer.db.ownership.check_writable`, checked read-only before it is opened for
+    writing); the marker table saying so is written on every write connection.
     """
     target = ":memory:" if path is None else str(path)
     if target != ":memory:":
-        check_database_path(target, for_write=not read_only)
+        if read_only:
+            check_database_path(target, for_write=False)
+        else:
+            check_writable(target)
     existed = target == ":memory:" or Path(target).exists()
     try:
         con = duckdb.connect(target, read_only=read_only)
@@ -94,6 +101,7 @@ def connect(path: str | Path | None = None, read_only: bool = False) -> duckdb.D
         raise
     if not read_only:
         create_tables(con)
+        write_marker(con)
     return con
 
 

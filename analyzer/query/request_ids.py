@@ -14,7 +14,7 @@ A request has three ids (docs/loading.md "Which id names a request"):
 Shown: the response id, else the X-Request-ID, else the span id; the span id where the
 first two are shared by several requests (a fixed response id, a reused X-Request-ID).
 Accepted: any of the three, or the last 8 or more hex digits of the span id (the short
-``request`` column of ``tokentrace bench --per-request`` and the demo).
+``request`` column :func:`analyzer.verbs.demo.with_short_request_id` adds).
 """
 
 from __future__ import annotations

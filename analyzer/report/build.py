@@ -128,6 +128,9 @@ def _head(name: str) -> str:
 
 
 def _table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], cls_col: str | None = None) -> str:
+    """Rows as an HTML table under labelled headers. A ``response_id`` cell (the request by what
+    the client got) carries the row's ``request_span_id`` in its tooltip: the span id beside
+    it, without a column of its own in a table that must fit a desktop window."""
     if not rows:
         return '<p class="note">no rows</p>'
     head = "".join(_head(c) for c in columns)
@@ -141,7 +144,9 @@ def _table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], cls_col: s
                 klass += " t"  # free text: wide enough to read as lines, not a column of words
             if cls_col and c == cls_col and isinstance(v, str):
                 klass += f" {html.escape(v)}"
-            cells.append(f'<td class="{klass.strip()}">{_fmt(v, c)}</td>')
+            span = r.get("request_span_id") if c == "response_id" else None
+            title = f' title="request_span_id {html.escape(str(span))}"' if span else ""
+            cells.append(f'<td class="{klass.strip()}"{title}>{_fmt(v, c)}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
     return f'<div class="tbl"><table><tr>{head}</tr>{"".join(body)}</table></div>'
 
@@ -307,10 +312,11 @@ def _phases_section(con: duckdb.DuckDBPyConnection) -> list[str]:
     if phases is None:
         return []
     rows = phases.dicts()
-    wanted = [c for c in phases.columns if c.endswith("_ms") or c in ("request_span_id", "cross_clock_reason")]
+    # the request by what the client got (its span id in the cell's tooltip: _table)
+    wanted = [c for c in phases.columns if c == "response_id" or c.endswith("_ms") or c == "cross_clock_reason"]
     # a phase no row has (vLLM's own figures beside a gateway's, a gateway's network parts
     # beside vLLM's) is left out, and named: the table stays within a desktop window
-    cols = [c for c in wanted if c == "request_span_id" or any(r.get(c) is not None for r in rows)]
+    cols = [c for c in wanted if c == "response_id" or any(r.get(c) is not None for r in rows)]
     empty = [c for c in wanted if c not in cols]
     left_out = (f" Empty in every row, so not shown: {', '.join(html.escape(label(c)) for c in empty)} "
                 "(<code>tokentrace phases --format csv</code> has every column)." if rows and empty else "")

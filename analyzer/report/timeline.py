@@ -33,7 +33,8 @@ STALLS_SHOWN = 5
 Table = Callable[[Sequence[Mapping[str, Any]], Sequence[str]], str]
 
 #: the columns of the slowest-gaps table (labels: analyzer/report/labels.py)
-STALL_COLUMNS = ["gap", "request", "token_index", "itl_ms", "step", "batch_size", "shared_decode_sequences",
+#: (response_id: the request by what the client got, its span id in the cell's tooltip)
+STALL_COLUMNS = ["gap", "response_id", "token_index", "itl_ms", "step", "batch_size", "shared_decode_sequences",
                  "shared_prefill_sequences", "shared_prefill_tokens", "untraced_sequences", "waiting",
                  "kv_blocks_used"]
 
@@ -67,7 +68,7 @@ def _stalls(con: duckdb.DuckDBPyConnection, lanes: Sequence[Lane]) -> list[dict[
         lane = by_span[r["request_span_id"]]
         emit = {i["token_index"]: i["start_ns"] for i in lane.kind("token")}
         if r["token_index"] in emit and r["token_index"] - 1 in emit:
-            out.append({**r, "gap": len(out) + 1, "request": lane.label, "prev_emit_ns": emit[r["token_index"] - 1],
+            out.append({**r, "gap": len(out) + 1, "prev_emit_ns": emit[r["token_index"] - 1],
                         "emit_ns": emit[r["token_index"]]})
     return out
 

@@ -28,6 +28,7 @@ Environment variables read (each with its default):
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
@@ -56,6 +57,7 @@ __all__ = [
     "DEFAULT_SPAN_EVENT_LIMIT",
     "EXPORTER_NAMES",
     "PROTOCOLS",
+    "NO_DESTINATION",
     "setup_tracing",
     "TracingSetup",
     "get_tracer",
@@ -284,6 +286,10 @@ class TracingSetup(TracerProvider):
         self.exporter_env: dict[str, str] = {}
 
 
+NO_DESTINATION = (f"tokentrace: no span destination: spans are made but exported nowhere (give --otlp-json FILE, "
+                  f"or set {ENV_ENDPOINT}; from Python: exporter='otlp_json' with json_path=)")
+
+
 def setup_tracing(
     service_name: str | None = None,
     *,
@@ -299,6 +305,7 @@ def setup_tracing(
     count_exports: bool = True,
     make_exporters: bool = True,
     sampler: Sampler | None = None,
+    say_no_destination: bool = True,
 ) -> TracingSetup:
     """A TracerProvider (a :class:`TracingSetup`) with tokentrace's resource, span limits and
     exporters (not installed globally).
@@ -321,8 +328,13 @@ def setup_tracing(
     - ``sampler``: the provider's sampler; None: the SDK's, from ``OTEL_TRACES_SAMPLER`` /
       ``OTEL_TRACES_SAMPLER_ARG`` (the vLLM plugin's exporter process passes ALWAYS_ON: its
       requests were decided at arrival, instrument/vllm/sampling.py).
+    - ``say_no_destination``: with no exporter but ``none`` and no ``span_exporters`` (the
+      spans go nowhere), one warning line on the ``tokentrace.export`` logger
+      (:data:`NO_DESTINATION`); False for a caller whose parent said it already.
     """
     names = _exporter_names(exporter)
+    if say_no_destination and not span_exporters and all(n == "none" for n in names):
+        logging.getLogger("tokentrace.export").warning(NO_DESTINATION)
     if make_exporters:
         exporters, destinations = _named_exporters(names, protocol, endpoint, json_path)
     else:

@@ -155,7 +155,8 @@ def _child_provider(settings: dict[str, Any]) -> Any:
                          json_path=settings.get("json_path"), endpoint=settings.get("endpoint"),
                          protocol=settings.get("protocol"), instance_id=attrs.pop("service.instance.id", None),
                          resource_attributes=attrs,
-                         sampler=ALWAYS_ON if settings.get("always_on") else None)
+                         sampler=ALWAYS_ON if settings.get("always_on") else None,
+                         say_no_destination=False)  # the serving process said it
 
 
 def _sender_gone(drain: Callable[[], bool], router: Any, sender_pid: int) -> dict[str, Any]:
