@@ -16,7 +16,9 @@
 -- param: $request_span_ids VARCHAR[] default NULL -- only the request whose span is one of these (--request gives every span id of the request's perspectives); NULL = all
 -- param: $clock_domain VARCHAR default NULL -- only gaps of this clock domain (the engine's); NULL = all
 --   response_id: the id the client got (gen_ai.response.id, chatcmpl-...), as in requests.sql;
---   NULL when no span of the request carries one.
+--   NULL when no span of the request carries one. sampling_reason: a keep policy's decision on
+--   the request (head: the random sample; a rule that kept it whole: slow by selection), as in
+--   requests.sql; NULL without a policy.
 -- units: *_ns nanoseconds since the Unix epoch on the engine's clock; *_ms milliseconds;
 --   token_index and decode_step counts (token n = k + 1 comes from decode step k); step an
 --   engine step id; batch_size and waiting sequences; *_tokens tokens; kv_blocks_* KV blocks.
@@ -26,10 +28,10 @@ WITH response_ids AS (
     -- that holds the decode spans, the plugin's engine_request where vLLM's llm_request is the
     -- request's), as analyzer/query/request_ids.py resolves --request. By span id alone: the
     -- plugin's engine_request may sit in a trace of its own, merged with vLLM's by request id.
-    SELECT span_id, max(response_id) AS response_id
+    SELECT span_id, max(response_id) AS response_id, max(sampling_reason) AS sampling_reason
     FROM (
-        SELECT unnest(span_ids) AS span_id, response_id
-        FROM (SELECT max(response_id) AS response_id,
+        SELECT unnest(span_ids) AS span_id, response_id, sampling_reason
+        FROM (SELECT max(response_id) AS response_id, max(sampling_reason) AS sampling_reason,
                      list_distinct(list(perspective_span_id) || [request_span_id]) AS span_ids
               FROM request_metrics
               GROUP BY trace_id, request_span_id)
@@ -57,6 +59,7 @@ SELECT
     g.waiting,
     g.kv_blocks_used,
     g.kv_blocks_total,
+    r.sampling_reason,
     g.null_reason
 FROM request_step_gaps g
 LEFT JOIN response_ids r ON r.span_id = g.request_span_id

@@ -8,17 +8,46 @@
 --   step data (traces from --engine sequential, or engine traces not loaded) form, in each
 --   grouping, one row per reason with group_label, group_min and group_max NULL and
 --   null_reason saying why: they are never counted in bucket 0.
+--   Under a keep policy only the random sample's gaps are grouped (sampling_reason head, as in
+--   requests.sql); request_set says which requests the rows count, with the sample's size.
 -- param: $trace_id VARCHAR default NULL -- only requests of this trace (32 lowercase hex); NULL = all
 -- param: $request_span_ids VARCHAR[] default NULL -- only the request whose span is one of these (--request gives every span id of the request's perspectives); NULL = all
 -- param: $clock_domain VARCHAR default NULL -- only gaps of this clock domain (the engine's); NULL = all
 -- units: itl_*_ms, step_ms_mean, between_steps_ms_mean milliseconds; gaps, requests and
 --   itl_count counts; group_min / group_max tokens (prefill_tokens) or sequences (batch_size).
-WITH gaps AS (
-    SELECT *
-    FROM request_step_gaps
-    WHERE ($trace_id IS NULL OR trace_id = $trace_id)
-      AND ($request_span_ids IS NULL OR list_contains($request_span_ids, request_span_id))
-      AND ($clock_domain IS NULL OR clock_domain = $clock_domain)
+WITH sampling AS (
+    -- a keep policy's decision per span id that names a request (as stalls.sql's response ids)
+    SELECT span_id, max(sampling_reason) AS sampling_reason
+    FROM (
+        SELECT unnest(span_ids) AS span_id, sampling_reason
+        FROM (SELECT max(sampling_reason) AS sampling_reason,
+                     list_distinct(list(perspective_span_id) || [request_span_id]) AS span_ids
+              FROM request_metrics
+              WHERE sampling_reason IS NOT NULL
+              GROUP BY trace_id, request_span_id)
+    )
+    GROUP BY span_id
+),
+scoped AS (
+    SELECT g.*, s.sampling_reason
+    FROM request_step_gaps g
+    LEFT JOIN sampling s ON s.span_id = g.request_span_id
+    WHERE ($trace_id IS NULL OR g.trace_id = $trace_id)
+      AND ($request_span_ids IS NULL OR list_contains($request_span_ids, g.request_span_id))
+      AND ($clock_domain IS NULL OR g.clock_domain = $clock_domain)
+),
+-- under a keep policy, the random sample's gaps only: a request kept for a rule is slow by
+-- selection and would tilt every group's distribution
+gaps AS (
+    SELECT * FROM scoped WHERE sampling_reason IS NULL OR sampling_reason = 'head'
+),
+request_set AS (
+    SELECT CASE WHEN count(sampling_reason) = 0 THEN 'every request'
+                ELSE 'random sample: ' || CAST(count(*) FILTER (WHERE sampling_reason = 'head') AS VARCHAR)
+                     || ' of ' || CAST(count(*) AS VARCHAR) || ' requests with gaps ('
+                     || CAST(count(*) FILTER (WHERE sampling_reason NOT IN ('head', 'summary')) AS VARCHAR)
+                     || ' kept for a rule left out: tokentrace stalls --section slowest lists them)' END AS request_set
+    FROM (SELECT DISTINCT trace_id, request_span_id, sampling_reason FROM scoped)
 ),
 known AS (
     SELECT count(*) AS gaps_with_steps FROM gaps WHERE batch_size IS NOT NULL
@@ -78,8 +107,10 @@ SELECT
         WHEN g.reason IS NOT NULL THEN g.reason
         WHEN s.gaps IS NULL THEN 'no gap in this group'
         WHEN s.itl_count = 0 THEN 'no known itl_ms in this group (previous tokens'' spans missing)'
-    END AS null_reason
+    END AS null_reason,
+    rs.request_set
 FROM groups g
+CROSS JOIN request_set rs
 LEFT JOIN stats s
   ON s.grouping = g.grouping AND s.group_order = g.group_order
  AND (s.reason = g.reason OR (s.reason IS NULL AND g.reason IS NULL))

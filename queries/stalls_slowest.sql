@@ -9,6 +9,8 @@
 --   --decode-spans every:N / none). A gap without step data
 --   (--engine sequential) keeps its itl_ms; its step and shared_* columns are NULL with
 --   null_reason (never 0). Gaps whose itl_ms is unknown are not ranked.
+--   sampling_reason: a keep policy's decision on the request (head: the random sample; a rule
+--   that kept it whole, e.g. gap: slow by selection), as in requests.sql; NULL without a policy.
 -- param: $per_request BIGINT default 3 -- how many gaps per request (the slowest first)
 -- param: $trace_id VARCHAR default NULL -- only requests of this trace (32 lowercase hex); NULL = all
 -- param: $request_span_ids VARCHAR[] default NULL -- only the request whose span is one of these (--request gives every span id of the request's perspectives); NULL = all
@@ -25,10 +27,10 @@ WITH response_ids AS (
     -- that holds the decode spans, the plugin's engine_request where vLLM's llm_request is the
     -- request's), as analyzer/query/request_ids.py resolves --request. By span id alone: the
     -- plugin's engine_request may sit in a trace of its own, merged with vLLM's by request id.
-    SELECT span_id, max(response_id) AS response_id
+    SELECT span_id, max(response_id) AS response_id, max(sampling_reason) AS sampling_reason
     FROM (
-        SELECT unnest(span_ids) AS span_id, response_id
-        FROM (SELECT max(response_id) AS response_id,
+        SELECT unnest(span_ids) AS span_id, response_id, sampling_reason
+        FROM (SELECT max(response_id) AS response_id, max(sampling_reason) AS sampling_reason,
                      list_distinct(list(perspective_span_id) || [request_span_id]) AS span_ids
               FROM request_metrics
               GROUP BY trace_id, request_span_id)
@@ -95,6 +97,7 @@ SELECT
         AS shared_prefill_request_span_ids,
     CASE WHEN t.batch_size IS NOT NULL THEN t.batch_size - 1 - coalesce(s.shared_sequences, 0) END AS untraced_sequences,
     t.clock_domain,
+    r.sampling_reason,
     t.null_reason
 FROM slowest t
 LEFT JOIN shared s

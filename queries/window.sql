@@ -80,6 +80,7 @@ req AS (
         source,
         has_vllm_server,
         visible_chunks,
+        sampling_reason,
         ttft_ms,
         e2e_ms,
         tpot_ms,

@@ -84,3 +84,31 @@ def test_without_a_policy_every_figure_counts_every_request() -> None:
     rows = {(r["metric"], r["perspective"]): r for r in run_query(con, "summary").dicts()}
     itl = rows[("itl_ms", "server")]
     assert itl["count"] == 4 * (TOKENS - 1) and itl["max"] == 400.0 and itl["request_set"] == "every request"
+
+
+def test_stalls_label_each_request_and_group_only_the_random_sample() -> None:
+    con, _ = mixed_detail_db()
+    gaps = run_query(con, "stalls").dicts()
+    by_reason: dict[str, list[float]] = {}
+    for g in gaps:
+        by_reason.setdefault(g["sampling_reason"], []).append(g["itl_ms"])
+    assert sorted(by_reason) == ["gap", "head"]  # the summarized requests have no decode spans
+    assert max(by_reason["gap"]) > 390 and max(by_reason["head"]) < 30  # the planted 400 ms stall, labelled
+    slowest = run_query(con, "stalls_slowest", {"per_request": 1}).dicts()
+    assert {(s["sampling_reason"], round(s["itl_ms"])) for s in slowest} >= {("gap", 400)}
+    groups = run_query(con, "stalls_groups").dicts()
+    assert {g["request_set"] for g in groups} == {
+        "random sample: 1 of 2 requests with gaps (1 kept for a rule left out: tokentrace stalls --section slowest "
+        "lists them)"}
+    assert sum(g["gaps"] for g in groups if g["grouping"] == "batch_size") == len(by_reason["head"])
+    assert max(g["itl_max_ms"] or 0 for g in groups) < 30  # the stall is not in any group's distribution
+
+
+def test_window_counts_the_summarized_requests_and_says_so() -> None:
+    con, _ = mixed_detail_db()
+    window = run_query(con, "window", {"perspective": "server"}).dicts()[0]
+    assert window["attempted"] == window["succeeded"] == 4
+    assert "2 request(s) summarized by a keep policy (sampling_reason summary): counted" in window["request_counting_rule"]
+    steady = run_query(con, "window", {"perspective": "server", "mode": "steady_state"}).dicts()[0]
+    assert "summarized by a keep policy): their tokens are not in this count" in steady["token_counting_rule"]
+    assert steady["output_tokens"] == 2 * TOKENS  # the chunk events of the two requests kept whole

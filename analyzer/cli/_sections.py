@@ -29,6 +29,15 @@ def section_option(names: Sequence[str]) -> Any:
     )
 
 
+def _request_sets(result: Any) -> list[str]:
+    """A section's ``request_set`` values other than 'every request' (a keep policy's random
+    sample: which requests its rows count), for a note under its table."""
+    if "request_set" not in result.columns:
+        return []
+    index = result.columns.index("request_set")
+    return sorted({row[index] for row in result.rows} - {"every request", None})
+
+
 def run_sections(
     sections: Mapping[str, tuple[str, Mapping[str, Any]]],
     chosen: Sequence[str],
@@ -79,6 +88,9 @@ def run_sections(
             echo_human(sections[name][0], result.columns, rows, notes=(), columns_flag=False)
             if left_out:
                 click.echo(textwrap.fill(left_out, terminal_width()))
+            for text in _request_sets(result):
+                for line in wrap_note(f"{name}: the {text}", terminal_width()):
+                    click.echo(line)
             for text in notes if last else ():
                 for line in wrap_note(text, terminal_width()):
                     click.echo(line)
