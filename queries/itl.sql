@@ -12,12 +12,14 @@
 --   streams a large result range by range with these two (analyzer.query.runner.stream_query).
 --   response_id: the id the client got (gen_ai.response.id, chatcmpl-...), the request's in
 --   every perspective (as in requests.sql); NULL when no span of the request carries one.
+--   sampling_reason: a keep policy's decision on the request (head: the random sample; a rule
+--   that kept it whole: slow by selection, leave it out of a distribution), as in requests.sql.
 -- units: *_ns nanoseconds since the Unix epoch on the perspective's clock; itl_ms and
 --   itl_per_token_ms milliseconds; chunk_tokens tokens.
 WITH response_ids AS (
     -- one row per request perspective of this range, by its integer key: the gaps take their
     -- response_id by request_key, so the per-gap join and sort stay on integers
-    SELECT k.request_key, max(m.response_id) AS response_id
+    SELECT k.request_key, max(m.response_id) AS response_id, max(m.sampling_reason) AS sampling_reason
     FROM request_keys k
     JOIN request_metrics m ON m.trace_id = k.trace_id AND m.request_span_id = k.request_span_id
     WHERE ($request_key_from IS NULL OR k.request_key >= $request_key_from)
@@ -37,6 +39,7 @@ SELECT
     g.chunk_tokens,
     g.itl_ms,
     g.itl_per_token_ms,
+    r.sampling_reason,
     g.null_reason
 FROM request_gaps g
 LEFT JOIN response_ids r ON r.request_key = g.request_key

@@ -112,3 +112,12 @@ def test_window_counts_the_summarized_requests_and_says_so() -> None:
     steady = run_query(con, "window", {"perspective": "server", "mode": "steady_state"}).dicts()[0]
     assert "summarized by a keep policy): their tokens are not in this count" in steady["token_counting_rule"]
     assert steady["output_tokens"] == 2 * TOKENS  # the chunk events of the two requests kept whole
+
+
+def test_the_itl_listing_says_which_set_each_gap_belongs_to() -> None:
+    con, _ = mixed_detail_db()
+    gaps = run_query(con, "itl", {"perspective": "server"}).dicts()
+    reasons = {g["sampling_reason"] for g in gaps}
+    assert reasons == {"head", "gap"}
+    assert max(g["itl_ms"] for g in gaps if g["sampling_reason"] == "gap") == 400.0
+    assert len([g for g in gaps if g["sampling_reason"] == "head"]) == TOKENS - 1
