@@ -121,3 +121,13 @@ def test_the_itl_listing_says_which_set_each_gap_belongs_to() -> None:
     assert reasons == {"head", "gap"}
     assert max(g["itl_ms"] for g in gaps if g["sampling_reason"] == "gap") == 400.0
     assert len([g for g in gaps if g["sampling_reason"] == "head"]) == TOKENS - 1
+
+
+def test_the_report_says_its_itl_rows_count_the_random_sample() -> None:
+    from analyzer.report import ReportInputs, build_report
+
+    con, _ = mixed_detail_db()
+    page = build_report(con, ReportInputs())
+    assert ("ITL rows, server: the random sample: 1 of 4 requests (1 kept for a rule and 2 summarized left "
+            "out)") in page
+    assert ">request_set<" not in page  # said once as a note, not a column of every row

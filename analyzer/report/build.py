@@ -237,10 +237,14 @@ def _summary_sections(con: duckdb.DuckDBPyConnection, window: Mapping[str, Any])
         "Times in UTC (hover for the nanoseconds). Definitions: docs/metrics.md.</p>" + _kv_table(shown_window),
     ]
     if summary is not None:
-        cols = [c for c in summary.columns if c not in ("source", "unit", "interpolation")]
+        cols = [c for c in summary.columns if c not in ("source", "unit", "interpolation", "request_set")]
         rows = [{**r, "metric": metric_label(r["metric"], r.get("unit"))} for r in summary_rows]
+        sampled = sorted({(r["perspective"], r["request_set"]) for r in summary_rows
+                          if r.get("request_set") not in (None, "every request")})
+        sets = "".join(f" ITL rows, {_fmt(who)}: the {_fmt(what)} (a keep policy: requests kept for a rule are "
+                       "slow by selection)." for who, what in sampled)
         sections.append("<h3>Distributions</h3><p class=\"note\">queries/summary.sql: succeeded requests; "
-                        "percentiles by linear interpolation (numpy's default); the unit after each metric.</p>"
+                        f"percentiles by linear interpolation (numpy's default); the unit after each metric.{sets}</p>"
                         + _table(rows, cols))
     return sections
 

@@ -69,5 +69,9 @@ def engine_steps_section(con: duckdb.DuckDBPyConnection, table: Table) -> str:
                "the engine step that produced it; bucket figures from queries/stalls_groups.sql.</p>")
     if plotted_gaps:
         out.append(plots.itl_vs_prefill_svg(plotted_gaps, prefill_groups))
-    out.append(table(groups, [c for c in groups[0] if c not in ("group_min", "group_max")]))
+    sampled = sorted({g["request_set"] for g in groups} - {"every request", None})
+    if sampled:
+        out.append(f'<p class="note">The groups count the {html.escape(sampled[0])} (a keep policy: a request kept '
+                   "for a rule is slow by selection).</p>")
+    out.append(table(groups, [c for c in groups[0] if c not in ("group_min", "group_max", "request_set")]))
     return "".join(out)
