@@ -1,7 +1,7 @@
 """The errors a user can cause, at the bottom layer: every layer of the analyzer may raise them.
 
 The CLI prints each as one readable line and exits non-zero: ``UserError`` directly, the
-others (all :class:`TokentraceError`) by their type, in ``analyzer/cli/group.py``.
+others (all :class:`TokentraceError`) by their type, in ``analyzer/cli/_group.py``.
 """
 
 from __future__ import annotations

@@ -189,7 +189,7 @@ def test_contract_and_every_engine_in_one_db_give_one_row_per_request_perspectiv
 def test_request_sources_through_the_sql_verb(tmp_path):
     from click.testing import CliRunner
 
-    from analyzer.cli.group import cli
+    from analyzer.cli._group import cli
     from analyzer.db.store import connect
 
     db = tmp_path / "t.duckdb"

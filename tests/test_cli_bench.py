@@ -367,7 +367,7 @@ def test_bench_prints_the_response_and_client_request_ids_requests_shows(runner,
 def test_bench_progress_line_counts_and_fits_80_columns() -> None:
     from types import SimpleNamespace
 
-    from analyzer.cli.bench_progress import BenchProgress
+    from analyzer.cli._bench_progress import BenchProgress
 
     now = [100.0]
     progress = BenchProgress(99_999, io.StringIO(), enabled=False, clock=lambda: now[0])

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from analyzer.cli.command_name import tokentrace_command
+from analyzer.cli._command_name import tokentrace_command
 
 SCRIPT = Path(sys.executable).with_name("tokentrace")
 

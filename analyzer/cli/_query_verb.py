@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import click
 import duckdb
 
-from analyzer.cli.options import db_option, default_db_path, emit_row_batches, emit_rows, parse_params
+from analyzer.cli._options import db_option, default_db_path, emit_row_batches, emit_rows, parse_params
 from analyzer.errors import UserError, duckdb_message
 
 if TYPE_CHECKING:

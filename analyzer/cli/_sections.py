@@ -12,7 +12,7 @@ import click
 
 from analyzer.cli._query_verb import merge_params, open_from_flags, query_rows, with_request_ids
 from analyzer.cli._human import terminal_width, wrap_note
-from analyzer.cli.options import emit_rows, to_jsonable
+from analyzer.cli._options import emit_rows, to_jsonable
 
 if TYPE_CHECKING:
     from analyzer.cli._table_cut import TableCut

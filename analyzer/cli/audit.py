@@ -6,10 +6,10 @@ import sys
 
 import click
 
-from analyzer.cli.group import cli
+from analyzer.cli._group import cli
 import json
 
-from analyzer.cli.options import db_option, format_option, to_jsonable
+from analyzer.cli._options import db_option, format_option, to_jsonable
 from analyzer.errors import UserError
 
 KIND_CHOICES = ["auto", "vllm", "vllm-nightly", "aiperf", "aiperf-server-metrics", "llmperf", "guidellm", "prometheus",

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from analyzer.cli.group import cli
+from analyzer.cli._group import cli
 from analyzer.errors import UserError
 
 __all__ = ["collect_command"]

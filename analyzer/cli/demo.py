@@ -10,8 +10,8 @@ from typing import Any, Iterator
 
 import click
 
-from analyzer.cli.group import cli
-from analyzer.cli.model_loading import quiet_model_loading
+from analyzer.cli._group import cli
+from analyzer.cli._model_loading import quiet_model_loading
 from analyzer.errors import UserError
 
 __all__ = ["demo_command", "print_query_results"]
@@ -116,7 +116,7 @@ def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int
     import shlex
     import signal
 
-    from analyzer.cli.command_name import tokentrace_command
+    from analyzer.cli._command_name import tokentrace_command
     from analyzer.verbs.demo import DemoOptions, DemoStopped, run_demo
     from analyzer.errors import LoadError
 

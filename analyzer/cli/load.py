@@ -8,8 +8,8 @@ from typing import NoReturn
 
 import click
 
-from analyzer.cli.group import cli
-from analyzer.cli.options import db_option
+from analyzer.cli._group import cli
+from analyzer.cli._options import db_option
 from analyzer.errors import UserError
 
 __all__ = ["load"]
@@ -232,7 +232,7 @@ def _report_hint(error) -> str | None:  # noqa: ANN001
         return None
     import shlex
 
-    from analyzer.cli.command_name import tokentrace_command
+    from analyzer.cli._command_name import tokentrace_command
 
     return (f"this is {names[kind]} report, not traces: check it with "
             f"{tokentrace_command()} audit {shlex.quote(error.file)}")

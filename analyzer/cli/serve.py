@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from analyzer.cli.group import cli
-from analyzer.cli.model_loading import quiet_model_loading
+from analyzer.cli._group import cli
+from analyzer.cli._model_loading import quiet_model_loading
 from analyzer.errors import UserError
 
 __all__ = ["serve_command"]

@@ -10,8 +10,8 @@ import click
 from analyzer.cli._query_verb import (
     check_trace_id, merge_params, note_if_stale, open_from_flags, query_rows, source_options,
 )
-from analyzer.cli.group import cli
-from analyzer.cli.options import emit_rows, format_option, to_jsonable
+from analyzer.cli._group import cli
+from analyzer.cli._options import emit_rows, format_option, to_jsonable
 from analyzer.errors import UserError, OffsetSyntaxError
 from analyzer.verbs.skew import parse_assume_offsets
 from analyzer.db.store import default_db_path

@@ -15,8 +15,8 @@ from typing import Any, Sequence
 
 import click
 
-from analyzer.cli.group import cli
-from analyzer.cli.options import emit_rows, format_option
+from analyzer.cli._group import cli
+from analyzer.cli._options import emit_rows, format_option
 from analyzer.errors import UserError
 
 __all__ = ["live_columns", "tables_command"]

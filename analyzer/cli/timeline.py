@@ -7,9 +7,9 @@ import sys
 
 import click
 
-from analyzer.cli.group import cli
-from analyzer.cli.kv_options import kv_layout_from_flags, model_options
-from analyzer.cli.options import db_option, to_jsonable
+from analyzer.cli._group import cli
+from analyzer.cli._kv_options import kv_layout_from_flags, model_options
+from analyzer.cli._options import db_option, to_jsonable
 from analyzer.errors import UserError
 
 

@@ -28,7 +28,7 @@ def golden_rows(name: str) -> dict[str, Any]:
     """The golden document of one query: its parameters, columns and rows (JSON values)."""
     from trace_fixtures import mixed_db
 
-    from analyzer.cli.options import to_jsonable
+    from analyzer.cli._options import to_jsonable
     from analyzer.query.runner import run_query
 
     con = mixed_db()
