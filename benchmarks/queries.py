@@ -143,7 +143,8 @@ def run_duckdb(directory: str, queries: list[str], stream_itl: bool, memory_limi
     """The queries as analyzer.query.runner runs them on one connection; seconds per query
     (including the views it was the first to need) and in all, from the open."""
     from analyzer.db.source import open_source
-    from analyzer.query.runner import install_views, load_query, materialize_views, stream_query
+    from analyzer.db.views import install_views, materialize_views
+    from analyzer.query.runner import load_query, stream_query
 
     t0 = time.perf_counter()
     con = open_source(parquet=directory)

@@ -92,7 +92,8 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 def run_duckdb(dump: Path) -> dict[str, float]:
     from analyzer.db.source import open_source
-    from analyzer.query.runner import install_views, run_query
+    from analyzer.db.views import install_views
+    from analyzer.query.runner import run_query
 
     out: dict[str, float] = {}
     con = open_source(parquet=dump)

@@ -11,7 +11,8 @@ from engine_fixtures import (ANCHOR_NS, EngineWorld, OpenllmetryPlan, SglangPlan
                              rust_duration_debug)
 from trace_fixtures import RequestPlan, TraceWorld
 
-from analyzer.query.runner import install_views, run_query
+from analyzer.db.views import install_views
+from analyzer.query.runner import run_query
 
 
 def _requests(con: duckdb.DuckDBPyConnection, source: str) -> list[dict]:

@@ -223,7 +223,7 @@ def test_bench_db_is_left_with_current_derived_tables(runner, server, tmp_path: 
     assert len(json.loads(after.stdout)) == 2  # the two client-perspective requests
     import duckdb
 
-    from analyzer.query.runner import derived_status, install_views
+    from analyzer.db.views import derived_status, install_views
 
     con = duckdb.connect(str(db), read_only=True)
     try:

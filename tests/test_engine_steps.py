@@ -28,7 +28,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 
 from analyzer.formats.sdk_spans import rows_from_sdk_spans  # noqa: E402
-from analyzer.query.runner import install_views, run_query  # noqa: E402
+from analyzer.db.views import install_views
+from analyzer.query.runner import run_query  # noqa: E402
 from analyzer.db.store import connect, insert_rows  # noqa: E402
 from instrument.client import chat_body, stream_chat  # noqa: E402
 from instrument.gateway.app import GatewaySettings, create_app  # noqa: E402

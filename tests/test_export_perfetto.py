@@ -197,7 +197,7 @@ def test_traces_without_steps_give_request_tracks_only_and_say_why(tmp_path) -> 
     assert len(why) == 1 and trace.metadata["tokentrace.engine_track"] == why[0]
     # no engine spans: each lane's ticks are its client's visible chunks (view request_chunks)
     from analyzer.db.source import open_source
-    from analyzer.query.runner import install_views
+    from analyzer.db.views import install_views
 
     con = open_source(db=str(db))
     install_views(con)

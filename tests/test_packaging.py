@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from analyzer.cli import cli
-from analyzer.query.runner import list_queries, queries_dir
+from analyzer.db.views import queries_dir
+from analyzer.query.runner import list_queries
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,8 @@ import pytest
 from golden.generate import golden_rows
 
 from analyzer.cli import cli
-from analyzer.query.runner import list_queries, load_query, queries_dir
+from analyzer.db.views import queries_dir
+from analyzer.query.runner import list_queries, load_query
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).resolve().parent / "golden"

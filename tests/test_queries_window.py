@@ -95,7 +95,7 @@ def test_closed_cohort_reads_no_chunk(con) -> None:
     DuckDB optimizes: the filter is constant false), so a closed cohort reads no chunk event."""
     import duckdb
 
-    from analyzer.query.runner import install_views
+    from analyzer.db.views import install_views
 
     install_views(con)
     columns = [r[0] for r in con.execute("DESCRIBE request_chunks").fetchall()]

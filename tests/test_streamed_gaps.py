@@ -16,7 +16,8 @@ from trace_fixtures import mixed_world
 import analyzer.db.views.keep as view_keep
 from analyzer.db.views.state import CACHE_PREFIX
 from analyzer.formats.load import load_paths
-from analyzer.query.runner import install_views, run_query
+from analyzer.db.views import install_views
+from analyzer.query.runner import run_query
 
 DATA = Path(__file__).resolve().parent / "data"
 CLIENTS = DATA / "real" / "openai-clients-tokentrace"  # tokentrace's server + OpenLLMetry's client spans

@@ -118,7 +118,7 @@ def open_from_flags(
 def note_if_stale(con: duckdb.DuckDBPyConnection, db_path: str | None) -> None:
     """One note on stderr when the database's derived tables (tokentrace load) describe other
     data than it holds, so this command derived them again on its own connection."""
-    from analyzer.query.runner import derived_status
+    from analyzer.db.views import derived_status
 
     if db_path is not None and derived_status(con) == "stale":
         import textwrap
@@ -416,7 +416,7 @@ def run_verb(
 
 def installed(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
     """``con`` with the adapter and metric views installed (for ad-hoc SQL)."""
-    from analyzer.query.runner import install_views
+    from analyzer.db.views import install_views
 
     install_views(con)
     return con

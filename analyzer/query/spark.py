@@ -7,7 +7,7 @@ and ``span_links`` select the canonical columns (analyzer.db.schema) from
 ``DIR/<table>/service_name=<svc>/date=<YYYY-MM-DD>/*.parquet``, filtered on the partition
 columns so Spark prunes partitions (a time window keeps [start day - 1, end day + 1], as
 analyzer.db.source does for DuckDB; ``services`` keeps those service folders). Then the adapter
-views, the ``request_facts`` / ``request_chunks`` unions (analyzer.query.runner.union_view_sql)
+views, the ``request_facts`` / ``request_chunks`` unions (analyzer.db.views.union_view_sql)
 and the derived views are created as temp views, in the same order as DuckDB's.
 
 The session is local (``local[2]`` by default, $TOKENTRACE_SPARK_MASTER), started once per
@@ -30,7 +30,8 @@ from analyzer.db.schema import DEDICATED_COLUMNS
 from analyzer.db.source import DUMP_TABLES, _canonical_columns, utc_day_of_ns
 from analyzer.query.spark_sql import spark_type, to_spark, to_spark_statements
 from analyzer.errors import TranspileError, SparkEngineError
-from analyzer.query.runner import UNIONED_VIEWS, QueryResult, load_query, union_view_sql, view_files
+from analyzer.db.views import UNIONED_VIEWS, union_view_sql, view_files
+from analyzer.query.runner import QueryResult, load_query
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession

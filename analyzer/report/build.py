@@ -188,7 +188,7 @@ def _optional(con: duckdb.DuckDBPyConnection, name: str, params: Mapping[str, An
 
 def build_report(con: duckdb.DuckDBPyConnection, inputs: ReportInputs) -> str:
     """The report as one HTML string. Raises ValueError when the database holds no request."""
-    from analyzer.query.runner import install_views
+    from analyzer.db.views import install_views
     from analyzer.report.engine_steps import engine_steps_section
     from analyzer.report.timeline import timeline_section
 
