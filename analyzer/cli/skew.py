@@ -14,7 +14,6 @@ from analyzer.cli._group import cli
 from analyzer.cli._options import emit_rows, format_option, to_jsonable
 from analyzer.errors import UserError, OffsetSyntaxError
 from analyzer.verbs.skew import parse_assume_offsets
-from analyzer.db.store import default_db_path
 
 
 @cli.command("skew")
@@ -54,7 +53,7 @@ def skew_command(db_path, parquet_dir, engine, trace_id, tolerance_ms, offset_to
     try:
         rules = query_rows(con, "skew_rules", rule_params)
         bounds = query_rows(con, "skew_offsets", offset_params)
-        note_if_stale(con, None if parquet_dir else db_path or default_db_path())
+        note_if_stale(con, db_path)
     finally:
         con.close()
     if output_format == "json":
