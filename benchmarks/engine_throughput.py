@@ -131,8 +131,8 @@ def load_level(url: str, model_id: str, concurrency: int, requests: int, max_tok
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from analyzer.cli._bench_json import bench_summary
-    from analyzer.formats.sdk_spans import rows_from_sdk_spans
     from analyzer.db.store import connect, insert_rows
+    from analyzer.formats.sdk_spans import rows_from_sdk_spans
     from instrument.client import chat_body, run_load_sync
 
     memory = InMemorySpanExporter()

@@ -38,19 +38,20 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+import torch
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from instrument.hf.generate import traced_generate  # noqa: E402
-from instrument.kv.runtime import cache_tensor_bytes  # noqa: E402
-from instrument.otel.tracing import setup_tracing  # noqa: E402
+from instrument.hf.generate import traced_generate
+from instrument.kv.runtime import cache_tensor_bytes
+from instrument.otel.tracing import setup_tracing
 
 
 def build_llama_1b(device: str = "cuda") -> Any:
@@ -183,7 +184,6 @@ def tracing_cost_gpu(model: Any, batches: list[int], tokens: int, rounds: int, p
 def tracing_cost_cpu_fallback(span_export: str = "process") -> int:
     """The tracing-cost part on the tiny model on the CPU (wiring check without CUDA)."""
     import tracing_cost
-
     from instrument.hf.model_handle import load_model_handle
 
     print("gpu_instrument_check: no CUDA (--cpu-fallback): tracing cost, tiny model, CPU")

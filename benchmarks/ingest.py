@@ -130,8 +130,8 @@ def generate(path: Path, n_spans: int, seed: int = 7) -> tuple[int, int]:
 # --- the methods, each run in a child process -------------------------------------------------
 
 def run_tokentrace(path: str) -> int:
-    from analyzer.formats.load import load_paths
     from analyzer.db.store import connect
+    from analyzer.formats.load import load_paths
 
     with tempfile.TemporaryDirectory() as d:
         con = connect(os.path.join(d, "bench.duckdb"))

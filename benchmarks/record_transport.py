@@ -88,7 +88,7 @@ def _ring(records: int, payload: bytes) -> tuple[float, float, int]:
     return cpu / records / 1e3, records / wall, dropped
 
 
-def _pipe_reader(conn: "mp.connection.Connection") -> None:
+def _pipe_reader(conn: mp.connection.Connection) -> None:
     while True:
         data = conn.recv_bytes()
         if data == b"":

@@ -26,8 +26,9 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ANCHOR_NS = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z
 DAY_NS = 86_400 * 10**9
@@ -37,8 +38,8 @@ FINISH_JSON = """MAP {'gen_ai.response.finish_reasons': '["length"]'}"""
 
 def build_dump(decode_spans: int, steps: int, days: int, target: Path) -> dict[str, int]:
     """Write a dump of ``decode_spans`` decode spans (``decode_spans // steps`` requests)."""
-    from analyzer.formats.parquet_export import export_parquet
     from analyzer.db.store import connect
+    from analyzer.formats.parquet_export import export_parquet
 
     requests = max(1, decode_spans // steps)
     con = connect(None)

@@ -72,13 +72,14 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tracing_cost_harness import Harness, load_average  # noqa: E402
+from tracing_cost_harness import Harness, load_average
 
 EXPORT_BATCH = 512  # the SDK BatchSpanProcessor's default max_export_batch_size
 
@@ -216,9 +217,8 @@ def _export_gil(batch: list[Any], repeat: int) -> dict[str, float]:
     line (bounds above the batch: the exporter before issue #27), ABBA, ``repeat`` x 2 batches a
     turn, each turn after a ``gc.collect()`` (the same collector state for both), while a probe
     thread sleeps 0.5 ms at a time: wall per batch and how late the probe woke (p99, max)."""
-    from tracing_cost_harness import Probe, percentile
-
     from instrument.otel.otlp_json import OTLPJsonLinesSpanExporter
+    from tracing_cost_harness import Probe, percentile
 
     variants = {"sliced": {}, "one_line": {"max_spans": 1 << 30, "max_events": 1 << 30}}
     walls: dict[str, list[float]] = {name: [] for name in variants}

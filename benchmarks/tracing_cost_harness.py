@@ -11,8 +11,9 @@ import queue
 import resource
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["HOOKS", "PROMPTS", "Harness", "Probe", "ThreadClock", "children_cpu_s", "load_average", "percentile",
            "untraced_parent"]
@@ -251,7 +252,6 @@ class Harness:
         from opentelemetry import trace
         from opentelemetry.trace import SpanKind
 
-        from instrument.clock import now_wall_ns
         from instrument.engines.base import EngineRequest
         from instrument.hf.token_sampling import SamplingParams
 

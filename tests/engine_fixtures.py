@@ -23,8 +23,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import Link, SpanKind
 
-from analyzer.formats.sdk_spans import rows_from_sdk_spans
 from analyzer.db.store import connect, insert_rows
+from analyzer.formats.sdk_spans import rows_from_sdk_spans
 
 ANCHOR_NS = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z, as in trace_fixtures
 

@@ -6,13 +6,23 @@ from __future__ import annotations
 
 import duckdb
 import pytest
-from engine_fixtures import (ANCHOR_NS, EngineWorld, OpenllmetryPlan, SglangPlan, TgiPlan, VllmPlan,
-                             add_openllmetry_request, add_sglang_request, add_tgi_request, add_vllm_request,
-                             rust_duration_debug)
-from trace_fixtures import RequestPlan, TraceWorld
 
 from analyzer.db.views import install_views
 from analyzer.query.runner import run_query
+from engine_fixtures import (
+    ANCHOR_NS,
+    EngineWorld,
+    OpenllmetryPlan,
+    SglangPlan,
+    TgiPlan,
+    VllmPlan,
+    add_openllmetry_request,
+    add_sglang_request,
+    add_tgi_request,
+    add_vllm_request,
+    rust_duration_debug,
+)
+from trace_fixtures import RequestPlan, TraceWorld
 
 
 def _requests(con: duckdb.DuckDBPyConnection, source: str) -> list[dict]:

@@ -11,10 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from analyzer.audit import audit_report
-from analyzer.errors import AuditInputError
 from analyzer.cli import cli
-from analyzer.formats.load import load_paths
 from analyzer.db.store import connect
+from analyzer.errors import AuditInputError
+from analyzer.formats.load import load_paths
 from data_paths import CAPTURES, REAL, SAMPLES
 
 DATA = CAPTURES

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from analyzer.audit import audit_report
+from analyzer.db.store import connect
 from analyzer.formats.load import load_paths
 from analyzer.query.runner import run_query
-from analyzer.db.store import connect
 
 DATA = Path(__file__).resolve().parent / "data" / "real"
 STREAMED = DATA / "aiperf-0.13.0-tokentrace"  # 12 streamed requests, no error

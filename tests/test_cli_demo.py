@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("torch")
 
-from analyzer.cli import cli  # noqa: E402
+from analyzer.cli import cli
 
 
 def test_demo_tiny_end_to_end(runner, tmp_path: Path) -> None:

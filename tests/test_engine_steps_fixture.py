@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import step_reference as ref
 from click.testing import CliRunner
 
+import step_reference as ref
 from analyzer.cli import cli
+from analyzer.db.store import connect
 from analyzer.formats.canonical import SPAN_COLUMNS
 from analyzer.formats.load import load_paths
 from analyzer.query.runner import run_query
-from analyzer.db.store import connect
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "continuous_engine"
 FILES = [FIXTURE / "server.otlp.jsonl", FIXTURE / "client.otlp.jsonl"]

@@ -13,10 +13,10 @@ import pytest
 pytest.importorskip("prometheus_client")
 pytest.importorskip("opentelemetry.exporter.prometheus")
 
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+from prometheus_client.parser import text_string_to_metric_families
 
-from instrument.gateway.metrics import TTFT_BUCKETS_S, ServerMetrics, otlp_metrics_requested  # noqa: E402
+from instrument.gateway.metrics import TTFT_BUCKETS_S, ServerMetrics, otlp_metrics_requested
 
 
 class _Engine:
@@ -26,7 +26,7 @@ class _Engine:
     requests_waiting = 5
     kv_blocks_used = 7
 
-    class geometry:  # noqa: N801 - the engine's CacheGeometry, read as attributes
+    class geometry:
         blocks_total = 48
 
 
@@ -44,7 +44,7 @@ def receiver() -> Any:
     bodies: list[bytes] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             raw = self.rfile.read(int(self.headers["Content-Length"]))
             bodies.append(gzip.decompress(raw) if self.headers.get("Content-Encoding") == "gzip" else raw)
             self.send_response(200)

@@ -7,16 +7,16 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from opentelemetry import trace  # noqa: E402
-from opentelemetry.sdk.trace import SpanLimits, TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
-from opentelemetry.trace import SpanKind  # noqa: E402
+from opentelemetry import trace
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
-from instrument.hf.generate import instrument_model, traced_generate, uninstrument_model  # noqa: E402
-from instrument.kv.runtime import cache_tensor_bytes  # noqa: E402
-from instrument.hf.tiny_model import load_tiny_model  # noqa: E402
-from instrument.otel.tracing import setup_tracing  # noqa: E402
+from instrument.hf.generate import instrument_model, traced_generate, uninstrument_model
+from instrument.hf.tiny_model import load_tiny_model
+from instrument.kv.runtime import cache_tensor_bytes
+from instrument.otel.tracing import setup_tracing
 
 PROMPT = "Hello world, the quick brown fox"
 

@@ -9,13 +9,13 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analyzer.formats.parquet_export import export_parquet
-from analyzer.formats.otlp_proto import write_length_prefixed
-from analyzer.formats.writers import to_jaeger_trace, to_otlp_json, to_otlp_proto
-from analyzer.formats.load import load_paths
-from analyzer.errors import LoadError
 from analyzer.db.schema import DEDICATED_COLUMNS, SPAN_KINDS, STATUS_CODES
 from analyzer.db.store import connect
+from analyzer.errors import LoadError
+from analyzer.formats.load import load_paths
+from analyzer.formats.otlp_proto import write_length_prefixed
+from analyzer.formats.parquet_export import export_parquet
+from analyzer.formats.writers import to_jaeger_trace, to_otlp_json, to_otlp_proto
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import duckdb
 import pytest
-from engine_fixtures import EngineWorld, VllmPlan, add_vllm_request
-from trace_fixtures import RequestPlan, TraceWorld, mixed_db, mixed_trace_id
 
 import analyzer.db.views as db_views
-from analyzer.db.views import keep as view_keep
 from analyzer.db.views import install_views, kept_views, materialize_views, view_files
+from analyzer.db.views import keep as view_keep
 from analyzer.query.runner import list_queries, run_query
+from engine_fixtures import EngineWorld, VllmPlan, add_vllm_request
+from trace_fixtures import RequestPlan, TraceWorld, mixed_db, mixed_trace_id
 
 
 def _kept(con: duckdb.DuckDBPyConnection) -> set[str]:

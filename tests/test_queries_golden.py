@@ -9,11 +9,11 @@ import re
 from pathlib import Path
 
 import pytest
-from golden.generate import golden_rows
 
 from analyzer.cli import cli
 from analyzer.db.views import queries_dir
 from analyzer.query.runner import list_queries, load_query
+from golden.generate import golden_rows
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).resolve().parent / "golden"

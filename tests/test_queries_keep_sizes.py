@@ -8,12 +8,12 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from trace_fixtures import mixed_db
 
 import analyzer.db.views as db_views
 import analyzer.query.runner as queries
 from analyzer.db.views import keep as view_keep
 from analyzer.query.runner import run_query
+from trace_fixtures import mixed_db
 
 
 def _kept(con: duckdb.DuckDBPyConnection) -> set[str]:

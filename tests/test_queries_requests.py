@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import pytest
-from trace_fixtures import (ANCHOR_NS, MIXED_PLANS, RequestPlan, TraceWorld, mixed_db, mixed_trace_id,
-                            mixed_world, seed_db)
 
 from analyzer.formats.sdk_spans import rows_from_sdk_spans
 from analyzer.query.runner import run_query
+from trace_fixtures import (
+    ANCHOR_NS,
+    MIXED_PLANS,
+    RequestPlan,
+    TraceWorld,
+    mixed_db,
+    mixed_trace_id,
+    mixed_world,
+    seed_db,
+)
 
 
 @pytest.fixture(scope="module")

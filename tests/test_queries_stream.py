@@ -12,16 +12,16 @@ from pathlib import Path
 import duckdb
 import pytest
 from click.testing import CliRunner
-from trace_fixtures import mixed_db, mixed_trace_id, mixed_world
 
 import analyzer.db.views as db_views
 import analyzer.query.runner as queries
-from analyzer.db.views import keep as view_keep
 from analyzer.cli import cli
 from analyzer.cli._options import emit_row_batches, emit_rows
+from analyzer.db.store import connect
+from analyzer.db.views import keep as view_keep
 from analyzer.db.views import kept_order, request_key_ranges
 from analyzer.query.runner import run_query, stream_query
-from analyzer.db.store import connect
+from trace_fixtures import mixed_db, mixed_trace_id, mixed_world
 
 
 def _streamed(con: duckdb.DuckDBPyConnection, name: str, params: dict | None = None) -> tuple[int, list[tuple]]:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from trace_fixtures import ANCHOR_NS, RequestPlan, TraceWorld
 
 from analyzer.query.runner import run_query
+from trace_fixtures import ANCHOR_NS, RequestPlan, TraceWorld
 
 S = 1_000_000_000  # ns per second
 WINDOW = {"window_start_ns": ANCHOR_NS, "window_end_ns": ANCHOR_NS + 10 * S}

@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from data_paths import CAPTURES, DATA, REAL, SAMPLES
 from read_guard import GUARD, REPO, ReadGuard
 

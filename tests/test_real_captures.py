@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from analyzer.db.store import connect
 from analyzer.formats.load import load_paths
 from analyzer.query.runner import run_query
-from analyzer.db.store import connect
 from data_paths import CAPTURES, REAL
 
 DATA = CAPTURES

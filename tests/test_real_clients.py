@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from analyzer.audit.records_traces import load_traced_requests
+from analyzer.db.store import connect
 from analyzer.formats.canonical import SPAN_COLUMNS
 from analyzer.formats.load import load_paths
 from analyzer.query.runner import run_query
-from analyzer.db.store import connect
 
 CAPTURE = Path(__file__).resolve().parent / "data" / "real" / "openai-clients-tokentrace"
 FILES = ("server.jsonl", "openai-v2-stock.jsonl", "openai-v2-httpx2.jsonl", "openllmetry.jsonl")

@@ -6,8 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from instrument.gateway.choice_text import StopText  # noqa: E402
-from instrument.hf.token_sampling import SamplingParams, SequenceSampler, one_hot_scores  # noqa: E402
+from instrument.gateway.choice_text import StopText
+from instrument.hf.token_sampling import SamplingParams, SequenceSampler, one_hot_scores
 
 VOCAB = 8
 EOS = 7

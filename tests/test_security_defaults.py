@@ -16,9 +16,9 @@ from click.testing import CliRunner
 
 from analyzer.cli import cli
 from analyzer.collect import Receiver
-from analyzer.formats.parquet_export import export_parquet
-from analyzer.formats.load import load_paths
 from analyzer.db.store import connect
+from analyzer.formats.load import load_paths
+from analyzer.formats.parquet_export import export_parquet
 
 PROMPT = "my secret prompt: card 4111-1111-1111-1111"
 

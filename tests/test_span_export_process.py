@@ -24,16 +24,16 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("torch")
 
-import httpx  # noqa: E402
-from opentelemetry.trace import NoOpTracer  # noqa: E402
+import httpx
+from opentelemetry.trace import NoOpTracer
 
-from instrument.client import chat_body, stream_chat  # noqa: E402
-from instrument.otel.export_health import export_health  # noqa: E402
-from instrument.gateway.app import GatewaySettings, create_app  # noqa: E402
-from instrument.gateway.server import ServerThread  # noqa: E402
-from instrument.hf.model_handle import ModelHandle, load_model_handle  # noqa: E402
-from instrument.records.span_forward import forward_spans  # noqa: E402
-from instrument.otel.tracing import setup_tracing  # noqa: E402
+from instrument.client import chat_body, stream_chat
+from instrument.gateway.app import GatewaySettings, create_app
+from instrument.gateway.server import ServerThread
+from instrument.hf.model_handle import ModelHandle, load_model_handle
+from instrument.otel.export_health import export_health
+from instrument.otel.tracing import setup_tracing
+from instrument.records.span_forward import forward_spans
 
 TIMEOUT_S = 60.0
 LONG = "Tell me about the KV cache and paged attention. " * 8  # > 64 tokens: prefilled in chunks
@@ -297,7 +297,7 @@ class _OtlpSink:
         self.posts: list[float] = []  # perf_counter when each export arrived
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 sink.posts.append(time.perf_counter())
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 time.sleep(sink.delay_s)

@@ -21,15 +21,15 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
+from instrument.engines.continuous.span_builder import SpanBuilder, layout_meta
 from instrument.engines.continuous.spans import EngineTraceWriter, SequenceRecord, StepRecord, write_sequence_spans
 from instrument.hf.generate_spans import DecodeSpanPolicy
 from instrument.kv.formula import KVLayout
+from instrument.otel.span_writer import span_writer_for
+from instrument.otel.tracing import get_tracer
 from instrument.records import format as fmt
 from instrument.records.channels import RECORD_ENTRIES, decoder_target
 from instrument.records.router import Router
-from instrument.engines.continuous.span_builder import SpanBuilder, layout_meta
-from instrument.otel.span_writer import span_writer_for
-from instrument.otel.tracing import get_tracer
 
 LAYOUT = KVLayout(layers=2, q_heads=4, kv_heads=2, head_dim=16, dtype="torch.float32", bytes_per_element=4,
                   layout="gqa", source="config.json")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from analyzer.audit.claims import check_e2e_claim, check_kv_claim
-from analyzer.query.runner import run_query
 from analyzer.db.store import connect
-from analyzer.verbs.timeline import WindowCounts, compute_artifact, read_timeline_csv, validate_request
 from analyzer.errors import TimelineError
+from analyzer.query.runner import run_query
+from analyzer.verbs.timeline import WindowCounts, compute_artifact, read_timeline_csv, validate_request
 from instrument.kv.formula import explicit_layout
 
 SEED_KV = explicit_layout(80, 8, 128, "bf16", q_heads=64)

@@ -160,8 +160,8 @@ def test_requests_and_itl_name_the_vllm_clocks(dbs) -> None:
 
 
 def test_a_block_of_several_sources_names_each_clock() -> None:
-    from analyzer.cli._views import VIEWS
     from analyzer.cli._human import render
+    from analyzer.cli._views import VIEWS
 
     cols = ["source", "perspective", "response_id", "ttft_ms"]
     rows = [("tokentrace", "server", "a", 1.0), ("vllm", "server", "b", 2.0), ("vllm", "server", "c", 3.0)]

@@ -23,9 +23,23 @@ from typing import Any
 
 import pytest
 
-from vllm_support import (PREEMPTION_ARGS, SIGTERM_STREAMS, SPEC_ARGS, VLLM_PYTHON, VllmRun, check_run,
-                          check_spec_run, drive_load, drive_preemption_load, drive_spec_load, drive_until_sigterm,
-                          plugin_and_vllm_spans, read_spans, run_spans, split_plugin_spans)
+from vllm_support import (
+    PREEMPTION_ARGS,
+    SIGTERM_STREAMS,
+    SPEC_ARGS,
+    VLLM_PYTHON,
+    VllmRun,
+    check_run,
+    check_spec_run,
+    drive_load,
+    drive_preemption_load,
+    drive_spec_load,
+    drive_until_sigterm,
+    plugin_and_vllm_spans,
+    read_spans,
+    run_spans,
+    split_plugin_spans,
+)
 
 pytestmark = [
     pytest.mark.slow,

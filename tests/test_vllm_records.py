@@ -29,18 +29,18 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from instrument.otel.tracing import get_tracer
 from instrument.records import format as fmt
 from instrument.records.channels import decoder_target
 from instrument.records.router import Router
-from instrument.otel.tracing import get_tracer
 from instrument.vllm import rows as vllm_rows
-from instrument.vllm.consumer import RecordConsumer
-from instrument.vllm.rows import ARRIVED, FINISHED, IDLE, PARTIAL, PREEMPTED, SCHEDULED, UPDATED
-from instrument.vllm.steps import StepReader
 from instrument.vllm import sink as sink_module
+from instrument.vllm.consumer import RecordConsumer
 from instrument.vllm.hooks import FINISHED_ABORTED, FINISHED_LENGTH, FINISHED_STOPPED, StepFacts
 from instrument.vllm.request_ids import external_request_id
+from instrument.vllm.rows import ARRIVED, FINISHED, IDLE, PARTIAL, PREEMPTED, SCHEDULED, UPDATED
 from instrument.vllm.spans import SpanBuilder
+from instrument.vllm.steps import StepReader
 
 T0 = 1_764_000_000_000_000_000
 MS = 1_000_000

@@ -16,8 +16,8 @@ network-out 3; residual 1 (tokenize end 19 -> queue start 20).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import duckdb
 from opentelemetry import trace
@@ -28,8 +28,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from analyzer.formats.sdk_spans import rows_from_sdk_spans
 from analyzer.db.store import connect, insert_rows
+from analyzer.formats.sdk_spans import rows_from_sdk_spans
 
 ANCHOR_NS = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z
 KV_BYTES_PER_TOKEN = 327_680  # 2 x 80 layers x 8 kv heads x 128 x 2 bytes (the seed's model)

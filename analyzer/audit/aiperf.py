@@ -14,9 +14,13 @@ from typing import Any
 
 import duckdb
 
+from analyzer.audit.aiperf_records import (
+    check_aiperf_records,
+    osl_against_server,
+    read_aiperf_records,
+    records_against_traces,
+)
 from analyzer.audit.compare import CANNOT, DEFINITION_REL_TOL, FAIL, PASS, Finding, agree, audit_query, compare_figure
-from analyzer.audit.aiperf_records import (check_aiperf_records, osl_against_server, read_aiperf_records,
-                                           records_against_traces)
 from analyzer.audit.readable import successful_requests
 from analyzer.errors import AuditInputError
 

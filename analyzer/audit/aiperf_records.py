@@ -18,8 +18,8 @@ from typing import Any
 import duckdb
 
 from analyzer.audit.compare import CANNOT, FAIL, PASS, Finding, agree, audit_query, create_table
-from analyzer.errors import AuditInputError
 from analyzer.audit.records_traces import RequestRecord, compare_records_with_traces, load_traced_requests
+from analyzer.errors import AuditInputError
 
 __all__ = ["AiperfRecords", "check_aiperf_records", "osl_against_server", "read_aiperf_records",
            "records_against_traces"]

@@ -9,9 +9,9 @@ from typing import Any
 
 import duckdb
 
+from analyzer.audit.claims import check_e2e_claim, check_kv_claim
 from analyzer.audit.claims_file import Claims
 from analyzer.audit.compare import CANNOT, FAIL, PASS, Finding, agree, audit_query, compare_figure
-from analyzer.audit.claims import check_e2e_claim, check_kv_claim
 from instrument.kv.formula import PHYSICAL_MEMORY_OMISSIONS, kv_bytes_per_token
 
 __all__ = ["check_claims", "SEED_SYNTHETIC_FIGURES"]

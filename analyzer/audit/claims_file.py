@@ -11,9 +11,10 @@ integer ``148`` stands for 147.5 ... 148.5; counts and ``kv_bytes_per_token`` ar
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from analyzer.audit.compare import written_half_unit
 from analyzer.audit.inputs import read_json

@@ -11,8 +11,9 @@ file's ``tpot_ms: 148`` stands for 147.5 ... 148.5; see analyzer/audit/claims_fi
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from decimal import Decimal
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import duckdb
 

@@ -13,9 +13,10 @@ clocks and must agree within :data:`DEFINITION_REL_TOL`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import astuple, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import duckdb
 

@@ -17,11 +17,21 @@ from typing import Any
 
 import duckdb
 
-from analyzer.audit.compare import CANNOT, FAIL, PASS, Finding, audit_query, compare_figure, create_table, distribution_stats, load_values
+from analyzer.audit.compare import (
+    CANNOT,
+    FAIL,
+    PASS,
+    Finding,
+    audit_query,
+    compare_figure,
+    create_table,
+    distribution_stats,
+    load_values,
+)
 from analyzer.audit.inputs import optional_number
 from analyzer.audit.readable import successful_requests
-from analyzer.errors import AuditInputError
 from analyzer.audit.records_traces import RequestRecord, compare_records_with_traces, load_traced_requests
+from analyzer.errors import AuditInputError
 
 __all__ = ["audit_vllm", "load_vllm_arrays", "VLLM_METRICS"]
 

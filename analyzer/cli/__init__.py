@@ -14,8 +14,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import sys
+from collections.abc import Iterator
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import Any
 
 import click
 
@@ -70,15 +71,15 @@ class _LazyVerbs(dict):
         self._load_all()
         return dict.__len__(self)
 
-    def keys(self):  # noqa: ANN201
+    def keys(self):
         self._load_all()
         return dict.keys(self)
 
-    def items(self):  # noqa: ANN201
+    def items(self):
         self._load_all()
         return dict.items(self)
 
-    def values(self):  # noqa: ANN201
+    def values(self):
         self._load_all()
         return dict.values(self)
 

@@ -6,7 +6,8 @@ client perspective): no second formula."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 __all__ = ["WIDTH", "summary_block"]
 

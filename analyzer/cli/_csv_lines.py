@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import csv
 import io
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import duckdb
 

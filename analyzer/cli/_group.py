@@ -88,7 +88,7 @@ class TokentraceGroup(click.Group):
             raise _one_line_usage(exc) from None
         except (click.ClickException, click.exceptions.Exit, click.Abort, BrokenPipeError):
             raise  # a broken pipe (`tokentrace itl | head`): main() leaves quietly
-        except Exception as exc:  # noqa: BLE001 - every other exception gets one line
+        except Exception as exc:
             if os.environ.get("TOKENTRACE_DEBUG"):
                 raise
             raise user_facing_error(exc, ctx.invoked_subcommand) from None

@@ -7,9 +7,11 @@ import io
 import json
 import math
 import sys
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import click
+
 from analyzer.errors import UserError
 
 

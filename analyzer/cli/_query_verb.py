@@ -4,12 +4,12 @@ parameters. Not a verb (the leading underscore keeps it out of verb discovery)."
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 import textwrap
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
-
-import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import click
 import duckdb
@@ -19,7 +19,9 @@ from analyzer.errors import UserError, duckdb_message
 
 if TYPE_CHECKING:
     from analyzer.cli._table_cut import TableCut
-    from analyzer.query.runner import QueryResult  # imported where a query runs (start-up cost of --help and usage errors)
+    from analyzer.query.runner import (
+        QueryResult,  # imported where a query runs (start-up cost of --help and usage errors)
+    )
 
 __all__ = [
     "PERSPECTIVES", "TRACE_ID_RE", "check_trace_id", "columns_option", "installed", "merge_params", "note_if_stale",
@@ -209,7 +211,7 @@ def request_flags(db_path: str | None, parquet_dir: str | None, wanted: str | No
     return {"trace_id": found["trace_id"], "request_span_id": found["request_span_id"]}
 
 
-def with_request_ids(con: duckdb.DuckDBPyConnection, result: "QueryResult") -> "QueryResult":
+def with_request_ids(con: duckdb.DuckDBPyConnection, result: QueryResult) -> QueryResult:
     """``result`` for the table: a ``request_id`` column, the id every verb shows for a request
     (analyzer/query/request_ids.py), beside each ``request_span_id`` (and
     ``largest_shared_prefill_request_id`` beside that span id of stalls' slowest gaps)."""
@@ -329,8 +331,8 @@ def _stream_csv(con: duckdb.DuckDBPyConnection, query: str, params: Mapping[str,
     import sys
 
     from analyzer.cli._csv_lines import ARROW_MIN_EVENTS, csv_line_sql, iter_csv_chunks
-    from analyzer.query.runner import stream_query
     from analyzer.db.views.state import installed_span_events
+    from analyzer.query.runner import stream_query
 
     def chunks():
         try:
@@ -395,7 +397,7 @@ def run_verb(
     validate: Callable[[dict[str, Any]], None] | None = None,
     decorate: Callable[[QueryResult], QueryResult] | None = None,
     chosen: Sequence[str] | None = None,
-    cut: "TableCut | None" = None,
+    cut: TableCut | None = None,
 ) -> None:
     """Open the source, run one query, print its rows (and notes). On DuckDB, csv and json
     are written batch by batch as the rows come (:func:`stream_rows`); a table is printed

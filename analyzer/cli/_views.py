@@ -6,7 +6,8 @@ of verb discovery)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from analyzer.cli._human import Col, View, auto_view
 

@@ -7,8 +7,9 @@ import secrets
 import signal
 import sys
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import click
 
@@ -269,10 +270,10 @@ def _say_where_the_spans_are(say: Callable[[str], None], otlp_json: str | None, 
         say("the client spans were not kept: --db PATH keeps them for tokentrace summary, requests, itl ...")
 
 
-def _print_per_request(con) -> None:  # noqa: ANN001
+def _print_per_request(con) -> None:
     """--per-request: every request's row, the window table and each request's ids."""
-    from analyzer.cli.demo import print_query_results
     from analyzer.cli._options import emit_rows
+    from analyzer.cli.demo import print_query_results
     from analyzer.verbs.demo import summary_queries
 
     results_by_query = summary_queries(con, perspective="client", skew=False)

@@ -4,9 +4,10 @@ worked example's travel-copilot request plus a small concurrent load, and analyz
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import click
 
@@ -117,8 +118,8 @@ def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int
     import signal
 
     from analyzer.cli._command_name import tokentrace_command
-    from analyzer.verbs.demo import DemoOptions, DemoStopped, run_demo
     from analyzer.errors import LoadError
+    from analyzer.verbs.demo import DemoOptions, DemoStopped, run_demo
 
     if tiny and model not in (None, "tiny"):
         raise UserError(f"--tiny and --model {model} contradict each other: give one")

@@ -7,12 +7,17 @@ import json
 
 import click
 
-from analyzer.cli._query_verb import (
-    check_trace_id, merge_params, note_if_stale, open_from_flags, query_rows, source_options,
-)
 from analyzer.cli._group import cli
 from analyzer.cli._options import emit_rows, format_option, to_jsonable
-from analyzer.errors import UserError, OffsetSyntaxError
+from analyzer.cli._query_verb import (
+    check_trace_id,
+    merge_params,
+    note_if_stale,
+    open_from_flags,
+    query_rows,
+    source_options,
+)
+from analyzer.errors import OffsetSyntaxError, UserError
 from analyzer.verbs.skew import parse_assume_offsets
 
 
@@ -77,7 +82,7 @@ RULES = ("child_starts_before_parent", "child_ends_after_parent", "negative_dura
          "decode_steps_overlap", "chunks_out_of_order")
 
 
-def _echo_table(title: str, result, notes, first: bool) -> None:  # noqa: ANN001
+def _echo_table(title: str, result, notes, first: bool) -> None:
     """One section as a table: no empty rules table (one line says no rule is broken), and
     clock domains under short names that still tell them apart, spelled out below."""
     import textwrap
@@ -94,7 +99,7 @@ def _echo_table(title: str, result, notes, first: bool) -> None:  # noqa: ANN001
     echo_human(title, result.columns, rows, notes=[*notes, *legend], columns_flag=False)
 
 
-def with_short_domains(columns, rows) -> tuple[list, list[str]]:  # noqa: ANN001
+def with_short_domains(columns, rows) -> tuple[list, list[str]]:
     """``rows`` with their client and server clock domains under :func:`short_domain_names`,
     and the legend lines that spell each shortened one out (skew, the demo)."""
     at = [columns.index(c) for c in ("client_domain", "server_domain") if c in columns]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from analyzer.cli._query_verb import columns_option, PERSPECTIVES, run_verb, source_options
 from analyzer.cli._group import cli
 from analyzer.cli._options import format_option, param_option
+from analyzer.cli._query_verb import PERSPECTIVES, columns_option, run_verb, source_options
 
 
 @cli.command("summary")

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import difflib
 import textwrap
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import click
 

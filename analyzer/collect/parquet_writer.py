@@ -24,8 +24,9 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import duckdb
 
@@ -42,9 +43,9 @@ from analyzer.collect.parquet_layout import (
     parts_by_folder,
     recover,
 )
+from analyzer.errors import TokentraceError
 from analyzer.formats import stage
 from analyzer.formats.canonical import EVENT_COLUMNS, LINK_COLUMNS, SPAN_COLUMNS, Reject, RowSink
-from analyzer.errors import TokentraceError
 from analyzer.formats.otlp_json import add_traces_data
 
 __all__ = ["COMPACT_WAIT_S", "OutputError", "OutputInUse", "ParquetWriter", "map_request"]

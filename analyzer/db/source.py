@@ -18,8 +18,8 @@ from pathlib import Path
 import duckdb
 
 from analyzer.db.dbfile import check_database_path
-from analyzer.errors import DatabaseFileError, SourceError
 from analyzer.db.schema import DEDICATED_COLUMNS, DUMP_FORMAT, FORMAT_KEY, TABLE_DDL, missing_dedicated
+from analyzer.errors import DatabaseFileError, SourceError
 
 __all__ = ["DUMP_TABLES", "open_source", "parquet_views", "utc_day_of_ns"]
 

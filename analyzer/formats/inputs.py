@@ -9,9 +9,10 @@ import gzip
 import io
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Sequence
+from typing import BinaryIO
 
 from analyzer.errors import LoadError
 
@@ -86,7 +87,7 @@ def expand_inputs(args: Sequence[str]) -> list[InputFile]:
 
 def open_stream(f: InputFile) -> BinaryIO:
     """Open an input as a buffered binary stream, decompressing gzip or zstd (whole-file)."""
-    raw: BinaryIO = sys.stdin.buffer if f.path is None else open(f.path, "rb")  # noqa: SIM115
+    raw: BinaryIO = sys.stdin.buffer if f.path is None else open(f.path, "rb")
     stream = io.BufferedReader(raw, buffer_size=1 << 20) if not isinstance(raw, io.BufferedReader) else raw  # type: ignore[arg-type]
     head = stream.peek(4)[:4]
     if head[:2] == GZIP_MAGIC:

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from analyzer.db.store import clock_domain_of
 from analyzer.formats.canonical import Reject, RowSink, raw_json
 from analyzer.formats.values import INT64_MAX, BadRecord, json_text, parse_id
-from analyzer.db.store import clock_domain_of
 
 __all__ = ["is_jaeger_document", "read_jaeger_document"]
 

@@ -17,17 +17,25 @@ from __future__ import annotations
 
 import io
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import duckdb
 
+from analyzer.db.store import next_load_id, record_load
+from analyzer.errors import LoadError
 from analyzer.formats import otlp_json, otlp_json_duckdb, otlp_proto, parquet_dump, stage
 from analyzer.formats.canonical import LENIENT_HINT, Reject, RowSink
-from analyzer.errors import LoadError
-from analyzer.formats.inputs import GZIP_MAGIC, INPUT_FORMATS, ZSTD_MAGIC, InputFile, detect_format, expand_inputs, open_stream
+from analyzer.formats.inputs import (
+    GZIP_MAGIC,
+    INPUT_FORMATS,
+    ZSTD_MAGIC,
+    InputFile,
+    detect_format,
+    expand_inputs,
+    open_stream,
+)
 from analyzer.formats.jaeger_json import is_jaeger_document, read_jaeger_document
-from analyzer.db.store import next_load_id, record_load
 
 __all__ = ["FileReport", "INPUT_FORMATS", "LoadReport", "load_paths"]
 
@@ -271,7 +279,7 @@ def _first_line_check(name: str, head: bytes) -> None:
         raise LoadError(name, 1, "not_traces", _not_traces_detail(first))
 
 
-def _read_json(stream, head: bytes, sink: RowSink, input_format: str) -> str:  # noqa: ANN001
+def _read_json(stream, head: bytes, sink: RowSink, input_format: str) -> str:
     if input_format != "jaeger-json" and _is_json_lines(head):
         _first_line_check(sink.file, head)
         otlp_json.read_json_lines(stream, sink)

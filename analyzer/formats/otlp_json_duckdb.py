@@ -34,9 +34,9 @@ import itertools
 import json
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import duckdb
 
@@ -212,7 +212,7 @@ def _forget(token: int) -> None:
             del _COUNTS[key]
 
 
-def _direct(con: duckdb.DuckDBPyConnection, src: Callable[[str], str], load_id: int, advance: Callable[[float | None], None]):  # noqa: ANN202
+def _direct(con: duckdb.DuckDBPyConnection, src: Callable[[str], str], load_id: int, advance: Callable[[float | None], None]):
     """Spans, events and links straight into the canonical tables; _REPEATS when a key repeats."""
     token = _new_token()
     try:
@@ -249,7 +249,7 @@ def _repeats(con: duckdb.DuckDBPyConnection, before: int, spans: int) -> bool:
     return bool(con.execute(f"SELECT count(*) FROM {new} n JOIN {old} o USING (trace_id, span_id)").fetchall()[0][0])
 
 
-def _staged(con: duckdb.DuckDBPyConnection, src: Callable[[str], str], load_id: int, advance: Callable[[float | None], None]):  # noqa: ANN202
+def _staged(con: duckdb.DuckDBPyConnection, src: Callable[[str], str], load_id: int, advance: Callable[[float | None], None]):
     """Spans with raw events and links into temp staging tables, then :func:`stage.commit_stage`
     (identical duplicates counted, not inserted). None on conflicting duplicates."""
     _sequences(con)

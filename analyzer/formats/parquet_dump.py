@@ -13,8 +13,8 @@ from pathlib import Path
 
 import duckdb
 
-from analyzer.formats.canonical import EVENT_COLUMNS, LINK_COLUMNS, SPAN_COLUMNS, Reject, RowSink
 from analyzer.errors import LoadError
+from analyzer.formats.canonical import EVENT_COLUMNS, LINK_COLUMNS, SPAN_COLUMNS, Reject, RowSink
 
 __all__ = ["PARTITION_TYPES", "read_parquet_dump"]
 
@@ -47,7 +47,7 @@ def _quote(s: str) -> str:
     return s.replace("'", "''")
 
 
-def read_parquet_dump(con: duckdb.DuckDBPyConnection, f, sink: RowSink) -> str:  # noqa: ANN001
+def read_parquet_dump(con: duckdb.DuckDBPyConnection, f, sink: RowSink) -> str:
     """Stage a Parquet dump (``f`` an :class:`~analyzer.formats.inputs.InputFile`); returns ``parquet``.
 
     A damaged file or a column of the wrong type is a :class:`LoadError` (``invalid_parquet``)."""
@@ -57,7 +57,7 @@ def read_parquet_dump(con: duckdb.DuckDBPyConnection, f, sink: RowSink) -> str: 
         raise LoadError(f.name, None, "invalid_parquet", str(e).split("\n")[0][:300]) from None
 
 
-def _read(con: duckdb.DuckDBPyConnection, f, sink: RowSink) -> str:  # noqa: ANN001
+def _read(con: duckdb.DuckDBPyConnection, f, sink: RowSink) -> str:
     assert f.path is not None
     src = _source(f.path, "spans", f.dataset_dir)
     try:

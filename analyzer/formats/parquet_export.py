@@ -20,8 +20,8 @@ from pathlib import Path
 import duckdb
 
 from analyzer.db.schema import DEDICATED_COLUMNS, DUMP_FORMAT, FORMAT_KEY
-from analyzer.formats.canonical import EVENT_COLUMNS, LINK_COLUMNS, SPAN_COLUMNS
 from analyzer.errors import ExportError
+from analyzer.formats.canonical import EVENT_COLUMNS, LINK_COLUMNS, SPAN_COLUMNS
 
 __all__ = ["ExportReport", "export_parquet"]
 

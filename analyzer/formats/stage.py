@@ -15,8 +15,8 @@ links) are inserted, so memory grows with the staged rows of one file, never the
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import duckdb
 import pyarrow as pa

@@ -16,10 +16,11 @@ are kept as tables, or a database's derived tables are read instead: analyzer/db
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import duckdb
 
@@ -120,7 +121,7 @@ def _parse(name: str, path: Path) -> QueryFile:
     return QueryFile(name, path, sql, " ".join(returns), " ".join(units), tuple(params))
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_query(name: str) -> QueryFile:
     """The query ``queries/<name>.sql``; ValueError naming the known queries otherwise.
 

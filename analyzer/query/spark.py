@@ -22,16 +22,17 @@ import datetime as dt
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from analyzer.db.schema import DEDICATED_COLUMNS
 from analyzer.db.source import DUMP_TABLES, _canonical_columns, utc_day_of_ns
-from analyzer.query.spark_sql import spark_type, to_spark, to_spark_statements
-from analyzer.errors import TranspileError, SparkEngineError
 from analyzer.db.views import UNIONED_VIEWS, union_view_sql, view_files
+from analyzer.errors import SparkEngineError, TranspileError
 from analyzer.query.runner import QueryResult, load_query
+from analyzer.query.spark_sql import spark_type, to_spark, to_spark_statements
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -75,7 +76,7 @@ logger.sqlctx.name = SQLQueryContextLogger
 logger.sqlctx.level = off
 """
 
-_SESSION: "SparkSession | None" = None
+_SESSION: SparkSession | None = None
 
 
 def _check_runtime() -> None:
@@ -90,7 +91,7 @@ def _check_runtime() -> None:
 
 def get_session(
     master: str | None = None, shuffle_partitions: int = 4, conf: Mapping[str, str] | None = None
-) -> "SparkSession":
+) -> SparkSession:
     """The process's Spark session (created on first use, cached, stopped at exit).
 
     ``conf`` adds or overrides Spark settings (e.g. the tests turn whole-stage code
@@ -169,7 +170,7 @@ class SparkSource:
     """A Spark session whose temp views hold one dump: ``spans``, ``span_events``,
     ``span_links`` (canonical columns) and, once :meth:`install_views` ran, every view."""
 
-    spark: "SparkSession"
+    spark: SparkSession
     directory: Path
     files: dict[str, int]
     partition_where: str = ""
@@ -202,7 +203,7 @@ class SparkSource:
         if self.materialize and view in MATERIALIZED_VIEWS:
             self.spark.table(view).localCheckpoint(eager=False).createOrReplaceTempView(view)
 
-    def query(self, name: str, params: Mapping[str, Any] | None = None) -> "DataFrame":
+    def query(self, name: str, params: Mapping[str, Any] | None = None) -> DataFrame:
         """``queries/<name>.sql`` as a Spark DataFrame (lazy), parameters bound by name."""
         query = load_query(name)
         bound = query.bind(params)
@@ -247,7 +248,7 @@ def _first_line(exc: BaseException) -> str:
     return message.strip().splitlines()[0] if message.strip() else type(exc).__name__
 
 
-def _table_view(spark: "SparkSession", root: Path, table: str, where: str, args: dict[str, Any]) -> int:
+def _table_view(spark: SparkSession, root: Path, table: str, where: str, args: dict[str, Any]) -> int:
     """Create temp view ``table`` over ``root/table`` (or an empty one); returns its file count."""
     columns = _canonical_columns(table)
     folder = root / table
@@ -286,7 +287,7 @@ def open_spark_source(
     start_ns: int | None = None,
     end_ns: int | None = None,
     services: Sequence[str] | None = None,
-    spark: "SparkSession | None" = None,
+    spark: SparkSession | None = None,
 ) -> SparkSource:
     """Temp views over the dump at ``directory`` in the (cached) Spark session.
 

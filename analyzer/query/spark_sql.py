@@ -39,10 +39,11 @@ unguarded division shows up as a Spark error, not as a silent difference.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import sqlglot
 from sqlglot import exp
+
 from analyzer.errors import TranspileError
 
 __all__ = ["spark_type", "to_spark", "to_spark_statements"]

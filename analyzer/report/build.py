@@ -12,18 +12,19 @@ import json
 import math
 import re
 import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import duckdb
 
 from analyzer.query.runner import QueryResult, run_query
+from analyzer.query.utc_columns import utc_ms_text
 from analyzer.report import plots
 from analyzer.report.headline import headline_html
 from analyzer.report.labels import label, metric_label
 from analyzer.report.timeline import DEFAULT_TIMELINE_REQUESTS
-from analyzer.query.utc_columns import utc_ms_text
 
 __all__ = ["ReportInputs", "build_report", "choose_request"]
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import io
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["cdf_svg", "decode_steps_svg", "engine_timeline_svg", "itl_vs_prefill_svg", "phases_svg", "throughput_svg",
            "waterfall_svg"]

@@ -16,9 +16,10 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["DEMO_PROMPTS", "DemoOptions", "DemoResult", "DemoStopped", "REQUEST_ID_CHARS", "StepLog", "model_step",
            "run_demo", "summary_queries", "with_short_request_id"]
@@ -138,7 +139,6 @@ def summary_queries(con: Any, *, perspective: str | None = None, skew: bool = Tr
     """Run requests.sql (with the short ``request`` id in front), window.sql (with UTC bounds
     beside the ns ones) and (when present and asked) skew_offsets.sql on ``con``."""
     from analyzer.query.runner import list_queries, run_query
-
     from analyzer.query.utc_columns import with_utc_bounds
 
     results = {

@@ -17,10 +17,10 @@ from typing import Any
 
 import duckdb
 
-from analyzer.query.runner import run_query
 from analyzer.db.store import EventRow, SpanRow, connect, insert_rows
-from instrument.kv.formula import KVLayout, bytes_to_mib
 from analyzer.errors import TimelineError
+from analyzer.query.runner import run_query
+from instrument.kv.formula import KVLayout, bytes_to_mib
 
 __all__ = [
     "EVENTS",

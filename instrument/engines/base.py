@@ -20,8 +20,9 @@ continuous engine: the paged cache's whole blocks for them), and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from opentelemetry.context import Context
 

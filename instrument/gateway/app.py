@@ -16,8 +16,9 @@ import asyncio
 import dataclasses
 import json
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -26,15 +27,14 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from instrument.clock import now_wall_ns
-from instrument.gateway import sse
-from instrument.gateway.admission import AdmissionBudgets, AdmissionController, AdmissionRefused, RateLimiter
 from instrument.engines.base import EngineRequest, QueueWaitExceeded
-from instrument.gateway import responses
+from instrument.gateway import responses, sse
+from instrument.gateway.admission import AdmissionBudgets, AdmissionController, AdmissionRefused, RateLimiter
 from instrument.gateway.request_state import LoopWaker, RequestState, log_request
 from instrument.gateway.validation import ValidationError, validate_request
 from instrument.hf.model_handle import ModelHandle
-from instrument.records.span_forward import forwarder_of
 from instrument.otel.tracing import get_tracer, span_event_limit_of
+from instrument.records.span_forward import forwarder_of
 
 __all__ = ["GatewaySettings", "create_app"]
 

@@ -7,8 +7,9 @@ Pure Python (no FastAPI, no torch): the app turns a :class:`ValidationError` int
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from instrument.gateway.request_fields import MAX_STOP_SEQUENCES, refusal, unknown_fields
 from instrument.hf.token_sampling import SamplingParams

@@ -27,8 +27,8 @@ from opentelemetry.context import Context
 
 from instrument.clock import now_wall_ns
 from instrument.hf.generate_spans import DecodeSpanPolicy, SequenceTrace, emit_failed_generate_span, emit_sequence_spans
-from instrument.kv.runtime import RuntimeKV, inspect_runtime_kv
 from instrument.hf.recorder import GenerationRecorder, RecordedTimeline, model_device
+from instrument.kv.runtime import RuntimeKV, inspect_runtime_kv
 from instrument.otel.span_writer import span_writer_for
 from instrument.otel.tracing import get_tracer, span_event_limit_of
 

@@ -25,9 +25,10 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from instrument.clock import wall_ns_from_perf_ns_list
 

@@ -25,10 +25,10 @@ import base64
 import json
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from collections.abc import Sequence as SequenceABC
 from pathlib import Path
-from typing import IO, Any, Sequence
+from typing import IO, Any
 
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans

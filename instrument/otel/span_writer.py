@@ -20,8 +20,8 @@ tests/test_span_writer.py against the installed SDK.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
-from typing import Any, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
@@ -350,7 +350,7 @@ class _StepSpan(ReadableSpan):
     _links: tuple[()] = ()
     _status = Status(StatusCode.UNSET)  # ReadableSpan's default
 
-    def __init__(self, shared: _StepShared, step: int) -> None:  # noqa: D107 - no ReadableSpan.__init__ on purpose
+    def __init__(self, shared: _StepShared, step: int) -> None:
         self._shared = shared
         self._step = step
 

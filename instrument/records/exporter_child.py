@@ -19,7 +19,8 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["Control", "main"]
 
@@ -144,8 +145,9 @@ def _child_main(sock: socket.socket, control: Control, settings: dict[str, Any])
 
 def _child_provider(settings: dict[str, Any]) -> Any:
     """The exporter process's TracerProvider: the parent's resource and exporters, made here."""
-    from instrument.otel.tracing import setup_tracing
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+
+    from instrument.otel.tracing import setup_tracing
 
     attrs = dict(settings["resource"])
     return setup_tracing(str(attrs.pop("service.name", "tokentrace")), exporter=settings["exporters"] or ["none"],

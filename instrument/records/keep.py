@@ -94,7 +94,7 @@ class KeepPolicy:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None,
-                 warn: Callable[[str], None] = log.warning) -> "KeepPolicy | None":
+                 warn: Callable[[str], None] = log.warning) -> KeepPolicy | None:
         """The policy the environment sets, or None when it sets none. A malformed value: one
         ``warn`` line naming the variable, that rule off."""
         env = os.environ if env is None else env

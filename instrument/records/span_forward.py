@@ -37,7 +37,8 @@ from __future__ import annotations
 import logging
 import marshal
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
@@ -208,8 +209,8 @@ def forward_spans(tracer_provider: Any) -> Any:
     (every span would be exported twice). The process and its forwarder are kept on the
     provider (a ``TracingSetup``: ``exporter_process``, ``span_forwarder``)."""
     from instrument.otel.export_health import add_counts_source
-    from instrument.records.exporter_process import ExporterProcess
     from instrument.otel.tracing import exporter_settings
+    from instrument.records.exporter_process import ExporterProcess
 
     running = exporter_process_of(tracer_provider)
     if running is not None:
@@ -245,7 +246,6 @@ class Decoder:
     def __init__(self, tracer_provider: Any) -> None:
         from instrument.otel.span_writer import span_writer_for
         from instrument.otel.tracing import get_tracer
-
         from instrument.records.keep_stage import keep_stage_of
 
         tracer = get_tracer(tracer_provider)

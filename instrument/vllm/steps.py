@@ -18,7 +18,17 @@ from collections.abc import Iterator
 from typing import Any
 
 from instrument.vllm.facts import StepFacts
-from instrument.vllm.rows import ARRIVED, FINISHED, GEOMETRY, IDLE, PARTIAL, PREEMPTED, SCHEDULED, UPDATED, scheduled_ids
+from instrument.vllm.rows import (
+    ARRIVED,
+    FINISHED,
+    GEOMETRY,
+    IDLE,
+    PARTIAL,
+    PREEMPTED,
+    SCHEDULED,
+    UPDATED,
+    scheduled_ids,
+)
 
 __all__ = ["MAX_IN_FLIGHT", "StepReader"]
 

@@ -26,10 +26,9 @@ PARAMS: dict[str, dict[str, Any]] = {
 
 def golden_rows(name: str) -> dict[str, Any]:
     """The golden document of one query: its parameters, columns and rows (JSON values)."""
-    from trace_fixtures import mixed_db
-
     from analyzer.cli._options import to_jsonable
     from analyzer.query.runner import run_query
+    from trace_fixtures import mixed_db
 
     con = mixed_db()
     try:

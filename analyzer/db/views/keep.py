@@ -8,7 +8,7 @@ rule is there and what it measured.
 from __future__ import annotations
 
 import re
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import duckdb
 

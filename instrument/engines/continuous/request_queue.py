@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from instrument.engines.continuous import hooks as cb_hooks
 from instrument.engines.base import QueueWaitExceeded
+from instrument.engines.continuous import hooks as cb_hooks
 from instrument.engines.continuous.spans import SequenceRecord
 
 __all__ = ["RequestQueue"]

@@ -26,10 +26,10 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, Trace
 from instrument.engines.continuous.spans import EngineTraceWriter, StepRecord, record_run, write_sequence_spans
 from instrument.hf.generate_spans import DecodeSpanPolicy
 from instrument.kv.formula import KVLayout
-from instrument.records import format as fmt
-from instrument.records.keep_stage import EngineFacts, keep_stage_of
 from instrument.otel.span_writer import span_writer_for
 from instrument.otel.tracing import get_tracer
+from instrument.records import format as fmt
+from instrument.records.keep_stage import EngineFacts, keep_stage_of
 
 __all__ = ["SpanBuilder", "engine_facts", "layout_meta"]
 

@@ -24,8 +24,8 @@ from opentelemetry.trace import SpanKind
 
 from instrument.engines.base import EngineRequest
 from instrument.hf.generate_spans import DecodeSpanPolicy
-from instrument.kv.formula import KVLayout
 from instrument.hf.token_sampling import SequenceSampler, TokenLogprobs
+from instrument.kv.formula import KVLayout
 
 __all__ = ["EngineTraceWriter", "SequenceRecord", "StepRecord", "record_run", "write_preemption_events", "write_sequence_spans"]
 

@@ -49,8 +49,19 @@ from typing import Any
 
 from instrument.vllm.facts import FINISHED_ABORTED, FINISHED_ERROR, FINISHED_LENGTH, FINISHED_STOPPED, StepFacts
 from instrument.vllm.hooks.shape import CHECKED_RELEASES, SchedulerShape, check_scheduler, installed_version
-from instrument.vllm.hooks.tap import (ARRIVED, FINISHED, LEAST_HELD, MAX_HELD, PARTIAL, PREEMPTED, SCHEDULED, UPDATED,
-                                       StepTap, few_rows, new_rows)
+from instrument.vllm.hooks.tap import (
+    ARRIVED,
+    FINISHED,
+    LEAST_HELD,
+    MAX_HELD,
+    PARTIAL,
+    PREEMPTED,
+    SCHEDULED,
+    UPDATED,
+    StepTap,
+    few_rows,
+    new_rows,
+)
 from instrument.vllm.rows import FEW_SAMPLED
 from instrument.vllm.sampling import MASK64, STEP_SPREAD
 
