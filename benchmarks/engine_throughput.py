@@ -157,7 +157,7 @@ def section_curve(args: argparse.Namespace) -> dict[str, Any]:
     servers = {e: start_server(args.model, e, tmp / f"{e}.jsonl", args.max_tokens) for e in ("sequential", "continuous")}
     try:
         model_id = model_id_of(servers["continuous"][1])
-        for engine, (_, url) in servers.items():  # one warm-up request each, not measured
+        for _, url in servers.values():  # one warm-up request each, not measured
             load_level(url, model_id, 1, 1, 4)
         levels: dict[str, dict[str, Any]] = {"sequential": {}, "continuous": {}}
         for n, concurrency in enumerate(args.concurrency):

@@ -101,7 +101,7 @@ def _wall(cmd: list[str]) -> float:
 def _medians(commands: dict[str, list[str]], runs: int) -> dict[str, float]:
     """Median wall seconds per command, runs interleaved (a burst of load hits all alike)."""
     times: dict[str, list[float]] = {k: [] for k in commands}
-    for k, cmd in commands.items():  # warm the page cache and the .pyc files
+    for cmd in commands.values():  # warm the page cache and the .pyc files
         _wall(cmd)
     for _ in range(runs):
         for k, cmd in commands.items():

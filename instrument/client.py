@@ -194,7 +194,7 @@ async def stream_chat(
                     if stop_after_chunks is not None and visible_chunks >= stop_after_chunks:
                         result.finish_reason = "cancelled"
                         break
-    except Exception as exc:  # network errors, timeouts: the request failed, the load goes on
+    except Exception as exc:  # noqa: BLE001 - network errors, timeouts: the request failed, the load goes on
         # Some exceptions carry no message (httpx's ReadTimeout): the name alone, never "Name: ".
         result.error = f"{type(exc).__name__}: {exc}" if str(exc).strip() else type(exc).__name__
         span.set_attribute("error.type", type(exc).__qualname__)

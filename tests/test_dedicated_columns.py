@@ -144,7 +144,7 @@ def _older_database(db: Path, target: Path) -> None:
     before 2026-12)."""
     con = duckdb.connect(str(target))
     con.execute("ATTACH $p AS src (READ_ONLY)", {"p": str(db)})
-    for table, ddl in TABLE_DDL.items():
+    for table in TABLE_DDL:
         drop = [c.name for c in DEDICATED_COLUMNS.get(table, ())]
         con.execute(f"CREATE TABLE {table} AS SELECT *{' EXCLUDE (' + ', '.join(drop) + ')' if drop else ''}"
                     f" FROM src.{table}")

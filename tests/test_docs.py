@@ -73,7 +73,7 @@ def code_blocks(text: str) -> list[tuple[str, bool, list[str]]]:
             while j < len(lines) and not lines[j].startswith("```"):
                 body.append(lines[j])
                 j += 1
-            before = next((l.strip() for l in reversed(lines[:i]) if l.strip()), "")
+            before = next((line.strip() for line in reversed(lines[:i]) if line.strip()), "")
             blocks.append((info, before == RUNNABLE_MARK, body))
             i = j + 1
         else:
@@ -136,7 +136,7 @@ def test_readme_first_screen_says_what_who_and_the_two_commands() -> None:
     assert re.search(r"\bfor\b", first) and "Jaeger" in first and "SQL" in first and "latency report" in first, \
         "who it is for: tracing into Jaeger, querying dumps with SQL, auditing a latency report"
     block = text.split("```bash\n", 1)[1].split("```", 1)[0]
-    assert [l.split()[0] for l in block.splitlines()] == ["./scripts/demo", "./scripts/test"]
+    assert [line.split()[0] for line in block.splitlines()] == ["./scripts/demo", "./scripts/test"]
     assert block.strip() in first, "the two commands are on the first screen"
     ci = (REPO / ".ci" / "run").read_text()
     assert "exec ./scripts/test" in ci, "CI runs the README's test command"
@@ -229,7 +229,7 @@ def test_relative_links_lead_somewhere() -> None:
     assert not broken, "\n".join(broken)
 
 
-PATH_RE = re.compile(r"(?<![\w./~$-])((?:%s)/[\w.*{},/-]*)" % "|".join(PATH_ROOTS))
+PATH_RE = re.compile(r"(?<![\w./~$-])((?:" + "|".join(PATH_ROOTS) + r")/[\w.*{},/-]*)")
 
 
 def named_paths(text: str) -> list[str]:

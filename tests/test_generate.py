@@ -324,7 +324,7 @@ def test_concurrent_calls_on_one_model_record_only_their_own_forwards(tiny):
             for _ in range(4):
                 results[tokens].append(traced_generate(
                     model, tok, PROMPT, tracer_provider=provider, max_new_tokens=tokens, min_new_tokens=tokens))
-        except BaseException as error:  # reported below
+        except BaseException as error:  # noqa: BLE001 - reported below, after the threads end
             errors.append(error)
 
     threads = [threading.Thread(target=run, args=(n,)) for n in results]

@@ -193,5 +193,5 @@ def test_audit_copies_tables_with_odd_names_safely(tmp_path: Path) -> None:
         check_claims_against_traces(None, db, 0.05)  # type: ignore[arg-type]
     except duckdb.ParserException:
         raise
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - past the copy the fake database fails the queries: not this test
         pass

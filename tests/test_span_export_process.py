@@ -241,14 +241,14 @@ def test_a_killed_exporter_process_is_restarted(handle: ModelHandle, tmp_path: P
                 (result,) = _one_by_one(server.url, [(prompt, tokens)])
                 assert result.completed, (result.status_code, result.error)
                 # the events the test needs, waited for: this request's spans exported...
-                _wait_for(lambda: _exported_request(path, exporter, result.response_id) == whole,
+                _wait_for(lambda: _exported_request(path, exporter, result.response_id) == whole,  # noqa: B023 - waited for here
                           f"the spans of request {restarts + 1}")
                 if restarts == 2:
                     break
                 killed = exporter.pid
                 os.kill(killed, signal.SIGKILL)
                 # ... and a new exporter process started and ready
-                _wait_for(lambda: exporter.restarts == restarts + 1 and not exporter.dead
+                _wait_for(lambda: exporter.restarts == restarts + 1 and not exporter.dead  # noqa: B023 - waited for here
                           and exporter.wait_started(0), f"restart {restarts + 1}")
                 assert exporter.pid != killed
         health = httpx.get(server.url + "/health", timeout=10).json()

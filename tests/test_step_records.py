@@ -105,7 +105,7 @@ def _sequences(steps: list[StepRecord]) -> list[tuple[SequenceRecord, list[tuple
                  (7, 1, 1, 11, 0)]
     # c: every:3 decode spans (set per test), 7 decode steps
     c_entries = [(3, 5, 1, 5, 1)] + [(4 + i, 1, 1, 6 + i, 0) for i in range(7)]
-    for cached, entries, preempted in ((32, a_entries, 0), (0, b_entries, 1), (0, c_entries, 0)):
+    for cached, entries, _preempted in ((32, a_entries, 0), (0, b_entries, 1), (0, c_entries, 0)):
         record = SequenceRecord(SimpleNamespace(parent_context=_parent(0xABC + len(out), 0x100 + len(out))),
                                 sampler=None, cached_tokens=cached)  # type: ignore[arg-type]
         for index, tokens, blocks, context, flags in entries:

@@ -109,7 +109,7 @@ def _assert_request_spans(requests, expected_input_tokens):
     (root,) = [s for s in spans if s.name == "generate"]
     (prefill,) = [s for s in spans if s.name == "prefill"]
     decodes = sorted((s for s in spans if s.name == "decode"), key=lambda s: s.start_time_unix_nano)
-    attrs = lambda span: {kv.key: kv.value for kv in span.attributes}  # noqa: E731
+    attrs = lambda span: {kv.key: kv.value for kv in span.attributes}  # noqa: E731 - a one-line accessor for the asserts below
     assert [attrs(d)["tokentrace.step"].int_value for d in decodes] == list(range(1, NEW_TOKENS))
     assert [attrs(d)["tokentrace.context_tokens"].int_value for d in decodes] == [
         expected_input_tokens + k for k in range(1, NEW_TOKENS)

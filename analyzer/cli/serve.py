@@ -245,9 +245,9 @@ def _tracer_provider(decode_spans: str, service_name: str, otlp_json: str | None
 def _load_model(model_spec: str):
     """The model handle of --model, once the server extras are known to be installed."""
     try:  # the server extras, imported here to check they are installed
-        import uvicorn  # noqa: F401
+        import uvicorn  # noqa: F401 - imported to check the server extra is installed
 
-        from instrument.gateway.app import GatewaySettings, create_app  # noqa: F401
+        from instrument.gateway.app import GatewaySettings, create_app  # noqa: F401 - the server extra, checked with uvicorn
         from instrument.hf.model_handle import load_model_handle
     except ImportError as exc:
         raise UserError(f"serve needs the server extras: pip install 'tokentrace[hf,server]' ({exc})") from None

@@ -116,7 +116,7 @@ def short_domain_names(domains: set[str]) -> dict[str, str]:
     others of the same service."""
     parts = {d: (d.split("|") + ["", ""])[:3] for d in domains}
     names: dict[str, str] = {}
-    for domain, (service, instance, host) in parts.items():
+    for domain, (service, instance, _host) in parts.items():
         same = [p for d, p in parts.items() if d != domain and p[0] == service]
         if not same:
             names[domain] = service or domain

@@ -159,7 +159,7 @@ def _record(con: duckdb.DuckDBPyConnection, load_id: int, report: FileReport) ->
 
 def _sink(con: duckdb.DuckDBPyConnection, f: InputFile, lenient: bool, progress: ProgressFn | None, batch_spans: int) -> RowSink:
     schemas = stage.stage_schemas(con)
-    sink = RowSink(f.name, strict=not lenient, flush=lambda s, e, l: stage.append_stage(con, schemas, s, e, l), batch_spans=batch_spans)
+    sink = RowSink(f.name, strict=not lenient, flush=lambda s, e, links: stage.append_stage(con, schemas, s, e, links), batch_spans=batch_spans)
     if progress is not None:
         size = f.size_bytes
         sink.on_progress = lambda n: progress(f.name, n, size)
@@ -251,7 +251,7 @@ def _is_json_lines(head: bytes) -> bool:
 
 
 def _later_line_is_traces(data: bytes, max_lines: int = 1000) -> bool:
-    for i, line in enumerate(data.split(b"\n")[1 : max_lines + 1]):
+    for line in data.split(b"\n")[1 : max_lines + 1]:
         try:
             if otlp_json.is_traces_document(otlp_json.loads_json(line)):
                 return True

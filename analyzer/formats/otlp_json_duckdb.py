@@ -160,7 +160,7 @@ def load_json_lines(
             progress(target - done)
         done = target
 
-    src = lambda schema: read_json_sql(str(path), compression, schema)  # noqa: E731
+    src = lambda schema: read_json_sql(str(path), compression, schema)  # noqa: E731 - a one-line reader, named for the calls below
     before = _file_state(path)
     for attempt in (_direct, _staged):
         con.execute("BEGIN TRANSACTION")

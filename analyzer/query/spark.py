@@ -81,7 +81,7 @@ _SESSION: SparkSession | None = None
 
 def _check_runtime() -> None:
     try:
-        import pyspark  # noqa: F401
+        import pyspark  # noqa: F401 - imported to check the spark extra is installed
     except ImportError:
         raise SparkEngineError(f"--engine spark needs pyspark: {INSTALL_HINT}") from None
     java_home = os.environ.get("JAVA_HOME")
@@ -130,7 +130,7 @@ def get_session(
         builder = builder.config(key, value)
     try:
         _SESSION = builder.getOrCreate()
-    except Exception as exc:  # JVM failed to start: Java too old, port, memory
+    except Exception as exc:  # noqa: BLE001 - the JVM failed to start (Java too old, port, memory): one line
         raise SparkEngineError(f"cannot start Spark: {str(exc).splitlines()[0]}") from None
     _SESSION.sparkContext.setLogLevel("ERROR")
     atexit.register(stop_session)

@@ -96,7 +96,7 @@ def require_perfetto() -> Any:
     """The perfetto package's trace protos module; ExportError naming the extra when missing."""
     try:
         from perfetto.protos.perfetto.trace import perfetto_trace_pb2
-        from perfetto.trace_builder.proto_builder import StreamingTraceProtoBuilder  # noqa: F401
+        from perfetto.trace_builder.proto_builder import StreamingTraceProtoBuilder  # noqa: F401 - checks the perfetto package has the builder
     except ImportError as exc:
         raise ExportError(f"--perfetto needs the perfetto package ({exc.name} not found); {PERFETTO_HINT}") from None
     return perfetto_trace_pb2

@@ -318,7 +318,7 @@ def _load_and_query(db_path: Path, span_paths: list[Path], report_file: Path, sa
 def _write_report(con: Any, path: Path) -> Path | None:
     """The HTML report of the demo's database (None when matplotlib is not installed)."""
     try:
-        import matplotlib  # noqa: F401  (the report's plotting library, an optional extra)
+        import matplotlib  # noqa: F401 - the report's plotting library, an optional extra
     except ImportError:
         return None
     from analyzer.report import ReportInputs, build_report

@@ -175,7 +175,7 @@ class SequentialEngine:
                 logits_processor=LogitsProcessorList([processor]), generation_config=config,
                 max_new_tokens=params.max_tokens,
             )
-        except Exception as error:  # the sequence fails; the engine keeps serving
+        except Exception as error:  # noqa: BLE001 - the sequence fails; the engine keeps serving
             return EngineResult(admitted_ns, "cancelled" if cancel.is_set() else "error", sampler.generated,
                                 error=error)
         sequence = traced.sequences[0]

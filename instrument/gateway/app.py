@@ -291,7 +291,7 @@ class Gateway:
         start_ns = now_wall_ns()
         try:
             ids = self.handle.tokenize(gen.messages, gen.prompt)
-        except Exception as exc:  # e.g. a template that rejects the message roles
+        except Exception as exc:  # noqa: BLE001 - e.g. a template that rejects the message roles: a 400
             raise _Rejected(400, f"could not render/tokenize the prompt: {exc}", "invalid_request_error",
                             param="messages" if gen.messages is not None else "prompt") from None
         attrs: dict[str, Any] = {"tokentrace.input_tokens": len(ids)}
