@@ -32,7 +32,7 @@ def _payload(batch: int) -> bytes:
     return bytes(64 + 17 * batch)
 
 
-def _ring_reader(name: str, stop: mp.Event) -> None:  # type: ignore[valid-type]
+def _ring_reader(name: str, stop: mp.Event) -> None:  # type: ignore[valid-type]  # mp.Event is a factory function, the annotation names what it makes
     shm = shared_memory.SharedMemory(name=name)
     buf = shm.buf
     read = 0

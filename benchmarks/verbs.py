@@ -54,8 +54,8 @@ MEMORY_LIMIT: str | None = None  # --memory-limit: every run's DuckDB memory_lim
 
 def _bench_module(name: str) -> Any:
     spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]  # the spec of an existing file
+    spec.loader.exec_module(module)  # type: ignore[union-attr]  # a source file spec has a loader
     return module
 
 

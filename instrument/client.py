@@ -184,7 +184,7 @@ async def stream_chat(
                                                  "tokentrace.chunk.visible": visible}, timestamp=received_ns)
                     result.chunks += 1
                     if visible:
-                        result.text += content  # type: ignore[operator]
+                        result.text += content  # type: ignore[operator]  # text is a str once a visible chunk arrived
                         visible_chunks += 1
                     if finish:
                         result.finish_reason = finish
@@ -307,7 +307,7 @@ async def run_load(
                 if not stopping():
                     await one(i)
 
-            offsets = poisson_arrival_offsets_s(requests, float(rate_per_s), seed)  # type: ignore[arg-type]
+            offsets = poisson_arrival_offsets_s(requests, float(rate_per_s), seed)  # type: ignore[arg-type]  # rate_per_s is set on this path (Poisson arrivals)
             tasks = [asyncio.ensure_future(scheduled(i, t)) for i, t in enumerate(offsets)]
 
         async def watch() -> None:

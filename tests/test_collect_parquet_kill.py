@@ -104,7 +104,7 @@ def test_sigkill_among_compactions_loses_no_acknowledged_batch_and_restart_recov
     provider.shutdown()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
-    stderr = proc.stderr.read()  # type: ignore[union-attr]
+    stderr = proc.stderr.read()  # type: ignore[union-attr]  # started with stderr=PIPE
     assert "stopped: 5 requests, 5 spans written" in stderr, stderr
 
     # SIGTERM compacted everything; the restart finished whatever the kill left

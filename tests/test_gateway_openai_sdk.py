@@ -43,7 +43,7 @@ def server(request: pytest.FixtureRequest, handle: Any) -> Iterator[Any]:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     app = create_app(handle, provider, dataclasses.replace(GatewaySettings(max_tokens_limit=256), engine=request.param))
     with ServerThread(app) as srv:
-        srv.exporter = exporter  # type: ignore[attr-defined]
+        srv.exporter = exporter  # type: ignore[attr-defined]  # kept on the server object for the test
         yield srv
 
 

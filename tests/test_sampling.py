@@ -14,7 +14,7 @@ EOS = 7
 
 
 def _sampler(**kwargs: object) -> SequenceSampler:
-    params = SamplingParams(max_tokens=100, temperature=kwargs.pop("temperature", 0.0), **kwargs)  # type: ignore[arg-type]
+    params = SamplingParams(max_tokens=100, temperature=kwargs.pop("temperature", 0.0), **kwargs)  # type: ignore[arg-type]  # the test passes the keyword arguments through
     return SequenceSampler(params, [EOS], prompt_ids=[1, 2], vocab_size=VOCAB)
 
 

@@ -107,7 +107,7 @@ def _sequences(steps: list[StepRecord]) -> list[tuple[SequenceRecord, list[tuple
     c_entries = [(3, 5, 1, 5, 1)] + [(4 + i, 1, 1, 6 + i, 0) for i in range(7)]
     for cached, entries, _preempted in ((32, a_entries, 0), (0, b_entries, 1), (0, c_entries, 0)):
         record = SequenceRecord(SimpleNamespace(parent_context=_parent(0xABC + len(out), 0x100 + len(out))),
-                                sampler=None, cached_tokens=cached)  # type: ignore[arg-type]
+                                sampler=None, cached_tokens=cached)  # type: ignore[arg-type]  # no sampler: the record is built by hand
         for index, tokens, blocks, context, flags in entries:
             rec = steps[index]
             if flags & fmt.SEQ_PREFILL:

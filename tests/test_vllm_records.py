@@ -575,7 +575,7 @@ def test_a_send_is_cut_into_messages_of_flush_bytes(tmp_path: Path, message_kib:
         payloads.append(payload)
         send(payload, units)
 
-    sink._send = spy  # type: ignore[method-assign]
+    sink._send = spy  # type: ignore[method-assign]  # a spy in place of the method
     assert sink.message_bytes == sink_module.FLUSH_BYTES == 256 * 1024
     sink.message_bytes = message_kib * 1024
     sink.measure = True  # (TOKENTRACE_VLLM_STATS): the send's parts timed too, into the stats file

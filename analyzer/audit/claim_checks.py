@@ -84,7 +84,7 @@ def _span(value: float, half: float) -> str:
 _TPOT_DEFINITIONS = {"tpot_includes_first_token": "E2E / O", "tpot_divides_decode_time_by_o": "(E2E - TTFT) / O"}
 
 
-def _e2e_relation(claims: Claims, v: dict[str, float | None], stats: dict[str, str], ident: dict[str, Any],
+def _e2e_relation(claims: Claims, v: dict[str, Any], stats: dict[str, str], ident: dict[str, Any],
                   rel_tol: float) -> Finding:
     """E2E = TTFT + TPOT x (O - 1), each figure judged within the precision it is written to.
 
@@ -284,7 +284,7 @@ def _rate_statistic_checks(claims: Claims, con: duckdb.DuckDBPyConnection, rel_t
     # 1000 / mean gap: request_identities.sql's rate from a per-token gap (NULL unless the gap > 0)
     inverse = (audit_query(con, "request_identities", {"tpot_ms": itl.value})[0]
                ["decode_output_tokens_per_second_from_tpot"] if itl is not None else None)
-    if rate is not None and rate.stat == "mean" and inverse is not None:
+    if rate is not None and rate.stat == "mean" and itl is not None and inverse is not None:
         numbers = {"mean_rate": rate.value, f"mean_{itl.name}": itl.value, "inverse_mean_per_second": inverse}
         if agree(rate.value, inverse, rel_tol):
             out.append(Finding("mean_rate_vs_inverse_mean_itl", FAIL,

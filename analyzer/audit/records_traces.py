@@ -217,7 +217,7 @@ def _contains(joined: Sequence[dict[str, Any]], name: str) -> Finding:
                        "request has no TTFT; a trace without chunk events or latency attributes has none)", {})
     client = all(r["perspective"] == "client" for r in joined)
     diffs = [a - b for _, a, b in pairs]
-    numbers = {"compared": len(pairs), "mean_diff_ms": sum(diffs) / len(diffs), "min_diff_ms": min(diffs),
+    numbers: dict[str, Any] = {"compared": len(pairs), "mean_diff_ms": sum(diffs) / len(diffs), "min_diff_ms": min(diffs),
                "max_diff_ms": max(diffs), "slack_ms": CONTAINMENT_SLACK_MS}
     spread = (f"report - traces: mean {numbers['mean_diff_ms']:.3f} ms, min {numbers['min_diff_ms']:.3f}, "
               f"max {numbers['max_diff_ms']:.3f} over {len(pairs)} joined requests")

@@ -178,7 +178,7 @@ def _stat_check(path: Path, data: dict[str, Any], metric: str, stats: dict[str, 
     results: dict[str, Any] = {}
     failures: list[Finding] = []
     for key in keys:
-        stat = _STAT_KEY.match(key).group(1)  # type: ignore[union-attr]
+        stat = _STAT_KEY.match(key).group(1)  # type: ignore[union-attr]  # the keys were matched by _STAT_KEY when read
         column = _STAT_COLUMN.get(stat)
         claimed = optional_number(data, key, path)
         if column is None:

@@ -59,7 +59,7 @@ class OneLineUsageError(click.UsageError):
 
     def __init__(self, original: click.UsageError) -> None:
         super().__init__(_one_line(original.format_message()), original.ctx)
-        self.exit_code = original.exit_code
+        self.exit_code = original.exit_code  # type: ignore[misc]  # click declares it on the class; the original's code is kept
 
     def show(self, file: Any = None) -> None:
         where = self.ctx.command_path if self.ctx is not None else "tokentrace"

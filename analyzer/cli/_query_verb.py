@@ -232,7 +232,7 @@ def with_request_ids(con: duckdb.DuckDBPyConnection, result: QueryResult) -> Que
         for column in spans:
             span = row[result.columns.index(column)]
             key = (row[trace_at], span) if trace_at is not None and column == "request_span_id" else None
-            extra.append(shown.get(key) or by_span.get(span) or span)
+            extra.append((shown.get(key) if key is not None else None) or by_span.get(span) or span)
         rows.append((*row, *extra))
     return QueryResult(result.name, [*result.columns, *added], rows)
 

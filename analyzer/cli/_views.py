@@ -140,7 +140,7 @@ _SUMMARY_STATS = ("mean", "std_pop", "min", "p50", "p90", "p95", "p99", "max")
 
 
 _SUMMARY = View((
-    Col("metric", "metric", value=lambda r: _METRIC_LABELS.get(r.get("metric"), r.get("metric"))),
+    Col("metric", "metric", value=lambda r: _METRIC_LABELS.get(str(r.get("metric")), r.get("metric"))),
     Col("perspective", "perspective"),
     Col("count", "n", kind="count"),
     Col("null_count", "empty", kind="count", rank=3),

@@ -249,6 +249,7 @@ class ParquetWriter:
             stage.append_stage(con, self._schemas, spans, events, links)
             if repeated_keys:
                 result = stage.commit_stage(con, 0)
+                assert result is not None  # insert_if_conflicts (the default): a result
                 repeats = result.duplicates_identical
                 rejected = [f"span (spanId {s}) of trace {t}: conflicting_duplicate: same ids as an earlier span "
                             "in this request, different content" for _line, _o, t, s, _raw in result.conflicting]

@@ -135,6 +135,7 @@ def _load_in_transaction(
     fmt = _read(con, f, sink, input_format)
     sink.flush_now()
     result = stage.commit_stage(con, load_id)
+    assert result is not None  # insert_if_conflicts (the default): a result
     for line, ordinal, trace_id, span_id, raw in result.conflicting:
         sink.reject(Reject(line, ordinal, "conflicting_duplicate", raw, trace_id, span_id,
                            "same trace and span id as an earlier span, different content"))  # fmt: skip
@@ -180,14 +181,15 @@ def _load_bulk(
         if progress is not None:
             progress(f.name, n, f.size_bytes)
 
+    report: FileReport | None = None
+
     def record(result: otlp_json_duckdb.BulkResult) -> None:
         nonlocal report
         report = FileReport(f.name, "otlp_json_lines", result.records_read, result.spans_read, result.spans_loaded,
                             result.duplicates_identical)  # fmt: skip
         _record(con, load_id, report)
 
-    report: FileReport | None = None
-    if otlp_json_duckdb.load_json_lines(con, f.path, compression, load_id, record, bulk_progress) is None:  # type: ignore[arg-type]
+    if otlp_json_duckdb.load_json_lines(con, f.path, compression, load_id, record, bulk_progress) is None:  # type: ignore[arg-type]  # f.path is set: a bulk candidate is a file on disk
         return None
     return report
 

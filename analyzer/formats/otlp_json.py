@@ -28,7 +28,7 @@ __all__ = ["add_traces_data", "is_traces_document", "loads_json", "scope_attribu
 try:  # orjson is optional: about 3x faster than the standard library here
     from orjson import loads as loads_json
 except ImportError:  # pragma: no cover - exercised only without orjson
-    from json import loads as loads_json  # type: ignore[assignment]
+    from json import loads as loads_json  # type: ignore[assignment]  # the standard library's loads in orjson's place
 
 _NOT_TRACES = ("resourceLogs", "resource_logs", "resourceMetrics", "resource_metrics", "resourceProfiles")
 

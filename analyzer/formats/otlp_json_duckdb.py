@@ -122,7 +122,7 @@ def register_udfs(con: duckdb.DuckDBPyConnection) -> None:
         ("tt_bulk_count", _count, ["BIGINT", "INTEGER"], "BIGINT", {"side_effects": True}),
     ):  # fmt: skip
         try:
-            con.create_function(name, fn, args, ret, **kw)
+            con.create_function(name, fn, args, ret, **kw)  # type: ignore[arg-type]  # type names as DuckDB spells them
         except (duckdb.Error, RuntimeError) as e:
             if "already" not in str(e):
                 raise

@@ -73,7 +73,7 @@ def _read(con: duckdb.DuckDBPyConnection, f, sink: RowSink) -> str:
     bad = con.execute(f"""
         SELECT _ord, {reason_sql} AS reason, trace_id, span_id, to_json(t)::VARCHAR
         FROM _pq_spans t WHERE {reason_sql} IS NOT NULL ORDER BY _ord""").fetchall()
-    total = con.execute("SELECT count(*) FROM _pq_spans").fetchone()[0]
+    total = con.execute("SELECT count(*) FROM _pq_spans").fetchall()[0][0]
     sink.records_read += total
     sink.spans_read += total
     for ordinal, reason, trace_id, span_id, raw in bad:
@@ -94,8 +94,8 @@ def _read(con: duckdb.DuckDBPyConnection, f, sink: RowSink) -> str:
         child = _source(f.path, table, f.dataset_dir)
         if child is None:
             continue
-        cols = ", ".join(columns)
-        con.execute(f"CREATE OR REPLACE TEMP TABLE _pq_child AS SELECT DISTINCT {cols} FROM {child}")
+        child_cols = ", ".join(columns)
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _pq_child AS SELECT DISTINCT {child_cols} FROM {child}")
         clash = con.execute(f"""
             SELECT trace_id, span_id, {index} FROM _pq_child
             GROUP BY ALL HAVING count(*) > 1 ORDER BY ALL LIMIT 1""").fetchone()

@@ -61,7 +61,7 @@ def export_parquet(con: duckdb.DuckDBPyConnection, directory: str | Path, *, ove
     counts = {}
     for table, query in queries.items():
         out = target / table
-        counts[table] = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        counts[table] = con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
         if counts[table] == 0 and table != "spans":
             continue
         con.execute(

@@ -140,7 +140,7 @@ def to_spark_statements(sql: str, param_types: Mapping[str, str] | None = None) 
         trees = sqlglot.parse(sql, read="duckdb")
     except sqlglot.errors.ParseError as exc:
         raise TranspileError(f"sqlglot cannot parse the DuckDB SQL: {str(exc).splitlines()[0]}") from None
-    return [_rewrite(t, param_types or {}) for t in trees if t is not None]
+    return [_rewrite(t, param_types or {}) for t in trees if isinstance(t, exp.Expression)]
 
 
 def to_spark(sql: str, param_types: Mapping[str, str] | None = None) -> str:

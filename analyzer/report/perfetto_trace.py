@@ -279,8 +279,8 @@ def write_trace(engine: Engine, lanes: Iterable[Lane], out: IO[bytes]) -> tuple[
     for domain in sorted({s["clock_domain"] for s in engine.steps}):
         proc = process(domain)
         steps = engine.steps_of(domain)
-        for name, (column, unit) in COUNTERS.items():
-            counter = w.track(name, proc.uuid, counter=unit, rank=proc.next_rank())
+        for counter_name, (column, unit) in COUNTERS.items():
+            counter = w.track(counter_name, proc.uuid, counter=unit, rank=proc.next_rank())
             for s in steps:
                 if s[column] is not None:
                     w.event(counter, s["start_ns"], "C", value=s[column])

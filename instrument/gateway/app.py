@@ -249,8 +249,14 @@ class Gateway:
             if not started.done():
                 started.set_result(None)
 
-        job, on_done = state.job, state.job.on_done
-        job.on_started = lambda: loop.call_soon_threadsafe(resolve)
+        job = state.job
+        assert job is not None, "the job is submitted before its start is watched"
+        on_done = job.on_done
+
+        def started_now() -> None:
+            loop.call_soon_threadsafe(resolve)
+
+        job.on_started = started_now
 
         def done(result: Any) -> None:
             on_done(result)

@@ -133,7 +133,10 @@ def emit_sequence_spans(
         events = LazyEvents(functools.partial(chunk_events, tuple(seq.chunk_emit_ns), tuple(seq.chunk_tokens),
                                               tuple(seq.chunk_visible)),
                             len(seq.chunk_emit_ns))
-        child_context = resolve_context(writer.write("generate", Context(), attributes, call_start_ns, call_end_ns, events))
+        child_context = resolve_context(writer.write(
+            "generate", Context(), attributes, call_start_ns, call_end_ns,
+            events,  # type: ignore[arg-type]  # both writers take LazyEvents as they are (otel/span_writer.py)
+        ))
     else:
         child_context = parent_context
     result_context = trace.get_current_span(child_context).get_span_context()

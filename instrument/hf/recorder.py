@@ -101,7 +101,7 @@ class _ForwardTap:
             after()
             return output
 
-        forward._tokentrace_tap = self  # type: ignore[attr-defined]
+        forward._tokentrace_tap = self  # type: ignore[attr-defined]  # a mark on the function object, read with getattr
         self.function = forward
 
     @classmethod

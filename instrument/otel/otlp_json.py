@@ -109,6 +109,7 @@ def _flags(parent: Any) -> int:
 
 def _span(span: ReadableSpan) -> dict[str, Any]:
     context = span.get_span_context()
+    assert context is not None, "a finished span has its context"
     out: dict[str, Any] = {"traceId": f"{context.trace_id:032x}", "spanId": f"{context.span_id:016x}"}
     state = context.trace_state
     if state:

@@ -183,7 +183,7 @@ def _child_stop(provider: Any, router: Any, drain: Callable[[], bool], report: C
         pass
     router.close()
     done = threading.Event()
-    threading.Thread(target=lambda: (provider.shutdown(), done.set()), daemon=True).start()
+    threading.Thread(target=lambda: (provider.shutdown(), done.set()), daemon=True).start()  # type: ignore[func-returns-value]  # called for their effects
     done.wait(max(0.1, deadline - time.monotonic()))
     report(final=True)  # (False: nobody left to read it, orphaned)
 

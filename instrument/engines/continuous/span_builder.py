@@ -89,7 +89,8 @@ class SpanBuilder:
         self.tracer_provider = tracer_provider
         self.tracer = get_tracer(tracer_provider)
         self.writer = span_writer_for(self.tracer)
-        self.stage = keep_stage_of(tracer_provider, self.writer.hand_off)  # None: no keep policy
+        # tokentrace's SDK provider: span_writer_for gives the direct writer (hand_off is its)
+        self.stage = keep_stage_of(tracer_provider, self.writer.hand_off)  # type: ignore[union-attr]  # see above
         self.engine_traces: EngineTraceWriter | None = None
         self.layout: KVLayout | None = None
         self.layout_name = ""
@@ -152,12 +153,12 @@ class SpanBuilder:
                 self.unknown_slots += 1
             elif seq.prefill or seq.decode:
                 if self.stage is None:
-                    write_sequence_spans(self.writer, seq, self.layout, self.layout_name, self.bytes_per_block,
-                                         self.policy)
+                    write_sequence_spans(self.writer, seq,  # type: ignore[arg-type]  # _Sequence: what it reads
+                                         self.layout, self.layout_name, self.bytes_per_block, self.policy)
                 else:  # the keep policy: the spans are written only if the request is kept whole
                     self.stage.engine_ended(seq.request.trace_id, seq.request.span_id, engine_facts(seq),
-                                            functools.partial(write_sequence_spans, self.writer, seq, self.layout,
-                                                              self.layout_name, self.bytes_per_block, self.policy))
+                                            functools.partial(write_sequence_spans, self.writer, seq,  # type: ignore[arg-type]  # _Sequence: what it reads
+                                                              self.layout, self.layout_name, self.bytes_per_block, self.policy))
         elif kind == fmt.IDLE:
             if self.engine_traces is not None:
                 self.engine_traces.close()

@@ -190,7 +190,7 @@ def write_sequence_spans(writer: Any, record: SequenceRecord, layout: KVLayout |
     kept = policy.steps(len(steps) + 1)
     if record.recomputed_steps:  # the recompute prefill's span stands for these steps
         skipped = set(record.recomputed_steps)
-        kept = [k for k in kept if k not in skipped]  # type: ignore[assignment]
+        kept = [k for k in kept if k not in skipped]  # type: ignore[assignment]  # a list where the policy gave a range
     writer.write_steps(
         "decode", parent, kept,
         functools.partial(_decode_attributes, steps, tuple(record.decode_blocks), tuple(record.decode_context),
