@@ -90,7 +90,7 @@ class ExportError(TokentraceError, ValueError):
 
 
 class TimelineError(TokentraceError, ValueError):
-    """A timeline CSV or calculator input that breaks the seed's validation rules."""
+    """A timeline CSV or calculator input that breaks the timeline's rules (docs/metrics.md)."""
 
 
 class OffsetSyntaxError(TokentraceError, ValueError):

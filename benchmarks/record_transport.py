@@ -1,4 +1,4 @@
-"""Which process boundary the engine's step records cross (#27 item 2): a shared-memory
+"""Which process boundary the engine's step records cross: a shared-memory
 ring, a multiprocessing pipe, or a non-blocking AF_UNIX datagram socket.
 
 For each transport, one sender thread (standing in for the engine thread) sends

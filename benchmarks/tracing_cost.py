@@ -1,4 +1,4 @@
-"""Tracing cost per generated token, continuous engine traced vs untraced (#27).
+"""Tracing cost per generated token, continuous engine traced vs untraced.
 
 Two sections, one run:
 
@@ -40,7 +40,7 @@ engine   The real continuous engine (instrument/engines/continuous/engine.py) on
          (d) p99 wake-up delay of a probe thread in the serving process (sleeps
              --probe-interval-ms, records how late it runs again: GIL pressure).
 
-         Goals (issue #27): (b) <= 1.05x; (a) added <= 1 µs per token + 10 µs per step;
+         Goals: (b) <= 1.05x; (a) added <= 1 µs per token + 10 µs per step;
          (d) within 1 ms of untraced.
 encode   The export path on spans the engine really wrote (one extra traced round captured in
          memory), in batches of the SDK's 512: the OTLP-JSON exporter's encode per span, the
@@ -214,7 +214,7 @@ def _best_of(fn: Callable[[], Any], repeat: int) -> float:
 
 def _export_gil(batch: list[Any], repeat: int) -> dict[str, float]:
     """The OTLP-JSON exporter writing ``batch`` to /dev/null, sliced (its defaults) and as one
-    line (bounds above the batch: the exporter before issue #27), ABBA, ``repeat`` x 2 batches a
+    line (bounds above the batch: the exporter before records were sliced), ABBA, ``repeat`` x 2 batches a
     turn, each turn after a ``gc.collect()`` (the same collector state for both), while a probe
     thread sleeps 0.5 ms at a time: wall per batch and how late the probe woke (p99, max)."""
     from instrument.otel.otlp_json import OTLPJsonLinesSpanExporter

@@ -1,4 +1,4 @@
-"""Benchmark: what a tokentrace command costs beside DuckDB itself (issue 22), side by side in
+"""Benchmark: what a tokentrace command costs beside DuckDB itself, side by side in
 one run, load average printed beside every timing.
 
 1. **Fixed cost per command** (``--fixed``): whole-process wall time, median of ``--runs``

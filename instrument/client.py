@@ -1,4 +1,4 @@
-"""A traced streaming client for OpenAI-compatible servers and a load generator (issue #6).
+"""A traced streaming client for OpenAI-compatible servers and a load generator.
 
 Each request is one CLIENT span ``chat {model}`` from client send (s) to the last byte
 received, with one ``tokentrace.chunk`` event per received stream chunk (index, tokens,

@@ -1,4 +1,4 @@
-"""The audit on real tools' reports (issue 19 item 3, item 2's --db join; issue 21 item 8): no
+"""The audit on real tools' reports (and with --db, joined to the traces): no
 false verdict, each difference a tool's own definition explains named, and per-request
 comparisons with the traces of the same run. Files: tests/data/samples/real/ and tests/data/real/."""
 

@@ -233,7 +233,7 @@ def test_bench_db_is_left_with_current_derived_tables(runner, server, tmp_path: 
         con.close()
 
 
-# --- issue 30: failures named and counted, exit status, ids, progress --------------------------
+# --- failures named and counted, exit status, ids, progress --------------------------
 
 class _Flaky(BaseHTTPRequestHandler):
     """A real OpenAI-style streaming server on 127.0.0.1 whose answers depend on the request's

@@ -1,4 +1,4 @@
-"""The command tokentrace prints in its hints runs as printed (issue 30 item 3): bare
+"""The command tokentrace prints in its hints runs as printed: bare
 ``tokentrace`` only when that name on PATH is this installation's script."""
 
 from __future__ import annotations

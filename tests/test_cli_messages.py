@@ -1,4 +1,4 @@
-"""Rough edges of issue 30 item 8: what was unreadable and where, one Error line naming the
+"""Rough edges: what was unreadable and where, one Error line naming the
 flag or port, and the verb a file is for (load a report: audit; audit a trace file: load)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What a new user reads (issue 21, item 8): the config path named once, window bounds in UTC
+"""What a new user reads: the config path named once, window bounds in UTC
 beside the nanoseconds, tables that never wrap a number off a terminal, a short request id in
 the demo's per-request table, and a report axis that says what its origin is."""
 

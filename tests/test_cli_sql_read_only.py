@@ -1,4 +1,4 @@
-"""``tokentrace sql`` keeps its read-only promise (issue 21): statements that would write the
+"""``tokentrace sql`` keeps its read-only promise: statements that would write the
 database or any file are refused with one line; SELECTs over tables, views and --parquet
 dumps keep working."""
 

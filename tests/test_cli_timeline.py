@@ -94,7 +94,7 @@ def test_kv_verb(runner, tmp_path) -> None:
 
 
 def test_table_output_keeps_the_figures_exact() -> None:
-    """The table format must not round the seed's figures (320.3125 MiB, 38.31... tok/s)."""
+    """The table format must not round the worked example's figures (320.3125 MiB, 38.31... tok/s)."""
     import io
 
     from analyzer.cli._options import emit_rows

@@ -1,4 +1,4 @@
-"""The human view of every query verb (issue 30, items 2, 5 and 7): at 80 and 120 columns no
+"""The human view of every query verb: at 80 and 120 columns no
 line runs past the terminal, times are UTC ISO and not nanoseconds, numbers are rounded for
 reading, each header names its unit, the request id is the one a user can find again, and a
 fit that does not hold says so. csv and json keep every column at full precision; --columns
@@ -24,7 +24,7 @@ from trace_fixtures import mixed_world
 TESTS = Path(__file__).resolve().parent
 REAL = TESTS / "data" / "real"
 CAPTURES = {
-    "mixed": None,  # tests/trace_fixtures.py: the seed's request and the planted cases
+    "mixed": None,  # tests/trace_fixtures.py: the worked example's request and the planted cases
     "continuous": [TESTS / "fixtures" / "continuous_engine" / "server.otlp.jsonl",
                    TESTS / "fixtures" / "continuous_engine" / "client.otlp.jsonl"],
     "aiperf": [REAL / "aiperf-0.13.0-tokentrace" / "traces.jsonl"],

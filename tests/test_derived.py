@@ -1,4 +1,4 @@
-"""Derived tables in the database (issue 22): built once by ``tokentrace load``, read by every
+"""Derived tables in the database: built once by ``tokentrace load``, read by every
 read verb without deriving anything, invalidated by any change of the data or the views, and
 the same answers as deriving on the connection."""
 

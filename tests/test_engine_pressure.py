@@ -1,4 +1,4 @@
-"""The continuous engine under KV pressure, with prefix caching, and its /metrics (issue #31).
+"""The continuous engine under KV pressure, with prefix caching, and its /metrics.
 
 A real uvicorn server on 127.0.0.1 with the tiny model (256 KV bytes per token, 16-token
 blocks), spans to an in-memory exporter, requests over real HTTP. Loads stay tiny.

@@ -85,7 +85,7 @@ def test_the_same_instruments_in_prometheus_text_and_over_otlp(receiver: Any) ->
         family = families[name]
         return sum(s.value for s in family.samples if s.name == name + suffix)
 
-    # the seed's worked example: TTFT 190 ms, E2E 3,915 ms, TPOT (3915 - 190) / 149 = 25 ms
+    # the worked example: TTFT 190 ms, E2E 3,915 ms, TPOT (3915 - 190) / 149 = 25 ms
     assert sample("gen_ai_server_time_to_first_token_seconds", "_sum") == pytest.approx(0.190)
     assert sample("gen_ai_server_request_duration_seconds", "_sum") == pytest.approx(3.915)
     assert sample("gen_ai_server_time_per_output_token_seconds", "_sum") == pytest.approx(0.025)

@@ -1,4 +1,4 @@
-"""The gateway's per-chunk path (issue #6): pre-rendered chunk envelope, streaming
+"""The gateway's per-chunk path: pre-rendered chunk envelope, streaming
 detokenizer, the worker -> event-loop hand-off, deferred chunk events, and the HTTP stack.
 
 Real components: the tiny model's tokenizer (and SmolLM2's when its converted copy is

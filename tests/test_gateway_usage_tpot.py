@@ -1,4 +1,4 @@
-"""Issue 29 items 4, 8, 9 on the real gateway: a real uvicorn server on 127.0.0.1 with the tiny
+"""Usage counts and TPOT on the real gateway: a real uvicorn server on 127.0.0.1 with the tiny
 model (sequential engine, seeded sampling), its spans through the loaders' converter into
 DuckDB, the analyzer's own views. Bounded: five requests, timeouts on every call.
 

@@ -1,4 +1,4 @@
-"""Read verbs open the database read-only and leave it byte-identical (issue 21): a checksum
+"""Read verbs open the database read-only and leave it byte-identical: a checksum
 of the file (and no WAL beside it) before and after every read verb, report included."""
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ def test_seed_request_report_has_every_section_with_the_seed_numbers() -> None:
     page = build_report(con, ReportInputs(window_params={"slo_ttft_ms": 200.0}))
     for section in SECTIONS:
         assert f">{section}<" in page, section
-    assert "3,915" in page and ">190<" in page  # E2E and TTFT of the seed request
+    assert "3,915" in page and ">190<" in page  # E2E and TTFT of the worked example's request
     assert page.count("<svg") >= 6
     # Offline: nothing to fetch (XML namespace URIs in the SVGs are names, not requests).
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)

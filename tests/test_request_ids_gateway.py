@@ -1,4 +1,4 @@
-"""requests.sql's response_id / client_request_id from the real gateway (issue 19 item 2): a
+"""requests.sql's response_id / client_request_id from the real gateway: a
 real uvicorn server on 127.0.0.1 with the tiny model; its spans go to an InMemorySpanExporter
 and into DuckDB through the same converter the loaders use. Bounded: two requests, timeouts."""
 

@@ -1,4 +1,4 @@
-"""``--span-export process`` behind the real gateway (#27 items 2-3): the same spans as the
+"""``--span-export process`` behind the real gateway: the same spans as the
 inline path for one fixed run (the engine's, built from step records, and the gateway's own,
 forwarded whole), and serving that goes on when the exporter process dies.
 

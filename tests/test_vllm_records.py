@@ -1,4 +1,4 @@
-"""vLLM step records (#28, instrument/vllm/rows.py, steps.py): the rows the hooks take from
+"""vLLM step records (instrument/vllm/rows.py, steps.py): the rows the hooks take from
 vLLM's per-step objects, sent as messages and read in the exporter process, give exactly the
 spans SpanBuilder.consume writes from the hand-worked StepFacts of the same steps, attribute by
 attribute, with the same times, events and parents (docs/spans.md "vLLM").

@@ -19,7 +19,7 @@ __all__ = ["check_claims", "SEED_SYNTHETIC_FIGURES"]
 RATE_FIGURES = ("decode_output_tokens_per_second", "whole_request_output_tokens_per_second",
                 "request_throughput_rps", "observed_goodput_rps")
 
-# The seed's synthetic worked example (and its exercise): figures that are teaching values,
+# The synthetic worked example of docs/metrics.md (and its exercise): figures that are teaching values,
 # not measurements of any provider.
 SEED_SYNTHETIC_FIGURES: dict[str, tuple[float, ...]] = {
     "input_tokens": (1025, 4096), "output_tokens": (150, 256), "ttft_ms": (190, 420), "tpot_ms": (25, 18),
@@ -88,7 +88,7 @@ def _e2e_relation(claims: Claims, v: dict[str, Any], stats: dict[str, str], iden
                   rel_tol: float) -> Finding:
     """E2E = TTFT + TPOT x (O - 1), each figure judged within the precision it is written to.
 
-    Held exactly: pass. E2E = TTFT + TPOT x O exactly: the seed's O gaps for O tokens. Else
+    Held exactly: pass. E2E = TTFT + TPOT x O exactly: O gaps for O tokens (the worked example's broken case). Else
     TPOT (the figure derived from the others) is matched to a definition within its written
     precision (an integer TPOT: +/- 0.5) plus what the others' precision allows: the right one
     passes (the figures are consistent as written), a wrong one names TPOT and the definition
@@ -309,7 +309,7 @@ def _labelling(claims: Claims, rel_tol: float) -> Finding:
     numbers: dict[str, Any] = {"measured": claims.measured, "seed_synthetic_matches": matches,
                                "self_labelled_synthetic": claims.self_labelled_synthetic}
     why = ("the artifact labels itself synthetic" if claims.self_labelled_synthetic
-           else f"{len(matches)} figures equal the seed's synthetic example ({', '.join(matches)})")
+           else f"{len(matches)} figures equal the synthetic worked example of docs/metrics.md ({', '.join(matches)})")
     if synthetic and claims.measured:
         return Finding("synthetic_presented_as_measured", FAIL,
                        f"measured: true, but {why}: synthetic figures presented as measurements", numbers)
@@ -322,7 +322,7 @@ def _labelling(claims: Claims, rel_tol: float) -> Finding:
         return Finding("labelling", CANNOT, "the file does not say whether its figures are measured "
                        "(add measured: true | false)", numbers)
     return Finding("labelling", PASS, f"measured: {str(claims.measured).lower()}; no figure set matches the "
-                   "seed's synthetic example", numbers)
+                   "synthetic worked example of docs/metrics.md", numbers)
 
 
 def _int(value: float | None) -> int | None:

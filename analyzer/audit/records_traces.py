@@ -157,8 +157,8 @@ def _error_records(rows: Sequence[dict[str, Any]], id_what: str) -> list[Finding
 
 def _output_counts(joined: Sequence[dict[str, Any]]) -> Finding:
     """traces:output_tokens: the report's count is the usage the server returned, which counts
-    every token up to the one that ended the answer (vLLM's rule; tokentrace's gateway since
-    issue 29): the trace's G (a final stop token, or trailing tokens that decode to no text,
+    every token up to the one that ended the answer (vLLM's rule; tokentrace's gateway
+    too): the trace's G (a final stop token, or trailing tokens that decode to no text,
     included) or, after a stop-sequence match, its O. Equal to either passes; the detail says
     how many matched which."""
     pairs = [(r["match_id"], r["record_output_tokens"], r["trace_output_tokens"], r["trace_generated_tokens"])

@@ -3,7 +3,7 @@
 ``tokentrace`` only when that name on ``$PATH`` is this installation's console script (the
 virtual environment is on PATH); otherwise the script's own path, relative to the working
 directory when it lies below it (``.venv/bin/tokentrace`` after the README's commands), so a
-printed command runs as printed (issue 30 item 3).
+printed command runs as printed.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Engines write the request's ``prefill`` and ``decode`` spans as children of
 and the chunk events.
 
 Budgets: :meth:`Engine.kv_reservation_bytes` is what one request reserves against the KV
-budget (the sequential engine: the seed's logical formula for input + max_tokens tokens; the
+budget (the sequential engine: the logical formula of docs/metrics.md for input + max_tokens tokens; the
 continuous engine: the paged cache's whole blocks for them), and
 :attr:`Engine.kv_capacity_bytes` the budget itself (None: unlimited).
 """

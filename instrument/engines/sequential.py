@@ -76,7 +76,7 @@ class SequentialEngine:
         return 1 if self._running is not None else 0
 
     def kv_reservation_bytes(self, input_tokens: int, max_tokens: int) -> int:
-        """Worst-case logical KV bytes (the seed's formula) for input + max_tokens tokens."""
+        """Worst-case logical KV bytes (the formula of docs/metrics.md) for input + max_tokens tokens."""
         return (self.handle.kv_bytes_per_token or 0) * (input_tokens + max_tokens)
 
     @property

@@ -4,7 +4,7 @@ The hot path only records timestamps (:mod:`instrument.hf.recorder`); spans are 
 ``generate`` returns, with explicit start/end times (:mod:`instrument.hf.generate_spans`), and
 exported by the provider's span processor (batched, off the request path).
 
-With a parent context (the gateway, issue #6) no ``generate`` root is created: ``prefill``
+With a parent context (the gateway) no ``generate`` root is created: ``prefill``
 and ``decode`` become children of the caller's span, and the caller puts chunk events and
 usage on its own span from the returned :class:`TracedGeneration`::
 

@@ -203,7 +203,7 @@ def _span_bytes(span: ReadableSpan) -> int:
 
 def outcome_of(span: ReadableSpan, facts: EngineFacts | None) -> RequestOutcome:
     """The request's figures from its request span (TTFT, E2E, TPOT from the visible chunk
-    events, as the seed's formulas: E2E ends at the last visible output) and the engine."""
+    events, as docs/metrics.md's formulas: E2E ends at the last visible output) and the engine."""
     attributes = span.attributes or {}
     start = span.start_time or 0
     chunks = [e for e in span.events if e.name == CHUNK_EVENT and (e.attributes or {}).get("tokentrace.chunk.visible")]

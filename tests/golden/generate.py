@@ -1,7 +1,7 @@
 """Regenerate tests/golden/<query>.json: every queries/*.sql over tests/trace_fixtures.mixed_world()
 with the parameters in PARAMS (default: the header defaults).
 
-Run once, then REVIEW THE DIFF BY HAND: the values must be the seed's and the planted numbers
+Run once, then REVIEW THE DIFF BY HAND: the values must be the worked example's and the planted numbers
 (tests/trace_fixtures.py says what each request plants), not whatever the code produced.
 
     .venv/bin/python tests/golden/generate.py
