@@ -1,7 +1,7 @@
 """The checks every commit runs, and what they leave in the code: scripts/test runs ruff and
 mypy (configured in pyproject.toml) before pytest; every ``# noqa`` and ``type: ignore`` says
 why; comments and docstrings name things (the worked example, docs/metrics.md), not issue
-numbers or "the seed"."""
+numbers or the founding document."""
 
 from __future__ import annotations
 
