@@ -1,7 +1,7 @@
 """The errors a user can cause, at the bottom layer: every layer of the analyzer may raise them.
 
 The CLI prints each as one readable line and exits non-zero: ``UserError`` directly, the
-others (all :class:`TokentraceError`) by their type, in ``analyzer/cli/group.py``.
+others (all :class:`TokentraceError`) by their type, in ``analyzer/cli/_group.py``.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class ExportError(TokentraceError, ValueError):
 
 
 class TimelineError(TokentraceError, ValueError):
-    """A timeline CSV or calculator input that breaks the seed's validation rules."""
+    """A timeline CSV or calculator input that breaks the timeline's rules (docs/metrics.md)."""
 
 
 class OffsetSyntaxError(TokentraceError, ValueError):

@@ -1,4 +1,4 @@
-"""What an engine step costs besides the model (issue #31, item 4): the ``stepcost`` section
+"""What an engine step costs besides the model: the ``stepcost`` section
 of benchmarks/engine_throughput.py, also runnable alone.
 
 One process, one model, rounds interleaved: each round runs --batch sequences (greedy,
@@ -9,7 +9,7 @@ decode steps. Per decode step (batch size = --batch, no prefill): the engine ste
 time split into scheduling (``prepare_next_batch``), the forward + logits processing +
 sampling (transformers' ``_forward_process_and_sample``, which includes tokentrace's
 RowSampler) and the update (``update_batch`` with tokentrace's hooks), against the bare
-forward + sampling; medians over rounds and the paired ratio. Goal (issue #31): engine step
+forward + sampling; medians over rounds and the paired ratio. Goal: engine step
 <= 1.2 x bare.
 
 Usage::

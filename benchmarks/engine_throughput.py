@@ -130,9 +130,9 @@ def load_level(url: str, model_id: str, concurrency: int, requests: int, max_tok
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from analyzer.cli.bench_json import bench_summary
-    from analyzer.formats.sdk_spans import rows_from_sdk_spans
+    from analyzer.cli._bench_json import bench_summary
     from analyzer.db.store import connect, insert_rows
+    from analyzer.formats.sdk_spans import rows_from_sdk_spans
     from instrument.client import chat_body, run_load_sync
 
     memory = InMemorySpanExporter()
@@ -157,7 +157,7 @@ def section_curve(args: argparse.Namespace) -> dict[str, Any]:
     servers = {e: start_server(args.model, e, tmp / f"{e}.jsonl", args.max_tokens) for e in ("sequential", "continuous")}
     try:
         model_id = model_id_of(servers["continuous"][1])
-        for engine, (_, url) in servers.items():  # one warm-up request each, not measured
+        for _, url in servers.values():  # one warm-up request each, not measured
             load_level(url, model_id, 1, 1, 4)
         levels: dict[str, dict[str, Any]] = {"sequential": {}, "continuous": {}}
         for n, concurrency in enumerate(args.concurrency):

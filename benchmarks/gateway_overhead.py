@@ -192,7 +192,7 @@ def _wait_healthy(http: Any, url: str, timeout_s: float = 300.0) -> None:
         try:
             if http.get(url + "/health").status_code == 200:
                 return
-        except Exception:  # not listening yet
+        except Exception:  # noqa: BLE001 - not listening yet, whatever the client raises
             pass
         time.sleep(0.25)
     raise RuntimeError(f"the gateway at {url} did not become healthy in {timeout_s:g} s")

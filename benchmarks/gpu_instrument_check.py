@@ -16,11 +16,11 @@ event time per engine step, the batching contract, and its tracing cost on GPU
 (``--no-continuous`` skips it). The whole script is sized to finish in under 8 minutes on one
 H100/H200 (defaults; about 3 minutes of it is the model build and warm-up).
 
-Then what tracing costs per generated token on the GPU (benchmarks/tracing_cost.py, issue #27
-item 6): the continuous engine at batch 64 and 128 (``--tc-batches``), ABBA rounds traced vs
-untraced, each sequence under a recording ``gateway`` span, OTLP-JSON lines behind the SDK's
-batch processor: (a) engine-thread CPU, (b) process CPU, (c) exporter-process CPU, (d) probe
-thread p99 wake-up delay, with the issue's goals (reported; not a pass/fail check, since the
+Then what tracing costs per generated token on the GPU (benchmarks/tracing_cost.py): the
+continuous engine at batch 64 and 128 (``--tc-batches``), ABBA rounds traced vs untraced, each
+sequence under a recording ``gateway`` span, OTLP-JSON lines behind the SDK's batch processor:
+(a) engine-thread CPU, (b) process CPU, (c) exporter-process CPU, (d) probe thread p99 wake-up
+delay, with the goals of benchmarks/tracing_cost.py (reported; not a pass/fail check, since the
 goals are for the finished pipeline). ``--no-tracing-cost`` skips it; ``--tracing-cost-only``
 runs only it.
 
@@ -38,19 +38,20 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+import torch
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from instrument.hf.generate import traced_generate  # noqa: E402
-from instrument.kv.runtime import cache_tensor_bytes  # noqa: E402
-from instrument.otel.tracing import setup_tracing  # noqa: E402
+from instrument.hf.generate import traced_generate
+from instrument.kv.runtime import cache_tensor_bytes
+from instrument.otel.tracing import setup_tracing
 
 
 def build_llama_1b(device: str = "cuda") -> Any:
@@ -158,7 +159,7 @@ def check_spans(model: Any, input_ids: Any, tokens: int) -> list[str]:
 
 def tracing_cost_gpu(model: Any, batches: list[int], tokens: int, rounds: int, prompt_tokens: int,
                      span_export: str = "process") -> list[str]:
-    """Issue #27 item 6: (a)-(d) per generated token on the GPU (benchmarks/tracing_cost.py),
+    """(a)-(d) per generated token on the GPU (benchmarks/tracing_cost.py),
     through ``span_export`` (serve's default with the continuous engine: process)."""
     import tracing_cost
     from gpu_continuous_check import _handle
@@ -183,7 +184,6 @@ def tracing_cost_gpu(model: Any, batches: list[int], tokens: int, rounds: int, p
 def tracing_cost_cpu_fallback(span_export: str = "process") -> int:
     """The tracing-cost part on the tiny model on the CPU (wiring check without CUDA)."""
     import tracing_cost
-
     from instrument.hf.model_handle import load_model_handle
 
     print("gpu_instrument_check: no CUDA (--cpu-fallback): tracing cost, tiny model, CPU")

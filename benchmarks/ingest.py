@@ -59,7 +59,7 @@ def _resource(service: str, instance: str) -> dict:
 
 def _span(rng: random.Random, trace: str, parent: str, name: str, kind: int, start: int, end: int, attrs: list, events: list | None = None) -> dict:
     span = {
-        "traceId": trace, "spanId": "%016x" % rng.getrandbits(64), "parentSpanId": parent, "flags": 257, "name": name,
+        "traceId": trace, "spanId": f"{rng.getrandbits(64):016x}", "parentSpanId": parent, "flags": 257, "name": name,
         "kind": kind, "startTimeUnixNano": str(start), "endTimeUnixNano": str(end), "attributes": attrs, "status": {},
     }  # fmt: skip
     if events:
@@ -75,13 +75,13 @@ def _chunks(start: int, step: int) -> list:
 
 def _request(rng: random.Random, t0: int) -> tuple[list, list]:
     """(client spans, server spans) of one request."""
-    trace = "%032x" % rng.getrandbits(128)
+    trace = f"{rng.getrandbits(128):032x}"
     usage = [_kv("gen_ai.operation.name", "chat"), _kv("gen_ai.request.model", "SmolLM2-135M"), _kv("gen_ai.request.max_tokens", TOKENS),
              _kv("gen_ai.usage.input_tokens", 1025), _kv("gen_ai.usage.output_tokens", TOKENS)]  # fmt: skip
     step = 20_000_000
     client = _span(rng, trace, "", "chat SmolLM2-135M", 3, t0, t0 + 60_000_000 + TOKENS * step, usage, _chunks(t0 + 55_000_000, step))
     gw = _span(rng, trace, client["spanId"], "gateway", 2, t0 + 1_000_000, t0 + 59_000_000 + TOKENS * step,
-               usage + [_kv("gen_ai.response.id", "chatcmpl-%x" % rng.getrandbits(48)), _kv("tokentrace.generated_tokens", TOKENS)],
+               usage + [_kv("gen_ai.response.id", f"chatcmpl-{rng.getrandbits(48):x}"), _kv("tokentrace.generated_tokens", TOKENS)],
                _chunks(t0 + 54_000_000, step))  # fmt: skip
     gid = gw["spanId"]
     server = [gw, _span(rng, trace, gid, "tokenize", 1, t0 + 2_000_000, t0 + 3_000_000, [_kv("tokentrace.template.sha256", "ab" * 32)]),
@@ -91,7 +91,8 @@ def _request(rng: random.Random, t0: int) -> tuple[list, list]:
     for k in range(1, TOKENS):
         s = t0 + 50_000_000 + (k - 1) * step
         server.append(_span(rng, trace, gid, "decode", 1, s, s + step - 1000,
-                            [_kv("tokentrace.step", k), _kv("tokentrace.context_tokens", 1025 + k), _kv("tokentrace.kv.bytes", 327_680 * (1025 + k))]))  # fmt: skip
+                            [_kv("tokentrace.step", k), _kv("tokentrace.context_tokens", 1025 + k),
+                             _kv("tokentrace.kv.bytes", 327_680 * (1025 + k))]))
     return [client], server
 
 
@@ -130,8 +131,8 @@ def generate(path: Path, n_spans: int, seed: int = 7) -> tuple[int, int]:
 # --- the methods, each run in a child process -------------------------------------------------
 
 def run_tokentrace(path: str) -> int:
-    from analyzer.formats.load import load_paths
     from analyzer.db.store import connect
+    from analyzer.formats.load import load_paths
 
     with tempfile.TemporaryDirectory() as d:
         con = connect(os.path.join(d, "bench.duckdb"))

@@ -24,7 +24,6 @@ import os
 import statistics
 import tempfile
 import time
-from typing import Any
 
 T0 = 1_700_000_000_000_000_000
 STEP_NS = 20_000_000  # a step every 20 ms

@@ -143,7 +143,8 @@ def run_duckdb(directory: str, queries: list[str], stream_itl: bool, memory_limi
     """The queries as analyzer.query.runner runs them on one connection; seconds per query
     (including the views it was the first to need) and in all, from the open."""
     from analyzer.db.source import open_source
-    from analyzer.query.runner import install_views, load_query, materialize_views, stream_query
+    from analyzer.db.views import install_views, materialize_views
+    from analyzer.query.runner import load_query, stream_query
 
     t0 = time.perf_counter()
     con = open_source(parquet=directory)
@@ -306,13 +307,13 @@ def run_pandas(directory: str) -> dict[str, Any]:
     out["generated_tokens"] = req["sv_tokentrace.generated_tokens"].fillna(req["p_tokentrace.generated_tokens"])
     out["finish_reason"] = req["p_finish_reason"].fillna(req["sv_finish_reason"])
     out["status_code"] = req["p_status_code"]
-    O = out["output_tokens"].astype("float64")
+    n_out = out["output_tokens"].astype("float64")
     f, e, s = out["f_ns"], out["e_ns"], out["s_ns"]
     out["ttft_ms"] = (f - s) / 1e6
     out["e2e_ms"] = (e - s) / 1e6
-    out["tpot_ms"] = ((e - f) / 1e6 / (O - 1)).where((O > 1) & (e > f))
-    out["decode_output_tokens_per_second"] = ((O - 1) / ((e - f) / 1e9)).where((O > 1) & (e > f))
-    out["whole_request_output_tokens_per_second"] = (O / ((e - s) / 1e9)).where(e > s)
+    out["tpot_ms"] = ((e - f) / 1e6 / (n_out - 1)).where((n_out > 1) & (e > f))
+    out["decode_output_tokens_per_second"] = ((n_out - 1) / ((e - f) / 1e9)).where((n_out > 1) & (e > f))
+    out["whole_request_output_tokens_per_second"] = (n_out / ((e - s) / 1e9)).where(e > s)
     out["kv_bytes_per_token"] = req["kv_bytes_per_token"]
     out["prompt_kv_bytes"] = req["prompt_kv_bytes"]
     out["prompt_kv_mib"] = req["prompt_kv_bytes"] / 1048576.0
@@ -328,9 +329,9 @@ def run_pandas(directory: str) -> dict[str, Any]:
         np.select([dropped > 0, req["first_ns"].isna()],
                   ["f/e unknown: " + dropped.astype(str) + " events dropped by the span event limit",
                    "no visible chunk events"], ""),
-        np.where(O.isna(), "output token count unknown", ""),
-        np.where(O <= 1, "tpot_ms and decode rate need more than one output token", ""),
-        np.where((O > 1) & (e <= f), "tpot_ms and decode rate need e > f (the output arrived in one write: no per-token timing)", ""),
+        np.where(n_out.isna(), "output token count unknown", ""),
+        np.where(n_out <= 1, "tpot_ms and decode rate need more than one output token", ""),
+        np.where((n_out > 1) & (e <= f), "tpot_ms and decode rate need e > f (the output arrived in one write: no per-token timing)", ""),
         np.where(e <= s, "whole-request rate needs e > s", ""),
     ]
     joined = pd.Series(reasons[0], index=out.index, dtype=object)

@@ -39,7 +39,7 @@ FULL_SET = ("requests", "itl", "summary")
 
 def _open(dump: Path) -> Any:
     from analyzer.db.source import open_source
-    from analyzer.query.runner import install_views
+    from analyzer.db.views import install_views
 
     con = open_source(parquet=str(dump))
     con.execute("SET temp_directory = $d", {"d": str(dump.parent / "duckdb_tmp")})
@@ -50,7 +50,8 @@ def _open(dump: Path) -> Any:
 def statements_of(dump: Path, names: list[str]) -> list[tuple[str, str, Any]]:
     """(query name, statement, its parameters) for every statement the library ran for
     ``names`` on one connection, after its views were installed (setup statements left out)."""
-    from analyzer.query.runner import load_query, materialize_views
+    from analyzer.db.views import materialize_views
+    from analyzer.query.runner import load_query
 
     con = _open(dump)
     con.execute("CALL enable_logging('QueryLog')")

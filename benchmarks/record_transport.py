@@ -1,4 +1,4 @@
-"""Which process boundary the engine's step records cross (#27 item 2): a shared-memory
+"""Which process boundary the engine's step records cross: a shared-memory
 ring, a multiprocessing pipe, or a non-blocking AF_UNIX datagram socket.
 
 For each transport, one sender thread (standing in for the engine thread) sends
@@ -32,7 +32,7 @@ def _payload(batch: int) -> bytes:
     return bytes(64 + 17 * batch)
 
 
-def _ring_reader(name: str, stop: mp.Event) -> None:  # type: ignore[valid-type]
+def _ring_reader(name: str, stop: mp.Event) -> None:  # type: ignore[valid-type]  # mp.Event is a factory function, the annotation names what it makes
     shm = shared_memory.SharedMemory(name=name)
     buf = shm.buf
     read = 0
@@ -88,7 +88,7 @@ def _ring(records: int, payload: bytes) -> tuple[float, float, int]:
     return cpu / records / 1e3, records / wall, dropped
 
 
-def _pipe_reader(conn: "mp.connection.Connection") -> None:
+def _pipe_reader(conn: mp.connection.Connection) -> None:
     while True:
         data = conn.recv_bytes()
         if data == b"":

@@ -28,10 +28,11 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -63,7 +64,7 @@ class FaultEndpoint:
             def log_message(self, *args: Any) -> None:  # quiet
                 pass
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
                     ExportTraceServiceRequest,
                     ExportTraceServiceResponse,
@@ -263,7 +264,7 @@ def recovery_receiver_restart(out_dir: Path, requests: int = 2, max_tokens: int 
         traced_generate(model, tok, PROMPT, tracer_provider=provider, max_new_tokens=max_tokens, do_sample=False)
     provider.force_flush()
     before = {s.context.span_id for s in memory.get_finished_spans()}
-    for round_ in range(2):  # up, stop, up again on the same folder and port
+    for _round in range(2):  # up, stop, up again on the same folder and port
         with Receiver(out_dir, grpc_addr=None, http_addr=f"127.0.0.1:{port}", grace_s=2.0):
             for _ in range(requests):
                 traced_generate(model, tok, PROMPT, tracer_provider=provider, max_new_tokens=max_tokens, do_sample=False)
@@ -534,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every count (default 1)")
     parser.add_argument("--fuzz", action="store_true", help="also run the loader fuzzers ($TOKENTRACE_FUZZ_EXAMPLES, default 200)")
     args = parser.parse_args(argv)
-    n = lambda base: max(1, round(base * args.scale))  # noqa: E731
+    n = lambda base: max(1, round(base * args.scale))  # noqa: E731 - a one-line scaling rule, named for the counts below
     import logging
     import tempfile
 

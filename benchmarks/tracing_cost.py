@@ -1,4 +1,4 @@
-"""Tracing cost per generated token, continuous engine traced vs untraced (#27).
+"""Tracing cost per generated token, continuous engine traced vs untraced.
 
 Two sections, one run:
 
@@ -40,7 +40,7 @@ engine   The real continuous engine (instrument/engines/continuous/engine.py) on
          (d) p99 wake-up delay of a probe thread in the serving process (sleeps
              --probe-interval-ms, records how late it runs again: GIL pressure).
 
-         Goals (issue #27): (b) <= 1.05x; (a) added <= 1 µs per token + 10 µs per step;
+         Goals: (b) <= 1.05x; (a) added <= 1 µs per token + 10 µs per step;
          (d) within 1 ms of untraced.
 encode   The export path on spans the engine really wrote (one extra traced round captured in
          memory), in batches of the SDK's 512: the OTLP-JSON exporter's encode per span, the
@@ -72,13 +72,14 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tracing_cost_harness import Harness, load_average  # noqa: E402
+from tracing_cost_harness import Harness, load_average
 
 EXPORT_BATCH = 512  # the SDK BatchSpanProcessor's default max_export_batch_size
 
@@ -213,12 +214,11 @@ def _best_of(fn: Callable[[], Any], repeat: int) -> float:
 
 def _export_gil(batch: list[Any], repeat: int) -> dict[str, float]:
     """The OTLP-JSON exporter writing ``batch`` to /dev/null, sliced (its defaults) and as one
-    line (bounds above the batch: the exporter before issue #27), ABBA, ``repeat`` x 2 batches a
+    line (bounds above the batch: the exporter before records were sliced), ABBA, ``repeat`` x 2 batches a
     turn, each turn after a ``gc.collect()`` (the same collector state for both), while a probe
     thread sleeps 0.5 ms at a time: wall per batch and how late the probe woke (p99, max)."""
-    from tracing_cost_harness import Probe, percentile
-
     from instrument.otel.otlp_json import OTLPJsonLinesSpanExporter
+    from tracing_cost_harness import Probe, percentile
 
     variants = {"sliced": {}, "one_line": {"max_spans": 1 << 30, "max_events": 1 << 30}}
     walls: dict[str, list[float]] = {name: [] for name in variants}

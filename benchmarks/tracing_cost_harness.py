@@ -11,8 +11,9 @@ import queue
 import resource
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["HOOKS", "PROMPTS", "Harness", "Probe", "ThreadClock", "children_cpu_s", "load_average", "percentile",
            "untraced_parent"]
@@ -251,7 +252,6 @@ class Harness:
         from opentelemetry import trace
         from opentelemetry.trace import SpanKind
 
-        from instrument.clock import now_wall_ns
         from instrument.engines.base import EngineRequest
         from instrument.hf.token_sampling import SamplingParams
 
@@ -319,7 +319,8 @@ class Harness:
             self.engine_thread = ThreadClock(idents[0])
         hooks = {name: self.hook_cpu[name] - hooks0[name]
                  - (self.hook_calls[name] - calls0[name]) * self.wrapper_cost_s for name in HOOKS[:-1]}
-        return {**{f"hook_{name}_s": value for name, value in hooks.items()}, "tokens": batch * max_tokens, "steps": steps, "wall_s": wall1 - wall0, "process_cpu_s": cpu1 - cpu0,
+        return {**{f"hook_{name}_s": value for name, value in hooks.items()}, "tokens": batch * max_tokens, "steps": steps,
+                "wall_s": wall1 - wall0, "process_cpu_s": cpu1 - cpu0,
                 "probe_cpu_s": probe1 - probe0,
                 "children_cpu_s": child1 - child0,
                 "engine_cpu_s": (engine_cpu1 - engine_cpu0) if engine_cpu0 is not None else float("nan"),

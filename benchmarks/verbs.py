@@ -1,4 +1,4 @@
-"""Benchmark: what a tokentrace command costs beside DuckDB itself (issue 22), side by side in
+"""Benchmark: what a tokentrace command costs beside DuckDB itself, side by side in
 one run, load average printed beside every timing.
 
 1. **Fixed cost per command** (``--fixed``): whole-process wall time, median of ``--runs``
@@ -54,8 +54,8 @@ MEMORY_LIMIT: str | None = None  # --memory-limit: every run's DuckDB memory_lim
 
 def _bench_module(name: str) -> Any:
     spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]  # the spec of an existing file
+    spec.loader.exec_module(module)  # type: ignore[union-attr]  # a source file spec has a loader
     return module
 
 
@@ -101,7 +101,7 @@ def _wall(cmd: list[str]) -> float:
 def _medians(commands: dict[str, list[str]], runs: int) -> dict[str, float]:
     """Median wall seconds per command, runs interleaved (a burst of load hits all alike)."""
     times: dict[str, list[float]] = {k: [] for k in commands}
-    for k, cmd in commands.items():  # warm the page cache and the .pyc files
+    for cmd in commands.values():  # warm the page cache and the .pyc files
         _wall(cmd)
     for _ in range(runs):
         for k, cmd in commands.items():

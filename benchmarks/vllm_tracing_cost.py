@@ -66,7 +66,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import vllm_cost_parts as parts  # noqa: E402
+import vllm_cost_parts as parts
 
 COUNTERS = ("steps", "tokens", "hook_cpu_ns", "schedule_cpu_ns", "send_cpu_ns", "pack_cpu_ns", "socket_cpu_ns",
             "free_cpu_ns", "sends", "stats_cpu_ns", "dropped_steps", "sent_spans", "dropped_spans",

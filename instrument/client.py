@@ -1,4 +1,4 @@
-"""A traced streaming client for OpenAI-compatible servers and a load generator (issue #6).
+"""A traced streaming client for OpenAI-compatible servers and a load generator.
 
 Each request is one CLIENT span ``chat {model}`` from client send (s) to the last byte
 received, with one ``tokentrace.chunk`` event per received stream chunk (index, tokens,
@@ -25,8 +25,9 @@ import json
 import random
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -183,7 +184,7 @@ async def stream_chat(
                                                  "tokentrace.chunk.visible": visible}, timestamp=received_ns)
                     result.chunks += 1
                     if visible:
-                        result.text += content  # type: ignore[operator]
+                        result.text += content  # type: ignore[operator]  # text is a str once a visible chunk arrived
                         visible_chunks += 1
                     if finish:
                         result.finish_reason = finish
@@ -193,7 +194,7 @@ async def stream_chat(
                     if stop_after_chunks is not None and visible_chunks >= stop_after_chunks:
                         result.finish_reason = "cancelled"
                         break
-    except Exception as exc:  # network errors, timeouts: the request failed, the load goes on
+    except Exception as exc:  # noqa: BLE001 - network errors, timeouts: the request failed, the load goes on
         # Some exceptions carry no message (httpx's ReadTimeout): the name alone, never "Name: ".
         result.error = f"{type(exc).__name__}: {exc}" if str(exc).strip() else type(exc).__name__
         span.set_attribute("error.type", type(exc).__qualname__)
@@ -306,7 +307,7 @@ async def run_load(
                 if not stopping():
                     await one(i)
 
-            offsets = poisson_arrival_offsets_s(requests, float(rate_per_s), seed)  # type: ignore[arg-type]
+            offsets = poisson_arrival_offsets_s(requests, float(rate_per_s), seed)  # type: ignore[arg-type]  # rate_per_s is set on this path (Poisson arrivals)
             tasks = [asyncio.ensure_future(scheduled(i, t)) for i, t in enumerate(offsets)]
 
         async def watch() -> None:

@@ -21,14 +21,14 @@ def start_collect(out_dir: Path, *extra_args: str) -> tuple[subprocess.Popen, in
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: lines.put(proc.stdout.readline()), daemon=True).start()  # type: ignore[union-attr]
+    threading.Thread(target=lambda: lines.put(proc.stdout.readline()), daemon=True).start()  # type: ignore[union-attr]  # started with stdout=PIPE
     try:
         first = lines.get(timeout=START_TIMEOUT_S)
     except queue.Empty:
         proc.kill()
         raise AssertionError(f"collect did not report its ports within {START_TIMEOUT_S} s") from None
     found = re.search(r"grpc=127\.0\.0\.1:(\d+) http=127\.0\.0\.1:(\d+)", first)
-    assert found, first + proc.stderr.read()  # type: ignore[union-attr]
+    assert found, first + proc.stderr.read()  # type: ignore[union-attr]  # started with stderr=PIPE
     return proc, int(found.group(1)), int(found.group(2))
 
 
@@ -38,7 +38,7 @@ def stderr_lines(proc: subprocess.Popen) -> queue.Queue[str]:
     lines: queue.Queue[str] = queue.Queue()
 
     def read() -> None:
-        for line in proc.stderr:  # type: ignore[union-attr]
+        for line in proc.stderr:  # type: ignore[union-attr]  # started with stderr=PIPE
             lines.put(line)
         lines.put("")
 

@@ -30,13 +30,13 @@ def samples_dir() -> Path:
 
 @pytest.fixture
 def seed_csv() -> Path:
-    """The seed's request-timeline.csv (TTFT 190 ms, E2E 3,915 ms, 150 tokens)."""
+    """The worked example's request-timeline.csv (TTFT 190 ms, E2E 3,915 ms, 150 tokens)."""
     return EXAMPLES / "request-timeline.csv"
 
 
 @pytest.fixture
 def alt_csv() -> Path:
-    """The seed's hands-on exercise timeline (TTFT 420 ms, 255 gaps of 18 ms)."""
+    """The worked example's hands-on exercise timeline (TTFT 420 ms, 255 gaps of 18 ms)."""
     return EXAMPLES / "request-timeline-alt.csv"
 
 

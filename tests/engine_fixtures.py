@@ -4,7 +4,7 @@ Each builder reproduces the span names, kinds, attributes (with the engine's own
 units), nesting and links that the engine's source writes, with explicit timestamps on the
 true clock (ms after ``ANCHOR_NS``), so the adapters in ``queries/views/2*_*.sql`` can be
 checked against planted values. The engine file and commit each builder follows is named in
-its docstring. The default plan is the seed's request: arrival 0, first token 190 ms,
+its docstring. The default plan is the worked example's request: arrival 0, first token 190 ms,
 150 output tokens 25 ms apart -> TTFT 190, E2E 3,915, TPOT 25.
 """
 
@@ -23,8 +23,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import Link, SpanKind
 
-from analyzer.formats.sdk_spans import rows_from_sdk_spans
 from analyzer.db.store import connect, insert_rows
+from analyzer.formats.sdk_spans import rows_from_sdk_spans
 
 ANCHOR_NS = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z, as in trace_fixtures
 

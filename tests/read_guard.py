@@ -1,4 +1,4 @@
-"""The read guard: a test that opens a file outside the repository fails (issue 30 item 1).
+"""The read guard: a test that opens a file outside the repository fails.
 
 A fresh clone with nothing beside it must run every test, so every file a test reads lives in
 tests/data/ (provenance: tests/data/SOURCES.md). conftest loads this module as a pytest plugin.

@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 PREFILL_BUCKETS = [("0", 0, 0), ("1-128", 1, 128), ("129-1024", 129, 1024), (">1024", 1025, None)]
 SCHEDULED_BUCKETS = [("1-16", 1, 16), ("17-128", 17, 128), ("129-1024", 129, 1024), (">1024", 1025, None)]

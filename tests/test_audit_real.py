@@ -1,4 +1,4 @@
-"""The audit on real tools' reports (issue 19 item 3, item 2's --db join; issue 21 item 8): no
+"""The audit on real tools' reports (and with --db, joined to the traces): no
 false verdict, each difference a tool's own definition explains named, and per-request
 comparisons with the traces of the same run. Files: tests/data/samples/real/ and tests/data/real/."""
 
@@ -11,10 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from analyzer.audit import audit_report
-from analyzer.errors import AuditInputError
 from analyzer.cli import cli
-from analyzer.formats.load import load_paths
 from analyzer.db.store import connect
+from analyzer.errors import AuditInputError
+from analyzer.formats.load import load_paths
 from data_paths import CAPTURES, REAL, SAMPLES
 
 DATA = CAPTURES

@@ -1,4 +1,4 @@
-"""Issue 29 item 7: what the AIPerf audit claims, checked on real captures of AIPerf 0.13.0
+"""What the AIPerf audit claims, checked on real captures of AIPerf 0.13.0
 against tokentrace's gateway (tests/data/real/, provenance in each folder's README.md):
 
 - record_identities lists only identities it evaluated, and evaluates 0.13's request end
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from analyzer.audit import audit_report
+from analyzer.db.store import connect
 from analyzer.formats.load import load_paths
 from analyzer.query.runner import run_query
-from analyzer.db.store import connect
 
 DATA = Path(__file__).resolve().parent / "data" / "real"
 STREAMED = DATA / "aiperf-0.13.0-tokentrace"  # 12 streamed requests, no error
@@ -39,8 +39,8 @@ def _db(tmp_path: Path, traces: Path) -> Path:
 
 def _audit(folder: Path, db: Path | None = None) -> dict:
     findings = audit_report(folder / "profile_export_aiperf.json", individual=folder / "profile_export.jsonl", db=db)
-    # AIPerf's re-tokenized OSL is not the server's count in these runs (issue 45 item 3:
-    # tests/test_audit_osl.py): the only finding
+    # AIPerf's re-tokenized OSL is not the server's count in these runs
+    # (tests/test_audit_osl.py): the only finding
     assert [f.check for f in findings if f.verdict == "fail"] == ["output_tokens_vs_osl"]
     return {f.check: f for f in findings}
 

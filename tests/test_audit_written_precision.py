@@ -1,10 +1,10 @@
-"""Issue 46 item 8: the audit reads figures as written.
+"""The audit reads figures as written.
 
 A claims file's figure is judged within the precision it is written to: ``tpot_ms: 26`` stands
 for 25.5 ... 26.5, ``26.1`` for 26.05 ... 26.15, ``26.0`` for 25.95 ... 26.05 (counts and
 kv_bytes_per_token are exact). A finding names the figure that does not fit. With --db, a
 model constant (kv_bytes_per_token) needs no statistic. Run as a user runs it: the CLI on the
-seed's worked example (O = 150, TTFT 190 ms, E2E 3,915 ms, TPOT 25 ms; E2E / O = 26.1 ms).
+worked example (O = 150, TTFT 190 ms, E2E 3,915 ms, TPOT 25 ms; E2E / O = 26.1 ms).
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def test_json_claims_read_the_same_way(tmp_path) -> None:
 
 
 def test_seed_example_still_flags_its_two_broken_cases(tmp_path) -> None:
-    # the seed's "150 gaps" (190 + 150 x 25 = 3,940) is matched exactly before any rounding slack
+    # the worked example's "150 gaps" (190 + 150 x 25 = 3,940) is matched exactly before any rounding slack
     code, output, js = _audit(tmp_path, SEED_REQUEST.replace("3915", "3940") + "tpot_ms: 25\n")
     assert code == 1 and js["e2e_o_gaps_for_o_tokens"]["verdict"] == "fail"
     # ... and what a rounded TPOT would allow is said beside it (3750 / 149 = 25.1678 is in 24.5 ... 25.5)

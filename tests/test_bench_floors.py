@@ -8,9 +8,9 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from trace_fixtures import mixed_world
 
 from analyzer.query.runner import run_query
+from trace_fixtures import mixed_world
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 

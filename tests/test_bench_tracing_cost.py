@@ -27,7 +27,7 @@ def _module():
 
 
 TC = _module()  # puts benchmarks/ on sys.path
-import tracing_cost_harness as HARNESS  # noqa: E402
+import tracing_cost_harness as HARNESS
 
 
 def test_children_cpu_counts_a_live_child_process():

@@ -1,5 +1,5 @@
 """Every verb over a table of bad paths and inputs: one line on stderr, a non-zero exit, no
-traceback (issue 21). Each case runs in-process through the click group (as the console script
+traceback. Each case runs in-process through the click group (as the console script
 does); a few run through the real ``tokentrace`` entry point in a subprocess."""
 
 from __future__ import annotations

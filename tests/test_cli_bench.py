@@ -7,24 +7,24 @@ import json
 import re
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 pytest.importorskip("fastapi")
 pytest.importorskip("torch")
 
-from opentelemetry.sdk.trace import SpanLimits, TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from analyzer.cli import cli  # noqa: E402
-from instrument.client import poisson_arrival_offsets_s  # noqa: E402
-from instrument.gateway.app import GatewaySettings, create_app  # noqa: E402
-from instrument.gateway.server import ServerThread  # noqa: E402
-from instrument.hf.model_handle import load_model_handle  # noqa: E402
+from analyzer.cli import cli
+from instrument.client import poisson_arrival_offsets_s
+from instrument.gateway.app import GatewaySettings, create_app
+from instrument.gateway.server import ServerThread
+from instrument.hf.model_handle import load_model_handle
 
 
 @pytest.fixture(scope="module")
@@ -223,7 +223,7 @@ def test_bench_db_is_left_with_current_derived_tables(runner, server, tmp_path: 
     assert len(json.loads(after.stdout)) == 2  # the two client-perspective requests
     import duckdb
 
-    from analyzer.query.runner import derived_status, install_views
+    from analyzer.db.views import derived_status, install_views
 
     con = duckdb.connect(str(db), read_only=True)
     try:
@@ -233,7 +233,7 @@ def test_bench_db_is_left_with_current_derived_tables(runner, server, tmp_path: 
         con.close()
 
 
-# --- issue 30: failures named and counted, exit status, ids, progress --------------------------
+# --- failures named and counted, exit status, ids, progress --------------------------
 
 class _Flaky(BaseHTTPRequestHandler):
     """A real OpenAI-style streaming server on 127.0.0.1 whose answers depend on the request's
@@ -246,7 +246,7 @@ class _Flaky(BaseHTTPRequestHandler):
     def log_message(self, *_args) -> None:
         pass
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length", 0)))
         i = int(self.headers["x-request-id"].rsplit("-", 1)[1])
         if i % 3 == 1:
@@ -335,9 +335,9 @@ def test_bench_allow_failures_exits_0_and_json_lists_every_failure(runner, flaky
 def test_bench_prints_the_response_and_client_request_ids_requests_shows(runner, server, tmp_path: Path) -> None:
     """bench's ids are requests.sql's response_id and client_request_id: after loading the
     server's spans, `tokentrace requests` shows the same ids for the same requests."""
+    from analyzer.db.store import connect, insert_rows
     from analyzer.formats.sdk_spans import rows_from_sdk_spans
     from analyzer.query.runner import run_query
-    from analyzer.db.store import connect, insert_rows
 
     srv, exporter = server
     exporter.clear()
@@ -370,7 +370,7 @@ def test_bench_prints_the_response_and_client_request_ids_requests_shows(runner,
 def test_bench_progress_line_counts_and_fits_80_columns() -> None:
     from types import SimpleNamespace
 
-    from analyzer.cli.bench_progress import BenchProgress
+    from analyzer.cli._bench_progress import BenchProgress
 
     now = [100.0]
     progress = BenchProgress(99_999, io.StringIO(), enabled=False, clock=lambda: now[0])

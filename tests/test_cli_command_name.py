@@ -1,4 +1,4 @@
-"""The command tokentrace prints in its hints runs as printed (issue 30 item 3): bare
+"""The command tokentrace prints in its hints runs as printed: bare
 ``tokentrace`` only when that name on PATH is this installation's script."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from analyzer.cli.command_name import tokentrace_command
+from analyzer.cli._command_name import tokentrace_command
 
 SCRIPT = Path(sys.executable).with_name("tokentrace")
 

@@ -13,15 +13,14 @@ from pathlib import Path
 import duckdb
 import pytest
 from click.testing import CliRunner
-from data_paths import REAL
-from trace_fixtures import mixed_world
 
-from analyzer.cli import cli
-from analyzer.cli import _csv_lines
+from analyzer.cli import _csv_lines, cli
 from analyzer.cli._csv_lines import csv_line_sql, iter_csv_chunks
 from analyzer.db.derived import build_derived
-from analyzer.query.runner import run_query
 from analyzer.db.store import connect
+from analyzer.query.runner import run_query
+from data_paths import REAL
+from trace_fixtures import mixed_world
 
 AWKWARD_DOUBLES = [190.0, 0.1, 1e-05, 0.0001, 1.5e16, 1e15, 123456789012345.6, 1 / 3, 2 / 3 * 1e-7, math.inf,
                    -math.inf, math.nan, -0.0, 5e-324, 1.7976931348623157e308, 25.000000000000004, 40.0, 38.31]

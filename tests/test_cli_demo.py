@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("torch")
 
-from analyzer.cli import cli  # noqa: E402
+from analyzer.cli import cli
 
 
 def test_demo_tiny_end_to_end(runner, tmp_path: Path) -> None:
@@ -24,7 +24,7 @@ def test_demo_tiny_end_to_end(runner, tmp_path: Path) -> None:
     for title in ("Per-request metrics", "Window summary", "Clock skew check"):
         assert title in text
     assert f"tokentrace requests --db {out / 'traces.duckdb'}" in text
-    # The hints run as printed (issue 30 item 3): bare `tokentrace` only when it is on PATH.
+    # The hints run as printed: bare `tokentrace` only when it is on PATH.
     hints = text.split("Query them:\n")[1].splitlines()
     import shlex
     import subprocess
@@ -33,7 +33,7 @@ def test_demo_tiny_end_to_end(runner, tmp_path: Path) -> None:
     assert hints[0].split()[1:] == ["summary", "--db", str(out / "traces.duckdb")]  # the figures people look for
     assert done.returncode == 0 and "TTFT" in done.stdout, done.stderr
     assert hints[1].split()[1:] == ["requests", "--db", str(out / "traces.duckdb")]
-    # the seed request's answer is shown on one line, quoted, with no escaped newline in it
+    # the answer to the worked example's request is shown on one line, quoted, with no escaped newline in it
     (answer,) = [line for line in text.splitlines() if line.startswith("example request's answer (6 tokens): \"")]
     assert "\\n" not in answer
     assert "Loading weights" not in text

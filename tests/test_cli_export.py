@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from click.testing import CliRunner
 
 from analyzer.cli import cli
 from data_paths import SAMPLES
-
 
 
 def test_export_then_load_back(tmp_path):

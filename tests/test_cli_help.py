@@ -42,12 +42,26 @@ def test_every_help_fits_80_columns() -> None:
 
 
 def test_db_format_and_engine_are_declared_once() -> None:
-    """--db and --format (analyzer/cli/options.py) and --engine (source_options) have one
+    """--db and --format (analyzer/cli/_options.py) and --engine (source_options) have one
     declaration each that every verb shares; collect's --format (jsonl|parquet, the output
     file's) and serve's --engine (continuous|sequential) are other options that share only
     the name."""
     root = Path(__file__).resolve().parents[1] / "analyzer" / "cli"
     found = {flag: sorted(p.name for p in root.glob("*.py") if f'"{flag}"' in p.read_text())
              for flag in ("--db", "--format", "--engine")}
-    assert found == {"--db": ["options.py"], "--format": ["collect.py", "options.py"],
+    assert found == {"--db": ["_options.py"], "--format": ["_options.py", "collect.py"],
                      "--engine": ["_query_verb.py", "serve.py"]}, found
+
+
+def test_verb_discovery_lists_only_verbs() -> None:
+    """Every module analyzer/cli lists as a verb registers a command of its own name, and
+    every command comes from such a module: helpers are ``_``-prefixed, so discovery (and
+    ``tokentrace VERB``'s import) never imports a module that is not a verb."""
+    import importlib
+
+    from analyzer.cli import verb_modules
+
+    for name in verb_modules():
+        module = importlib.import_module(f"analyzer.cli.{name}")
+        assert cli.commands[name].callback.__module__ == module.__name__, name
+    assert sorted(cli.commands) == verb_modules()

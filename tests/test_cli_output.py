@@ -1,22 +1,22 @@
-"""What a new user reads (issue 21, item 8): the config path named once, window bounds in UTC
+"""What a new user reads: the config path named once, window bounds in UTC
 beside the nanoseconds, tables that never wrap a number off a terminal, a short request id in
 the demo's per-request table, and a report axis that says what its origin is."""
 
 from __future__ import annotations
 
 import io
-import re
 import json
+import re
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from trace_fixtures import mixed_world
 
 from analyzer.cli import cli
-from analyzer.cli.options import emit_rows
-from analyzer.query.utc_columns import utc_text
+from analyzer.cli._options import emit_rows
 from analyzer.db.store import connect
+from analyzer.query.utc_columns import utc_text
+from trace_fixtures import mixed_world
 
 
 @pytest.fixture(scope="module")

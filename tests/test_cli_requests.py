@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from trace_fixtures import mixed_trace_id, mixed_world, write_parquet_dump
 
 from analyzer.cli import cli
 from analyzer.db.store import connect
+from trace_fixtures import mixed_trace_id, mixed_world, write_parquet_dump
 
 
 @pytest.fixture(scope="module")

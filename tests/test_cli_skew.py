@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 from click.testing import CliRunner
-from trace_fixtures import mixed_world
 
 from analyzer.cli import cli
 from analyzer.db.store import connect
+from trace_fixtures import mixed_world
 
 
 def test_skew_json_reports_rules_offsets_and_the_assumption(tmp_path) -> None:

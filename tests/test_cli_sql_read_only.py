@@ -1,4 +1,4 @@
-"""``tokentrace sql`` keeps its read-only promise (issue 21): statements that would write the
+"""``tokentrace sql`` keeps its read-only promise: statements that would write the
 database or any file are refused with one line; SELECTs over tables, views and --parquet
 dumps keep working."""
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from trace_fixtures import mixed_world, write_parquet_dump
 
 from analyzer.cli import cli
 from analyzer.db.store import connect
+from trace_fixtures import mixed_world, write_parquet_dump
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""``tokentrace tables [NAME]`` (issue 46, item 5): a schema you can discover. The meanings of
+"""``tokentrace tables [NAME]``: a schema you can discover. The meanings of
 analyzer/db/catalog.py cannot go stale: every column of every public table and view in
 DuckDB's live catalog has one, and the catalog names no column, table or view that does not
 exist."""

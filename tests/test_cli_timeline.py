@@ -94,10 +94,10 @@ def test_kv_verb(runner, tmp_path) -> None:
 
 
 def test_table_output_keeps_the_figures_exact() -> None:
-    """The table format must not round the seed's figures (320.3125 MiB, 38.31... tok/s)."""
+    """The table format must not round the worked example's figures (320.3125 MiB, 38.31... tok/s)."""
     import io
 
-    from analyzer.cli.options import emit_rows
+    from analyzer.cli._options import emit_rows
 
     buf = io.StringIO()
     emit_rows(["prompt_kv_mib", "whole_rate", "ttft_ms"], [(320.3125, 150 / 3.915, 190.0)], "table", out=buf)

@@ -1,4 +1,4 @@
-"""The human view of every query verb (issue 30, items 2, 5 and 7): at 80 and 120 columns no
+"""The human view of every query verb: at 80 and 120 columns no
 line runs past the terminal, times are UTC ISO and not nanoseconds, numbers are rounded for
 reading, each header names its unit, the request id is the one a user can find again, and a
 fit that does not hold says so. csv and json keep every column at full precision; --columns
@@ -14,17 +14,17 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from trace_fixtures import mixed_world
 
 from analyzer.cli import cli
 from analyzer.cli._human import Col, View, render, utc_ms_text
-from analyzer.formats.load import load_paths
 from analyzer.db.store import connect
+from analyzer.formats.load import load_paths
+from trace_fixtures import mixed_world
 
 TESTS = Path(__file__).resolve().parent
 REAL = TESTS / "data" / "real"
 CAPTURES = {
-    "mixed": None,  # tests/trace_fixtures.py: the seed's request and the planted cases
+    "mixed": None,  # tests/trace_fixtures.py: the worked example's request and the planted cases
     "continuous": [TESTS / "fixtures" / "continuous_engine" / "server.otlp.jsonl",
                    TESTS / "fixtures" / "continuous_engine" / "client.otlp.jsonl"],
     "aiperf": [REAL / "aiperf-0.13.0-tokentrace" / "traces.jsonl"],

@@ -21,7 +21,6 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from analyzer.cli import cli
-
 from collect_fixtures import start_collect
 
 SEND_LIMIT = 3000  # requests at most while waiting for the kill
@@ -92,7 +91,7 @@ def test_sigkill_loses_no_acknowledged_batch_and_restart_appends_beside(tmp_path
     provider.shutdown()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=15) == 0
-    assert "stopped: 5 requests, 5 spans written" in proc.stderr.read()  # type: ignore[union-attr]
+    assert "stopped: 5 requests, 5 spans written" in proc.stderr.read()  # type: ignore[union-attr]  # started with stderr=PIPE
     assert first_files < set(out.iterdir())  # old files kept, a new one beside them
     on_disk_after, _ = _span_ids_on_disk(out)
     assert set(acked) <= on_disk_after and len(on_disk_after) == len(on_disk) + 5

@@ -34,9 +34,9 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from analyzer.cli import cli
 from analyzer.collect import Receiver
 from analyzer.collect.parquet_layout import PART_NAME, SEGMENT_NAME, WORKSPACE
-from analyzer.formats.parquet_export import export_parquet
-from analyzer.formats.load import load_paths
 from analyzer.db.store import connect
+from analyzer.formats.load import load_paths
+from analyzer.formats.parquet_export import export_parquet
 from trace_fixtures import mixed_world
 
 TIMEOUT_S = 10.0
@@ -57,7 +57,7 @@ def _load(path: Path, lenient: bool = False) -> tuple[duckdb.DuckDBPyConnection,
     return con, report.files[0]
 
 
-def _send(exporter, spans: list) -> None:  # noqa: ANN001
+def _send(exporter, spans: list) -> None:
     for i in range(0, len(spans), BATCH):
         assert exporter.export(spans[i : i + BATCH]) == SpanExportResult.SUCCESS
     exporter.shutdown()

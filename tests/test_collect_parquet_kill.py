@@ -23,9 +23,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from analyzer.collect.parquet_layout import PART_NAME, WORKSPACE
-from analyzer.formats.load import load_paths
 from analyzer.db.store import connect
-
+from analyzer.formats.load import load_paths
 from collect_fixtures import start_collect
 
 SEND_LIMIT = 3000  # requests at most while waiting for the kill
@@ -105,7 +104,7 @@ def test_sigkill_among_compactions_loses_no_acknowledged_batch_and_restart_recov
     provider.shutdown()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
-    stderr = proc.stderr.read()  # type: ignore[union-attr]
+    stderr = proc.stderr.read()  # type: ignore[union-attr]  # started with stderr=PIPE
     assert "stopped: 5 requests, 5 spans written" in stderr, stderr
 
     # SIGTERM compacted everything; the restart finished whatever the kill left

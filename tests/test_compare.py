@@ -18,14 +18,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from data_paths import CAPTURES
-from trace_fixtures import RequestPlan, TraceWorld, write_parquet_dump
 
 from analyzer.cli import cli
 from analyzer.cli._compare_render import CSV_COLUMNS
 from analyzer.compare.resample import QUANTILES, _weighted_gap_stats, request_statistics
 from analyzer.compare.verdict import regression_beyond, verdict
 from analyzer.db.store import connect
+from data_paths import CAPTURES
+from trace_fixtures import RequestPlan, TraceWorld, write_parquet_dump
 
 REQUESTS = 40
 GAP_MS = 25.0

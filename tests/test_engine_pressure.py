@@ -1,4 +1,4 @@
-"""The continuous engine under KV pressure, with prefix caching, and its /metrics (issue #31).
+"""The continuous engine under KV pressure, with prefix caching, and its /metrics.
 
 A real uvicorn server on 127.0.0.1 with the tiny model (256 KV bytes per token, 16-token
 blocks), spans to an in-memory exporter, requests over real HTTP. Loads stay tiny.
@@ -16,21 +16,22 @@ pytest.importorskip("fastapi")
 pytest.importorskip("torch")
 pytest.importorskip("prometheus_client")
 
-import httpx  # noqa: E402
-from opentelemetry.sdk.trace import SpanLimits, TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+import httpx
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client.parser import text_string_to_metric_families
 
-from analyzer.formats.sdk_spans import rows_from_sdk_spans  # noqa: E402
-from analyzer.query.runner import install_views, run_query  # noqa: E402
-from analyzer.db.store import connect, insert_rows  # noqa: E402
-from instrument.client import chat_body, stream_chat  # noqa: E402
-from instrument.gateway.admission import AdmissionBudgets  # noqa: E402
-from instrument.gateway.app import GatewaySettings, create_app  # noqa: E402
-from instrument.gateway.server import ServerThread  # noqa: E402
-from instrument.hf.model_handle import ModelHandle, load_model_handle  # noqa: E402
-from instrument.otel.tracing import get_tracer  # noqa: E402
+from analyzer.db.store import connect, insert_rows
+from analyzer.db.views import install_views
+from analyzer.formats.sdk_spans import rows_from_sdk_spans
+from analyzer.query.runner import run_query
+from instrument.client import chat_body, stream_chat
+from instrument.gateway.admission import AdmissionBudgets
+from instrument.gateway.app import GatewaySettings, create_app
+from instrument.gateway.server import ServerThread
+from instrument.hf.model_handle import ModelHandle, load_model_handle
+from instrument.otel.tracing import get_tracer
 
 TIMEOUT_S = 60.0
 BLOCK = 16  # tokens per KV block

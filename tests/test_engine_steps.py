@@ -20,21 +20,22 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("torch")
 
-import httpx  # noqa: E402
-import step_reference as ref  # noqa: E402
-from opentelemetry.sdk.resources import Resource  # noqa: E402
-from opentelemetry.sdk.trace import SpanLimits, TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+import httpx
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from analyzer.formats.sdk_spans import rows_from_sdk_spans  # noqa: E402
-from analyzer.query.runner import install_views, run_query  # noqa: E402
-from analyzer.db.store import connect, insert_rows  # noqa: E402
-from instrument.client import chat_body, stream_chat  # noqa: E402
-from instrument.gateway.app import GatewaySettings, create_app  # noqa: E402
-from instrument.gateway.server import ServerThread  # noqa: E402
-from instrument.hf.model_handle import load_model_handle  # noqa: E402
-from instrument.otel.tracing import get_tracer  # noqa: E402
+import step_reference as ref
+from analyzer.db.store import connect, insert_rows
+from analyzer.db.views import install_views
+from analyzer.formats.sdk_spans import rows_from_sdk_spans
+from analyzer.query.runner import run_query
+from instrument.client import chat_body, stream_chat
+from instrument.gateway.app import GatewaySettings, create_app
+from instrument.gateway.server import ServerThread
+from instrument.hf.model_handle import load_model_handle
+from instrument.otel.tracing import get_tracer
 
 TIMEOUT_S = 60.0
 CONTINUOUS = "tokentrace-gateway|continuous-1|test"

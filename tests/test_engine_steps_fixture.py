@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import step_reference as ref
 from click.testing import CliRunner
 
+import step_reference as ref
 from analyzer.cli import cli
+from analyzer.db.store import connect
 from analyzer.formats.canonical import SPAN_COLUMNS
 from analyzer.formats.load import load_paths
 from analyzer.query.runner import run_query
-from analyzer.db.store import connect
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "continuous_engine"
 FILES = [FIXTURE / "server.otlp.jsonl", FIXTURE / "client.otlp.jsonl"]
@@ -64,7 +64,7 @@ def test_exact_steps_of_the_capture(con: Any) -> None:
     assert summary[("all", "all")]["steps"] == 20
     assert summary[("scheduled_tokens", ">1024")]["steps"] == 1
     assert summary[("batch_size", "3")]["null_reason"] == "fit needs steps with at least two distinct scheduled_tokens values"
-    # a line that explains 7.7 % of step time is not a finding (issue 30, item 7): no slope, the reason
+    # a line that explains 7.7 % of step time is not a finding: no slope, the reason
     weak = summary[("scheduled_tokens", "1-16")]
     assert weak["steps"] == 16 and weak["fit_r2"] == pytest.approx(0.0770788209, abs=1e-9)
     assert weak["ms_per_scheduled_token"] is None and weak["fixed_ms"] is None
@@ -218,7 +218,7 @@ def test_a_missing_decode_span_makes_the_next_gap_unknown() -> None:
 @pytest.mark.parametrize("says_step", [True, False])
 def test_a_recompute_prefill_emits_the_token_of_the_step_it_stands_for(says_step: bool) -> None:
     """After a preemption the recompute prefill emits token k + 1 and decode step k has no
-    span (docs/spans.md): with ``tokentrace.step`` = k on it (written since #28) the gaps on
+    span (docs/spans.md): with ``tokentrace.step`` = k on it (written by the current plugin) the gaps on
     both sides of that token are measured; a file written before says why they are not."""
     con = _loaded()
     step_attr = "map_concat(attr_int, MAP {'tokentrace.step': 3::BIGINT})" if says_step else \

@@ -7,10 +7,10 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from analyzer.formats.parquet_export import export_parquet
+from analyzer.db.store import connect
 from analyzer.errors import ExportError
 from analyzer.formats.load import load_paths
-from analyzer.db.store import connect
+from analyzer.formats.parquet_export import export_parquet
 from data_paths import SAMPLES
 
 FILES = ["python_sdk_otlp_json_file_exporter.jsonl", "jaeger_ui_model_ui_01.json", "jaeger_fixture_link_attributes_trace.otlp.json",

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from data_paths import CAPTURES, SAMPLES
-from perfetto_readback import ReadBack, Track, read_trace
 
 from analyzer.cli import cli
+from data_paths import CAPTURES, SAMPLES
+from perfetto_readback import ReadBack, Track, read_trace
 
 pytest.importorskip("perfetto", reason="the perfetto extra is not installed (pip install 'tokentrace[perfetto]')")
 
@@ -197,7 +197,7 @@ def test_traces_without_steps_give_request_tracks_only_and_say_why(tmp_path) -> 
     assert len(why) == 1 and trace.metadata["tokentrace.engine_track"] == why[0]
     # no engine spans: each lane's ticks are its client's visible chunks (view request_chunks)
     from analyzer.db.source import open_source
-    from analyzer.query.runner import install_views
+    from analyzer.db.views import install_views
 
     con = open_source(db=str(db))
     install_views(con)
@@ -260,10 +260,9 @@ def test_overlapping_spans_of_a_request_get_a_track_of_their_own(tmp_path) -> No
 def test_requests_sharing_a_response_id_get_distinct_track_names(tmp_path) -> None:
     """The mixed fixture's server requests all answer response id 'r': each track still has a
     name of its own (the span id after the id)."""
-    from trace_fixtures import mixed_db
-
     from analyzer.report.perfetto_trace import write_trace
     from analyzer.report.timeline_data import read_engine, stream_lanes
+    from trace_fixtures import mixed_db
 
     con = mixed_db()
     engine = read_engine(con)

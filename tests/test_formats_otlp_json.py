@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from analyzer.formats.load import load_paths
-from analyzer.errors import LoadError
 from analyzer.db.store import connect
+from analyzer.errors import LoadError
+from analyzer.formats.load import load_paths
 
 TRACE = "5b8efff798038103d269b633813fc60c"
 

@@ -12,16 +12,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import analyzer.formats.load as load_module
-from analyzer.formats import otlp_json_duckdb
-from analyzer.formats.writers import to_otlp_json
-from analyzer.formats.load import load_paths
-from analyzer.errors import LoadError
 from analyzer.db.store import connect
+from analyzer.errors import LoadError
+from analyzer.formats import otlp_json_duckdb
+from analyzer.formats.load import load_paths
+from analyzer.formats.writers import to_otlp_json
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from ingest import generate  # noqa: E402
-from test_load_properties import EDITS, SETTINGS, _db_spans, _expected, corrupt, spans  # noqa: E402
 from data_paths import SAMPLES
+from ingest import generate
+from test_load_properties import EDITS, SETTINGS, _db_spans, _expected, corrupt, spans
 
 SDK_LINE = (SAMPLES / "python_sdk_otlp_json_file_exporter.jsonl").read_text()
 TABLES = {"spans": "* EXCLUDE (load_id)", "span_events": "*", "span_links": "*", "rejects": "* EXCLUDE (load_id)",

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+from analyzer.db.store import connect
+from analyzer.errors import LoadError
+from analyzer.formats.load import load_paths
 from analyzer.formats.otlp_proto import write_length_prefixed
 from analyzer.formats.writers import to_otlp_proto
-from analyzer.formats.load import load_paths
-from analyzer.errors import LoadError
-from analyzer.db.store import connect
 from data_paths import SAMPLES
 
 COLS = "* EXCLUDE (load_id)"

@@ -28,12 +28,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analyzer.formats.parquet_export import export_parquet
-from analyzer.formats.otlp_proto import write_length_prefixed
-from analyzer.formats.writers import to_jaeger_trace, to_otlp_json, to_otlp_proto
-from analyzer.formats.load import load_paths
-from analyzer.errors import LoadError
 from analyzer.db.store import connect
+from analyzer.errors import LoadError
+from analyzer.formats.load import load_paths
+from analyzer.formats.otlp_proto import write_length_prefixed
+from analyzer.formats.parquet_export import export_parquet
+from analyzer.formats.writers import to_jaeger_trace, to_otlp_json, to_otlp_proto
 from test_load_properties import spans  # helper-2's generator of valid traces
 
 EXAMPLES = int(os.environ.get("TOKENTRACE_FUZZ_EXAMPLES", "30"))

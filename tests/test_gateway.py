@@ -10,24 +10,25 @@ import asyncio
 import dataclasses
 import json
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 pytest.importorskip("fastapi")
 pytest.importorskip("torch")
 
-import httpx  # noqa: E402
-from opentelemetry.sdk.trace import SpanLimits, TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+import httpx
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from instrument.client import chat_body, stream_chat  # noqa: E402
-from instrument.gateway.admission import AdmissionBudgets  # noqa: E402
-from instrument.gateway.app import GatewaySettings, create_app  # noqa: E402
-from instrument.gateway.server import ServerThread  # noqa: E402
-from instrument.hf.model_handle import ModelHandle, load_model_handle  # noqa: E402
-from instrument.otel.tracing import get_tracer  # noqa: E402
+from instrument.client import chat_body, stream_chat
+from instrument.gateway.admission import AdmissionBudgets
+from instrument.gateway.app import GatewaySettings, create_app
+from instrument.gateway.server import ServerThread
+from instrument.hf.model_handle import ModelHandle, load_model_handle
+from instrument.otel.tracing import get_tracer
 
 TIMEOUT_S = 30.0
 

@@ -13,10 +13,10 @@ import pytest
 pytest.importorskip("prometheus_client")
 pytest.importorskip("opentelemetry.exporter.prometheus")
 
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+from prometheus_client.parser import text_string_to_metric_families
 
-from instrument.gateway.metrics import TTFT_BUCKETS_S, ServerMetrics, otlp_metrics_requested  # noqa: E402
+from instrument.gateway.metrics import TTFT_BUCKETS_S, ServerMetrics, otlp_metrics_requested
 
 
 class _Engine:
@@ -26,7 +26,7 @@ class _Engine:
     requests_waiting = 5
     kv_blocks_used = 7
 
-    class geometry:  # noqa: N801 - the engine's CacheGeometry, read as attributes
+    class geometry:
         blocks_total = 48
 
 
@@ -44,7 +44,7 @@ def receiver() -> Any:
     bodies: list[bytes] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             raw = self.rfile.read(int(self.headers["Content-Length"]))
             bodies.append(gzip.decompress(raw) if self.headers.get("Content-Encoding") == "gzip" else raw)
             self.send_response(200)
@@ -85,7 +85,7 @@ def test_the_same_instruments_in_prometheus_text_and_over_otlp(receiver: Any) ->
         family = families[name]
         return sum(s.value for s in family.samples if s.name == name + suffix)
 
-    # the seed's worked example: TTFT 190 ms, E2E 3,915 ms, TPOT (3915 - 190) / 149 = 25 ms
+    # the worked example: TTFT 190 ms, E2E 3,915 ms, TPOT (3915 - 190) / 149 = 25 ms
     assert sample("gen_ai_server_time_to_first_token_seconds", "_sum") == pytest.approx(0.190)
     assert sample("gen_ai_server_request_duration_seconds", "_sum") == pytest.approx(3.915)
     assert sample("gen_ai_server_time_per_output_token_seconds", "_sum") == pytest.approx(0.025)

@@ -8,7 +8,8 @@ gateway implements is checked by its effect on the output, not by its echo.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -16,14 +17,14 @@ pytest.importorskip("fastapi")
 pytest.importorskip("torch")
 openai = pytest.importorskip("openai")
 
-import httpx  # noqa: E402
-from opentelemetry.sdk.trace import SpanLimits, TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+import httpx
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from instrument.gateway.app import GatewaySettings, create_app  # noqa: E402
-from instrument.gateway.server import ServerThread  # noqa: E402
-from instrument.hf.model_handle import load_model_handle  # noqa: E402
+from instrument.gateway.app import GatewaySettings, create_app
+from instrument.gateway.server import ServerThread
+from instrument.hf.model_handle import load_model_handle
 
 MODEL = "tiny"
 PROMPT = [{"role": "user", "content": "Tell me about hotels in Kyoto with onsen access."}]
@@ -42,7 +43,7 @@ def server(request: pytest.FixtureRequest, handle: Any) -> Iterator[Any]:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     app = create_app(handle, provider, dataclasses.replace(GatewaySettings(max_tokens_limit=256), engine=request.param))
     with ServerThread(app) as srv:
-        srv.exporter = exporter  # type: ignore[attr-defined]
+        srv.exporter = exporter  # type: ignore[attr-defined]  # kept on the server object for the test
         yield srv
 
 

@@ -15,12 +15,12 @@ from instrument.gateway.validation import ValidationError, validate_request
 pytest.importorskip("fastapi")
 pytest.importorskip("torch")
 
-import httpx  # noqa: E402
-from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
+import httpx
+from opentelemetry.sdk.trace import TracerProvider
 
-from instrument.gateway.app import GatewaySettings, create_app  # noqa: E402
-from instrument.gateway.server import ServerThread  # noqa: E402
-from instrument.hf.model_handle import load_model_handle  # noqa: E402
+from instrument.gateway.app import GatewaySettings, create_app
+from instrument.gateway.server import ServerThread
+from instrument.hf.model_handle import load_model_handle
 
 TIMEOUT_S = 30.0
 MESSAGES = [{"role": "user", "content": "hi"}]

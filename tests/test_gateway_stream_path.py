@@ -1,4 +1,4 @@
-"""The gateway's per-chunk path (issue #6): pre-rendered chunk envelope, streaming
+"""The gateway's per-chunk path: pre-rendered chunk envelope, streaming
 detokenizer, the worker -> event-loop hand-off, deferred chunk events, and the HTTP stack.
 
 Real components: the tiny model's tokenizer (and SmolLM2's when its converted copy is
@@ -19,14 +19,14 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("torch")
 
-import httpx  # noqa: E402
-from opentelemetry.sdk.trace import SpanLimits, TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+import httpx
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from instrument.gateway import sse  # noqa: E402
-from instrument.gateway.request_state import Detokenizer  # noqa: E402
-from instrument.hf.model_handle import ModelHandle, load_model_handle  # noqa: E402
+from instrument.gateway import sse
+from instrument.gateway.request_state import Detokenizer
+from instrument.hf.model_handle import ModelHandle, load_model_handle
 
 TIMEOUT_S = 30.0
 

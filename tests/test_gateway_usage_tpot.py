@@ -1,4 +1,4 @@
-"""Issue 29 items 4, 8, 9 on the real gateway: a real uvicorn server on 127.0.0.1 with the tiny
+"""Usage counts and TPOT on the real gateway: a real uvicorn server on 127.0.0.1 with the tiny
 model (sequential engine, seeded sampling), its spans through the loaders' converter into
 DuckDB, the analyzer's own views. Bounded: five requests, timeouts on every call.
 
@@ -19,17 +19,17 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("torch")
 
-import httpx  # noqa: E402
-from opentelemetry.sdk.trace import SpanLimits, TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+import httpx
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from analyzer.formats.sdk_spans import rows_from_sdk_spans  # noqa: E402
-from analyzer.query.runner import run_query  # noqa: E402
-from analyzer.db.store import connect, insert_rows  # noqa: E402
-from instrument.gateway.app import GatewaySettings, create_app  # noqa: E402
-from instrument.gateway.server import ServerThread  # noqa: E402
-from instrument.hf.model_handle import load_model_handle  # noqa: E402
+from analyzer.db.store import connect, insert_rows
+from analyzer.formats.sdk_spans import rows_from_sdk_spans
+from analyzer.query.runner import run_query
+from instrument.gateway.app import GatewaySettings, create_app
+from instrument.gateway.server import ServerThread
+from instrument.hf.model_handle import load_model_handle
 
 TIMEOUT_S = 30.0
 # "Kyoto", seed 21, max_tokens 64 on the tiny model (sequential engine): sampling ends on the

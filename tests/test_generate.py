@@ -7,16 +7,16 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from opentelemetry import trace  # noqa: E402
-from opentelemetry.sdk.trace import SpanLimits, TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
-from opentelemetry.trace import SpanKind  # noqa: E402
+from opentelemetry import trace
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
-from instrument.hf.generate import instrument_model, traced_generate, uninstrument_model  # noqa: E402
-from instrument.kv.runtime import cache_tensor_bytes  # noqa: E402
-from instrument.hf.tiny_model import load_tiny_model  # noqa: E402
-from instrument.otel.tracing import setup_tracing  # noqa: E402
+from instrument.hf.generate import instrument_model, traced_generate, uninstrument_model
+from instrument.hf.tiny_model import load_tiny_model
+from instrument.kv.runtime import cache_tensor_bytes
+from instrument.otel.tracing import setup_tracing
 
 PROMPT = "Hello world, the quick brown fox"
 
@@ -324,7 +324,7 @@ def test_concurrent_calls_on_one_model_record_only_their_own_forwards(tiny):
             for _ in range(4):
                 results[tokens].append(traced_generate(
                     model, tok, PROMPT, tracer_provider=provider, max_new_tokens=tokens, min_new_tokens=tokens))
-        except BaseException as error:  # reported below
+        except BaseException as error:  # noqa: BLE001 - reported below, after the threads end
             errors.append(error)
 
     threads = [threading.Thread(target=run, args=(n,)) for n in results]

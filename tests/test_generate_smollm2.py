@@ -13,11 +13,11 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from instrument.hf.generate import traced_generate  # noqa: E402
-from instrument.hf.smollm2 import load_smollm2, smollm2_package_dir  # noqa: E402
-from instrument.otel.tracing import setup_tracing  # noqa: E402
+from instrument.hf.generate import traced_generate
+from instrument.hf.smollm2 import load_smollm2, smollm2_package_dir
+from instrument.otel.tracing import setup_tracing
 
 pytestmark = pytest.mark.slow
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 from opentelemetry.sdk.trace import ReadableSpan
-from trace_fixtures import RequestPlan, TraceWorld
 
 from analyzer.db.store import connect, insert_rows
 from analyzer.formats.sdk_spans import rows_from_sdk_spans
 from analyzer.query.runner import run_query
 from instrument.records.keep import KeepPolicy
 from instrument.records.keep_stage import HEAD_ATTRIBUTE, EngineFacts, KeepStage
+from trace_fixtures import RequestPlan, TraceWorld
 
 TOKENS = 20
 #: request -> (its gaps, ms; whether the random sample took it). The policy: a gap over 200 ms

@@ -20,17 +20,17 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("torch")
 
-import httpx  # noqa: E402
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF  # noqa: E402
-from opentelemetry.trace import NoOpTracer  # noqa: E402
+import httpx
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from opentelemetry.trace import NoOpTracer
 
-from instrument.client import stream_chat  # noqa: E402
-from instrument.gateway.app import GatewaySettings, create_app  # noqa: E402
-from instrument.gateway.server import ServerThread  # noqa: E402
-from instrument.hf.model_handle import load_model_handle  # noqa: E402
-from instrument.otel.tracing import setup_tracing  # noqa: E402
-from instrument.records.keep import HeadMarkingSampler  # noqa: E402
-from instrument.records.span_forward import forward_spans  # noqa: E402
+from instrument.client import stream_chat
+from instrument.gateway.app import GatewaySettings, create_app
+from instrument.gateway.server import ServerThread
+from instrument.hf.model_handle import load_model_handle
+from instrument.otel.tracing import setup_tracing
+from instrument.records.keep import HeadMarkingSampler
+from instrument.records.span_forward import forward_spans
 
 TIMEOUT_S = 60.0
 STALL_S = 0.8  # the planted stall: one step held this long while three requests decode

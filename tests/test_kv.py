@@ -1,4 +1,4 @@
-"""KV-cache math: the seed's figures, its broken MHA-for-GQA case, and config parsing."""
+"""KV-cache math: the worked example's figures, its broken MHA-for-GQA case, and config parsing."""
 
 from __future__ import annotations
 

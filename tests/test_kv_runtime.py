@@ -9,11 +9,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from instrument.hf.generate import traced_generate  # noqa: E402
-from instrument.hf.tiny_model import load_tiny_model  # noqa: E402
-from instrument.otel.tracing import setup_tracing  # noqa: E402
+from instrument.hf.generate import traced_generate
+from instrument.hf.tiny_model import load_tiny_model
+from instrument.otel.tracing import setup_tracing
 
 PROMPT = "The quick brown fox"
 
@@ -48,7 +48,7 @@ def test_bf16_model_halves_the_bytes(tiny):
     result, prefill, decodes = _run(half, tok, return_dict_in_generate=True)
     assert prefill.attributes["tokentrace.kv.dtype"] == "bf16"
     assert prefill.attributes["tokentrace.kv.bytes_per_token"] == 128
-    cache_bytes = sum(int(l.keys.nbytes) + int(l.values.nbytes) for l in result.output.cache.layers)
+    cache_bytes = sum(int(layer.keys.nbytes) + int(layer.values.nbytes) for layer in result.output.cache.layers)
     assert max(decodes, key=lambda s: s.attributes["tokentrace.step"]).attributes["tokentrace.kv.bytes"] == cache_bytes
 
 

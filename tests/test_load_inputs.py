@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.formats.load import load_paths
-from analyzer.errors import LoadError
 from analyzer.db.store import connect
+from analyzer.errors import LoadError
+from analyzer.formats.load import load_paths
 from data_paths import SAMPLES
 
 SDK = SAMPLES / "python_sdk_otlp_json_file_exporter.jsonl"

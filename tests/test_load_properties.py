@@ -9,19 +9,19 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analyzer.formats.parquet_export import export_parquet
-from analyzer.formats.otlp_proto import write_length_prefixed
-from analyzer.formats.writers import to_jaeger_trace, to_otlp_json, to_otlp_proto
-from analyzer.formats.load import load_paths
-from analyzer.errors import LoadError
 from analyzer.db.schema import DEDICATED_COLUMNS, SPAN_KINDS, STATUS_CODES
 from analyzer.db.store import connect
+from analyzer.errors import LoadError
+from analyzer.formats.load import load_paths
+from analyzer.formats.otlp_proto import write_length_prefixed
+from analyzer.formats.parquet_export import export_parquet
+from analyzer.formats.writers import to_jaeger_trace, to_otlp_json, to_otlp_proto
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=8)
 nonempty = text.filter(bool)
-hex_id = lambda n: st.integers(1, 2 ** (4 * n) - 1).map(lambda i: f"{i:0{n}x}")  # noqa: E731
+hex_id = lambda n: st.integers(1, 2 ** (4 * n) - 1).map(lambda i: f"{i:0{n}x}")  # noqa: E731 - a strategy factory, named like the others
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
 plain = st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | finite | text,
                      lambda c: st.lists(c, max_size=3), max_leaves=5)  # fmt: skip
@@ -59,9 +59,11 @@ def spans(draw, jaeger: bool = False) -> list[dict]:
              "status_code": draw(st.sampled_from(STATUS_CODES)), "status_message": draw(st.none() | nonempty),
              "service_name": service, "service_instance_id": None, "host_name": None, "clock_domain": f"{service}||",
              "scope_name": draw(st.none() | nonempty), "scope_version": draw(st.none() | nonempty),
-             **draw(attr_maps("attr", scalar_only=jaeger).filter(lambda m: not any(k.startswith(("otel.", "span.kind", "error", "w3c.")) for mm in m.values() for k in mm))),
+             **draw(attr_maps("attr", scalar_only=jaeger).filter(
+                 lambda m: not any(k.startswith(("otel.", "span.kind", "error", "w3c.")) for mm in m.values() for k in mm))),
              **res,
-             "scope_attributes_json": None if jaeger else draw(st.none() | st.dictionaries(nonempty, st.booleans() | text, min_size=1, max_size=2).map(lambda d: json.dumps(d, separators=(",", ":")))),
+             "scope_attributes_json": None if jaeger else draw(st.none() | st.dictionaries(
+                 nonempty, st.booleans() | text, min_size=1, max_size=2).map(lambda d: json.dumps(d, separators=(",", ":")))),
              "dropped_attributes_count": 0 if jaeger else draw(st.integers(0, 5)), "dropped_events_count": 0 if jaeger else draw(st.integers(0, 5)),
              "dropped_links_count": 0 if jaeger else draw(st.integers(0, 5))}  # fmt: skip
         if jaeger and s["status_code"] == "UNSET":

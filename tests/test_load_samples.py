@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from analyzer.formats.load import load_paths
-from analyzer.errors import LoadError
 from analyzer.db.store import connect
+from analyzer.errors import LoadError
+from analyzer.formats.load import load_paths
 from data_paths import SAMPLES
-
 
 
 def _load(name: str, lenient: bool = True):

@@ -65,7 +65,7 @@ def test_the_instruments_own_spans_match_lazy_steps_included() -> None:
     assert spans_to_otlp_json(spans) == spans_to_otlp_json_via_protobuf(spans)
 
 
-# --- one batch, several resources; bounded encode calls (issue #27, item 4) -----------------------
+# --- one batch, several resources; bounded encode calls -----------------------
 def _two_resource_batch() -> list:
     """Spans of two providers (two resources) interleaved, plus a third provider whose resource
     is a distinct object equal to the first's: the encoder must group by value, as the SDK does."""

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from analyzer.cli import cli
-from analyzer.query.runner import list_queries, queries_dir
+from analyzer.db.views import queries_dir
+from analyzer.query.runner import list_queries
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,7 +33,7 @@ def test_wheel_ships_queries_and_examples(tmp_path) -> None:
     for sql in (REPO / "queries").rglob("*.sql"):
         assert f"analyzer/sql/{sql.relative_to(REPO / 'queries').as_posix()}" in names, sql
     assert "analyzer/examples/request-timeline.csv" in names
-    assert "analyzer/examples/claims.yaml" in names  # the audit example (issue 30 item 9)
+    assert "analyzer/examples/claims.yaml" in names  # the audit example
     # Installed from the wheel (no checkout on the path), the SQL is found as package data.
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Iterator
 from urllib.parse import parse_qs, urlsplit
 
 import duckdb
@@ -45,7 +45,7 @@ def jaeger() -> Iterator[tuple[str, Replay]]:
     replay = Replay({})
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             parts = urlsplit(self.path)
             replay.requests.append((parts.path, {k: v[-1] for k, v in parse_qs(parts.query).items()}))
             status, body, ctype = replay.answer(parts.path)

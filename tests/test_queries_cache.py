@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import duckdb
 import pytest
+
+import analyzer.db.views as db_views
+from analyzer.db.views import install_views, kept_views, materialize_views, view_files
+from analyzer.db.views import keep as view_keep
+from analyzer.query.runner import list_queries, run_query
 from engine_fixtures import EngineWorld, VllmPlan, add_vllm_request
 from trace_fixtures import RequestPlan, TraceWorld, mixed_db, mixed_trace_id
-
-import analyzer.query.runner as queries
-from analyzer.db.views import keep as view_keep
-from analyzer.query.runner import install_views, kept_views, list_queries, materialize_views, run_query, view_files
 
 
 def _kept(con: duckdb.DuckDBPyConnection) -> set[str]:
     return {
-        r[0][len(queries.CACHE_PREFIX):]
+        r[0][len(db_views.CACHE_PREFIX):]
         for r in con.execute(
             "SELECT table_name FROM duckdb_tables() WHERE database_name = 'temp' AND starts_with(table_name, 'tt_cached_')"
         ).fetchall()

@@ -9,10 +9,11 @@ import re
 from pathlib import Path
 
 import pytest
-from golden.generate import golden_rows
 
 from analyzer.cli import cli
-from analyzer.query.runner import list_queries, load_query, queries_dir
+from analyzer.db.views import queries_dir
+from analyzer.query.runner import list_queries, load_query
+from golden.generate import golden_rows
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -55,7 +56,7 @@ def test_every_query_has_a_documented_header() -> None:
         q = load_query(name)
         assert q.returns and q.units, name
         declared = {p.name for p in q.params}
-        used = set(re.findall(r"\$([A-Za-z_][A-Za-z0-9_]*)", "\n".join(l for l in q.sql.splitlines() if not l.startswith("--"))))
+        used = set(re.findall(r"\$([A-Za-z_][A-Za-z0-9_]*)", "\n".join(line for line in q.sql.splitlines() if not line.startswith("--"))))
         assert used <= declared, f"{name}: undeclared parameters {used - declared}"
 
 

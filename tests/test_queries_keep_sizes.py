@@ -1,4 +1,4 @@
-"""Per-chunk views are kept at every size (analyzer.query.runner.MATERIALIZE_MAX_EVENTS = None):
+"""Per-chunk views are kept at every size (analyzer.db.views.MATERIALIZE_MAX_EVENTS = None):
 the same rows as the plain views, and a kept table larger than DuckDB's memory_limit is
 evicted to temp_directory instead of failing (the 1e6-request case of docs/metrics.md)."""
 
@@ -8,25 +8,26 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from trace_fixtures import mixed_db
 
+import analyzer.db.views as db_views
 import analyzer.query.runner as queries
 from analyzer.db.views import keep as view_keep
 from analyzer.query.runner import run_query
+from trace_fixtures import mixed_db
 
 
 def _kept(con: duckdb.DuckDBPyConnection) -> set[str]:
     return {
-        r[0][len(queries.CACHE_PREFIX):]
+        r[0][len(db_views.CACHE_PREFIX):]
         for r in con.execute(
             "SELECT table_name FROM duckdb_tables() WHERE database_name = 'temp' AND starts_with(table_name, $p)",
-            {"p": queries.CACHE_PREFIX},
+            {"p": db_views.CACHE_PREFIX},
         ).fetchall()
     }
 
 
 def test_per_chunk_views_are_kept_whatever_the_event_count() -> None:
-    assert queries.MATERIALIZE_MAX_EVENTS is None
+    assert db_views.MATERIALIZE_MAX_EVENTS is None
     con = mixed_db()
     gaps = run_query(con, "itl").rows
     assert {"request_keys", "request_gap_rows", "tt_candidate_chunks"} <= _kept(con)

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from trace_fixtures import ANCHOR_NS, mixed_world, write_parquet_dump
 
 from analyzer.db.source import open_source
+from analyzer.db.store import connect
 from analyzer.errors import SourceError
 from analyzer.query.runner import list_queries, run_query
-from analyzer.db.store import connect
+from trace_fixtures import ANCHOR_NS, mixed_world, write_parquet_dump
 
 DAY_NS = 86_400 * 10**9
 

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import pytest
-from trace_fixtures import (ANCHOR_NS, MIXED_PLANS, RequestPlan, TraceWorld, mixed_db, mixed_trace_id,
-                            mixed_world, seed_db)
 
 from analyzer.formats.sdk_spans import rows_from_sdk_spans
 from analyzer.query.runner import run_query
+from trace_fixtures import (
+    ANCHOR_NS,
+    MIXED_PLANS,
+    RequestPlan,
+    TraceWorld,
+    mixed_db,
+    mixed_trace_id,
+    mixed_world,
+    seed_db,
+)
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +97,7 @@ def test_zero_output_tokens_has_no_f_or_e(mixed) -> None:
     row = _row(mixed, "zero_tokens", "client")
     assert row["output_tokens"] == 0
     assert row["ttft_ms"] is None and row["e2e_ms"] is None and row["whole_request_output_tokens_per_second"] is None
-    # every NULL metric's reason, none hidden behind the adapter's (issue 19 item 5)
+    # every NULL metric's reason, none hidden behind the adapter's
     assert row["null_reason"] == "no visible chunk events; tpot_ms and decode rate need more than one output token"
     assert run_query(mixed, "itl", {"trace_id": mixed_trace_id("zero_tokens")}).rows == []
 
@@ -154,7 +162,7 @@ def test_deprecated_genai_token_names_are_read_when_the_new_ones_are_absent() ->
 @pytest.mark.parametrize(("every", "stop_kv_mib"), [(4, 366.875), (3, None)])
 def test_stop_kv_needs_the_last_decode_step(every: int, stop_kv_mib: float | None) -> None:
     """decode_spans = every:N keeps steps 1, 1+N, ...: every:4 keeps step 149 = G - 1 (the
-    seed's stop KV), every:3 ends at step 148, whose KV is one token short: NULL, not that."""
+    worked example's stop KV), every:3 ends at step 148, whose KV is one token short: NULL, not that."""
     con = seed_db()
     con.execute("DELETE FROM spans WHERE name = 'decode' AND (attr_int['tokentrace.step'] - 1) % $n <> 0",
                 {"n": every})
@@ -171,7 +179,7 @@ def test_a_rate_left_null_by_its_guard_says_why() -> None:
     con.execute("UPDATE spans SET start_ns = $t WHERE kind = 'CLIENT'", {"t": last + 1_000_000})
     row = run_query(con, "requests", {"perspective": "client"}).dicts()[0]
     assert row["whole_request_output_tokens_per_second"] is None and row["e2e_ms"] < 0
-    # the client TTFT (-3727 ms) is below the server's: NULL with that finding (issue 29), first
+    # the client TTFT (-3727 ms) is below the server's: NULL with that finding, first
     assert row["ttft_ms"] is None
     assert row["null_reason"] == (
         "skew_suspect: client TTFT -3727.0 ms below the server TTFT 182.0 ms of the same request (impossible: "

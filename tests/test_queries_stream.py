@@ -12,14 +12,16 @@ from pathlib import Path
 import duckdb
 import pytest
 from click.testing import CliRunner
-from trace_fixtures import mixed_db, mixed_trace_id, mixed_world
 
+import analyzer.db.views as db_views
 import analyzer.query.runner as queries
-from analyzer.db.views import keep as view_keep
 from analyzer.cli import cli
-from analyzer.cli.options import emit_row_batches, emit_rows
-from analyzer.query.runner import kept_order, request_key_ranges, run_query, stream_query
+from analyzer.cli._options import emit_row_batches, emit_rows
 from analyzer.db.store import connect
+from analyzer.db.views import keep as view_keep
+from analyzer.db.views import kept_order, request_key_ranges
+from analyzer.query.runner import run_query, stream_query
+from trace_fixtures import mixed_db, mixed_trace_id, mixed_world
 
 
 def _streamed(con: duckdb.DuckDBPyConnection, name: str, params: dict | None = None) -> tuple[int, list[tuple]]:
@@ -86,21 +88,21 @@ def test_gap_table_kept_in_ranges_is_clustered_and_gives_the_same_summary(monkey
     for a, b in zip(got, expected):
         assert a[:2] == b[:2]
         assert all(x == pytest.approx(y, rel=1e-12) if isinstance(x, float) else x == y for x, y in zip(a, b))
-    keys = [r[0] for r in con.execute(f"SELECT request_key FROM temp.{queries.CACHE_PREFIX}request_gap_rows").fetchall()]
+    keys = [r[0] for r in con.execute(f"SELECT request_key FROM temp.{db_views.CACHE_PREFIX}request_gap_rows").fetchall()]
     assert len(request_key_ranges(con)) > 3
     assert keys == sorted(keys)  # range by range, each range's rows before the next range's
 
 
 def test_chunk_table_is_kept_in_the_order_its_header_names() -> None:
-    assert kept_order(queries.view_files()[0]) == {"tt_candidate_chunks": "candidate_key, chunk_index, time_ns"}
+    assert kept_order(db_views.view_files()[0]) == {"tt_candidate_chunks": "candidate_key, chunk_index, time_ns"}
     assert kept_order(["-- keep chunks: c ORDER BY k, i\n-- keep: a\nSELECT 1"]) == {"c": "k, i"}
-    assert queries.kept_views(["-- keep chunks: c ORDER BY k, i\nSELECT 1"], chunks=True) == ["c"]
+    assert db_views.kept_views(["-- keep chunks: c ORDER BY k, i\nSELECT 1"], chunks=True) == ["c"]
     with pytest.raises(ValueError, match="names one view"):
         kept_order(["-- keep chunks: a, b ORDER BY k"])
     con = mixed_db()
     run_query(con, "requests")
     rows = con.execute(
-        f"SELECT candidate_key, chunk_index, time_ns FROM temp.{queries.CACHE_PREFIX}tt_candidate_chunks").fetchall()
+        f"SELECT candidate_key, chunk_index, time_ns FROM temp.{db_views.CACHE_PREFIX}tt_candidate_chunks").fetchall()
     assert len(rows) > 100 and rows == sorted(rows)
 
 
@@ -152,8 +154,8 @@ def test_one_query_per_connection_keeps_chunks_only_to_build_gaps() -> None:
         return {r[0] for r in con.execute(
             "SELECT table_name FROM duckdb_tables() WHERE database_name = 'temp'").fetchall()}
 
-    chunks = f"{queries.CACHE_PREFIX}tt_candidate_chunks"
-    facts = f"{queries.CACHE_PREFIX}request_facts"
+    chunks = f"{db_views.CACHE_PREFIX}tt_candidate_chunks"
+    facts = f"{db_views.CACHE_PREFIX}request_facts"
     # a per-request view read once by the query is read in place (DuckDB computes only the
     # columns used); phases reads request_facts twice (itself and through the clock offsets)
     for name, keeps_facts in (("requests", False), ("phases", True), ("window", False), ("skew_offsets", False)):
@@ -164,7 +166,7 @@ def test_one_query_per_connection_keeps_chunks_only_to_build_gaps() -> None:
     for name in ("itl", "summary"):  # the gap table is built from the kept, sorted chunks
         con = mixed_db()
         rows = run_query(con, name, keep_chunks=False).rows
-        assert {chunks, f"{queries.CACHE_PREFIX}request_gap_rows"} <= kept(con), name
+        assert {chunks, f"{db_views.CACHE_PREFIX}request_gap_rows"} <= kept(con), name
         assert _close(rows, run_query(mixed_db(), name).rows), name
 
 
@@ -185,20 +187,20 @@ class _FailingInsert:
 def test_an_interrupted_range_by_range_keep_leaves_nothing_kept(monkeypatch) -> None:
     monkeypatch.setattr(view_keep, "RANGE_EVENTS", 100)
     con = mixed_db()
-    queries.install_views(con)
-    queries.materialize_views(con, "SELECT * FROM request_keys")
+    db_views.install_views(con)
+    db_views.materialize_views(con, "SELECT * FROM request_keys")
     assert len(request_key_ranges(con)) > 3
     with pytest.raises(KeyboardInterrupt):
         view_keep.keep_view(_FailingInsert(con, 3), "request_gap_rows", ranges=request_key_ranges(con))
     temp = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'temp'").fetchall()}
-    assert not {f"{queries.CACHE_PREFIX}request_gap_rows", f"{queries.BUILDING_PREFIX}request_gap_rows"} & temp
-    assert "request_gap_rows" in queries.materialize_views(con, queries.load_query("itl").sql)  # kept whole now
+    assert not {f"{db_views.CACHE_PREFIX}request_gap_rows", f"{db_views.BUILDING_PREFIX}request_gap_rows"} & temp
+    assert "request_gap_rows" in db_views.materialize_views(con, queries.load_query("itl").sql)  # kept whole now
     assert run_query(con, "itl").rows == run_query(mixed_db(), "itl").rows
 
 
 def test_keep_header_order_by_is_for_chunk_lines_and_any_case() -> None:
     assert kept_order(["-- keep chunks: c order by k, i"]) == {"c": "k, i"}
-    assert queries.kept_views(["-- keep chunks: c Order By k"], chunks=True) == ["c"]
+    assert db_views.kept_views(["-- keep chunks: c Order By k"], chunks=True) == ["c"]
     with pytest.raises(ValueError, match="keep chunks"):
         kept_order(["-- keep: a ORDER BY k"])
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from trace_fixtures import mixed_db, seed_db
 
 from analyzer.query.runner import run_query
+from trace_fixtures import mixed_db, seed_db
 
 
 def _by_metric(rows: list[dict], perspective: str) -> dict[str, dict]:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from trace_fixtures import ANCHOR_NS, RequestPlan, TraceWorld
 
 from analyzer.query.runner import run_query
+from trace_fixtures import ANCHOR_NS, RequestPlan, TraceWorld
 
 S = 1_000_000_000  # ns per second
 WINDOW = {"window_start_ns": ANCHOR_NS, "window_end_ns": ANCHOR_NS + 10 * S}
@@ -95,7 +95,7 @@ def test_closed_cohort_reads_no_chunk(con) -> None:
     DuckDB optimizes: the filter is constant false), so a closed cohort reads no chunk event."""
     import duckdb
 
-    from analyzer.query.runner import install_views
+    from analyzer.db.views import install_views
 
     install_views(con)
     columns = [r[0] for r in con.execute("DESCRIBE request_chunks").fetchall()]

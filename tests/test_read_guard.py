@@ -1,4 +1,4 @@
-"""Tests read nothing outside the repository (issue 30 item 1): a fresh clone with nothing beside
+"""Tests read nothing outside the repository: a fresh clone with nothing beside
 it runs every test. Two checks: the test sources build no path that climbs out of the repository
 (DuckDB reads files in C++, where no audit hook sees them), and the read guard
 (tests/read_guard.py) fails a test or a module that opens ``../shared`` at run time."""
@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from data_paths import CAPTURES, DATA, REAL, SAMPLES
 from read_guard import GUARD, REPO, ReadGuard
 

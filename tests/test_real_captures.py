@@ -1,4 +1,4 @@
-"""The adapters on what real tools wrote (issue 19): tests/data/samples/real/ (vLLM 0.32,
+"""The adapters on what real tools wrote: tests/data/samples/real/ (vLLM 0.32,
 SGLang 0.5.23, openai-v2 2.4b0; provenance in its README.md) and tests/data/real/ (OpenLLMetry
 0.62.4 and AIPerf 0.13 against tokentrace serve; README.md beside each). Exact counts and values."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from analyzer.db.store import connect
 from analyzer.formats.load import load_paths
 from analyzer.query.runner import run_query
-from analyzer.db.store import connect
 from data_paths import CAPTURES, REAL
 
 DATA = CAPTURES
@@ -182,7 +182,7 @@ def test_openllmetry_current_spans_are_client_requests_with_chunk_times(openllme
                               "GROUP BY 1").fetchall())
     streamed = [r for r in client if r["output_tokens"] == 12]
     # 15 chunk events for 12 tokens, matched by index to the gateway's 15 tokentrace.chunk
-    # events: the role-only first chunk and the finish / usage chunks are not visible (issue 29)
+    # events: the role-only first chunk and the finish / usage chunks are not visible
     assert len(streamed) == 3 and all(chunks[r["request_span_id"]] == 12 for r in streamed)
     basis = con.execute("SELECT basis, count(*), max(received_chunks), max(written_chunks) "
                         "FROM genai_client_chunk_match GROUP BY 1").fetchall()
@@ -200,7 +200,7 @@ def test_openllmetry_non_streamed_arrives_whole_and_failures_say_so(openllmetry)
     whole = [r for r in client if r["output_tokens"] == 8]
     assert len(whole) == 2 and all(r["ttft_ms"] == r["e2e_ms"] for r in whole)
     assert all("non-streamed response: f = e = the client span's end" in r["null_reason"] for r in whole)
-    # one write carries no per-token timing (issue 29 item 4): TPOT NULL with its reason, not 0 ms,
+    # one write carries no per-token timing: TPOT NULL with its reason, not 0 ms,
     # on the client and on the gateway (one body write: f = e there too)
     one_write = "tpot_ms and decode rate need e > f (the output arrived in one write: no per-token timing)"
     server = {r["request_span_id"]: r for r in rows if r["perspective"] == "server"}

@@ -1,4 +1,4 @@
-"""Issue 29: the adapters on what real clients send to `tokentrace serve --model smollm2`:
+"""The adapters on what real clients send to `tokentrace serve --model smollm2`:
 openai-v2 2.4b0 stock (no traceparent) and with httpx2's instrumentor, and OpenLLMetry 0.62.4
 (tests/data/real/openai-clients-tokentrace, provenance in its README.md). Exact values: the
 server's 15 requests are the truth (14 succeeded, 1 cancelled, 184 output tokens in the
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from analyzer.audit.records_traces import load_traced_requests
+from analyzer.db.store import connect
 from analyzer.formats.canonical import SPAN_COLUMNS
 from analyzer.formats.load import load_paths
 from analyzer.query.runner import run_query
-from analyzer.db.store import connect
 
 CAPTURE = Path(__file__).resolve().parent / "data" / "real" / "openai-clients-tokentrace"
 FILES = ("server.jsonl", "openai-v2-stock.jsonl", "openai-v2-httpx2.jsonl", "openllmetry.jsonl")
@@ -116,7 +116,7 @@ def test_an_ambiguous_id_is_not_paired_and_the_note_says_why() -> None:
 def test_window_counts_each_request_once(capture) -> None:
     con, _ = capture
     w = run_query(con, "window").dicts()[0]
-    # before issue 29: attempted 21, succeeded 20 (each stock openai-v2 client span its own request)
+    # before the gateway adopted client spans: attempted 21, succeeded 20 (each stock openai-v2 client span its own request)
     assert (w["attempted"], w["succeeded"], w["failed"], w["cancelled"], w["output_tokens"]) == (15, 14, 0, 1, 184)
     assert w["token_counting_rule"] == "output tokens (gen_ai.usage.output_tokens) of cohort requests that succeeded"
     for perspective in ("client", "server"):
@@ -228,7 +228,7 @@ def _shift_gateway(con, ms: float) -> None:
 
 def test_skew_does_not_take_header_time_http_spans_for_skew(capture) -> None:
     con, _ = capture
-    # before issue 29: 6 child_ends_after_parent skew_suspect (gateway spans under POST spans)
+    # before the gateway adopted client spans: 6 child_ends_after_parent skew_suspect (gateway spans under POST spans)
     assert run_query(con, "skew_rules").dicts() == []
     posts = con.execute("SELECT count(*) FROM spans p JOIN spans c ON c.trace_id = p.trace_id "
                         "AND c.parent_span_id = p.span_id WHERE p.name = 'POST' AND c.end_ns > p.end_ns").fetchone()

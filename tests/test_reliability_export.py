@@ -18,19 +18,19 @@ import pytest
 
 pytest.importorskip("torch")
 
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
-from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span  # noqa: E402
-from opentelemetry.sdk.trace.export import SpanExportResult  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+from opentelemetry.sdk.trace.export import SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from analyzer.collect import Receiver  # noqa: E402
-from analyzer.formats.load import load_paths  # noqa: E402
-from analyzer.db.store import connect  # noqa: E402
-from instrument import setup_tracing, traced_generate  # noqa: E402
-from instrument.otel.export_health import LOGGER_NAME, CountingSpanExporter, export_health  # noqa: E402
+from analyzer.collect import Receiver
+from analyzer.db.store import connect
+from analyzer.formats.load import load_paths
+from instrument import setup_tracing, traced_generate
+from instrument.otel.export_health import LOGGER_NAME, CountingSpanExporter, export_health
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import reliability  # noqa: E402
+import reliability
 
 SLACK_S = 0.3  # absolute allowance for CPU noise on shared runners, per request
 RECOVERY_DEADLINE_S = 5.0  # export deadline (retries included) where a test asserts the recovered batches succeed
@@ -55,7 +55,7 @@ def test_counting_exporter_counts_success_failure_and_exceptions() -> None:
             raise RuntimeError("boom")
 
     wrapped = CountingSpanExporter(Raising())
-    assert wrapped.export([object()] * 4) is SpanExportResult.FAILURE  # type: ignore[list-item]
+    assert wrapped.export([object()] * 4) is SpanExportResult.FAILURE  # type: ignore[list-item]  # any objects: the exporter under test fails first
     assert wrapped.failed == 4 and "RuntimeError: boom" in (wrapped.last_error or "")
 
 

@@ -16,7 +16,7 @@ pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import reliability  # noqa: E402
+import reliability
 
 
 @pytest.mark.timing  # a leaving client's decode must stop within one step of its disconnect

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from analyzer.cli import cli
-from analyzer.report import ReportInputs, build_report, choose_request
 from analyzer.query.runner import run_query
+from analyzer.report import ReportInputs, build_report, choose_request
 from trace_fixtures import mixed_db, seed_db
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
@@ -37,7 +37,7 @@ def test_seed_request_report_has_every_section_with_the_seed_numbers() -> None:
     page = build_report(con, ReportInputs(window_params={"slo_ttft_ms": 200.0}))
     for section in SECTIONS:
         assert f">{section}<" in page, section
-    assert "3,915" in page and ">190<" in page  # E2E and TTFT of the seed request
+    assert "3,915" in page and ">190<" in page  # E2E and TTFT of the worked example's request
     assert page.count("<svg") >= 6
     # Offline: nothing to fetch (XML namespace URIs in the SVGs are names, not requests).
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
@@ -48,8 +48,8 @@ def test_seed_request_report_has_every_section_with_the_seed_numbers() -> None:
 
 
 def test_engine_steps_section_plots_batch_kv_and_itl_against_prefill() -> None:
-    from analyzer.formats.load import load_paths
     from analyzer.db.store import connect
+    from analyzer.formats.load import load_paths
 
     con = connect()
     load_paths(con, [str(CONTINUOUS_CAPTURE / "server.otlp.jsonl"), str(CONTINUOUS_CAPTURE / "client.otlp.jsonl")])
@@ -170,8 +170,8 @@ def _chromium_run(html_path: Path, profile: Path, *args: str, width: int = 1280,
 
 
 def _loaded(*files: Path):
-    from analyzer.formats.load import load_paths
     from analyzer.db.store import connect
+    from analyzer.formats.load import load_paths
 
     con = connect()
     load_paths(con, [str(f) for f in files])

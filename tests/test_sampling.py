@@ -6,15 +6,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from instrument.gateway.choice_text import StopText  # noqa: E402
-from instrument.hf.token_sampling import SamplingParams, SequenceSampler, one_hot_scores  # noqa: E402
+from instrument.gateway.choice_text import StopText
+from instrument.hf.token_sampling import SamplingParams, SequenceSampler, one_hot_scores
 
 VOCAB = 8
 EOS = 7
 
 
 def _sampler(**kwargs: object) -> SequenceSampler:
-    params = SamplingParams(max_tokens=100, temperature=kwargs.pop("temperature", 0.0), **kwargs)  # type: ignore[arg-type]
+    params = SamplingParams(max_tokens=100, temperature=kwargs.pop("temperature", 0.0), **kwargs)  # type: ignore[arg-type]  # the test passes the keyword arguments through
     return SequenceSampler(params, [EOS], prompt_ids=[1, 2], vocab_size=VOCAB)
 
 

@@ -1,4 +1,4 @@
-"""scripts/setup installs once for both scripts (issue 30 item 9): switching between
+"""scripts/setup installs once for both scripts: switching between
 ./scripts/demo (extras all) and ./scripts/test (all,spark) does not reinstall each time.
 
 The script runs for real in a copy of the checkout's setup files; only the venv's python is a

@@ -16,9 +16,9 @@ from click.testing import CliRunner
 
 from analyzer.cli import cli
 from analyzer.collect import Receiver
-from analyzer.formats.parquet_export import export_parquet
-from analyzer.formats.load import load_paths
 from analyzer.db.store import connect
+from analyzer.formats.load import load_paths
+from analyzer.formats.parquet_export import export_parquet
 
 PROMPT = "my secret prompt: card 4111-1111-1111-1111"
 
@@ -190,8 +190,8 @@ def test_audit_copies_tables_with_odd_names_safely(tmp_path: Path) -> None:
     # analyzer/audit/traces.py once formatted the name into "..." unescaped: a parser error (or
     # worse, more SQL). Past the copy, this fake database fails the metric queries: not this test.
     try:
-        check_claims_against_traces(None, db, 0.05)  # type: ignore[arg-type]
+        check_claims_against_traces(None, db, 0.05)  # type: ignore[arg-type]  # no claims: only the copy of the database is tested
     except duckdb.ParserException:
         raise
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - past the copy the fake database fails the queries: not this test
         pass

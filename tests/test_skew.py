@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from trace_fixtures import CLIENT_RESOURCE, SERVER_RESOURCE, SKEWED_CLIENT_RESOURCE, domain, mixed_db, mixed_trace_id
 
+from analyzer.errors import OffsetSyntaxError
 from analyzer.query.runner import run_query
 from analyzer.verbs.skew import parse_assume_offsets
-from analyzer.errors import OffsetSyntaxError
+from trace_fixtures import CLIENT_RESOURCE, SERVER_RESOURCE, SKEWED_CLIENT_RESOURCE, domain, mixed_db, mixed_trace_id
 
 SKEWED = domain(SKEWED_CLIENT_RESOURCE)
 SERVER = domain(SERVER_RESOURCE)
@@ -143,6 +143,7 @@ def _planted_world():
     a parent, an event after its span's end and chunks out of order on one of two spans; a
     second trace with the same event fault, to check the $trace_id filter."""
     from opentelemetry import trace as otel_trace
+
     from trace_fixtures import TraceWorld, _ns
 
     world = TraceWorld()
@@ -223,6 +224,7 @@ def test_skew_rules_keep_decode_parents_apart_and_filter_by_trace() -> None:
 
 def test_decode_steps_without_a_parent_are_compared_within_their_trace() -> None:
     from opentelemetry import trace as otel_trace
+
     from trace_fixtures import TraceWorld, _ns
 
     world = TraceWorld()

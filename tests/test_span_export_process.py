@@ -1,4 +1,4 @@
-"""``--span-export process`` behind the real gateway (#27 items 2-3): the same spans as the
+"""``--span-export process`` behind the real gateway: the same spans as the
 inline path for one fixed run (the engine's, built from step records, and the gateway's own,
 forwarded whole), and serving that goes on when the exporter process dies.
 
@@ -24,16 +24,16 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("torch")
 
-import httpx  # noqa: E402
-from opentelemetry.trace import NoOpTracer  # noqa: E402
+import httpx
+from opentelemetry.trace import NoOpTracer
 
-from instrument.client import chat_body, stream_chat  # noqa: E402
-from instrument.otel.export_health import export_health  # noqa: E402
-from instrument.gateway.app import GatewaySettings, create_app  # noqa: E402
-from instrument.gateway.server import ServerThread  # noqa: E402
-from instrument.hf.model_handle import ModelHandle, load_model_handle  # noqa: E402
-from instrument.records.span_forward import forward_spans  # noqa: E402
-from instrument.otel.tracing import setup_tracing  # noqa: E402
+from instrument.client import chat_body, stream_chat
+from instrument.gateway.app import GatewaySettings, create_app
+from instrument.gateway.server import ServerThread
+from instrument.hf.model_handle import ModelHandle, load_model_handle
+from instrument.otel.export_health import export_health
+from instrument.otel.tracing import setup_tracing
+from instrument.records.span_forward import forward_spans
 
 TIMEOUT_S = 60.0
 LONG = "Tell me about the KV cache and paged attention. " * 8  # > 64 tokens: prefilled in chunks
@@ -241,14 +241,14 @@ def test_a_killed_exporter_process_is_restarted(handle: ModelHandle, tmp_path: P
                 (result,) = _one_by_one(server.url, [(prompt, tokens)])
                 assert result.completed, (result.status_code, result.error)
                 # the events the test needs, waited for: this request's spans exported...
-                _wait_for(lambda: _exported_request(path, exporter, result.response_id) == whole,
+                _wait_for(lambda: _exported_request(path, exporter, result.response_id) == whole,  # noqa: B023 - waited for here
                           f"the spans of request {restarts + 1}")
                 if restarts == 2:
                     break
                 killed = exporter.pid
                 os.kill(killed, signal.SIGKILL)
                 # ... and a new exporter process started and ready
-                _wait_for(lambda: exporter.restarts == restarts + 1 and not exporter.dead
+                _wait_for(lambda: exporter.restarts == restarts + 1 and not exporter.dead  # noqa: B023 - waited for here
                           and exporter.wait_started(0), f"restart {restarts + 1}")
                 assert exporter.pid != killed
         health = httpx.get(server.url + "/health", timeout=10).json()
@@ -297,7 +297,7 @@ class _OtlpSink:
         self.posts: list[float] = []  # perf_counter when each export arrived
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 sink.posts.append(time.perf_counter())
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 time.sleep(sink.delay_s)

@@ -18,12 +18,21 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
+from opentelemetry.trace import (
+    Link,
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+)
 
-from instrument.otel.export_health import export_health
 from instrument.gateway.request_state import CHUNK_EVENT, CHUNK_KEYS
-from instrument.records.span_forward import Decoder, SpanForwarder, encode_span, forward_spans, forwarder_of
+from instrument.otel.export_health import export_health
 from instrument.otel.tracing import get_tracer, setup_tracing
+from instrument.records.span_forward import Decoder, SpanForwarder, encode_span, forward_spans, forwarder_of
 
 CHUNKS = [(0, 0, False, 1_000), (1, 1, True, 2_000), (2, 2, True, 3_500), (3, 0, False, 3_600)]
 
@@ -137,7 +146,7 @@ def test_the_forwarder_counts_what_it_cannot_carry() -> None:
             self.dropped_units = 0
             self.joined: list[tuple[int, Any]] = []
 
-        def join(self, channel: int, decoder: Any, preamble: bytes = b"") -> "_Sink":
+        def join(self, channel: int, decoder: Any, preamble: bytes = b"") -> _Sink:
             self.joined.append((channel, decoder))
             return self
 

@@ -16,11 +16,11 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision, Sampler, SamplingResult
 
-from instrument.otel.export_health import CountingSpanExporter, CountingSpanProcessor, emit_sampled_spans
 from instrument.hf.generate_spans import DecodeSpanPolicy, SequenceTrace, emit_sequence_spans
+from instrument.hf.recorder import RecordedTimeline
 from instrument.kv.formula import KVLayout
 from instrument.kv.runtime import RuntimeKV
-from instrument.hf.recorder import RecordedTimeline
+from instrument.otel.export_health import CountingSpanExporter, CountingSpanProcessor, emit_sampled_spans
 from instrument.otel.span_writer import ApiSpanWriter, DirectSpanWriter, LazyEvents, resolve_context
 from instrument.otel.tracing import get_tracer, setup_tracing
 

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trace_fixtures import ANCHOR_NS, RequestPlan, mixed_trace_id, mixed_world
 
 from analyzer.db.source import open_source
 from analyzer.formats.parquet_export import export_parquet
 from analyzer.query.runner import list_queries, run_query
+from trace_fixtures import ANCHOR_NS, RequestPlan, mixed_trace_id, mixed_world
 
 pytestmark = pytest.mark.spark
 

@@ -1,4 +1,4 @@
-"""Step records (#27 items 1-2): the format round-trips, and spans built from records in
+"""Step records: the format round-trips, and spans built from records in
 the exporter's SpanBuilder are the spans the engine thread writes inline from the same
 steps, attribute by attribute, with the same times and parents (docs/spans.md).
 
@@ -21,15 +21,15 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
+from instrument.engines.continuous.span_builder import SpanBuilder, layout_meta
 from instrument.engines.continuous.spans import EngineTraceWriter, SequenceRecord, StepRecord, write_sequence_spans
 from instrument.hf.generate_spans import DecodeSpanPolicy
 from instrument.kv.formula import KVLayout
+from instrument.otel.span_writer import span_writer_for
+from instrument.otel.tracing import get_tracer
 from instrument.records import format as fmt
 from instrument.records.channels import RECORD_ENTRIES, decoder_target
 from instrument.records.router import Router
-from instrument.engines.continuous.span_builder import SpanBuilder, layout_meta
-from instrument.otel.span_writer import span_writer_for
-from instrument.otel.tracing import get_tracer
 
 LAYOUT = KVLayout(layers=2, q_heads=4, kv_heads=2, head_dim=16, dtype="torch.float32", bytes_per_element=4,
                   layout="gqa", source="config.json")
@@ -105,9 +105,9 @@ def _sequences(steps: list[StepRecord]) -> list[tuple[SequenceRecord, list[tuple
                  (7, 1, 1, 11, 0)]
     # c: every:3 decode spans (set per test), 7 decode steps
     c_entries = [(3, 5, 1, 5, 1)] + [(4 + i, 1, 1, 6 + i, 0) for i in range(7)]
-    for cached, entries, preempted in ((32, a_entries, 0), (0, b_entries, 1), (0, c_entries, 0)):
+    for cached, entries, _preempted in ((32, a_entries, 0), (0, b_entries, 1), (0, c_entries, 0)):
         record = SequenceRecord(SimpleNamespace(parent_context=_parent(0xABC + len(out), 0x100 + len(out))),
-                                sampler=None, cached_tokens=cached)  # type: ignore[arg-type]
+                                sampler=None, cached_tokens=cached)  # type: ignore[arg-type]  # no sampler: the record is built by hand
         for index, tokens, blocks, context, flags in entries:
             rec = steps[index]
             if flags & fmt.SEQ_PREFILL:

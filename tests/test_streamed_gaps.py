@@ -11,12 +11,13 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from trace_fixtures import mixed_world
 
 import analyzer.db.views.keep as view_keep
+from analyzer.db.views import install_views
 from analyzer.db.views.state import CACHE_PREFIX
 from analyzer.formats.load import load_paths
-from analyzer.query.runner import install_views, run_query
+from analyzer.query.runner import run_query
+from trace_fixtures import mixed_world
 
 DATA = Path(__file__).resolve().parent / "data"
 CLIENTS = DATA / "real" / "openai-clients-tokentrace"  # tokentrace's server + OpenLLMetry's client spans

@@ -1,14 +1,14 @@
-"""The seed calculator through the real pipeline: CSV -> spans -> DuckDB -> queries/*.sql."""
+"""The timeline calculator through the real pipeline: CSV -> spans -> DuckDB -> queries/*.sql."""
 
 from __future__ import annotations
 
 import pytest
 
 from analyzer.audit.claims import check_e2e_claim, check_kv_claim
-from analyzer.query.runner import run_query
 from analyzer.db.store import connect
-from analyzer.verbs.timeline import WindowCounts, compute_artifact, read_timeline_csv, validate_request
 from analyzer.errors import TimelineError
+from analyzer.query.runner import run_query
+from analyzer.verbs.timeline import WindowCounts, compute_artifact, read_timeline_csv, validate_request
 from instrument.kv.formula import explicit_layout
 
 SEED_KV = explicit_layout(80, 8, 128, "bf16", q_heads=64)

@@ -7,8 +7,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from instrument.kv import formula as kv  # noqa: E402
-from instrument.hf.tiny_model import TINY_MODEL_VERSION, load_tiny_model, tiny_model_dir  # noqa: E402
+from instrument.hf.tiny_model import TINY_MODEL_VERSION, load_tiny_model, tiny_model_dir
+from instrument.kv import formula as kv
 
 
 def test_tiny_model_is_a_gqa_llama_with_a_working_tokenizer(tmp_path):

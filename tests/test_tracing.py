@@ -14,14 +14,14 @@ import pytest
 torch = pytest.importorskip("torch")
 grpc = pytest.importorskip("grpc")
 
-from google.protobuf import json_format  # noqa: E402
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+from google.protobuf import json_format
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from instrument.hf.generate import traced_generate  # noqa: E402
-from instrument.otel.otlp_json import otlp_json_ids_to_base64  # noqa: E402
-from instrument.hf.tiny_model import load_tiny_model  # noqa: E402
-from instrument.otel.tracing import DEFAULT_SPAN_EVENT_LIMIT, get_tracer, setup_tracing, span_event_limit_of  # noqa: E402
+from instrument.hf.generate import traced_generate
+from instrument.hf.tiny_model import load_tiny_model
+from instrument.otel.otlp_json import otlp_json_ids_to_base64
+from instrument.otel.tracing import DEFAULT_SPAN_EVENT_LIMIT, get_tracer, setup_tracing, span_event_limit_of
 
 PROMPT = "Hello world, the quick brown fox"
 NEW_TOKENS = 7
@@ -49,7 +49,7 @@ class _GrpcReceiver(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self) -> None:
         self.requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
 
-    def Export(self, request, context):  # noqa: N802 (generated name)
+    def Export(self, request, context):
         self.requests.append(request)
         return trace_service_pb2.ExportTraceServiceResponse()
 
@@ -71,7 +71,7 @@ def http_receiver():
     paths: list[str] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
+        def do_POST(self):
             body = self.rfile.read(int(self.headers["Content-Length"]))
             if self.headers.get("Content-Encoding") == "gzip":
                 body = gzip.decompress(body)
@@ -109,7 +109,7 @@ def _assert_request_spans(requests, expected_input_tokens):
     (root,) = [s for s in spans if s.name == "generate"]
     (prefill,) = [s for s in spans if s.name == "prefill"]
     decodes = sorted((s for s in spans if s.name == "decode"), key=lambda s: s.start_time_unix_nano)
-    attrs = lambda span: {kv.key: kv.value for kv in span.attributes}  # noqa: E731
+    attrs = lambda span: {kv.key: kv.value for kv in span.attributes}  # noqa: E731 - a one-line accessor for the asserts below
     assert [attrs(d)["tokentrace.step"].int_value for d in decodes] == list(range(1, NEW_TOKENS))
     assert [attrs(d)["tokentrace.context_tokens"].int_value for d in decodes] == [
         expected_input_tokens + k for k in range(1, NEW_TOKENS)

@@ -1,4 +1,4 @@
-"""Issue #45 item 2: vLLM's engine figures first. Where tokentrace's vLLM plugin traced a
+"""VLLM's engine figures first. Where tokentrace's vLLM plugin traced a
 request, `phases` takes queue, prefill and decode from its spans (vLLM's own
 gen_ai.latency.* beside them, named as vLLM's), `requests` and `itl` name each perspective's
 clock for what it is (vLLM engine, vLLM frontend, gateway, client), and `window` counts the
@@ -160,8 +160,8 @@ def test_requests_and_itl_name_the_vllm_clocks(dbs) -> None:
 
 
 def test_a_block_of_several_sources_names_each_clock() -> None:
-    from analyzer.cli._views import VIEWS
     from analyzer.cli._human import render
+    from analyzer.cli._views import VIEWS
 
     cols = ["source", "perspective", "response_id", "ttft_ms"]
     rows = [("tokentrace", "server", "a", 1.0), ("vllm", "server", "b", 2.0), ("vllm", "server", "c", 3.0)]

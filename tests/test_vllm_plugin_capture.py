@@ -151,7 +151,7 @@ def test_analyzer_merges_engine_and_server_perspectives(loaded) -> None:
     assert "merged with llm_request by trace" in notes["chatcmpl-tt-plugin-0"]
     assert "merged with llm_request by request id" in notes["chatcmpl-tt-plugin-repeat-1"]
     assert "no llm_request" in notes["chatcmpl-tt-plugin-7"]
-    # prefix-cache hits reach request_metrics (issue #28 item 3): the engine perspective's
+    # prefix-cache hits reach request_metrics: the engine perspective's
     # cached_tokens equal what vLLM returned in usage (0, then 384 for the repeated prompt)
     cached = dict(loaded.sql("SELECT response_id, cached_tokens FROM request_metrics "
                              "WHERE perspective = 'engine' AND response_id LIKE '%repeat%'").fetchall())

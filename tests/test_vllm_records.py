@@ -1,4 +1,4 @@
-"""vLLM step records (#28, instrument/vllm/rows.py, steps.py): the rows the hooks take from
+"""vLLM step records (instrument/vllm/rows.py, steps.py): the rows the hooks take from
 vLLM's per-step objects, sent as messages and read in the exporter process, give exactly the
 spans SpanBuilder.consume writes from the hand-worked StepFacts of the same steps, attribute by
 attribute, with the same times, events and parents (docs/spans.md "vLLM").
@@ -29,18 +29,18 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from instrument.otel.tracing import get_tracer
 from instrument.records import format as fmt
 from instrument.records.channels import decoder_target
 from instrument.records.router import Router
-from instrument.otel.tracing import get_tracer
 from instrument.vllm import rows as vllm_rows
-from instrument.vllm.consumer import RecordConsumer
-from instrument.vllm.rows import ARRIVED, FINISHED, IDLE, PARTIAL, PREEMPTED, SCHEDULED, UPDATED
-from instrument.vllm.steps import StepReader
 from instrument.vllm import sink as sink_module
+from instrument.vllm.consumer import RecordConsumer
 from instrument.vllm.hooks import FINISHED_ABORTED, FINISHED_LENGTH, FINISHED_STOPPED, StepFacts
 from instrument.vllm.request_ids import external_request_id
+from instrument.vllm.rows import ARRIVED, FINISHED, IDLE, PARTIAL, PREEMPTED, SCHEDULED, UPDATED
 from instrument.vllm.spans import SpanBuilder
+from instrument.vllm.steps import StepReader
 
 T0 = 1_764_000_000_000_000_000
 MS = 1_000_000
@@ -575,7 +575,7 @@ def test_a_send_is_cut_into_messages_of_flush_bytes(tmp_path: Path, message_kib:
         payloads.append(payload)
         send(payload, units)
 
-    sink._send = spy  # type: ignore[method-assign]
+    sink._send = spy  # type: ignore[method-assign]  # a spy in place of the method
     assert sink.message_bytes == sink_module.FLUSH_BYTES == 256 * 1024
     sink.message_bytes = message_kib * 1024
     sink.measure = True  # (TOKENTRACE_VLLM_STATS): the send's parts timed too, into the stats file

@@ -9,10 +9,17 @@ import random
 
 import pytest
 from opentelemetry.sdk.trace import sampling as sdk_sampling
-from opentelemetry.trace import SpanContext, TraceFlags, NonRecordingSpan, set_span_in_context
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, set_span_in_context
 
-from instrument.vllm.sampling import (ENV_SAMPLE_RATIO, ENV_STEP_RATIO, MASK64, STEP_SPREAD, Sampling, sampling_from_env,
-                                      step_sampled)
+from instrument.vllm.sampling import (
+    ENV_SAMPLE_RATIO,
+    ENV_STEP_RATIO,
+    MASK64,
+    STEP_SPREAD,
+    Sampling,
+    sampling_from_env,
+    step_sampled,
+)
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 SPAN = "00f067aa0ba902b7"

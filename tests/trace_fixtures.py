@@ -6,7 +6,7 @@ real ``TracerProvider``s (one per clock domain, each with its own resource) with
 start/end times and ``add_event(timestamp=...)``, exported to an ``InMemorySpanExporter``,
 converted by :mod:`analyzer.formats.sdk_spans` and inserted into DuckDB.
 
-Timeline of the default plan (the seed's request, true clock, ms after the client send):
+Timeline of the default plan (the worked example's request, true clock, ms after the client send):
 client send 0, gateway 5, tokenize 8-19, queue 20-45, prefill 45-185, server chunk i at
 187 + 25 i, client chunk i at 190 + 25 i (i = 0..149): TTFT 190, E2E 3,915, TPOT 25.
 Phases: network-in 5, gateway overhead 3, tokenize 11, queue 25, prefill 140, first-emit 2,
@@ -16,8 +16,8 @@ network-out 3; residual 1 (tokenize end 19 -> queue start 20).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import duckdb
 from opentelemetry import trace
@@ -28,11 +28,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from analyzer.formats.sdk_spans import rows_from_sdk_spans
 from analyzer.db.store import connect, insert_rows
+from analyzer.formats.sdk_spans import rows_from_sdk_spans
 
 ANCHOR_NS = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z
-KV_BYTES_PER_TOKEN = 327_680  # 2 x 80 layers x 8 kv heads x 128 x 2 bytes (the seed's model)
+KV_BYTES_PER_TOKEN = 327_680  # 2 x 80 layers x 8 kv heads x 128 x 2 bytes (the worked example's model)
 CLIENT_RESOURCE = {"service.name": "client", "service.instance.id": "c-1", "host.name": "laptop"}
 SERVER_RESOURCE = {"service.name": "server", "service.instance.id": "s-1", "host.name": "gpu-1"}
 SKEWED_CLIENT_RESOURCE = {"service.name": "skewed-client", "service.instance.id": "c-2", "host.name": "far"}
@@ -212,7 +212,7 @@ def add_request(world: TraceWorld, p: RequestPlan) -> None:
 
 #: Requests of the mixed fixture, in start order; the comment is what each plants.
 MIXED_PLANS: dict[str, RequestPlan] = {
-    "seed": RequestPlan(start_ms=0),  # the seed: TTFT 190, E2E 3915, TPOT 25
+    "seed": RequestPlan(start_ms=0),  # the worked example: TTFT 190, E2E 3915, TPOT 25
     "failed": RequestPlan(start_ms=10_000, output_tokens=3, finish_reason="error", error_type="InternalError"),
     "cancelled": RequestPlan(start_ms=20_000, output_tokens=10, finish_reason="cancelled"),
     "one_token": RequestPlan(start_ms=30_000, output_tokens=1, finish_reason="length"),  # TPOT NULL
@@ -250,7 +250,7 @@ def mixed_trace_id(name: str) -> str:
 
 
 def seed_db() -> duckdb.DuckDBPyConnection:
-    """An in-memory database holding only the seed's request (client + server)."""
+    """An in-memory database holding only the worked example's request (client + server)."""
     world = TraceWorld()
     world.add(RequestPlan())
     return world.load()

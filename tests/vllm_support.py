@@ -489,7 +489,7 @@ SIGTERM_STREAMS = 4
 SIGTERM_MAX_TOKENS = 400
 
 
-def drive_until_sigterm(run: "VllmRun", sent: Any) -> dict[str, Any]:
+def drive_until_sigterm(run: VllmRun, sent: Any) -> dict[str, Any]:
     """SIGTERM_STREAMS streams of SIGTERM_MAX_TOKENS tokens; once ``sent()`` is true (polled
     every 0.5 s, at most 120 s), SIGTERM the server (vLLM's default ``--shutdown-timeout 0``:
     its engine core and every descendant are killed at once). A client gives up 10 s after its

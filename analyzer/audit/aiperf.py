@@ -14,9 +14,13 @@ from typing import Any
 
 import duckdb
 
+from analyzer.audit.aiperf_records import (
+    check_aiperf_records,
+    osl_against_server,
+    read_aiperf_records,
+    records_against_traces,
+)
 from analyzer.audit.compare import CANNOT, DEFINITION_REL_TOL, FAIL, PASS, Finding, agree, audit_query, compare_figure
-from analyzer.audit.aiperf_records import (check_aiperf_records, osl_against_server, read_aiperf_records,
-                                           records_against_traces)
 from analyzer.audit.readable import successful_requests
 from analyzer.errors import AuditInputError
 
@@ -100,7 +104,7 @@ def _statistics_order(m: dict[str, dict[str, Any]]) -> Finding:
             if a - b > 1e-12 * max(1.0, abs(a), abs(b)):
                 problems.append(f"{name}: {ka} {a:g} > {kb} {b:g}")
         avg, lo, hi = s.get("avg"), s.get("min"), s.get("max")
-        if all(isinstance(v, (int, float)) for v in (avg, lo, hi)):
+        if isinstance(avg, (int, float)) and isinstance(lo, (int, float)) and isinstance(hi, (int, float)):
             bracketed += 1
             if not (lo <= avg <= hi):
                 problems.append(f"{name}: avg {avg:g} outside [{lo:g}, {hi:g}]")
@@ -110,7 +114,7 @@ def _statistics_order(m: dict[str, dict[str, Any]]) -> Finding:
             if not agree(total, avg * count, 1e-6):
                 problems.append(f"{name}: sum {total:g} != avg x count {avg * count:g}")
     with_stats = sum(1 for s in m.values() if any(isinstance(s.get(k), (int, float)) for k in _STAT_KEYS))
-    numbers = {"metrics": len(m), "with_statistics": with_stats, "single_values": len(m) - with_stats,
+    numbers: dict[str, Any] = {"metrics": len(m), "with_statistics": with_stats, "single_values": len(m) - with_stats,
                "order_checked": ordered, "avg_in_range_checked": bracketed, "sum_checked": summed}
     if problems:
         numbers["problems"] = problems

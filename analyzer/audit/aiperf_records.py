@@ -18,8 +18,8 @@ from typing import Any
 import duckdb
 
 from analyzer.audit.compare import CANNOT, FAIL, PASS, Finding, agree, audit_query, create_table
-from analyzer.errors import AuditInputError
 from analyzer.audit.records_traces import RequestRecord, compare_records_with_traces, load_traced_requests
+from analyzer.errors import AuditInputError
 
 __all__ = ["AiperfRecords", "check_aiperf_records", "osl_against_server", "read_aiperf_records",
            "records_against_traces"]
@@ -40,7 +40,7 @@ class AiperfRecords:
     path: Path
     rows: list[tuple[Any, ...]]
     request_ids: list[str | None]
-    request_end_ns: list[int | None]
+    request_end_ns: list[float | int | None]
     usage_prompt_tokens: list[float | None]
     usage_completion_tokens: list[float | None]
     input_sequence_lengths: list[float | None]
@@ -118,7 +118,7 @@ def read_aiperf_records(path: Path) -> AiperfRecords:
         out.input_sequence_lengths.append(_num(_metric_value(rec, "input_sequence_length", where), where))
         out.usage_prompt_tokens.append(_num(_metric_value(rec, "usage_prompt_tokens", where), where))
         out.usage_completion_tokens.append(_num(_metric_value(rec, "usage_completion_tokens", where), where))
-        out.chunk_gaps_ms.append([float(_num(g, where)) for g in gaps if g is not None])
+        out.chunk_gaps_ms.append([float(v) for g in gaps if (v := _num(g, where)) is not None])
     return out
 
 

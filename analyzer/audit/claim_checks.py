@@ -9,9 +9,9 @@ from typing import Any
 
 import duckdb
 
+from analyzer.audit.claims import check_e2e_claim, check_kv_claim
 from analyzer.audit.claims_file import Claims
 from analyzer.audit.compare import CANNOT, FAIL, PASS, Finding, agree, audit_query, compare_figure
-from analyzer.audit.claims import check_e2e_claim, check_kv_claim
 from instrument.kv.formula import PHYSICAL_MEMORY_OMISSIONS, kv_bytes_per_token
 
 __all__ = ["check_claims", "SEED_SYNTHETIC_FIGURES"]
@@ -19,7 +19,7 @@ __all__ = ["check_claims", "SEED_SYNTHETIC_FIGURES"]
 RATE_FIGURES = ("decode_output_tokens_per_second", "whole_request_output_tokens_per_second",
                 "request_throughput_rps", "observed_goodput_rps")
 
-# The seed's synthetic worked example (and its exercise): figures that are teaching values,
+# The synthetic worked example of docs/metrics.md (and its exercise): figures that are teaching values,
 # not measurements of any provider.
 SEED_SYNTHETIC_FIGURES: dict[str, tuple[float, ...]] = {
     "input_tokens": (1025, 4096), "output_tokens": (150, 256), "ttft_ms": (190, 420), "tpot_ms": (25, 18),
@@ -84,11 +84,11 @@ def _span(value: float, half: float) -> str:
 _TPOT_DEFINITIONS = {"tpot_includes_first_token": "E2E / O", "tpot_divides_decode_time_by_o": "(E2E - TTFT) / O"}
 
 
-def _e2e_relation(claims: Claims, v: dict[str, float | None], stats: dict[str, str], ident: dict[str, Any],
+def _e2e_relation(claims: Claims, v: dict[str, Any], stats: dict[str, str], ident: dict[str, Any],
                   rel_tol: float) -> Finding:
     """E2E = TTFT + TPOT x (O - 1), each figure judged within the precision it is written to.
 
-    Held exactly: pass. E2E = TTFT + TPOT x O exactly: the seed's O gaps for O tokens. Else
+    Held exactly: pass. E2E = TTFT + TPOT x O exactly: O gaps for O tokens (the worked example's broken case). Else
     TPOT (the figure derived from the others) is matched to a definition within its written
     precision (an integer TPOT: +/- 0.5) plus what the others' precision allows: the right one
     passes (the figures are consistent as written), a wrong one names TPOT and the definition
@@ -284,7 +284,7 @@ def _rate_statistic_checks(claims: Claims, con: duckdb.DuckDBPyConnection, rel_t
     # 1000 / mean gap: request_identities.sql's rate from a per-token gap (NULL unless the gap > 0)
     inverse = (audit_query(con, "request_identities", {"tpot_ms": itl.value})[0]
                ["decode_output_tokens_per_second_from_tpot"] if itl is not None else None)
-    if rate is not None and rate.stat == "mean" and inverse is not None:
+    if rate is not None and rate.stat == "mean" and itl is not None and inverse is not None:
         numbers = {"mean_rate": rate.value, f"mean_{itl.name}": itl.value, "inverse_mean_per_second": inverse}
         if agree(rate.value, inverse, rel_tol):
             out.append(Finding("mean_rate_vs_inverse_mean_itl", FAIL,
@@ -309,7 +309,7 @@ def _labelling(claims: Claims, rel_tol: float) -> Finding:
     numbers: dict[str, Any] = {"measured": claims.measured, "seed_synthetic_matches": matches,
                                "self_labelled_synthetic": claims.self_labelled_synthetic}
     why = ("the artifact labels itself synthetic" if claims.self_labelled_synthetic
-           else f"{len(matches)} figures equal the seed's synthetic example ({', '.join(matches)})")
+           else f"{len(matches)} figures equal the synthetic worked example of docs/metrics.md ({', '.join(matches)})")
     if synthetic and claims.measured:
         return Finding("synthetic_presented_as_measured", FAIL,
                        f"measured: true, but {why}: synthetic figures presented as measurements", numbers)
@@ -322,7 +322,7 @@ def _labelling(claims: Claims, rel_tol: float) -> Finding:
         return Finding("labelling", CANNOT, "the file does not say whether its figures are measured "
                        "(add measured: true | false)", numbers)
     return Finding("labelling", PASS, f"measured: {str(claims.measured).lower()}; no figure set matches the "
-                   "seed's synthetic example", numbers)
+                   "synthetic worked example of docs/metrics.md", numbers)
 
 
 def _int(value: float | None) -> int | None:

@@ -1,4 +1,4 @@
-"""Checks of published figures against recomputed ones: the seed's broken cases.
+"""Checks of published figures against recomputed ones: the broken cases of docs/metrics.md.
 
 Each check returns a :class:`Finding` (check name, verdict, detail, numbers). The timeline
 calculator uses the two seed checks; the audit (``tokentrace audit``) runs these and more.
@@ -45,7 +45,7 @@ def close(a: float, b: float, rel: float = 1e-3, abs_: float = 1e-9) -> bool:
 def check_kv_claim(claimed_bytes_per_token: float, kv: KVLayout, q_heads: int | None = None) -> Finding:
     """Compare a claimed KV bytes/token with the formula over KV heads.
 
-    A claim equal to the same formula over *query* heads is the seed's broken architecture
+    A claim equal to the same formula over *query* heads is the broken architecture case
     assumption: it overstates the cache by q_heads / kv_heads.
     """
     truth = kv.kv_bytes_per_token
@@ -86,7 +86,7 @@ def check_e2e_claim(claimed_e2e_ms: float, ttft_ms: float, tpot_ms: float | None
                     recomputed_e2e_ms: float | None = None) -> Finding:
     """Compare a claimed E2E with TTFT + TPOT x (O - 1).
 
-    A claim equal to TTFT + TPOT x O charges O gaps for O tokens: the seed's broken timing
+    A claim equal to TTFT + TPOT x O charges O gaps for O tokens: the broken timing case
     denominator (190 + 150 x 25 = 3,940 ms instead of 3,915 ms).
     """
     numbers: dict[str, Any] = {"claimed_e2e_ms": claimed_e2e_ms, "ttft_ms": ttft_ms, "tpot_ms": tpot_ms,

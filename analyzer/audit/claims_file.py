@@ -1,6 +1,6 @@
 """The audit's claims file (YAML or JSON) and tokentrace's own metrics JSON, as claims.
 
-A claims file holds any subset of the seed's figure names. Each figure is one request's
+A claims file holds any subset of the worked example's figure names (docs/metrics.md). Each figure is one request's
 value unless the file (top-level ``stat``) or the figure (``{value: 25, stat: p99}``) says
 ``mean | p50 | p90 | p99``. A figure is judged within the precision it is written to (an
 integer ``148`` stands for 147.5 ... 148.5; counts and ``kv_bytes_per_token`` are exact).
@@ -11,9 +11,10 @@ integer ``148`` stands for 147.5 ... 148.5; counts and ``kv_bytes_per_token`` ar
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from analyzer.audit.compare import written_half_unit
 from analyzer.audit.inputs import read_json

@@ -11,8 +11,9 @@ file's ``tpot_ms: 148`` stands for 147.5 ... 148.5; see analyzer/audit/claims_fi
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from decimal import Decimal
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import duckdb
 
@@ -124,7 +125,7 @@ def create_table(con: duckdb.DuckDBPyConnection, name: str, columns: Mapping[str
 
     arrow_types = {"VARCHAR": pa.string(), "DOUBLE": pa.float64(), "BIGINT": pa.int64(), "INTEGER": pa.int32()}
     casts = {"DOUBLE": float, "BIGINT": int, "INTEGER": int, "VARCHAR": str}
-    cols = list(zip(*rows)) if rows else [[] for _ in columns]
+    cols: list[Any] = list(zip(*rows)) if rows else [[] for _ in columns]
     table = pa.table({c: pa.array([None if x is None else casts[t](x) for x in v], type=arrow_types[t])
                       for (c, t), v in zip(columns.items(), cols)})
     con.register("_audit_arrow_rows", table)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+
 from analyzer.errors import AuditInputError
 
 __all__ = ["read_json", "number", "optional_number", "integer"]

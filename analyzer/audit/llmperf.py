@@ -14,8 +14,19 @@ from typing import Any
 
 import duckdb
 
-from analyzer.audit.compare import (CANNOT, DEFINITION_REL_TOL, FAIL, PASS, Finding, agree, audit_query,
-                                    compare_figure, create_table, distribution_stats, load_values)
+from analyzer.audit.compare import (
+    CANNOT,
+    DEFINITION_REL_TOL,
+    FAIL,
+    PASS,
+    Finding,
+    agree,
+    audit_query,
+    compare_figure,
+    create_table,
+    distribution_stats,
+    load_values,
+)
 from analyzer.audit.inputs import optional_number, read_json
 from analyzer.audit.readable import successful_requests
 from analyzer.errors import AuditInputError

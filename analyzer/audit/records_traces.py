@@ -13,9 +13,10 @@ clocks and must agree within :data:`DEFINITION_REL_TOL`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import astuple, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import duckdb
 
@@ -156,8 +157,8 @@ def _error_records(rows: Sequence[dict[str, Any]], id_what: str) -> list[Finding
 
 def _output_counts(joined: Sequence[dict[str, Any]]) -> Finding:
     """traces:output_tokens: the report's count is the usage the server returned, which counts
-    every token up to the one that ended the answer (vLLM's rule; tokentrace's gateway since
-    issue 29): the trace's G (a final stop token, or trailing tokens that decode to no text,
+    every token up to the one that ended the answer (vLLM's rule; tokentrace's gateway
+    too): the trace's G (a final stop token, or trailing tokens that decode to no text,
     included) or, after a stop-sequence match, its O. Equal to either passes; the detail says
     how many matched which."""
     pairs = [(r["match_id"], r["record_output_tokens"], r["trace_output_tokens"], r["trace_generated_tokens"])
@@ -216,7 +217,7 @@ def _contains(joined: Sequence[dict[str, Any]], name: str) -> Finding:
                        "request has no TTFT; a trace without chunk events or latency attributes has none)", {})
     client = all(r["perspective"] == "client" for r in joined)
     diffs = [a - b for _, a, b in pairs]
-    numbers = {"compared": len(pairs), "mean_diff_ms": sum(diffs) / len(diffs), "min_diff_ms": min(diffs),
+    numbers: dict[str, Any] = {"compared": len(pairs), "mean_diff_ms": sum(diffs) / len(diffs), "min_diff_ms": min(diffs),
                "max_diff_ms": max(diffs), "slack_ms": CONTAINMENT_SLACK_MS}
     spread = (f"report - traces: mean {numbers['mean_diff_ms']:.3f} ms, min {numbers['min_diff_ms']:.3f}, "
               f"max {numbers['max_diff_ms']:.3f} over {len(pairs)} joined requests")

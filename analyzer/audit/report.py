@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from analyzer.audit.claims import Finding
 from analyzer.audit.compare import DEFAULT_REL_TOL
 from analyzer.audit.inputs import read_json
-from analyzer.errors import AuditInputError
-from analyzer.audit.claims import Finding
 from analyzer.db.store import connect
+from analyzer.errors import AuditInputError
 
 __all__ = ["KINDS", "audit_report", "detect_kind"]
 

@@ -103,7 +103,7 @@ def _count(hist: Histogram | None) -> float:
 
 def _window_finding(hists: dict[str, Histogram], before: dict[str, Histogram], baseline: Path | None) -> Finding:
     counts = {name: _count(h) for name, h in hists.items()}
-    numbers = {"families": len(hists), "window_counts": counts,
+    numbers: dict[str, Any] = {"families": len(hists), "window_counts": counts,
                "baseline_counts": {name: _count(h) for name, h in before.items()}}
     if baseline is None:
         return Finding("scrape_window", CANNOT, f"{len(hists)} histogram families, lifetime counts since the server "

@@ -17,11 +17,21 @@ from typing import Any
 
 import duckdb
 
-from analyzer.audit.compare import CANNOT, FAIL, PASS, Finding, audit_query, compare_figure, create_table, distribution_stats, load_values
+from analyzer.audit.compare import (
+    CANNOT,
+    FAIL,
+    PASS,
+    Finding,
+    audit_query,
+    compare_figure,
+    create_table,
+    distribution_stats,
+    load_values,
+)
 from analyzer.audit.inputs import optional_number
 from analyzer.audit.readable import successful_requests
-from analyzer.errors import AuditInputError
 from analyzer.audit.records_traces import RequestRecord, compare_records_with_traces, load_traced_requests
+from analyzer.errors import AuditInputError
 
 __all__ = ["audit_vllm", "load_vllm_arrays", "VLLM_METRICS"]
 
@@ -168,7 +178,7 @@ def _stat_check(path: Path, data: dict[str, Any], metric: str, stats: dict[str, 
     results: dict[str, Any] = {}
     failures: list[Finding] = []
     for key in keys:
-        stat = _STAT_KEY.match(key).group(1)  # type: ignore[union-attr]
+        stat = _STAT_KEY.match(key).group(1)  # type: ignore[union-attr]  # the keys were matched by _STAT_KEY when read
         column = _STAT_COLUMN.get(stat)
         claimed = optional_number(data, key, path)
         if column is None:

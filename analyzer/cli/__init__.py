@@ -1,7 +1,8 @@
 """Command-line interface: ``tokentrace <verb>``.
 
 Each verb is a small function in its own module here (``analyzer/cli/<verb>.py``, the module
-named as the verb); logic lives in the packages. Verb modules are imported when they are
+named as the verb); modules that are not verbs (the group, shared options, helpers) start with
+``_``. Logic lives in the packages. Verb modules are imported when they are
 needed: ``tokentrace requests`` imports ``analyzer.cli.requests`` only (and what it
 imports), ``--help`` and anything that lists the verbs import them all. Verbs that need torch
 or the server stack import them inside the function. This keeps a command's start-up cost
@@ -13,23 +14,21 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import sys
+from collections.abc import Iterator
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import Any
 
 import click
 
-from analyzer.cli.group import cli
+from analyzer.cli._group import cli
 
 __all__ = ["cli", "main", "verb_modules"]
 
-_SKIP = {"group", "options", "kv_options"}
-
-
 @lru_cache(maxsize=1)
 def verb_modules() -> list[str]:
-    """The verb module names beside this file (without importing them)."""
-    return sorted(info.name for info in pkgutil.iter_modules(__path__)
-                  if not info.name.startswith("_") and info.name not in _SKIP)
+    """The verb module names beside this file (without importing them): every module whose
+    name does not start with ``_`` (the group, shared options and helpers do)."""
+    return sorted(info.name for info in pkgutil.iter_modules(__path__) if not info.name.startswith("_"))
 
 
 class _LazyVerbs(dict):
@@ -72,15 +71,15 @@ class _LazyVerbs(dict):
         self._load_all()
         return dict.__len__(self)
 
-    def keys(self):  # noqa: ANN201
+    def keys(self):
         self._load_all()
         return dict.keys(self)
 
-    def items(self):  # noqa: ANN201
+    def items(self):
         self._load_all()
         return dict.items(self)
 
-    def values(self):  # noqa: ANN201
+    def values(self):
         self._load_all()
         return dict.values(self)
 

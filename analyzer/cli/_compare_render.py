@@ -11,7 +11,7 @@ import textwrap
 from typing import Any
 
 from analyzer.cli._human import cell_text, wrap_note
-from analyzer.cli.options import to_jsonable
+from analyzer.cli._options import to_jsonable
 from analyzer.compare.run_data import RunData
 from analyzer.compare.runs import CompareOptions, Comparison, ComparisonRow
 from analyzer.query.utc_columns import utc_ms_text

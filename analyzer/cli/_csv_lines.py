@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import csv
 import io
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import duckdb
 
@@ -76,8 +77,9 @@ def csv_line_sql(sql: str, columns: Sequence[str], types: Sequence[Any]) -> str 
     two columns)."""
     if len(columns) < 2:
         return None
-    fields = [_field(c, str(t)) for c, t in zip(columns, types)]
-    if any(f is None for f in fields):
+    found = [_field(c, str(t)) for c, t in zip(columns, types)]
+    fields = [f for f in found if f is not None]
+    if len(fields) < len(found):
         return None
     body = sql.rstrip().rstrip(";")
     return "SELECT concat(" + ", ',', ".join(fields) + ", chr(10)) AS line FROM (\n" + body + "\n)"

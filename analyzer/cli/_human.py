@@ -18,8 +18,9 @@ from __future__ import annotations
 import shutil
 import sys
 import textwrap
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from analyzer.query.utc_columns import utc_ms_text
 

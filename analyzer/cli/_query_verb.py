@@ -4,20 +4,24 @@ parameters. Not a verb (the leading underscore keeps it out of verb discovery)."
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 import textwrap
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import click
 import duckdb
 
-from analyzer.cli.options import db_option, default_db_path, emit_row_batches, emit_rows, parse_params
+from analyzer.cli._options import db_option, emit_row_batches, emit_rows, parse_params, resolve_db
 from analyzer.errors import UserError, duckdb_message
 
 if TYPE_CHECKING:
     from analyzer.cli._table_cut import TableCut
-    from analyzer.query.runner import QueryResult  # imported where a query runs (start-up cost of --help and usage errors)
+    from analyzer.query.runner import (
+        QueryResult,  # imported where a query runs (start-up cost of --help and usage errors)
+    )
 
 __all__ = [
     "PERSPECTIVES", "TRACE_ID_RE", "check_trace_id", "columns_option", "installed", "merge_params", "note_if_stale",
@@ -33,17 +37,23 @@ ENGINES = ("duckdb", "spark")
 def source_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """``--db PATH`` or ``--parquet DIR`` (a tokentrace export dump, read in place), and
     ``--engine duckdb|spark``: the verb takes ``db_path``, ``parquet_dir`` and ``engine`` and
-    passes them on (run_verb, open_from_flags, run_sections)."""
-    func = click.option(
+    passes them on (run_verb, open_from_flags, run_sections). ``db_path`` arrives resolved
+    (analyzer/cli/_options.py resolve_db): the database to read, or None with --parquet."""
+
+    @functools.wraps(func)
+    def resolved(*args: Any, db_path: str | None = None, parquet_dir: str | None = None, **kwargs: Any) -> Any:
+        return func(*args, db_path=resolve_db(db_path, parquet_dir), parquet_dir=parquet_dir, **kwargs)
+
+    verb = click.option(
         "--engine", type=click.Choice(ENGINES), default="duckdb", show_default=True,
         help="Run the query on DuckDB, or on a local Spark session over a --parquet dump (docs/spark.md).",
-    )(func)
-    func = click.option(
+    )(resolved)
+    verb = click.option(
         "--parquet", "parquet_dir", default=None, metavar="DIR",
         help="Query a `tokentrace export` Parquet dump in place (no load step) instead of --db.",
-    )(func)
+    )(verb)
     return db_option(optional="DuckDB database written by `tokentrace load` (default: $TOKENTRACE_DB, else "
-                              "./tokentrace.duckdb).")(func)
+                              "./tokentrace.duckdb).")(verb)
 
 
 def columns_option(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -94,12 +104,19 @@ def _projected_sql(con: duckdb.DuckDBPyConnection, query: str, sql: str, params:
     return f"SELECT {names} FROM (\n{sql.rstrip().rstrip(';')}\n)"
 
 
+#: click context ``meta`` key of the connection --request's lookup hands to the query
+_HANDED_OVER = "tokentrace.source"
+
+
 def open_from_flags(
     db_path: str | None, parquet_dir: str | None, start_ns: int | None = None, end_ns: int | None = None,
     *, engine: str = "duckdb",
 ) -> duckdb.DuckDBPyConnection:
-    """The connection the verb queries; a clear one-line error for a missing file or dump, or
-    for ``--engine spark`` on a verb that runs on DuckDB only (run_verb runs Spark itself)."""
+    """The connection the verb queries (the caller closes it); a clear one-line error for a
+    missing file or dump, or for ``--engine spark`` on a verb that runs on DuckDB only
+    (run_verb runs Spark itself). ``db_path`` is resolved already (source_options, db_option).
+    The connection ``--request``'s lookup opened on the same source (request_flags) is taken
+    over: the database is opened once per command."""
     from analyzer.db.source import open_source
     from analyzer.errors import SourceError
 
@@ -107,18 +124,36 @@ def open_from_flags(
         raise UserError("give --db or --parquet, not both")
     if engine == "spark":  # verbs outside run_verb
         raise UserError("--engine spark: this verb runs on DuckDB only (Spark: requests, itl, phases, summary, window)")
+    ctx = click.get_current_context(silent=True)
+    handed = ctx.meta.pop(_HANDED_OVER, None) if ctx is not None else None
+    if handed is not None:
+        source, con = handed
+        if source == (db_path, parquet_dir, start_ns, end_ns):
+            return con
+        con.close()
     try:
         if parquet_dir:
             return open_source(parquet=parquet_dir, start_ns=start_ns, end_ns=end_ns)
-        return open_source(db=db_path or default_db_path())
+        return open_source(db=db_path)
     except SourceError as exc:
         raise UserError(str(exc)) from None
+
+
+def _hand_over(con: duckdb.DuckDBPyConnection, source: tuple[Any, ...]) -> None:
+    """Keep ``con`` (opened on ``source``: db, parquet, start, end) for the command's next
+    open_from_flags of the same source; closed when the command ends if nothing takes it."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        con.close()
+        return
+    ctx.meta[_HANDED_OVER] = (source, con)
+    ctx.call_on_close(con.close)  # closing a closed DuckDB connection does nothing
 
 
 def note_if_stale(con: duckdb.DuckDBPyConnection, db_path: str | None) -> None:
     """One note on stderr when the database's derived tables (tokentrace load) describe other
     data than it holds, so this command derived them again on its own connection."""
-    from analyzer.query.runner import derived_status
+    from analyzer.db.views import derived_status
 
     if db_path is not None and derived_status(con) == "stale":
         import textwrap
@@ -160,20 +195,15 @@ def request_flags(db_path: str | None, parquet_dir: str | None, wanted: str | No
     as given and ``request_span_ids``, every span id of the request's perspectives."""
     if wanted is None:
         return {"trace_id": trace_id, "request_span_ids" if span_list else "request_span_id": None}
-    from analyzer.db.source import open_source
-    from analyzer.errors import SourceError
     from analyzer.query.request_ids import request_id_rows, resolve_request
 
-    if db_path and parquet_dir:
-        raise UserError("give --db or --parquet, not both")
-    try:
-        con = open_source(parquet=parquet_dir) if parquet_dir else open_source(db=db_path or default_db_path())
-    except SourceError as exc:
-        raise UserError(str(exc)) from None
+    con = open_from_flags(db_path, parquet_dir)
     try:
         found = resolve_request(request_id_rows(installed(con)), wanted.strip())
-    finally:
+    except BaseException:
         con.close()
+        raise
+    _hand_over(con, (db_path, parquet_dir, None, None))  # the query reads the same connection
     if span_list:
         return {"trace_id": trace_id, "request_span_ids": list(found["span_ids"] or [found["request_span_id"]])}
     if trace_id is not None and found["trace_id"] != trace_id:
@@ -181,7 +211,7 @@ def request_flags(db_path: str | None, parquet_dir: str | None, wanted: str | No
     return {"trace_id": found["trace_id"], "request_span_id": found["request_span_id"]}
 
 
-def with_request_ids(con: duckdb.DuckDBPyConnection, result: "QueryResult") -> "QueryResult":
+def with_request_ids(con: duckdb.DuckDBPyConnection, result: QueryResult) -> QueryResult:
     """``result`` for the table: a ``request_id`` column, the id every verb shows for a request
     (analyzer/query/request_ids.py), beside each ``request_span_id`` (and
     ``largest_shared_prefill_request_id`` beside that span id of stalls' slowest gaps)."""
@@ -202,7 +232,7 @@ def with_request_ids(con: duckdb.DuckDBPyConnection, result: "QueryResult") -> "
         for column in spans:
             span = row[result.columns.index(column)]
             key = (row[trace_at], span) if trace_at is not None and column == "request_span_id" else None
-            extra.append(shown.get(key) or by_span.get(span) or span)
+            extra.append((shown.get(key) if key is not None else None) or by_span.get(span) or span)
         rows.append((*row, *extra))
     return QueryResult(result.name, [*result.columns, *added], rows)
 
@@ -301,8 +331,8 @@ def _stream_csv(con: duckdb.DuckDBPyConnection, query: str, params: Mapping[str,
     import sys
 
     from analyzer.cli._csv_lines import ARROW_MIN_EVENTS, csv_line_sql, iter_csv_chunks
-    from analyzer.query.runner import stream_query
     from analyzer.db.views.state import installed_span_events
+    from analyzer.query.runner import stream_query
 
     def chunks():
         try:
@@ -367,7 +397,7 @@ def run_verb(
     validate: Callable[[dict[str, Any]], None] | None = None,
     decorate: Callable[[QueryResult], QueryResult] | None = None,
     chosen: Sequence[str] | None = None,
-    cut: "TableCut | None" = None,
+    cut: TableCut | None = None,
 ) -> None:
     """Open the source, run one query, print its rows (and notes). On DuckDB, csv and json
     are written batch by batch as the rows come (:func:`stream_rows`); a table is printed
@@ -389,12 +419,12 @@ def run_verb(
         try:
             if output_format in ("csv", "json") and decorate is None:
                 stream_rows(con, query, params, output_format, notes, chosen)
-                note_if_stale(con, None if parquet_dir else db_path or default_db_path())
+                note_if_stale(con, db_path)
                 return
             result = query_rows(con, query, params)
             if output_format == "table":
                 result = with_request_ids(con, result)
-            note_if_stale(con, None if parquet_dir else db_path or default_db_path())
+            note_if_stale(con, db_path)
         finally:
             con.close()
     if decorate is not None:
@@ -416,7 +446,7 @@ def run_verb(
 
 def installed(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
     """``con`` with the adapter and metric views installed (for ad-hoc SQL)."""
-    from analyzer.query.runner import install_views
+    from analyzer.db.views import install_views
 
     install_views(con)
     return con

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import textwrap
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from analyzer.cli._query_verb import merge_params, open_from_flags, query_rows, with_request_ids
 from analyzer.cli._human import terminal_width, wrap_note
-from analyzer.cli.options import emit_rows, to_jsonable
+from analyzer.cli._options import emit_rows, to_jsonable
+from analyzer.cli._query_verb import merge_params, open_from_flags, query_rows, with_request_ids
 from analyzer.errors import UserError
 
 if TYPE_CHECKING:

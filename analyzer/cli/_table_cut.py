@@ -5,8 +5,9 @@ leading underscore keeps it out of verb discovery)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import click
 

@@ -6,7 +6,8 @@ of verb discovery)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from analyzer.cli._human import Col, View, auto_view
 
@@ -146,7 +147,7 @@ _SUMMARY_STATS = ("mean", "std_pop", "min", "p50", "p90", "p95", "p99", "max")
 
 
 _SUMMARY = View((
-    Col("metric", "metric", value=lambda r: _METRIC_LABELS.get(r.get("metric"), r.get("metric"))),
+    Col("metric", "metric", value=lambda r: _METRIC_LABELS.get(str(r.get("metric")), r.get("metric"))),
     Col("perspective", "perspective"),
     Col("count", "n", kind="count"),
     Col("null_count", "empty", kind="count", rank=3),

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import click
 
-from analyzer.cli.group import cli
-import json
-
-from analyzer.cli.options import db_option, format_option, to_jsonable
+from analyzer.cli._group import cli
+from analyzer.cli._options import db_option, format_option, to_jsonable
 from analyzer.errors import UserError
 
 KIND_CHOICES = ["auto", "vllm", "vllm-nightly", "aiperf", "aiperf-server-metrics", "llmperf", "guidellm", "prometheus",
@@ -66,8 +65,8 @@ def audit_command(report, kind, individual, db_path, model_config, baseline, out
     from pathlib import Path
 
     from analyzer.audit import audit_report
-    from analyzer.errors import AuditInputError
     from analyzer.audit.compare import DEFAULT_REL_TOL
+    from analyzer.errors import AuditInputError
 
     if db_path is not None and not Path(db_path).is_file():
         raise UserError(f"--db {db_path}: no such database file")

@@ -7,13 +7,14 @@ import secrets
 import signal
 import sys
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import click
 
-from analyzer.cli.group import cli
-from analyzer.cli.options import db_option, format_option
+from analyzer.cli._group import cli
+from analyzer.cli._options import db_option, format_option
 from analyzer.errors import UserError
 
 __all__ = ["bench_command"]
@@ -92,7 +93,7 @@ def bench_command(url, n_requests, concurrency, rate_per_s, api_key, model, prom
       tokentrace bench --url http://127.0.0.1:8000 --requests 100 --rate 20 \\
           --allow-failures
     """
-    from analyzer.cli.bench_progress import is_failed
+    from analyzer.cli._bench_progress import is_failed
     from instrument.client import SEED_PROMPT, chat_body
 
     _check_load_flags(url, concurrency, rate_per_s)
@@ -170,7 +171,7 @@ def _run_traced_load(url: str, body_for: Callable[[int], dict[str, Any]], n_requ
     (``load``: the rest of run_load's keywords). The spans are flushed before it returns."""
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from analyzer.cli.bench_progress import BenchProgress
+    from analyzer.cli._bench_progress import BenchProgress
     from instrument.client import local_tracer_provider, run_load_sync
     from instrument.otel.shutdown import StopSignals, shutdown_tracing
 
@@ -199,7 +200,7 @@ def _say_outcome(say: Callable[[str], None], run: _BenchRun, failed: list[Any], 
                  headline: str, n_requests: int, timeout_s: float) -> None:
     """What was sent and how it ended: the stop (if a signal came), the counts by outcome and
     HTTP status, and the first 20 failed requests with their ids."""
-    from analyzer.cli.bench_progress import describe_failure
+    from analyzer.cli._bench_progress import describe_failure
     from instrument.otel.shutdown import export_summary
 
     results = run.results
@@ -234,8 +235,8 @@ def _print_summary(run: _BenchRun, by_status: dict[str, int], n_requests: int, d
     """Load the client spans into DuckDB (--db PATH, else in memory), derive as tokentrace load
     does and print the summary: one JSON object with ``json_fields`` added (--format json),
     else the summary block, after every request's row with --per-request."""
-    from analyzer.cli.bench_block import summary_block
-    from analyzer.cli.bench_json import bench_summary
+    from analyzer.cli._bench_block import summary_block
+    from analyzer.cli._bench_json import bench_summary
     from analyzer.db.derived import build_derived
     from analyzer.db.store import connect, insert_rows
     from analyzer.formats.sdk_spans import rows_from_sdk_spans
@@ -261,7 +262,7 @@ def _print_summary(run: _BenchRun, by_status: dict[str, int], n_requests: int, d
 
 def _say_where_the_spans_are(say: Callable[[str], None], otlp_json: str | None, db_path: str | None) -> None:
     """Where the client spans were written, and how to read the run again (or that they were not kept)."""
-    from analyzer.cli.command_name import tokentrace_command
+    from analyzer.cli._command_name import tokentrace_command
 
     say("")
     if otlp_json:
@@ -273,7 +274,7 @@ def _say_where_the_spans_are(say: Callable[[str], None], otlp_json: str | None, 
         say("the client spans were not kept: --db PATH keeps them for tokentrace summary, requests, itl ...")
 
 
-def _print_per_request(con) -> None:  # noqa: ANN001
+def _print_per_request(con) -> None:
     """--per-request: every request's row, the window table and each request's ids, under
     requests.sql's column names (what joins them to its csv/json and to itl's and stalls'):
     response_id, client_request_id, request_span_id and trace_id, the last left out (and

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from analyzer.cli.group import cli
+from analyzer.cli._group import cli
 from analyzer.errors import UserError
 
 __all__ = ["collect_command"]
@@ -91,8 +91,8 @@ def collect_command(grpc_addr: str, http_addr: str, out_dir: str, out_format: st
                 break
     finally:
         receiver.stop()
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
     _say_stopped(receiver)
 
 

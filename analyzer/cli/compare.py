@@ -8,9 +8,9 @@ import sys
 
 import click
 
+from analyzer.cli._group import cli
+from analyzer.cli._options import emit_rows, format_option
 from analyzer.cli._query_verb import PERSPECTIVES
-from analyzer.cli.group import cli
-from analyzer.cli.options import emit_rows, format_option
 from analyzer.errors import UserError
 
 

@@ -4,14 +4,15 @@ worked example's travel-copilot request plus a small concurrent load, and analyz
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import click
 
-from analyzer.cli.group import cli
-from analyzer.cli.model_loading import quiet_model_loading
+from analyzer.cli._group import cli
+from analyzer.cli._model_loading import quiet_model_loading
 from analyzer.errors import UserError
 
 __all__ = ["demo_command", "print_query_results"]
@@ -116,9 +117,9 @@ def demo_command(out_dir: str, tiny: bool, model: str | None, load_requests: int
     import shlex
     import signal
 
-    from analyzer.cli.command_name import tokentrace_command
-    from analyzer.verbs.demo import DemoOptions, DemoStopped, run_demo
+    from analyzer.cli._command_name import tokentrace_command
     from analyzer.errors import LoadError
+    from analyzer.verbs.demo import DemoOptions, DemoStopped, run_demo
 
     if tiny and model not in (None, "tiny"):
         raise UserError(f"--tiny and --model {model} contradict each other: give one")

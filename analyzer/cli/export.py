@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from analyzer.cli.group import cli
-from analyzer.cli.options import db_option
+from analyzer.cli._group import cli
+from analyzer.cli._options import db_option
 from analyzer.errors import UserError
 
 __all__ = ["export"]

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import click
 
+from analyzer.cli._group import cli
+from analyzer.cli._options import format_option, param_option
 from analyzer.cli._query_verb import (
-    columns_option, PERSPECTIVES, check_trace_id, request_flags, request_option, run_verb, source_options,
+    PERSPECTIVES,
+    check_trace_id,
+    columns_option,
+    request_flags,
+    request_option,
+    run_verb,
+    source_options,
 )
 from analyzer.cli._table_cut import limit_options, table_cut
-from analyzer.cli.group import cli
-from analyzer.cli.options import format_option, param_option
 
 
 @cli.command("itl")

@@ -6,8 +6,8 @@ import json
 
 import click
 
-from analyzer.cli.group import cli
-from analyzer.cli.kv_options import kv_layout_from_flags, model_options
+from analyzer.cli._group import cli
+from analyzer.cli._kv_options import kv_layout_from_flags, model_options
 from instrument.kv.formula import bytes_to_mib
 
 

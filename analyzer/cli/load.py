@@ -8,14 +8,14 @@ from typing import NoReturn
 
 import click
 
-from analyzer.cli.group import cli
-from analyzer.cli.options import db_option
+from analyzer.cli._group import cli
+from analyzer.cli._options import db_option
 from analyzer.errors import UserError
 
 __all__ = ["load"]
 
 
-def _progress_bar(quiet: bool):  # noqa: ANN202
+def _progress_bar(quiet: bool):
     """A rich progress bar over bytes read, or None (quiet, not a TTY, or rich missing)."""
     if quiet or not sys.stderr.isatty():
         return None
@@ -102,9 +102,9 @@ def load(paths: tuple[str, ...], db_path: str, lenient: bool, input_format: str,
       tokentrace load day1/ --db traces.duckdb --no-derive && \\
           tokentrace load day2/ --db traces.duckdb
     """
-    from analyzer.formats.load import load_paths, reasons_summary
-    from analyzer.errors import LoadError
     from analyzer.db.store import connect
+    from analyzer.errors import LoadError
+    from analyzer.formats.load import load_paths, reasons_summary
 
     if not paths:
         _derive_only(db_path, no_derive, quiet)
@@ -174,7 +174,7 @@ def _derive_only(db_path: str, no_derive: bool, quiet: bool) -> None:
         con.close()
 
 
-def _fail_load(e, con, db_path: str, *, quiet: bool, no_derive: bool) -> NoReturn:  # noqa: ANN001
+def _fail_load(e, con, db_path: str, *, quiet: bool, no_derive: bool) -> NoReturn:
     """A load that stopped on a bad file: report and derive what the files before it committed,
     close ``con`` and raise the error."""
     from analyzer.formats.load import LoadReport, reasons_summary
@@ -187,7 +187,7 @@ def _fail_load(e, con, db_path: str, *, quiet: bool, no_derive: bool) -> NoRetur
     raise UserError(str(e) + _what_stayed(e, db_path), hint=_report_hint(e) or e.hint) from None
 
 
-def _what_stayed(error, db_path: str) -> str:  # noqa: ANN001
+def _what_stayed(error, db_path: str) -> str:
     """For a load of several files that failed on a later one: which stayed loaded, which
     were not read (nothing silent); '' for a load that failed on its first file."""
     text = ""
@@ -202,7 +202,7 @@ def _what_stayed(error, db_path: str) -> str:  # noqa: ANN001
     return text
 
 
-def _print_report(report, reasons_summary, total: bool = True) -> None:  # noqa: ANN001
+def _print_report(report, reasons_summary, total: bool = True) -> None:
     for f in report.files:
         line = (
             f"{f.file} [{f.format}]: {f.records_read} records, {f.spans_read} spans read, "
@@ -218,7 +218,7 @@ def _print_report(report, reasons_summary, total: bool = True) -> None:  # noqa:
         )
 
 
-def _report_hint(error) -> str | None:  # noqa: ANN001
+def _report_hint(error) -> str | None:
     """For a file that holds no traces but is a benchmark report tokentrace audit reads (vLLM,
     AIPerf, LLMPerf ...): the audit command, instead of --lenient (which would load nothing)."""
     if error.reason != "not_traces":
@@ -239,13 +239,13 @@ def _report_hint(error) -> str | None:  # noqa: ANN001
         return None
     import shlex
 
-    from analyzer.cli.command_name import tokentrace_command
+    from analyzer.cli._command_name import tokentrace_command
 
     return (f"this is {names[kind]} report, not traces: check it with "
             f"{tokentrace_command()} audit {shlex.quote(error.file)}")
 
 
-def _say_unreadable_tails(con, report) -> None:  # noqa: ANN001
+def _say_unreadable_tails(con, report) -> None:
     """One line on stderr per file whose end could not be read (a last line or message cut
     short: a file copied while being written, or truncated), naming where: nothing lost silently."""
     for f in report.files:
@@ -262,7 +262,7 @@ def _say_unreadable_tails(con, report) -> None:  # noqa: ANN001
                        "or copied while being written; the raw bytes are in the rejects table)", err=True)
 
 
-def _derive(con, db_path: str, quiet: bool) -> None:  # noqa: ANN001
+def _derive(con, db_path: str, quiet: bool) -> None:
     """Build the derived tables and say what it cost (one line; nothing with --quiet)."""
     from analyzer.db.derived import build_derived
 

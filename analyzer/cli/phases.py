@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import click
 
+from analyzer.cli._group import cli
+from analyzer.cli._options import format_option, param_option
 from analyzer.cli._query_verb import (
-    columns_option, check_trace_id, request_flags, request_option, run_verb, source_options,
+    check_trace_id,
+    columns_option,
+    request_flags,
+    request_option,
+    run_verb,
+    source_options,
 )
-from analyzer.cli.group import cli
-from analyzer.cli.options import format_option, param_option
-from analyzer.errors import UserError, OffsetSyntaxError
+from analyzer.errors import OffsetSyntaxError, UserError
 from analyzer.verbs.skew import parse_assume_offsets
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from analyzer.cli.group import cli
+from analyzer.cli._group import cli
 from analyzer.errors import UserError
 
 __all__ = ["pull_command"]

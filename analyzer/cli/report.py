@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from analyzer.cli.group import cli
-from analyzer.cli.options import db_option
+from analyzer.cli._group import cli
+from analyzer.cli._options import db_option
 from analyzer.errors import UserError
 
 

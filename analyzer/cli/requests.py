@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from analyzer.cli._query_verb import columns_option, PERSPECTIVES, check_trace_id, run_verb, source_options
-from analyzer.cli.group import cli
-from analyzer.cli.options import format_option, param_option
+from analyzer.cli._group import cli
+from analyzer.cli._options import format_option, param_option
+from analyzer.cli._query_verb import PERSPECTIVES, check_trace_id, columns_option, run_verb, source_options
 
 
 @cli.command("requests")

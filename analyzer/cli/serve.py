@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from analyzer.cli.group import cli
-from analyzer.cli.model_loading import quiet_model_loading
+from analyzer.cli._group import cli
+from analyzer.cli._model_loading import quiet_model_loading
 from analyzer.errors import UserError
 
 __all__ = ["serve_command"]
@@ -198,7 +198,7 @@ def _accepted_keys(api_keys: tuple[str, ...], host: str) -> frozenset[str]:
     return keys
 
 
-def _keep_policy(span_export: str, flags: dict[str, float | None]):  # noqa: ANN202
+def _keep_policy(span_export: str, flags: dict[str, float | None]):
     """The keep policy of the --keep-* flags over the TOKENTRACE_KEEP_* environment (a flag wins),
     or None, and the variables that carry its checked values to the span exporter process
     (a malformed one is said here, once, and left out). This process's environment is not
@@ -220,7 +220,7 @@ def _keep_policy(span_export: str, flags: dict[str, float | None]):  # noqa: ANN
 
 
 def _tracer_provider(decode_spans: str, service_name: str, otlp_json: str | None, span_export: str,
-                     keep: bool = False):  # noqa: ANN202
+                     keep: bool = False):
     """The server's tracer provider, --decode-spans checked first. With --span-export process
     the exporters are only named here: the span exporter process makes them. With a keep
     policy every request is recorded, its root span saying whether the standard sampler took
@@ -243,12 +243,12 @@ def _tracer_provider(decode_spans: str, service_name: str, otlp_json: str | None
         raise UserError(str(exc)) from None
 
 
-def _load_model(model_spec: str):  # noqa: ANN202
+def _load_model(model_spec: str):
     """The model handle of --model, once the server extras are known to be installed."""
     try:  # the server extras, imported here to check they are installed
-        import uvicorn  # noqa: F401
+        import uvicorn  # noqa: F401 - imported to check the server extra is installed
 
-        from instrument.gateway.app import GatewaySettings, create_app  # noqa: F401
+        from instrument.gateway.app import GatewaySettings, create_app  # noqa: F401 - the server extra, checked with uvicorn
         from instrument.hf.model_handle import load_model_handle
     except ImportError as exc:
         raise UserError(f"serve needs the server extras: pip install 'tokentrace[hf,server]' ({exc})") from None
@@ -271,7 +271,7 @@ def _log_requests_on_stderr() -> None:
         log.setLevel(logging.INFO)
 
 
-def _create_app(handle, provider, settings):  # noqa: ANN001, ANN202
+def _create_app(handle, provider, settings):
     """The gateway app; with --span-export process (the provider's mode), its spans forwarded
     to the span exporter process, which the engine's step records share."""
     from instrument.gateway.app import create_app
@@ -288,7 +288,7 @@ def _create_app(handle, provider, settings):  # noqa: ANN001, ANN202
         raise UserError(str(exc)) from None
 
 
-def _listening_line(handle, engine, engine_name: str, keys: frozenset[str], span_export: str):  # noqa: ANN001, ANN202
+def _listening_line(handle, engine, engine_name: str, keys: frozenset[str], span_export: str):
     """The line said on stderr once the server listens (a function of its URL): model, engine
     (KV blocks and seconds to ready, continuous), auth, KV bytes/token and span export."""
     health = engine.health()
@@ -299,7 +299,7 @@ def _listening_line(handle, engine, engine_name: str, keys: frozenset[str], span
         f"auth {'on' if keys else 'off'}; KV {handle.kv_bytes_per_token} bytes/token; span export {span_export})")
 
 
-def _serve_until_stopped(app, provider, host: str, port: int, shutdown_grace_s: float, listening) -> None:  # noqa: ANN001
+def _serve_until_stopped(app, provider, host: str, port: int, shutdown_grace_s: float, listening) -> None:
     """Run uvicorn until SIGTERM/SIGINT (or it exits), then flush the spans and say their counts."""
     import uvicorn
 

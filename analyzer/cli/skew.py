@@ -7,14 +7,18 @@ import json
 
 import click
 
+from analyzer.cli._group import cli
+from analyzer.cli._options import emit_rows, format_option, to_jsonable
 from analyzer.cli._query_verb import (
-    check_trace_id, merge_params, note_if_stale, open_from_flags, query_rows, source_options,
+    check_trace_id,
+    merge_params,
+    note_if_stale,
+    open_from_flags,
+    query_rows,
+    source_options,
 )
-from analyzer.cli.group import cli
-from analyzer.cli.options import emit_rows, format_option, to_jsonable
-from analyzer.errors import UserError, OffsetSyntaxError
+from analyzer.errors import OffsetSyntaxError, UserError
 from analyzer.verbs.skew import parse_assume_offsets
-from analyzer.db.store import default_db_path
 
 
 @cli.command("skew")
@@ -54,7 +58,7 @@ def skew_command(db_path, parquet_dir, engine, trace_id, tolerance_ms, offset_to
     try:
         rules = query_rows(con, "skew_rules", rule_params)
         bounds = query_rows(con, "skew_offsets", offset_params)
-        note_if_stale(con, None if parquet_dir else db_path or default_db_path())
+        note_if_stale(con, db_path)
     finally:
         con.close()
     if output_format == "json":
@@ -78,7 +82,7 @@ RULES = ("child_starts_before_parent", "child_ends_after_parent", "negative_dura
          "decode_steps_overlap", "chunks_out_of_order")
 
 
-def _echo_table(title: str, result, notes, first: bool) -> None:  # noqa: ANN001
+def _echo_table(title: str, result, notes, first: bool) -> None:
     """One section as a table: no empty rules table (one line says no rule is broken), and
     clock domains under short names that still tell them apart, spelled out below."""
     import textwrap
@@ -95,7 +99,7 @@ def _echo_table(title: str, result, notes, first: bool) -> None:  # noqa: ANN001
     echo_human(title, result.columns, rows, notes=[*notes, *legend], columns_flag=False)
 
 
-def with_short_domains(columns, rows) -> tuple[list, list[str]]:  # noqa: ANN001
+def with_short_domains(columns, rows) -> tuple[list, list[str]]:
     """``rows`` with their client and server clock domains under :func:`short_domain_names`,
     and the legend lines that spell each shortened one out (skew, the demo)."""
     at = [columns.index(c) for c in ("client_domain", "server_domain") if c in columns]
@@ -112,7 +116,7 @@ def short_domain_names(domains: set[str]) -> dict[str, str]:
     others of the same service."""
     parts = {d: (d.split("|") + ["", ""])[:3] for d in domains}
     names: dict[str, str] = {}
-    for domain, (service, instance, host) in parts.items():
+    for domain, (service, instance, _host) in parts.items():
         same = [p for d, p in parts.items() if d != domain and p[0] == service]
         if not same:
             names[domain] = service or domain

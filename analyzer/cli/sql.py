@@ -21,9 +21,9 @@ import re
 import click
 import duckdb
 
+from analyzer.cli._group import cli
+from analyzer.cli._options import emit_rows, format_option, param_option, parse_params
 from analyzer.cli._query_verb import installed, open_from_flags, source_options
-from analyzer.cli.group import cli
-from analyzer.cli.options import emit_rows, format_option, param_option, parse_params
 from analyzer.errors import UserError, duckdb_message
 
 __all__ = ["READ_ONLY_STATEMENTS", "check_read_only_statement", "lock_down", "sql_command"]

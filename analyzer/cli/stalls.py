@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import click
 
+from analyzer.cli._group import cli
+from analyzer.cli._options import format_option
 from analyzer.cli._query_verb import check_trace_id, request_flags, request_option, source_options
 from analyzer.cli._sections import run_sections, section_option
 from analyzer.cli._table_cut import limit_options, table_cut
-from analyzer.cli.group import cli
-from analyzer.cli.options import format_option
 
 SECTIONS = ("gaps", "groups", "slowest")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import click
 
+from analyzer.cli._group import cli
+from analyzer.cli._options import format_option
 from analyzer.cli._query_verb import source_options
 from analyzer.cli._sections import run_sections, section_option
-from analyzer.cli.group import cli
-from analyzer.cli.options import format_option
 
 SECTIONS = ("steps", "summary")
 

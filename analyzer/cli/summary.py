@@ -6,9 +6,9 @@ from typing import TYPE_CHECKING
 
 import click
 
-from analyzer.cli._query_verb import columns_option, PERSPECTIVES, run_verb, source_options
-from analyzer.cli.group import cli
-from analyzer.cli.options import format_option, param_option
+from analyzer.cli._group import cli
+from analyzer.cli._options import format_option, param_option
+from analyzer.cli._query_verb import PERSPECTIVES, columns_option, run_verb, source_options
 
 if TYPE_CHECKING:
     from analyzer.query.runner import QueryResult

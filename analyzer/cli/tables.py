@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import difflib
 import textwrap
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import click
 
-from analyzer.cli.group import cli
-from analyzer.cli.options import emit_rows, format_option
+from analyzer.cli._group import cli
+from analyzer.cli._options import emit_rows, format_option
 from analyzer.errors import UserError
 
 __all__ = ["live_columns", "tables_command"]

@@ -7,9 +7,9 @@ import sys
 
 import click
 
-from analyzer.cli.group import cli
-from analyzer.cli.kv_options import kv_layout_from_flags, model_options
-from analyzer.cli.options import db_option, to_jsonable
+from analyzer.cli._group import cli
+from analyzer.cli._kv_options import kv_layout_from_flags, model_options
+from analyzer.cli._options import db_option, to_jsonable
 from analyzer.errors import UserError
 
 
@@ -48,8 +48,8 @@ def timeline_command(csv_path, model_config, layers, kv_heads, head_dim, query_h
     """
     from analyzer.audit.claims import check_e2e_claim, check_kv_claim
     from analyzer.db.store import connect
-    from analyzer.verbs.timeline import WindowCounts, compute_artifact, read_timeline_csv
     from analyzer.errors import TimelineError
+    from analyzer.verbs.timeline import WindowCounts, compute_artifact, read_timeline_csv
 
     kv = kv_layout_from_flags(model_config, layers, kv_heads, head_dim, query_heads, kv_dtype,
                               required=claim_kv_bytes_per_token is not None)

@@ -31,7 +31,7 @@ class TraceService(TraceServiceServicer):
     def __init__(self, sink: TraceSink) -> None:
         self.sink = sink
 
-    def Export(self, request: bytes, context: grpc.ServicerContext) -> ExportTraceServiceResponse:  # noqa: N802
+    def Export(self, request: bytes, context: grpc.ServicerContext) -> ExportTraceServiceResponse:
         try:
             message = ExportTraceServiceRequest.FromString(request)
         except DecodeError as exc:

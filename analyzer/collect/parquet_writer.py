@@ -24,8 +24,9 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import duckdb
 
@@ -42,9 +43,9 @@ from analyzer.collect.parquet_layout import (
     parts_by_folder,
     recover,
 )
+from analyzer.errors import TokentraceError
 from analyzer.formats import stage
 from analyzer.formats.canonical import EVENT_COLUMNS, LINK_COLUMNS, SPAN_COLUMNS, Reject, RowSink
-from analyzer.errors import TokentraceError
 from analyzer.formats.otlp_json import add_traces_data
 
 __all__ = ["COMPACT_WAIT_S", "OutputError", "OutputInUse", "ParquetWriter", "map_request"]
@@ -248,6 +249,7 @@ class ParquetWriter:
             stage.append_stage(con, self._schemas, spans, events, links)
             if repeated_keys:
                 result = stage.commit_stage(con, 0)
+                assert result is not None  # insert_if_conflicts (the default): a result
                 repeats = result.duplicates_identical
                 rejected = [f"span (spanId {s}) of trace {t}: conflicting_duplicate: same ids as an earlier span "
                             "in this request, different content" for _line, _o, t, s, _raw in result.conflicting]

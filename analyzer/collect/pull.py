@@ -25,10 +25,12 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 from urllib.parse import urlsplit
+
 from analyzer.errors import PullError
 
 __all__ = ["APIS", "PullReport", "parse_since", "pull_traces", "rfc3339_nano"]

@@ -160,7 +160,7 @@ class Receiver:
             return None
         return format_address(self.http_bind[0], self.http_port)
 
-    def start(self) -> "Receiver":
+    def start(self) -> Receiver:
         """Bind and serve; returns self. Raises OSError (bind), ImportError (no uvicorn for HTTP),
         ValueError (parquet: the folder is in use by another receiver)."""
         if self._sink is not None:
@@ -204,7 +204,7 @@ class Receiver:
         if self._writer is not None:
             self._writer.close()
 
-    def __enter__(self) -> "Receiver":
+    def __enter__(self) -> Receiver:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

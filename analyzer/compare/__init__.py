@@ -11,8 +11,8 @@ from __future__ import annotations
 from analyzer.errors import UserError
 
 try:  # the extra's packages, checked once here so every entry point says the same line
-    import numpy  # noqa: F401
-    import scipy.stats  # noqa: F401
+    import numpy  # noqa: F401 - the compare extra, checked here
+    import scipy.stats  # noqa: F401 - the compare extra, checked here
 except ImportError as exc:  # pragma: no cover - exercised by a test that hides the packages
     missing = (exc.name or "numpy").split(".")[0]
     raise UserError(f"tokentrace compare needs numpy and scipy ({missing} is not installed): "

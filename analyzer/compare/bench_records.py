@@ -101,8 +101,8 @@ def _vllm_run(path: Path, data: dict[str, Any], label: str) -> RunData:
     for key in ("itls", "latencies", "start_times", "output_lens"):
         if not isinstance(data.get(key), list) or len(data[key]) != n:
             raise UserError(f"{path}: key {key!r} is not a list of {n} entries (one per request, as 'ttfts')")
-    errors = data.get("errors") if isinstance(data.get("errors"), list) and len(data["errors"]) == n else [""] * n
-    inputs = data.get("input_lens") if isinstance(data.get("input_lens"), list) and len(data["input_lens"]) == n \
+    errors: Any = data.get("errors") if isinstance(data.get("errors"), list) and len(data["errors"]) == n else [""] * n
+    inputs: Any = data.get("input_lens") if isinstance(data.get("input_lens"), list) and len(data["input_lens"]) == n \
         else [None] * n
 
     def number(value: Any, where: str) -> float:
@@ -110,7 +110,13 @@ def _vllm_run(path: Path, data: dict[str, Any], label: str) -> RunData:
             raise UserError(f"{path}: {where} is {value!r}, expected a number")
         return float(value)
 
-    starts, ends, failed, ttft, e2e, tpot, gaps = [], [], [], [], [], [], []
+    starts: list[int] = []
+    ends: list[int] = []
+    failed: list[bool] = []
+    ttft: list[float | None] = []
+    e2e: list[float | None] = []
+    tpot: list[float | None] = []
+    gaps: list[list[float]] = []
     for i in range(n):
         start_s = number(data["start_times"][i], f"start_times[{i}]")
         latency_s = number(data["latencies"][i], f"latencies[{i}]")

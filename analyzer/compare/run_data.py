@@ -77,7 +77,7 @@ def _floats(values: list[Any]) -> np.ndarray:
 
 def perspectives_of(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
     """Requests per perspective in the source (view request_metrics)."""
-    from analyzer.query.runner import install_views
+    from analyzer.db.views import install_views
 
     install_views(con)
     rows = con.execute("SELECT perspective, count(*) FROM request_metrics GROUP BY perspective").fetchall()

@@ -4,6 +4,7 @@ workload lines and the E2E decomposition (docs/compare.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -113,7 +114,7 @@ def _gaps(run: RunData, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     return run.gap_ms[mine], owner[mine], int(keep.size)
 
 
-def _window_arrays(run: RunData, keep: np.ndarray) -> dict[str, np.ndarray]:
+def _window_arrays(run: RunData, keep: np.ndarray) -> dict[str, Any]:
     return {"s_ns": run.s_ns[keep], "end_ns": run.end_ns[keep], "succeeded": run.succeeded[keep],
             "failed": run.failed[keep], "meets_slo": run.meets_slo[keep], "output_tokens": run.output_tokens[keep]}
 
@@ -180,7 +181,8 @@ def compare_runs(a: RunData, b: RunData, options: CompareOptions = CompareOption
             va = window_figures(**_window_arrays(a, np.arange(a.requests)))[at]
             vb = window_figures(**_window_arrays(b, np.arange(b.requests)))[at]
             rows.append(_row(metric, "value", va, vb, interval, a.requests, b.requests, options))
-    parts, part_notes = ([], ["no E2E decomposition: no request has both TTFT and E2E on each side"])
+    parts: list[Part] = []
+    part_notes = ["no E2E decomposition: no request has both TTFT and E2E on each side"]
     if any(r.metric == "e2e_ms" for r in rows) and any(r.metric == "ttft_ms" for r in rows):
         parts, part_notes = decompose_e2e(a, b, options.stall_factor, options.resamples, options.max_requests,
                                           options.seed)

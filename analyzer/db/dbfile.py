@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from analyzer.errors import DatabaseFileError
+
 __all__ = ["DUCKDB_MAGIC", "check_database_path", "describe_file", "is_parquet_dump"]
 
 DUCKDB_MAGIC = b"DUCK"
@@ -30,7 +32,6 @@ _SIGNATURES: tuple[tuple[bytes, str], ...] = (
     (b"\x89HDF", "an HDF5 file"),
     (b"ARROW1", "an Arrow IPC file"),
 )
-from analyzer.errors import DatabaseFileError
 
 
 def is_parquet_dump(path: str | Path) -> bool:

@@ -26,8 +26,8 @@ Example::
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 from importlib.metadata import PackageNotFoundError, version
 
 import duckdb

@@ -231,13 +231,13 @@ def _rebuild(con: duckdb.DuckDBPyConnection, table: str, stored: list[str]) -> N
         raise
 
 
-def missing_dedicated(table: str, have: "set[str] | frozenset[str]") -> list[DedicatedColumn]:
+def missing_dedicated(table: str, have: set[str] | frozenset[str]) -> list[DedicatedColumn]:
     """The dedicated columns of ``table`` not among the column names ``have`` (a database
     or a dump written before they existed: readers compute them from the maps)."""
     return [c for c in DEDICATED_COLUMNS.get(table, ()) if c.name not in have]
 
 
-def arrow_schema(con: duckdb.DuckDBPyConnection, table: str) -> "pa.Schema":
+def arrow_schema(con: duckdb.DuckDBPyConnection, table: str) -> pa.Schema:
     """The Arrow schema of one canonical table, as DuckDB exports it (for readers that
     build Arrow batches before inserting)."""
     create_tables(con)

@@ -18,8 +18,8 @@ from pathlib import Path
 import duckdb
 
 from analyzer.db.dbfile import check_database_path
-from analyzer.errors import DatabaseFileError, SourceError
 from analyzer.db.schema import DEDICATED_COLUMNS, DUMP_FORMAT, FORMAT_KEY, TABLE_DDL, missing_dedicated
+from analyzer.errors import DatabaseFileError, SourceError
 
 __all__ = ["DUMP_TABLES", "open_source", "parquet_views", "utc_day_of_ns"]
 
@@ -35,7 +35,7 @@ def _canonical_columns(table: str, con: duckdb.DuckDBPyConnection | None = None)
     on ``con`` when given: a new DuckDB instance costs tens of ms)."""
     if table not in _COLUMNS:
         own = con is None
-        target = duckdb.connect(":memory:") if own else con
+        target = duckdb.connect(":memory:") if con is None else con
         scratch = f"tt_columns_of_{table}"
         try:
             target.execute(TABLE_DDL[table].replace(f"CREATE TABLE IF NOT EXISTS {table} (",
@@ -173,7 +173,7 @@ def open_source(
         for extra in ("loads", "rejects"):  # present so `tokentrace sql` sees every canonical table
             con.execute(TABLE_DDL[extra].replace("CREATE TABLE IF NOT EXISTS", "CREATE TEMP TABLE"))
         return con
-    path = Path(db)  # type: ignore[arg-type]
+    path = Path(db)  # type: ignore[arg-type]  # db is given: the parquet branch returned
     try:  # a folder (a Parquet dump: use --parquet), a CSV, an empty file: one line, untouched
         check_database_path(path, for_write=False)
     except DatabaseFileError as exc:

@@ -11,16 +11,17 @@ import json
 import math
 import os
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import duckdb
 
 from analyzer.db.dbfile import check_database_path
 from analyzer.db.ownership import check_writable, write_marker
-from analyzer.errors import DatabaseFileError, TokentraceError, duckdb_message
 from analyzer.db.schema import DEDICATED_COLUMNS, arrow_schema, create_tables
+from analyzer.errors import DatabaseFileError, TokentraceError, duckdb_message
 
 __all__ = [
     "DEFAULT_DB",
@@ -286,7 +287,7 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str, records: list[dict[str, 
     schema = arrow_schema(con, table)
     dedicated = {c.name for c in DEDICATED_COLUMNS.get(table, ())}
     schema = pa.schema([f for f in schema if f.name not in dedicated])  # generated from the maps
-    batch = pa.Table.from_pylist(records, schema=schema)  # noqa: F841 (referenced by name below)
+    batch = pa.Table.from_pylist(records, schema=schema)
     con.register("_tokentrace_rows", batch)
     try:
         con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _tokentrace_rows")

@@ -1,7 +1,7 @@
-"""The inputs: one reader per input shape (and the seed's timeline CSV) producing the canonical rows, the loader that drives them, and the Parquet dump writer.
+"""The inputs: one reader per input shape (and the request-timeline CSV) producing the canonical rows, the loader that drives them, and the Parquet dump writer.
 
 - :mod:`load` — ``load_paths``: files into the tables, counted read / loaded / duplicate / rejected
-- :mod:`timeline` — the seed's request-timeline CSV as a synthetic trace
+- :mod:`timeline` — the worked example's request-timeline CSV as a synthetic trace
 - :mod:`parquet_export` — the tables as a Hive-partitioned Parquet dump (``tokentrace export``)
 
 - :mod:`otlp_json` — OTLP/JSON lines, documents, Jaeger api_v3 wrapper

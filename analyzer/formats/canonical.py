@@ -12,8 +12,10 @@ and ``_line`` is the 1-based line where the span's record starts (NULL when not 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
+
 from analyzer.errors import LoadError
 
 __all__ = [

@@ -9,9 +9,10 @@ import gzip
 import io
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Sequence
+from typing import Any
 
 from analyzer.errors import LoadError
 
@@ -84,20 +85,20 @@ def expand_inputs(args: Sequence[str]) -> list[InputFile]:
     return out
 
 
-def open_stream(f: InputFile) -> BinaryIO:
+def open_stream(f: InputFile) -> io.BufferedReader:
     """Open an input as a buffered binary stream, decompressing gzip or zstd (whole-file)."""
-    raw: BinaryIO = sys.stdin.buffer if f.path is None else open(f.path, "rb")  # noqa: SIM115
-    stream = io.BufferedReader(raw, buffer_size=1 << 20) if not isinstance(raw, io.BufferedReader) else raw  # type: ignore[arg-type]
+    raw: Any = sys.stdin.buffer if f.path is None else open(f.path, "rb")  # a buffered binary stream
+    stream: io.BufferedReader = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(raw, buffer_size=1 << 20)
     head = stream.peek(4)[:4]
     if head[:2] == GZIP_MAGIC:
-        return io.BufferedReader(gzip.GzipFile(fileobj=stream), buffer_size=1 << 20)  # type: ignore[arg-type]
+        return io.BufferedReader(gzip.GzipFile(fileobj=stream), buffer_size=1 << 20)
     if head == ZSTD_MAGIC:
         try:
             import zstandard
         except ImportError:
             raise LoadError(f.name, None, "unsupported", "zstd-compressed input needs the 'zstandard' package") from None
         reader = zstandard.ZstdDecompressor().stream_reader(stream, read_across_frames=True)
-        return io.BufferedReader(reader, buffer_size=1 << 20)  # type: ignore[arg-type]
+        return io.BufferedReader(reader, buffer_size=1 << 20)
     return stream
 
 

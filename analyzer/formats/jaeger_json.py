@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from analyzer.db.store import clock_domain_of
 from analyzer.formats.canonical import Reject, RowSink, raw_json
 from analyzer.formats.values import INT64_MAX, BadRecord, json_text, parse_id
-from analyzer.db.store import clock_domain_of
 
 __all__ = ["is_jaeger_document", "read_jaeger_document"]
 
@@ -106,7 +106,7 @@ def _resource(process: Any) -> tuple:
     for k, v in _tags(process.get("tags")).items():
         tags.setdefault(k, v)
     strs = {k: v for k, (i, v) in tags.items() if i == 0}
-    plain = {k: strs[k] for k in ("service.name", "service.instance.id", "host.name") if k in strs}
+    plain: dict[str, Any] = {k: strs[k] for k in ("service.name", "service.instance.id", "host.name") if k in strs}
     return (strs.get("service.name"), strs.get("service.instance.id"), strs.get("host.name"), clock_domain_of(plain), *_maps(tags))
 
 
@@ -136,7 +136,7 @@ def _span(sp: dict, process: Any, ordinal: int) -> tuple[tuple, list, list]:
     if "error" in tags and tags["error"][0] == 3:
         if tags.pop("error")[1] and status == "UNSET":
             status = "ERROR"
-    parent, links = sp.get("parentSpanID") or None, []
+    parent, links = sp.get("parentSpanID") or None, list[tuple[Any, ...]]()
     refs = sp.get("references") or []
     parent_ref = None
     for i, ref in enumerate(refs):

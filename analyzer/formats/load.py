@@ -17,17 +17,25 @@ from __future__ import annotations
 
 import io
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import duckdb
 
+from analyzer.db.store import next_load_id, record_load
+from analyzer.errors import LoadError
 from analyzer.formats import otlp_json, otlp_json_duckdb, otlp_proto, parquet_dump, stage
 from analyzer.formats.canonical import LENIENT_HINT, Reject, RowSink
-from analyzer.errors import LoadError
-from analyzer.formats.inputs import GZIP_MAGIC, INPUT_FORMATS, ZSTD_MAGIC, InputFile, detect_format, expand_inputs, open_stream
+from analyzer.formats.inputs import (
+    GZIP_MAGIC,
+    INPUT_FORMATS,
+    ZSTD_MAGIC,
+    InputFile,
+    detect_format,
+    expand_inputs,
+    open_stream,
+)
 from analyzer.formats.jaeger_json import is_jaeger_document, read_jaeger_document
-from analyzer.db.store import next_load_id, record_load
 
 __all__ = ["FileReport", "INPUT_FORMATS", "LoadReport", "load_paths"]
 
@@ -127,6 +135,7 @@ def _load_in_transaction(
     fmt = _read(con, f, sink, input_format)
     sink.flush_now()
     result = stage.commit_stage(con, load_id)
+    assert result is not None  # insert_if_conflicts (the default): a result
     for line, ordinal, trace_id, span_id, raw in result.conflicting:
         sink.reject(Reject(line, ordinal, "conflicting_duplicate", raw, trace_id, span_id,
                            "same trace and span id as an earlier span, different content"))  # fmt: skip
@@ -151,7 +160,7 @@ def _record(con: duckdb.DuckDBPyConnection, load_id: int, report: FileReport) ->
 
 def _sink(con: duckdb.DuckDBPyConnection, f: InputFile, lenient: bool, progress: ProgressFn | None, batch_spans: int) -> RowSink:
     schemas = stage.stage_schemas(con)
-    sink = RowSink(f.name, strict=not lenient, flush=lambda s, e, l: stage.append_stage(con, schemas, s, e, l), batch_spans=batch_spans)
+    sink = RowSink(f.name, strict=not lenient, flush=lambda s, e, links: stage.append_stage(con, schemas, s, e, links), batch_spans=batch_spans)
     if progress is not None:
         size = f.size_bytes
         sink.on_progress = lambda n: progress(f.name, n, size)
@@ -172,14 +181,15 @@ def _load_bulk(
         if progress is not None:
             progress(f.name, n, f.size_bytes)
 
+    report: FileReport | None = None
+
     def record(result: otlp_json_duckdb.BulkResult) -> None:
         nonlocal report
         report = FileReport(f.name, "otlp_json_lines", result.records_read, result.spans_read, result.spans_loaded,
                             result.duplicates_identical)  # fmt: skip
         _record(con, load_id, report)
 
-    report: FileReport | None = None
-    if otlp_json_duckdb.load_json_lines(con, f.path, compression, load_id, record, bulk_progress) is None:  # type: ignore[arg-type]
+    if otlp_json_duckdb.load_json_lines(con, f.path, compression, load_id, record, bulk_progress) is None:  # type: ignore[arg-type]  # f.path is set: a bulk candidate is a file on disk
         return None
     return report
 
@@ -243,7 +253,7 @@ def _is_json_lines(head: bytes) -> bool:
 
 
 def _later_line_is_traces(data: bytes, max_lines: int = 1000) -> bool:
-    for i, line in enumerate(data.split(b"\n")[1 : max_lines + 1]):
+    for line in data.split(b"\n")[1 : max_lines + 1]:
         try:
             if otlp_json.is_traces_document(otlp_json.loads_json(line)):
                 return True
@@ -271,7 +281,7 @@ def _first_line_check(name: str, head: bytes) -> None:
         raise LoadError(name, 1, "not_traces", _not_traces_detail(first))
 
 
-def _read_json(stream, head: bytes, sink: RowSink, input_format: str) -> str:  # noqa: ANN001
+def _read_json(stream, head: bytes, sink: RowSink, input_format: str) -> str:
     if input_format != "jaeger-json" and _is_json_lines(head):
         _first_line_check(sink.file, head)
         otlp_json.read_json_lines(stream, sink)

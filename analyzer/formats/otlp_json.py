@@ -9,17 +9,26 @@ from __future__ import annotations
 
 from typing import Any, BinaryIO
 
-from analyzer.formats.canonical import Reject, RowSink, raw_json
-from analyzer.formats.values import BadRecord, parse_enum, parse_id, parse_time_ns, parse_uint, split_any_values, json_text, any_value_to_plain
 from analyzer.db.schema import SPAN_KINDS, STATUS_CODES
 from analyzer.db.store import clock_domain_of
+from analyzer.formats.canonical import Reject, RowSink, raw_json
+from analyzer.formats.values import (
+    BadRecord,
+    any_value_to_plain,
+    json_text,
+    parse_enum,
+    parse_id,
+    parse_time_ns,
+    parse_uint,
+    split_any_values,
+)
 
 __all__ = ["add_traces_data", "is_traces_document", "loads_json", "scope_attributes_json", "read_json_document", "read_json_lines"]
 
 try:  # orjson is optional: about 3x faster than the standard library here
     from orjson import loads as loads_json
 except ImportError:  # pragma: no cover - exercised only without orjson
-    from json import loads as loads_json  # type: ignore[assignment]
+    from json import loads as loads_json  # type: ignore[assignment]  # the standard library's loads in orjson's place
 
 _NOT_TRACES = ("resourceLogs", "resource_logs", "resourceMetrics", "resource_metrics", "resourceProfiles")
 

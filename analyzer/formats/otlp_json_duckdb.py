@@ -34,9 +34,9 @@ import itertools
 import json
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import duckdb
 
@@ -122,7 +122,7 @@ def register_udfs(con: duckdb.DuckDBPyConnection) -> None:
         ("tt_bulk_count", _count, ["BIGINT", "INTEGER"], "BIGINT", {"side_effects": True}),
     ):  # fmt: skip
         try:
-            con.create_function(name, fn, args, ret, **kw)
+            con.create_function(name, fn, args, ret, **kw)  # type: ignore[arg-type]  # type names as DuckDB spells them
         except (duckdb.Error, RuntimeError) as e:
             if "already" not in str(e):
                 raise
@@ -160,7 +160,7 @@ def load_json_lines(
             progress(target - done)
         done = target
 
-    src = lambda schema: read_json_sql(str(path), compression, schema)  # noqa: E731
+    src = lambda schema: read_json_sql(str(path), compression, schema)  # noqa: E731 - a one-line reader, named for the calls below
     before = _file_state(path)
     for attempt in (_direct, _staged):
         con.execute("BEGIN TRANSACTION")
@@ -212,7 +212,7 @@ def _forget(token: int) -> None:
             del _COUNTS[key]
 
 
-def _direct(con: duckdb.DuckDBPyConnection, src: Callable[[str], str], load_id: int, advance: Callable[[float | None], None]):  # noqa: ANN202
+def _direct(con: duckdb.DuckDBPyConnection, src: Callable[[str], str], load_id: int, advance: Callable[[float | None], None]):
     """Spans, events and links straight into the canonical tables; _REPEATS when a key repeats."""
     token = _new_token()
     try:
@@ -249,7 +249,7 @@ def _repeats(con: duckdb.DuckDBPyConnection, before: int, spans: int) -> bool:
     return bool(con.execute(f"SELECT count(*) FROM {new} n JOIN {old} o USING (trace_id, span_id)").fetchall()[0][0])
 
 
-def _staged(con: duckdb.DuckDBPyConnection, src: Callable[[str], str], load_id: int, advance: Callable[[float | None], None]):  # noqa: ANN202
+def _staged(con: duckdb.DuckDBPyConnection, src: Callable[[str], str], load_id: int, advance: Callable[[float | None], None]):
     """Spans with raw events and links into temp staging tables, then :func:`stage.commit_stage`
     (identical duplicates counted, not inserted). None on conflicting duplicates."""
     _sequences(con)

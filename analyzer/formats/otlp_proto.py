@@ -19,7 +19,7 @@ from analyzer.formats.otlp_json import add_traces_data, loads_json
 __all__ = ["read_proto_stream", "write_length_prefixed"]
 
 
-def _decoder():  # noqa: ANN202 - lazy import keeps `tokentrace --help` fast
+def _decoder():
     from google.protobuf.json_format import MessageToDict
     from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import duckdb
 
-from analyzer.formats.canonical import EVENT_COLUMNS, LINK_COLUMNS, SPAN_COLUMNS, Reject, RowSink
 from analyzer.errors import LoadError
+from analyzer.formats.canonical import EVENT_COLUMNS, LINK_COLUMNS, SPAN_COLUMNS, Reject, RowSink
 
 __all__ = ["PARTITION_TYPES", "read_parquet_dump"]
 
@@ -47,7 +47,7 @@ def _quote(s: str) -> str:
     return s.replace("'", "''")
 
 
-def read_parquet_dump(con: duckdb.DuckDBPyConnection, f, sink: RowSink) -> str:  # noqa: ANN001
+def read_parquet_dump(con: duckdb.DuckDBPyConnection, f, sink: RowSink) -> str:
     """Stage a Parquet dump (``f`` an :class:`~analyzer.formats.inputs.InputFile`); returns ``parquet``.
 
     A damaged file or a column of the wrong type is a :class:`LoadError` (``invalid_parquet``)."""
@@ -57,7 +57,7 @@ def read_parquet_dump(con: duckdb.DuckDBPyConnection, f, sink: RowSink) -> str: 
         raise LoadError(f.name, None, "invalid_parquet", str(e).split("\n")[0][:300]) from None
 
 
-def _read(con: duckdb.DuckDBPyConnection, f, sink: RowSink) -> str:  # noqa: ANN001
+def _read(con: duckdb.DuckDBPyConnection, f, sink: RowSink) -> str:
     assert f.path is not None
     src = _source(f.path, "spans", f.dataset_dir)
     try:
@@ -73,7 +73,7 @@ def _read(con: duckdb.DuckDBPyConnection, f, sink: RowSink) -> str:  # noqa: ANN
     bad = con.execute(f"""
         SELECT _ord, {reason_sql} AS reason, trace_id, span_id, to_json(t)::VARCHAR
         FROM _pq_spans t WHERE {reason_sql} IS NOT NULL ORDER BY _ord""").fetchall()
-    total = con.execute("SELECT count(*) FROM _pq_spans").fetchone()[0]
+    total = con.execute("SELECT count(*) FROM _pq_spans").fetchall()[0][0]
     sink.records_read += total
     sink.spans_read += total
     for ordinal, reason, trace_id, span_id, raw in bad:
@@ -94,8 +94,8 @@ def _read(con: duckdb.DuckDBPyConnection, f, sink: RowSink) -> str:  # noqa: ANN
         child = _source(f.path, table, f.dataset_dir)
         if child is None:
             continue
-        cols = ", ".join(columns)
-        con.execute(f"CREATE OR REPLACE TEMP TABLE _pq_child AS SELECT DISTINCT {cols} FROM {child}")
+        child_cols = ", ".join(columns)
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _pq_child AS SELECT DISTINCT {child_cols} FROM {child}")
         clash = con.execute(f"""
             SELECT trace_id, span_id, {index} FROM _pq_child
             GROUP BY ALL HAVING count(*) > 1 ORDER BY ALL LIMIT 1""").fetchone()

@@ -20,8 +20,8 @@ from pathlib import Path
 import duckdb
 
 from analyzer.db.schema import DEDICATED_COLUMNS, DUMP_FORMAT, FORMAT_KEY
-from analyzer.formats.canonical import EVENT_COLUMNS, LINK_COLUMNS, SPAN_COLUMNS
 from analyzer.errors import ExportError
+from analyzer.formats.canonical import EVENT_COLUMNS, LINK_COLUMNS, SPAN_COLUMNS
 
 __all__ = ["ExportReport", "export_parquet"]
 
@@ -61,7 +61,7 @@ def export_parquet(con: duckdb.DuckDBPyConnection, directory: str | Path, *, ove
     counts = {}
     for table, query in queries.items():
         out = target / table
-        counts[table] = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        counts[table] = con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
         if counts[table] == 0 and table != "spans":
             continue
         con.execute(

@@ -8,7 +8,8 @@ digits, span 16), times stay OTLP nanoseconds, attributes are split into the typ
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from analyzer.db.store import EventRow, LinkRow, SpanRow
 

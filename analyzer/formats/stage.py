@@ -16,7 +16,7 @@ links) are inserted, so memory grows with the staged rows of one file, never the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -52,13 +52,12 @@ def drop_stage(con: duckdb.DuckDBPyConnection) -> None:
 
 def stage_schemas(con: duckdb.DuckDBPyConnection) -> tuple[pa.Schema, pa.Schema, pa.Schema]:
     """Arrow schemas of the three staging tables (create them first)."""
-    return tuple(  # type: ignore[return-value]
-        con.sql(f"SELECT * FROM {t} LIMIT 0").to_arrow_table().schema for t in _STAGE.values()
-    )
+    spans, events, links = (con.sql(f"SELECT * FROM {t} LIMIT 0").to_arrow_table().schema for t in _STAGE.values())
+    return spans, events, links
 
 
 def _to_arrow(rows: list, schema: pa.Schema) -> pa.Table:
-    columns = list(zip(*rows)) if rows else [[] for _ in schema]
+    columns: list[Any] = list(zip(*rows)) if rows else [[] for _ in schema]
     return pa.Table.from_arrays([pa.array(col, type=f.type) for col, f in zip(columns, schema)], schema=schema)
 
 
@@ -137,7 +136,7 @@ def classify(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
                 ELSE 'conflicting' END AS cls
     FROM ranked r LEFT JOIN stored db USING (trace_id, span_id)""")
     counts = dict(con.execute("SELECT cls, count(*) FROM _stage_class GROUP BY cls").fetchall())
-    total = con.execute("SELECT count(*) FROM _stage_spans").fetchone()[0]
+    total = con.execute("SELECT count(*) FROM _stage_spans").fetchall()[0][0]
     counts["kept"] = total - counts.get("identical", 0) - counts.get("conflicting", 0)
     return counts
 
@@ -177,6 +176,6 @@ def _drop_key(raw: str, key: str) -> str:
     return json.dumps(obj, separators=(",", ":"))
 
 
-def staged_counts(con: duckdb.DuckDBPyConnection) -> Iterable[int]:
+def staged_counts(con: duckdb.DuckDBPyConnection) -> tuple[int, ...]:
     """(spans, events, links) currently staged — for tests and progress."""
-    return tuple(con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in _STAGE.values())
+    return tuple(con.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0] for t in _STAGE.values())

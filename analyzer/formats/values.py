@@ -235,7 +235,7 @@ def split_any_values(attrs: Any) -> AttrMaps:
         kind = -1
         raw = None
         if isinstance(val, dict):
-            for vk, raw in val.items():
+            for vk, raw in val.items():  # noqa: B007 - raw is read after the loop: the value of the kind found
                 kind = _KIND.get(vk, -1)
                 if kind >= 0:
                     break

@@ -12,7 +12,8 @@ from __future__ import annotations
 import base64
 import json
 import math
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from analyzer.db.schema import SPAN_KINDS, STATUS_CODES
 

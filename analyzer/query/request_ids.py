@@ -20,7 +20,8 @@ Accepted: any of the three, or the last 8 or more hex digits of the span id (the
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from analyzer.errors import TokentraceError
 

@@ -10,70 +10,32 @@ Parameters are DuckDB's native ``$name`` parameters, bound by name (never format
 SQL). A parameter a caller does not give takes the default from the header. Before a query
 runs, the views of ``queries/views/`` are installed on the connection and the ones it reads
 are kept as tables, or a database's derived tables are read instead: analyzer/db/views/
-(whose public names this module re-exports).
+(import the view machinery's names from there; this module's names are the query files').
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import duckdb
 
 from analyzer.db import views
+from analyzer.db.views import CHUNK_VIEWS, install_views, materialize_views, queries_dir, request_key_ranges
 from analyzer.db.views.sql import strip_comments
-from analyzer.db.views import (  # the view machinery's public face (analyzer/db/views/), part of this module's API
-    BUILDING_PREFIX,
-    CACHE_PREFIX,
-    CHUNK_VIEWS,
-    DERIVED_SCHEMA,
-    MATERIALIZE_MAX_EVENTS,
-    MATERIALIZED_VIEWS,
-    RANGE_EVENTS,
-    STATE_TABLE,
-    UNIONED_VIEWS,
-    derived_location,
-    derived_status,
-    forget_connection_views,
-    install_views,
-    kept_order,
-    kept_views,
-    materialize_views,
-    queries_dir,
-    request_key_ranges,
-    union_view_sql,
-    view_files,
-    view_names,
-)
 
 __all__ = [
-    "CHUNK_VIEWS",
-    "DERIVED_SCHEMA",
-    "MATERIALIZED_VIEWS",
-    "MATERIALIZE_MAX_EVENTS",
     "QueryFile",
     "QueryPart",
-    "RANGE_EVENTS",
     "QueryResult",
-    "install_views",
-    "derived_location",
-    "derived_status",
-    "forget_connection_views",
-    "kept_order",
-    "kept_views",
     "list_queries",
     "load_query",
-    "materialize_views",
-    "queries_dir",
-    "request_key_ranges",
     "run_query",
     "stream_query",
-    "union_view_sql",
-    "view_files",
-    "view_names",
 ]
 
 _PARAM_RE = re.compile(
@@ -159,7 +121,7 @@ def _parse(name: str, path: Path) -> QueryFile:
     return QueryFile(name, path, sql, " ".join(returns), " ".join(units), tuple(params))
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_query(name: str) -> QueryFile:
     """The query ``queries/<name>.sql``; ValueError naming the known queries otherwise.
 

@@ -7,7 +7,7 @@ and ``span_links`` select the canonical columns (analyzer.db.schema) from
 ``DIR/<table>/service_name=<svc>/date=<YYYY-MM-DD>/*.parquet``, filtered on the partition
 columns so Spark prunes partitions (a time window keeps [start day - 1, end day + 1], as
 analyzer.db.source does for DuckDB; ``services`` keeps those service folders). Then the adapter
-views, the ``request_facts`` / ``request_chunks`` unions (analyzer.query.runner.union_view_sql)
+views, the ``request_facts`` / ``request_chunks`` unions (analyzer.db.views.union_view_sql)
 and the derived views are created as temp views, in the same order as DuckDB's.
 
 The session is local (``local[2]`` by default, $TOKENTRACE_SPARK_MASTER), started once per
@@ -22,15 +22,17 @@ import datetime as dt
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from analyzer.db.schema import DEDICATED_COLUMNS
 from analyzer.db.source import DUMP_TABLES, _canonical_columns, utc_day_of_ns
+from analyzer.db.views import UNIONED_VIEWS, union_view_sql, view_files
+from analyzer.errors import SparkEngineError, TranspileError
+from analyzer.query.runner import QueryResult, load_query
 from analyzer.query.spark_sql import spark_type, to_spark, to_spark_statements
-from analyzer.errors import TranspileError, SparkEngineError
-from analyzer.query.runner import UNIONED_VIEWS, QueryResult, load_query, union_view_sql, view_files
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -74,12 +76,12 @@ logger.sqlctx.name = SQLQueryContextLogger
 logger.sqlctx.level = off
 """
 
-_SESSION: "SparkSession | None" = None
+_SESSION: SparkSession | None = None
 
 
 def _check_runtime() -> None:
     try:
-        import pyspark  # noqa: F401
+        import pyspark  # noqa: F401 - imported to check the spark extra is installed
     except ImportError:
         raise SparkEngineError(f"--engine spark needs pyspark: {INSTALL_HINT}") from None
     java_home = os.environ.get("JAVA_HOME")
@@ -89,7 +91,7 @@ def _check_runtime() -> None:
 
 def get_session(
     master: str | None = None, shuffle_partitions: int = 4, conf: Mapping[str, str] | None = None
-) -> "SparkSession":
+) -> SparkSession:
     """The process's Spark session (created on first use, cached, stopped at exit).
 
     ``conf`` adds or overrides Spark settings (e.g. the tests turn whole-stage code
@@ -128,7 +130,7 @@ def get_session(
         builder = builder.config(key, value)
     try:
         _SESSION = builder.getOrCreate()
-    except Exception as exc:  # JVM failed to start: Java too old, port, memory
+    except Exception as exc:  # noqa: BLE001 - the JVM failed to start (Java too old, port, memory): one line
         raise SparkEngineError(f"cannot start Spark: {str(exc).splitlines()[0]}") from None
     _SESSION.sparkContext.setLogLevel("ERROR")
     atexit.register(stop_session)
@@ -168,7 +170,7 @@ class SparkSource:
     """A Spark session whose temp views hold one dump: ``spans``, ``span_events``,
     ``span_links`` (canonical columns) and, once :meth:`install_views` ran, every view."""
 
-    spark: "SparkSession"
+    spark: SparkSession
     directory: Path
     files: dict[str, int]
     partition_where: str = ""
@@ -201,7 +203,7 @@ class SparkSource:
         if self.materialize and view in MATERIALIZED_VIEWS:
             self.spark.table(view).localCheckpoint(eager=False).createOrReplaceTempView(view)
 
-    def query(self, name: str, params: Mapping[str, Any] | None = None) -> "DataFrame":
+    def query(self, name: str, params: Mapping[str, Any] | None = None) -> DataFrame:
         """``queries/<name>.sql`` as a Spark DataFrame (lazy), parameters bound by name."""
         query = load_query(name)
         bound = query.bind(params)
@@ -246,7 +248,7 @@ def _first_line(exc: BaseException) -> str:
     return message.strip().splitlines()[0] if message.strip() else type(exc).__name__
 
 
-def _table_view(spark: "SparkSession", root: Path, table: str, where: str, args: dict[str, Any]) -> int:
+def _table_view(spark: SparkSession, root: Path, table: str, where: str, args: dict[str, Any]) -> int:
     """Create temp view ``table`` over ``root/table`` (or an empty one); returns its file count."""
     columns = _canonical_columns(table)
     folder = root / table
@@ -285,7 +287,7 @@ def open_spark_source(
     start_ns: int | None = None,
     end_ns: int | None = None,
     services: Sequence[str] | None = None,
-    spark: "SparkSession | None" = None,
+    spark: SparkSession | None = None,
 ) -> SparkSource:
     """Temp views over the dump at ``directory`` in the (cached) Spark session.
 

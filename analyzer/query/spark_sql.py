@@ -39,10 +39,11 @@ unguarded division shows up as a Spark error, not as a silent difference.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import sqlglot
 from sqlglot import exp
+
 from analyzer.errors import TranspileError
 
 __all__ = ["spark_type", "to_spark", "to_spark_statements"]
@@ -139,7 +140,7 @@ def to_spark_statements(sql: str, param_types: Mapping[str, str] | None = None) 
         trees = sqlglot.parse(sql, read="duckdb")
     except sqlglot.errors.ParseError as exc:
         raise TranspileError(f"sqlglot cannot parse the DuckDB SQL: {str(exc).splitlines()[0]}") from None
-    return [_rewrite(t, param_types or {}) for t in trees if t is not None]
+    return [_rewrite(t, param_types or {}) for t in trees if isinstance(t, exp.Expression)]
 
 
 def to_spark(sql: str, param_types: Mapping[str, str] | None = None) -> str:

@@ -12,18 +12,19 @@ import json
 import math
 import re
 import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import duckdb
 
 from analyzer.query.runner import QueryResult, run_query
+from analyzer.query.utc_columns import utc_ms_text
 from analyzer.report import plots
 from analyzer.report.headline import headline_html
 from analyzer.report.labels import label, metric_label
 from analyzer.report.timeline import DEFAULT_TIMELINE_REQUESTS
-from analyzer.query.utc_columns import utc_ms_text
 
 __all__ = ["ReportInputs", "build_report", "choose_request"]
 
@@ -193,7 +194,7 @@ def _optional(con: duckdb.DuckDBPyConnection, name: str, params: Mapping[str, An
 
 def build_report(con: duckdb.DuckDBPyConnection, inputs: ReportInputs) -> str:
     """The report as one HTML string. Raises ValueError when the database holds no request."""
-    from analyzer.query.runner import install_views
+    from analyzer.db.views import install_views
     from analyzer.report.engine_steps import engine_steps_section
     from analyzer.report.timeline import timeline_section
 

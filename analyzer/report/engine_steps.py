@@ -6,7 +6,8 @@ steps_summary.sql, stalls.sql, stalls_groups.sql). Only when the traces hold eng
 from __future__ import annotations
 
 import html
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import duckdb
 

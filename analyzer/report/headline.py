@@ -9,7 +9,8 @@ only chooses and formats them. NULL figures print an em dash with the query's re
 from __future__ import annotations
 
 import html
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from analyzer.query.utc_columns import utc_ms_text
 

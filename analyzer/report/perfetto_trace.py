@@ -96,7 +96,7 @@ def require_perfetto() -> Any:
     """The perfetto package's trace protos module; ExportError naming the extra when missing."""
     try:
         from perfetto.protos.perfetto.trace import perfetto_trace_pb2
-        from perfetto.trace_builder.proto_builder import StreamingTraceProtoBuilder  # noqa: F401
+        from perfetto.trace_builder.proto_builder import StreamingTraceProtoBuilder  # noqa: F401 - checks the perfetto package has the builder
     except ImportError as exc:
         raise ExportError(f"--perfetto needs the perfetto package ({exc.name} not found); {PERFETTO_HINT}") from None
     return perfetto_trace_pb2
@@ -279,8 +279,8 @@ def write_trace(engine: Engine, lanes: Iterable[Lane], out: IO[bytes]) -> tuple[
     for domain in sorted({s["clock_domain"] for s in engine.steps}):
         proc = process(domain)
         steps = engine.steps_of(domain)
-        for name, (column, unit) in COUNTERS.items():
-            counter = w.track(name, proc.uuid, counter=unit, rank=proc.next_rank())
+        for counter_name, (column, unit) in COUNTERS.items():
+            counter = w.track(counter_name, proc.uuid, counter=unit, rank=proc.next_rank())
             for s in steps:
                 if s[column] is not None:
                     w.event(counter, s["start_ns"], "C", value=s[column])

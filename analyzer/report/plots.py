@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import io
 import re
-from typing import Any, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 __all__ = ["cdf_svg", "decode_steps_svg", "engine_timeline_svg", "itl_vs_prefill_svg", "phases_svg", "throughput_svg",
            "waterfall_svg"]
@@ -73,7 +74,9 @@ def _svg(fig: Any) -> str:
     plt.close(fig)
     text = buf.getvalue()
     text = text[text.index("<svg") :]  # drop the XML prolog: the SVG is inlined in HTML
-    width_px = float(_SVG_WIDTH.match(text).group(1)) * 4 / 3  # CSS: 1 pt = 4/3 px
+    width = _SVG_WIDTH.match(text)
+    assert width is not None, "matplotlib's SVG starts with its width"
+    width_px = float(width.group(1)) * 4 / 3  # CSS: 1 pt = 4/3 px
     text = f'<svg style="min-width:{width_px * MIN_SCALE:.0f}px"' + text[len("<svg"):]
     return f'<div class="plot">{text}</div>'
 
@@ -136,7 +139,7 @@ def decode_steps_svg(itl_rows: Sequence[dict[str, Any]], steps: Sequence[dict[st
     return _svg(fig)
 
 
-def cdf_svg(series: dict[str, Sequence[float]], xlabel: str, title: str,
+def cdf_svg(series: Mapping[str, Sequence[float]], xlabel: str, title: str,
             ylabel: str = "fraction of requests ≤ x") -> str:
     """Empirical CDF of each named series (fraction of requests <= x; ``ylabel`` names what
     is counted when it is not requests)."""

@@ -11,7 +11,8 @@ from typing import Any
 
 import duckdb
 
-from analyzer.query.runner import install_views, run_query, stream_query
+from analyzer.db.views import install_views
+from analyzer.query.runner import run_query, stream_query
 
 __all__ = ["Engine", "Lane", "labelled", "read_engine", "read_lanes", "stream_lanes"]
 

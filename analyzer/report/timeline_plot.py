@@ -32,7 +32,7 @@ def _short(text: str, width: int = 22) -> str:
     return text if len(text) <= width else "…" + text[-(width - 1):]
 
 
-def _counters(ax: Any, steps: Sequence[dict[str, Any]], t0: int) -> None:
+def _counters(ax: Any, steps: Sequence[dict[str, Any]], t0: int) -> Any:
     xs = [(s["start_ns"] - t0) / 1e9 for s in steps]
     ax.step(xs, [s["batch_size"] for s in steps], where="post", color="#4c72b0", linewidth=0.9, label="running (sequences)")
     ax.step(xs, [s["waiting"] for s in steps], where="post", color="#8172b2", linewidth=0.9, linestyle="--",
@@ -99,7 +99,7 @@ def _bars(ax: Any, bars: Sequence[tuple[float, float]], low: float, high: float,
     from matplotlib.path import Path
 
     vertices: list[tuple[float, float]] = []
-    codes: list[int] = []
+    codes: list[Any] = []  # Path's codes (numpy uint8)
     for start, end in bars:
         end = max(end, start)
         vertices += [(start, low), (end, low), (end, high), (start, high), (start, low)]

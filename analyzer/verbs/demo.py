@@ -1,4 +1,4 @@
-"""``tokentrace demo``: serve a model through the traced gateway, send the seed's request and a
+"""``tokentrace demo``: serve a model through the traced gateway, send the worked example's request and a
 small concurrent load with the traced client, write every span (client and server) to
 OTLP-JSON lines files, load them into DuckDB and answer with the metric queries.
 
@@ -16,9 +16,10 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["DEMO_PROMPTS", "DemoOptions", "DemoResult", "DemoStopped", "REQUEST_ID_CHARS", "StepLog", "model_step",
            "run_demo", "summary_queries", "with_short_request_id"]
@@ -71,7 +72,7 @@ class DemoResult:
 
 class DemoStopped(Exception):
     """SIGINT or SIGTERM stopped the demo before it loaded the spans. ``signal_name``:
-    ``SIGINT`` | ``SIGTERM``; ``sent``/``total``: requests sent (including the seed) and planned;
+    ``SIGINT`` | ``SIGTERM``; ``sent``/``total``: requests sent (including the first, the worked example's) and planned;
     ``summary``: :func:`instrument.otel.shutdown.export_summary` of both span files' exporters."""
 
     def __init__(self, signal_name: str, sent: int, total: int, summary: str, paths: list[Path]) -> None:
@@ -138,7 +139,6 @@ def summary_queries(con: Any, *, perspective: str | None = None, skew: bool = Tr
     """Run requests.sql (with the short ``request`` id in front), window.sql (with UTC bounds
     beside the ns ones) and (when present and asked) skew_offsets.sql on ``con``."""
     from analyzer.query.runner import list_queries, run_query
-
     from analyzer.query.utc_columns import with_utc_bounds
 
     results = {
@@ -193,13 +193,13 @@ def _output_folder(options: DemoOptions) -> Path:
 
 class _Sending:
     """The demo's serving-and-sending step: the model served by the traced gateway on 127.0.0.1,
-    the seed request then the load sent by the traced client, each side's spans to its OTLP-JSON
+    the worked example's request then the load sent by the traced client, each side's spans to its OTLP-JSON
     file. SIGINT/SIGTERM set ``stop``: while the model loads (nothing sent yet) the step ends at
     once; while sending, nothing more is sent and the requests in flight get the grace."""
 
     def __init__(self, options: DemoOptions, say: StepLog, report: ProgressFn) -> None:
         self.options, self.say, self.report = options, say, report
-        self.total = 1 + options.load_requests  # requests planned, the seed included
+        self.total = 1 + options.load_requests  # requests planned, the worked example's included
         self.done = 0  # requests answered
         self.stop = threading.Event()
         self.loading = True  # imports and the model: nothing is sent yet, a stop signal ends them at once
@@ -211,7 +211,7 @@ class _Sending:
 
     @property
     def results(self) -> list[Any]:
-        """The client's results: the seed request's, then the load's."""
+        """The client's results: the worked example's request's, then the load's."""
         return self.seed_results + self.load_results
 
     def run(self, fresh: list[Path], server_path: Path, client_path: Path) -> None:
@@ -273,7 +273,7 @@ class _Sending:
             self._send(server.url)
 
     def _send(self, url: str) -> None:
-        """The seed request alone, then the load at the options' concurrency; none once stopped."""
+        """The worked example's request alone, then the load at the options' concurrency; none once stopped."""
         from instrument.client import SEED_PROMPT, chat_body, run_load_sync
 
         options, model_id = self.options, self.model_id
@@ -318,7 +318,7 @@ def _load_and_query(db_path: Path, span_paths: list[Path], report_file: Path, sa
 def _write_report(con: Any, path: Path) -> Path | None:
     """The HTML report of the demo's database (None when matplotlib is not installed)."""
     try:
-        import matplotlib  # noqa: F401  (the report's plotting library, an optional extra)
+        import matplotlib  # noqa: F401 - the report's plotting library, an optional extra
     except ImportError:
         return None
     from analyzer.report import ReportInputs, build_report

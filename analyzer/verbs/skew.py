@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
+
 from analyzer.errors import OffsetSyntaxError
 
 __all__ = ["AssumedOffsets", "parse_assume_offsets"]

@@ -1,4 +1,4 @@
-"""The seed's request-timeline CSV as an input format, and its calculator artifact.
+"""The worked example's request-timeline CSV as an input format, and its calculator artifact.
 
 ``request-timeline.csv`` (``event,time_ms,detail``) records endpoint events of one request
 on one synthetic reference clock. It becomes a synthetic trace in the canonical tables (a
@@ -17,10 +17,10 @@ from typing import Any
 
 import duckdb
 
-from analyzer.query.runner import run_query
 from analyzer.db.store import EventRow, SpanRow, connect, insert_rows
-from instrument.kv.formula import KVLayout, bytes_to_mib
 from analyzer.errors import TimelineError
+from analyzer.query.runner import run_query
+from instrument.kv.formula import KVLayout, bytes_to_mib
 
 __all__ = [
     "EVENTS",
@@ -87,7 +87,7 @@ def read_timeline_csv(path: str | Path) -> dict[str, float]:
 
 
 def validate_request(times: dict[str, float], output_tokens: int) -> None:
-    """The seed's rules: s <= f <= e, O >= 1, and e > f when O > 1 (a positive decode time)."""
+    """The timeline's rules (docs/metrics.md): s <= f <= e, O >= 1, and e > f when O > 1 (a positive decode time)."""
     s, f, e = times["client_send"], times["first_visible_token"], times["last_visible_token"]
     if not (s <= f <= e):
         raise TimelineError(
@@ -171,7 +171,7 @@ def timeline_spans(
 
 @dataclass(frozen=True)
 class WindowCounts:
-    """The seed's system window: a closed cohort described by its counts."""
+    """The worked example's system window: a closed cohort described by its counts."""
 
     window_s: float
     attempted: int
@@ -259,10 +259,10 @@ def compute_artifact(
     window: WindowCounts | None = None,
     con: duckdb.DuckDBPyConnection | None = None,
 ) -> dict[str, Any]:
-    """The seed calculator's artifact, every timing figure from queries/requests.sql.
+    """The timeline calculator's artifact, every timing figure from queries/requests.sql.
 
     ``con`` receives the synthetic trace (an in-memory database when None) so callers can
-    keep it. Keys follow the seed: ttft_ms, e2e_ms, tpot_ms, ... (docs/metrics.md).
+    keep it. Keys are the metric names of docs/metrics.md: ttft_ms, e2e_ms, tpot_ms, ...
     """
     validate_request(times, output_tokens)
     if window is not None:

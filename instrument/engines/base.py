@@ -13,15 +13,16 @@ Engines write the request's ``prefill`` and ``decode`` spans as children of
 and the chunk events.
 
 Budgets: :meth:`Engine.kv_reservation_bytes` is what one request reserves against the KV
-budget (the sequential engine: the seed's logical formula for input + max_tokens tokens; the
+budget (the sequential engine: the logical formula of docs/metrics.md for input + max_tokens tokens; the
 continuous engine: the paged cache's whole blocks for them), and
 :attr:`Engine.kv_capacity_bytes` the budget itself (None: unlimited).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from opentelemetry.context import Context
 

@@ -76,7 +76,7 @@ class SequentialEngine:
         return 1 if self._running is not None else 0
 
     def kv_reservation_bytes(self, input_tokens: int, max_tokens: int) -> int:
-        """Worst-case logical KV bytes (the seed's formula) for input + max_tokens tokens."""
+        """Worst-case logical KV bytes (the formula of docs/metrics.md) for input + max_tokens tokens."""
         return (self.handle.kv_bytes_per_token or 0) * (input_tokens + max_tokens)
 
     @property
@@ -175,7 +175,7 @@ class SequentialEngine:
                 logits_processor=LogitsProcessorList([processor]), generation_config=config,
                 max_new_tokens=params.max_tokens,
             )
-        except Exception as error:  # the sequence fails; the engine keeps serving
+        except Exception as error:  # noqa: BLE001 - the sequence fails; the engine keeps serving
             return EngineResult(admitted_ns, "cancelled" if cancel.is_set() else "error", sampler.generated,
                                 error=error)
         sequence = traced.sequences[0]

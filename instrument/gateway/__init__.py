@@ -1,4 +1,4 @@
-"""The traced OpenAI-compatible gateway (issue #6): FastAPI app, admission, model worker.
+"""The traced OpenAI-compatible gateway: FastAPI app, admission, model worker.
 
 Import the submodules you need (``instrument.gateway.app`` needs FastAPI and, at run time,
 torch); this package's ``__init__`` imports nothing heavy.

@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 __all__ = ["AdmissionBudgets", "AdmissionController", "AdmissionRefused", "Ticket", "RateLimiter"]
 

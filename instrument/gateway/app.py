@@ -16,8 +16,9 @@ import asyncio
 import dataclasses
 import json
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -26,15 +27,14 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from instrument.clock import now_wall_ns
-from instrument.gateway import sse
-from instrument.gateway.admission import AdmissionBudgets, AdmissionController, AdmissionRefused, RateLimiter
 from instrument.engines.base import EngineRequest, QueueWaitExceeded
-from instrument.gateway import responses
+from instrument.gateway import responses, sse
+from instrument.gateway.admission import AdmissionBudgets, AdmissionController, AdmissionRefused, RateLimiter
 from instrument.gateway.request_state import LoopWaker, RequestState, log_request
 from instrument.gateway.validation import ValidationError, validate_request
 from instrument.hf.model_handle import ModelHandle
-from instrument.records.span_forward import forwarder_of
 from instrument.otel.tracing import get_tracer, span_event_limit_of
+from instrument.records.span_forward import forwarder_of
 
 __all__ = ["GatewaySettings", "create_app"]
 
@@ -249,8 +249,14 @@ class Gateway:
             if not started.done():
                 started.set_result(None)
 
-        job, on_done = state.job, state.job.on_done
-        job.on_started = lambda: loop.call_soon_threadsafe(resolve)
+        job = state.job
+        assert job is not None, "the job is submitted before its start is watched"
+        on_done = job.on_done
+
+        def started_now() -> None:
+            loop.call_soon_threadsafe(resolve)
+
+        job.on_started = started_now
 
         def done(result: Any) -> None:
             on_done(result)
@@ -291,7 +297,7 @@ class Gateway:
         start_ns = now_wall_ns()
         try:
             ids = self.handle.tokenize(gen.messages, gen.prompt)
-        except Exception as exc:  # e.g. a template that rejects the message roles
+        except Exception as exc:  # noqa: BLE001 - e.g. a template that rejects the message roles: a 400
             raise _Rejected(400, f"could not render/tokenize the prompt: {exc}", "invalid_request_error",
                             param="messages" if gen.messages is not None else "prompt") from None
         attrs: dict[str, Any] = {"tokentrace.input_tokens": len(ids)}

@@ -7,7 +7,8 @@ A field in none of these lists is refused with ``unrecognized request argument: 
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 __all__ = ["ACCEPTED_IGNORED", "CHAT_FIELDS", "COMPLETION_FIELDS", "EXTENSIONS", "MAX_STOP_SEQUENCES",
            "refusal", "unknown_fields"]

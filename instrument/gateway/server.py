@@ -62,7 +62,7 @@ def _graceful_server_class() -> Any:
     return _GracefulServer
 
 
-def GracefulServer(config: Any) -> Any:  # noqa: N802 - a class made on first use (uvicorn imported lazily)
+def GracefulServer(config: Any) -> Any:
     """A uvicorn ``Server`` that stops gracefully on SIGINT and SIGTERM (see ``_GracefulServer``)."""
     return _graceful_server_class()(config)
 

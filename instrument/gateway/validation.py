@@ -7,8 +7,9 @@ Pure Python (no FastAPI, no torch): the app turns a :class:`ValidationError` int
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from instrument.gateway.request_fields import MAX_STOP_SEQUENCES, refusal, unknown_fields
 from instrument.hf.token_sampling import SamplingParams
@@ -200,7 +201,7 @@ def _messages(raw: Any, errors: list[tuple[str, str]]) -> list[dict[str, str]] |
             if len(texts) != len(content) or not all(isinstance(t, str) for t in texts):
                 errors.append((f"{where}.content", "only text content parts are supported"))
                 continue
-            content = "".join(texts)  # type: ignore[arg-type]
+            content = "".join(texts)  # type: ignore[arg-type]  # every part is a str: checked above
         if not isinstance(content, str):
             errors.append((f"{where}.content", f"must be a string, got {type(content).__name__}"))
             continue

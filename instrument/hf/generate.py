@@ -4,7 +4,7 @@ The hot path only records timestamps (:mod:`instrument.hf.recorder`); spans are 
 ``generate`` returns, with explicit start/end times (:mod:`instrument.hf.generate_spans`), and
 exported by the provider's span processor (batched, off the request path).
 
-With a parent context (the gateway, issue #6) no ``generate`` root is created: ``prefill``
+With a parent context (the gateway) no ``generate`` root is created: ``prefill``
 and ``decode`` become children of the caller's span, and the caller puts chunk events and
 usage on its own span from the returned :class:`TracedGeneration`::
 
@@ -27,8 +27,8 @@ from opentelemetry.context import Context
 
 from instrument.clock import now_wall_ns
 from instrument.hf.generate_spans import DecodeSpanPolicy, SequenceTrace, emit_failed_generate_span, emit_sequence_spans
-from instrument.kv.runtime import RuntimeKV, inspect_runtime_kv
 from instrument.hf.recorder import GenerationRecorder, RecordedTimeline, model_device
+from instrument.kv.runtime import RuntimeKV, inspect_runtime_kv
 from instrument.otel.span_writer import span_writer_for
 from instrument.otel.tracing import get_tracer, span_event_limit_of
 

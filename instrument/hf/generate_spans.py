@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Event
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from instrument.kv.runtime import RuntimeKV
 from instrument.hf.recorder import RecordedTimeline
+from instrument.kv.runtime import RuntimeKV
 from instrument.otel.span_writer import ApiSpanWriter, DirectSpanWriter, LazyEvents, resolve_context
 
 __all__ = ["DecodeSpanPolicy", "SequenceTrace", "emit_sequence_spans", "emit_failed_generate_span"]
@@ -132,7 +133,10 @@ def emit_sequence_spans(
         events = LazyEvents(functools.partial(chunk_events, tuple(seq.chunk_emit_ns), tuple(seq.chunk_tokens),
                                               tuple(seq.chunk_visible)),
                             len(seq.chunk_emit_ns))
-        child_context = resolve_context(writer.write("generate", Context(), attributes, call_start_ns, call_end_ns, events))
+        child_context = resolve_context(writer.write(
+            "generate", Context(), attributes, call_start_ns, call_end_ns,
+            events,  # type: ignore[arg-type]  # both writers take LazyEvents as they are (otel/span_writer.py)
+        ))
     else:
         child_context = parent_context
     result_context = trace.get_current_span(child_context).get_span_context()

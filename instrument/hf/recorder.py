@@ -25,9 +25,10 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from instrument.clock import wall_ns_from_perf_ns_list
 
@@ -100,7 +101,7 @@ class _ForwardTap:
             after()
             return output
 
-        forward._tokentrace_tap = self  # type: ignore[attr-defined]
+        forward._tokentrace_tap = self  # type: ignore[attr-defined]  # a mark on the function object, read with getattr
         self.function = forward
 
     @classmethod

@@ -51,7 +51,7 @@ def _convert(target: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=SMOLLM2_GGUF_FILE)
     # The weights are already dequantized to plain tensors; drop the GGUF quantizer marker
     # that makes save_pretrained refuse to serialize them.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # typed as set; None drops the GGUF marker
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -81,7 +81,7 @@ def load_smollm2(
     kwargs = {"dtype": dtype} if dtype is not None else {}
     model = AutoModelForCausalLM.from_pretrained(directory, **kwargs)
     if device is not None:
-        model = model.to(device)
+        model = model.to(device)  # type: ignore[arg-type]  # transformers types its decorated .to() as unbound
     model.config.name_or_path = SMOLLM2_MODEL_NAME
     tokenizer = AutoTokenizer.from_pretrained(directory)
     return model.eval(), tokenizer

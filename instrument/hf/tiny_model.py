@@ -161,6 +161,6 @@ def load_tiny_model(
     model = LlamaForCausalLM.from_pretrained(directory, dtype=dtype or torch.float32)
     model.config.name_or_path = "tokentrace/" + TINY_MODEL_VERSION
     if device is not None:
-        model = model.to(device)
+        model = model.to(device)  # type: ignore[arg-type]  # transformers types its decorated .to() as unbound
     tokenizer = AutoTokenizer.from_pretrained(directory)
     return model.eval(), tokenizer

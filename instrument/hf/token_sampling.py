@@ -29,8 +29,9 @@ Order of operations on the raw logits of one row (definitions as OpenAI and vLLM
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 __all__ = ["SamplingParams", "SequenceSampler", "SamplerLogitsProcessor", "TokenLogprobs", "draw_tokens",
            "one_hot_scores"]

@@ -20,9 +20,10 @@ calculator) and the audit. It imports neither torch nor duckdb.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = [
     "KV_DTYPE_BYTES",

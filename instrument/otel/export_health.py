@@ -28,8 +28,9 @@ import logging
 import os
 import threading
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
@@ -88,6 +89,7 @@ class CountingSpanExporter(SpanExporter):
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         n = len(spans)
+        error: str | None
         try:
             result = self.inner.export(spans)
         except Exception as exc:  # noqa: BLE001 - an exporter bug must not kill the export thread
@@ -215,7 +217,7 @@ def export_health(provider: Any) -> list[ExportCounts]:
     return counts
 
 
-def emit_sampled_spans(processor: SpanProcessor, spans: list[ReadableSpan]) -> None:
+def emit_sampled_spans(processor: SpanProcessor, spans: Sequence[ReadableSpan]) -> None:
     """Hand finished spans, all known to be sampled, to ``processor``.
 
     For the SDK's :class:`BatchSpanProcessor` this is what its ``on_end`` does for each span
@@ -226,8 +228,8 @@ def emit_sampled_spans(processor: SpanProcessor, spans: list[ReadableSpan]) -> N
     per-span path, which drops, counts and logs as it always does. Other processors get
     ``on_end`` per span.
     """
-    batch = getattr(processor, "_batch_processor", None) if type(processor) is BatchSpanProcessor else None
-    queue = getattr(batch, "_queue", None)
+    batch: Any = getattr(processor, "_batch_processor", None) if type(processor) is BatchSpanProcessor else None
+    queue: Any = getattr(batch, "_queue", None)
     try:
         fast = (
             isinstance(queue, deque)

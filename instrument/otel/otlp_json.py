@@ -25,10 +25,10 @@ import base64
 import json
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from collections.abc import Sequence as SequenceABC
 from pathlib import Path
-from typing import IO, Any, Sequence
+from typing import IO, Any
 
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -109,6 +109,7 @@ def _flags(parent: Any) -> int:
 
 def _span(span: ReadableSpan) -> dict[str, Any]:
     context = span.get_span_context()
+    assert context is not None, "a finished span has its context"
     out: dict[str, Any] = {"traceId": f"{context.trace_id:032x}", "spanId": f"{context.span_id:016x}"}
     state = context.trace_state
     if state:

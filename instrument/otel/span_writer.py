@@ -20,8 +20,8 @@ tests/test_span_writer.py against the installed SDK.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
-from typing import Any, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
@@ -188,7 +188,7 @@ class DirectSpanWriter:
         self, name: str, parent: Context, attributes: dict[str, Any], start_ns: int, end_ns: int,
         events: Sequence[ChunkEvent] = (),
     ) -> Context:
-        parent_span_context = trace.get_current_span(parent).get_span_context()
+        parent_span_context: trace.SpanContext | None = trace.get_current_span(parent).get_span_context()
         if parent_span_context is None or not parent_span_context.is_valid:
             parent_span_context = None
             trace_id = self.id_generator.generate_trace_id()
@@ -222,7 +222,7 @@ class DirectSpanWriter:
                 start_time=start_ns, end_time=end_ns, instrumentation_scope=self.scope,
             )
             self.processor.on_end(span)
-        return _LazyContext(context)  # type: ignore[return-value]
+        return _LazyContext(context)  # type: ignore[return-value]  # a lazy stand-in for the Context
 
     def write_children(self, name: str, parent: Context, children: Iterable[ChildSpan]) -> int:
         """Write many event-less INTERNAL spans named ``name`` under ``parent``; returns how many.
@@ -350,12 +350,12 @@ class _StepSpan(ReadableSpan):
     _links: tuple[()] = ()
     _status = Status(StatusCode.UNSET)  # ReadableSpan's default
 
-    def __init__(self, shared: _StepShared, step: int) -> None:  # noqa: D107 - no ReadableSpan.__init__ on purpose
+    def __init__(self, shared: _StepShared, step: int) -> None:
         self._shared = shared
         self._step = step
 
-    @property  # type: ignore[override]
-    def _context(self) -> trace.SpanContext:
+    @property
+    def _context(self) -> trace.SpanContext:  # type: ignore[override]  # built on first read, not stored
         context = self.__dict__.get("_built_context")
         if context is None:
             shared = self._shared
@@ -364,40 +364,40 @@ class _StepSpan(ReadableSpan):
             ))
         return context
 
-    @property  # type: ignore[override]
-    def _attributes(self) -> dict[str, Any]:
+    @property
+    def _attributes(self) -> dict[str, Any]:  # type: ignore[override]  # built on first read, not stored
         attributes = self.__dict__.get("_built_attributes")
         if attributes is None:
             attributes = self.__dict__.setdefault("_built_attributes", self._shared.attributes_of(self._step))
         return attributes
 
-    @property  # type: ignore[override]
-    def _start_time(self) -> int:
+    @property
+    def _start_time(self) -> int:  # type: ignore[override]  # built on first read, not stored
         shared = self._shared
         return shared.starts[shared.start_offset + self._step]
 
-    @property  # type: ignore[override]
-    def _end_time(self) -> int:
+    @property
+    def _end_time(self) -> int:  # type: ignore[override]  # built on first read, not stored
         return self._shared.ends[self._step]
 
-    @property  # type: ignore[override]
-    def _name(self) -> str:
+    @property
+    def _name(self) -> str:  # type: ignore[override]  # built on first read, not stored
         return self._shared._name
 
-    @property  # type: ignore[override]
-    def _parent(self) -> trace.SpanContext:
+    @property
+    def _parent(self) -> trace.SpanContext:  # type: ignore[override]  # built on first read, not stored
         return self._shared._parent
 
-    @property  # type: ignore[override]
-    def _resource(self) -> Any:
+    @property
+    def _resource(self) -> Any:  # type: ignore[override]  # built on first read, not stored
         return self._shared._resource
 
-    @property  # type: ignore[override]
-    def _instrumentation_scope(self) -> Any:
+    @property
+    def _instrumentation_scope(self) -> Any:  # type: ignore[override]  # built on first read, not stored
         return self._shared._instrumentation_scope
 
 
-def _hand_off(processor: Any, spans: list[ReadableSpan], *, sampled: bool = False) -> None:
+def _hand_off(processor: Any, spans: Sequence[ReadableSpan], *, sampled: bool = False) -> None:
     """``processor.on_end`` for each span, through ``on_end_many`` where a processor has one
     (the SDK's multi-processor is unrolled so that our counting processor sees the batch).
     ``sampled``: every span is sampled (SDK batch processors then take the list at once)."""
@@ -451,7 +451,7 @@ def span_writer_for(tracer: trace.Tracer, direct: bool = True) -> ApiSpanWriter 
         return ApiSpanWriter(tracer)
     writer = DirectSpanWriter(tracer)
     try:
-        tracer.tokentrace_span_writer = writer  # type: ignore[attr-defined]
+        tracer.tokentrace_span_writer = writer  # type: ignore[attr-defined]  # kept on the tracer object, read back with getattr
     except (AttributeError, TypeError):  # a tracer that takes no attribute: a writer per call
         pass
     return writer

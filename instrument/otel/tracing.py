@@ -33,18 +33,20 @@ import os
 import socket
 import sys
 import uuid
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Any
 
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import SpanLimits, Tracer, TracerProvider
-from opentelemetry.sdk.trace.sampling import Sampler
+from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
     ConsoleSpanExporter,
     SimpleSpanProcessor,
     SpanExporter,
 )
+from opentelemetry.sdk.trace.sampling import Sampler
+from opentelemetry.trace import Tracer
 
 __all__ = [
     "HashOnceResource",
@@ -132,7 +134,7 @@ def otlp_target(protocol: str, endpoint: str | None) -> tuple[str, str | None, b
     if endpoint is None and _env(ENV_TRACES_ENDPOINT):
         endpoint = _env(ENV_TRACES_ENDPOINT)
     elif endpoint is None and _env(ENV_ENDPOINT) and protocol == "http/protobuf":
-        endpoint = _env(ENV_ENDPOINT).rstrip("/") + "/v1/traces"  # type: ignore[union-attr]
+        endpoint = _env(ENV_ENDPOINT).rstrip("/") + "/v1/traces"  # type: ignore[union-attr]  # _env(ENV_ENDPOINT) is set: tested above
     elif endpoint is None and _env(ENV_ENDPOINT):
         endpoint = _env(ENV_ENDPOINT)
     elif endpoint is not None and protocol == "http/protobuf" and not endpoint.rstrip("/").endswith("/v1/traces"):
@@ -170,7 +172,7 @@ class HashOnceResource(Resource):
     everything else are the SDK's (public API only: no SDK internals read)."""
 
     def __init__(self, attributes: Mapping[str, object], schema_url: str | None = None) -> None:
-        super().__init__(attributes, schema_url)  # type: ignore[arg-type]
+        super().__init__(attributes, schema_url)  # type: ignore[arg-type]  # the SDK's attribute types, narrower than object
         self._hash_once = Resource.__hash__(self)
 
     def __hash__(self) -> int:
@@ -183,12 +185,12 @@ class HashOnceResource(Resource):
 def _resource(
     service_name: str | None, instance_id: str | None, extra: Mapping[str, object] | None
 ) -> Resource:
-    attributes: dict[str, object] = dict(extra or {})
+    attributes: dict[str, Any] = dict(extra or {})
     if service_name is not None:
         attributes["service.name"] = service_name
     resource = Resource.create(attributes)  # merges OTEL_RESOURCE_ATTRIBUTES / OTEL_SERVICE_NAME
     found = resource.attributes
-    defaults: dict[str, object] = {}
+    defaults: dict[str, Any] = {}
     if str(found.get("service.name", "")).startswith("unknown_service"):
         defaults["service.name"] = DEFAULT_SERVICE_NAME
     if instance_id is not None:
@@ -206,7 +208,7 @@ def _event_limit(span_event_limit: int | None) -> int:
     if span_event_limit is None and _env(ENV_EVENT_LIMIT):
         raw = _env(ENV_EVENT_LIMIT)
         try:
-            span_event_limit, source = int(raw), ENV_EVENT_LIMIT  # type: ignore[arg-type]
+            span_event_limit, source = int(raw), ENV_EVENT_LIMIT  # type: ignore[arg-type]  # _env(ENV_EVENT_LIMIT) is set: tested above
         except ValueError:
             raise ValueError(f"{ENV_EVENT_LIMIT}: expected an integer, got {raw!r}") from None
     if span_event_limit is None:
@@ -274,15 +276,15 @@ class TracingSetup(TracerProvider):
     (no settings, no forwarder; the tracer and the count sources kept on the provider object).
     """
 
-    def __init__(self, *, exporter_settings: dict[str, object], span_export: str, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, *, exporter_settings: dict[str, Any], span_export: str, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]  # the SDK's keyword types, passed through
         self.exporter_settings = exporter_settings
         self.span_export = span_export
         self.exporters: tuple[SpanExporter, ...] = ()
         self.tokentrace_tracer: Tracer | None = None
         self.count_sources: list[Callable[[], list]] = []
-        self.exporter_process: object = None
-        self.span_forwarder: object = None
+        self.exporter_process: Any = None  # instrument.records.exporter_process.ExporterProcess
+        self.span_forwarder: Any = None  # instrument.records.span_forward.SpanForwarder
         self.exporter_env: dict[str, str] = {}
 
 
@@ -395,23 +397,24 @@ def _add_processors(provider: TracerProvider, exporters: list[SpanExporter], des
     queue_size = None if _env(ENV_BSP_QUEUE_SIZE) else DEFAULT_BATCH_QUEUE_SIZE
     fed: list[SpanExporter] = []
     for index, span_exporter in enumerate(exporters):
+        counted = None
         if count_exports:
             from instrument.otel.export_health import CountingSpanExporter
 
-            span_exporter = CountingSpanExporter(span_exporter, where=destinations.get(index))
-        processor = (
+            span_exporter = counted = CountingSpanExporter(span_exporter, where=destinations.get(index))
+        processor: SpanProcessor = (
             BatchSpanProcessor(span_exporter, max_queue_size=queue_size) if batch else SimpleSpanProcessor(span_exporter)
         )
-        if count_exports:
+        if counted is not None:
             from instrument.otel.export_health import CountingSpanProcessor
 
-            processor = CountingSpanProcessor(processor, span_exporter)  # type: ignore[arg-type]
+            processor = CountingSpanProcessor(processor, counted)
         provider.add_span_processor(processor)
         fed.append(span_exporter)
     return tuple(fed)
 
 
-def exporter_settings(provider: object) -> dict[str, object] | None:
+def exporter_settings(provider: object) -> dict[str, Any] | None:
     """How ``setup_tracing`` made ``provider``'s exporters (names from ``EXPORTER_NAMES``, the
     OTLP-JSON path, how many extra exporter objects were given, the OTLP endpoint and protocol
     given, None: from the ``OTEL_*`` variables; ``built``: exporters were made in this
@@ -428,14 +431,14 @@ def get_tracer(provider: TracerProvider | None = None) -> Tracer:
     if provider is None:
         from opentelemetry import trace
 
-        return trace.get_tracer(SCOPE_NAME, CONTRACT_VERSION)  # type: ignore[return-value]
+        return trace.get_tracer(SCOPE_NAME, CONTRACT_VERSION)
     # The SDK builds a new Tracer per call (~20-70 µs); one per provider is enough, kept on it
     # (a TracingSetup's attribute; set on any other provider object that takes attributes).
     tracer = getattr(provider, "tokentrace_tracer", None)
     if tracer is None:
         tracer = provider.get_tracer(SCOPE_NAME, CONTRACT_VERSION)
         try:
-            provider.tokentrace_tracer = tracer  # type: ignore[attr-defined]
+            provider.tokentrace_tracer = tracer  # type: ignore[attr-defined]  # kept on the provider object, read back with getattr
         except (AttributeError, TypeError):  # a provider that takes no attribute: a tracer per call
             pass
     return tracer

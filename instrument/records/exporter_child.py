@@ -19,7 +19,8 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["Control", "main"]
 
@@ -147,8 +148,9 @@ def _child_main(sock: socket.socket, control: Control, settings: dict[str, Any])
 
 def _child_provider(settings: dict[str, Any]) -> Any:
     """The exporter process's TracerProvider: the parent's resource and exporters, made here."""
-    from instrument.otel.tracing import setup_tracing
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+
+    from instrument.otel.tracing import setup_tracing
 
     attrs = dict(settings["resource"])
     return setup_tracing(str(attrs.pop("service.name", "tokentrace")), exporter=settings["exporters"] or ["none"],
@@ -185,7 +187,7 @@ def _child_stop(provider: Any, router: Any, drain: Callable[[], bool], report: C
         pass
     router.close()
     done = threading.Event()
-    threading.Thread(target=lambda: (provider.shutdown(), done.set()), daemon=True).start()
+    threading.Thread(target=lambda: (provider.shutdown(), done.set()), daemon=True).start()  # type: ignore[func-returns-value]  # called for their effects
     done.wait(max(0.1, deadline - time.monotonic()))
     report(final=True)  # (False: nobody left to read it, orphaned)
 

@@ -136,7 +136,7 @@ class ExporterProcess:
         self._sock = parent_sock  # the writers send here from now on
 
     @classmethod
-    def for_provider(cls, tracer_provider: Any) -> "ExporterProcess":
+    def for_provider(cls, tracer_provider: Any) -> ExporterProcess:
         """The exporter process for a ``setup_tracing`` provider whose exporters were given by
         name (the child makes them again: same names, OTLP-JSON path, endpoint, protocol,
         resource; the provider's ``exporter_env`` added to its environment). ValueError for any
@@ -152,7 +152,7 @@ class ExporterProcess:
                    env=getattr(tracer_provider, "exporter_env", None))
 
     # --- the senders ------------------------------------------------------------------------
-    def join(self, channel: int, decoder: type | str, preamble: bytes | memoryview = b"") -> "RecordSender":
+    def join(self, channel: int, decoder: type | str, preamble: bytes | memoryview = b"") -> RecordSender:
         """A sender for a writer whose entries of ``channel`` the exporter process reads with
         ``decoder`` (its class, or ``module:qualname``; made there with the process's tracer
         provider). The first message on it is one DECODER entry naming the decoder, then
@@ -174,7 +174,7 @@ class ExporterProcess:
                          "(%s): that channel's spans are counted as dropped", channel, target)
         return sender
 
-    def sender(self) -> "RecordSender":
+    def sender(self) -> RecordSender:
         """A sender for one more writing thread whose decoder joined already (or for messages of
         entries the process reads without one, e.g. a test's): its own counters, the same
         socket (a SEQPACKET send is one atomic message)."""

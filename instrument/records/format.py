@@ -45,7 +45,8 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 __all__ = ["BLOB", "DECODER", "END", "IDLE", "META", "OPEN", "RecordWriter", "SEQ", "SEQ_SIZE", "STEP", "SEQ_PREFILL",
            "SEQ_RECOMPUTE", "SEQ_RECOMPUTE_EMITS", "iter_entries", "pack_seq"]

@@ -94,7 +94,7 @@ class KeepPolicy:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None,
-                 warn: Callable[[str], None] = log.warning) -> "KeepPolicy | None":
+                 warn: Callable[[str], None] = log.warning) -> KeepPolicy | None:
         """The policy the environment sets, or None when it sets none. A malformed value: one
         ``warn`` line naming the variable, that rule off."""
         env = os.environ if env is None else env
@@ -145,9 +145,9 @@ class KeepPolicy:
             self._minutes.popleft()
         _, ttft, gap = self._minutes[-1]
         if outcome.ttft_s is not None and outcome.ttft_s > 0:
-            ttft.add(outcome.ttft_s)  # type: ignore[attr-defined]
+            ttft.add(outcome.ttft_s)  # type: ignore[attr-defined]  # ddsketch ships no types: a DDSketch
         if outcome.max_gap_s is not None and outcome.max_gap_s > 0:
-            gap.add(outcome.max_gap_s)  # type: ignore[attr-defined]
+            gap.add(outcome.max_gap_s)  # type: ignore[attr-defined]  # ddsketch ships no types: a DDSketch
 
     def slowest_thresholds(self, now_s: float) -> tuple[float | None, float | None]:
         """The (1 - f) quantiles of TTFT and of the largest gap (s) over the window, or None
@@ -163,9 +163,9 @@ class KeepPolicy:
             merged = DDSketch(_RELATIVE_ACCURACY)
             for minute in self._minutes:
                 if minute[0] > (now_s // _MINUTE_S) - WINDOW_S / _MINUTE_S:
-                    merged.merge(minute[index])  # type: ignore[arg-type]
+                    merged.merge(minute[index])  # type: ignore[arg-type]  # ddsketch ships no types: a DDSketch
             enough = merged.count >= MIN_REQUESTS and self.slowest is not None
-            found.append(merged.get_quantile_value(1 - self.slowest) if enough else None)  # type: ignore[operator]
+            found.append(merged.get_quantile_value(1 - self.slowest) if enough else None)  # type: ignore[operator]  # slowest is set when enough is true
         self._cached = (now_s, found[0], found[1])
         return found[0], found[1]
 
@@ -217,8 +217,8 @@ class HeadMarkingSampler:
         from opentelemetry.sdk.trace.sampling import Decision, SamplingResult
 
         # (the SDK starts the span with the result's attributes: the ones given, plus the mark)
-        given = dict(attributes or {})  # type: ignore[call-overload]
-        parent = trace.get_current_span(parent_context).get_span_context()  # type: ignore[arg-type]
+        given = dict(attributes or {})  # type: ignore[call-overload]  # the SDK's attributes mapping
+        parent = trace.get_current_span(parent_context).get_span_context()  # type: ignore[arg-type]  # None is the current context, as the SDK passes it
         if parent.is_valid and not parent.is_remote:
             return SamplingResult(Decision.RECORD_AND_SAMPLE, given, parent.trace_state)
         inner: Any = self.head
@@ -227,4 +227,4 @@ class HeadMarkingSampler:
         return SamplingResult(Decision.RECORD_AND_SAMPLE, marked, head.trace_state)
 
     def get_description(self) -> str:
-        return f"HeadMarkingSampler{{{self.head.get_description()}}}"  # type: ignore[attr-defined]
+        return f"HeadMarkingSampler{{{self.head.get_description()}}}"  # type: ignore[attr-defined]  # every SDK sampler has get_description

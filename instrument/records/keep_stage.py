@@ -203,7 +203,7 @@ def _span_bytes(span: ReadableSpan) -> int:
 
 def outcome_of(span: ReadableSpan, facts: EngineFacts | None) -> RequestOutcome:
     """The request's figures from its request span (TTFT, E2E, TPOT from the visible chunk
-    events, as the seed's formulas: E2E ends at the last visible output) and the engine."""
+    events, as docs/metrics.md's formulas: E2E ends at the last visible output) and the engine."""
     attributes = span.attributes or {}
     start = span.start_time or 0
     chunks = [e for e in span.events if e.name == CHUNK_EVENT and (e.attributes or {}).get("tokentrace.chunk.visible")]
@@ -214,7 +214,7 @@ def outcome_of(span: ReadableSpan, facts: EngineFacts | None) -> RequestOutcome:
         e2e = (chunks[-1].timestamp - start) / 1e9
         if isinstance(output, int) and output > 1:
             tpot = (e2e - ttft) / (output - 1)
-    reasons = attributes.get("gen_ai.response.finish_reasons") or ()
+    reasons: Any = attributes.get("gen_ai.response.finish_reasons") or ()  # a sequence of strings
     error = span.status.status_code is StatusCode.ERROR or any(r in ("error", "cancelled", "abort") for r in reasons)
     preempted = bool(facts and facts.preemptions) or any(e.name in PREEMPTION_EVENTS for e in span.events)
     return RequestOutcome(ttft_s=ttft, e2e_s=e2e, tpot_s=tpot,
@@ -235,7 +235,7 @@ def _summary_span(span: ReadableSpan, facts: EngineFacts | None, outcome: Reques
     attributes: dict[str, Any] = dict(span.attributes or {})
     queue = [s for s in others if s.name == "queue" and s.start_time and s.end_time]
     figures = {"gen_ai.latency.time_to_first_token": outcome.ttft_s, "gen_ai.latency.e2e": outcome.e2e_s,
-               "gen_ai.latency.time_in_queue": (queue[0].end_time - queue[0].start_time) / 1e9 if queue else None,
+               "gen_ai.latency.time_in_queue": ((queue[0].end_time or 0) - (queue[0].start_time or 0)) / 1e9 if queue else None,
                "tokentrace.tpot_ms": outcome.tpot_s * 1e3 if outcome.tpot_s is not None else None}
     if facts is not None:
         figures.update({
@@ -264,4 +264,4 @@ def keep_stage_of(tracer_provider: Any, hand_off: Callable[[list[ReadableSpan]],
         policy = KeepPolicy.from_env(warn=log.debug)  # (the serving side said its warnings at start)
         stage = KeepStage(policy, hand_off) if policy is not None else None
         tracer_provider._tokentrace_keep_stage = stage
-    return stage  # type: ignore[return-value]
+    return stage  # type: ignore[return-value]  # the KeepStage kept on the provider (or None)

@@ -37,7 +37,8 @@ from __future__ import annotations
 import logging
 import marshal
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
@@ -80,7 +81,7 @@ def encode_span(span: ReadableSpan, deferred: Sequence[Deferred] = ()) -> bytes:
         _VERSION, span.name, ctx.trace_id, ctx.span_id, int(ctx.trace_flags), state.to_header() if state else "",
         None if parent is None else (parent.trace_id, parent.span_id, int(parent.trace_flags), parent.is_remote),
         span.kind.value, span.start_time, span.end_time, status.status_code.value, status.description,
-        dict(span.attributes), span.dropped_attributes,
+        dict(span.attributes or {}), span.dropped_attributes,
         tuple((e.name, dict(e.attributes or {}), e.timestamp, e.dropped_attributes) for e in span.events),
         span.dropped_events, tuple((p, n, tuple(k), list(r)) for p, n, k, r in deferred),
         tuple((link.context.trace_id, link.context.span_id, int(link.context.trace_flags), link.context.is_remote,
@@ -208,8 +209,8 @@ def forward_spans(tracer_provider: Any) -> Any:
     (every span would be exported twice). The process and its forwarder are kept on the
     provider (a ``TracingSetup``: ``exporter_process``, ``span_forwarder``)."""
     from instrument.otel.export_health import add_counts_source
-    from instrument.records.exporter_process import ExporterProcess
     from instrument.otel.tracing import exporter_settings
+    from instrument.records.exporter_process import ExporterProcess
 
     running = exporter_process_of(tracer_provider)
     if running is not None:
@@ -245,12 +246,12 @@ class Decoder:
     def __init__(self, tracer_provider: Any) -> None:
         from instrument.otel.span_writer import span_writer_for
         from instrument.otel.tracing import get_tracer
-
         from instrument.records.keep_stage import keep_stage_of
 
         tracer = get_tracer(tracer_provider)
         self.writer = span_writer_for(tracer)
-        self.stage = keep_stage_of(tracer_provider, self.writer.hand_off)  # None: no keep policy
+        # tokentrace's SDK provider: span_writer_for gives the direct writer (hand_off is its)
+        self.stage = keep_stage_of(tracer_provider, self.writer.hand_off)  # type: ignore[union-attr]  # see above
         self.resource = tracer_provider.resource
         self.max_events = getattr(getattr(self.writer, "limits", None), "max_events", None)
         self._scopes: dict[Any, InstrumentationScope] = {}
@@ -322,7 +323,7 @@ class Decoder:
         if self.stage is not None:
             self.stage.forwarded(span)
         else:
-            self.writer.hand_off([span])
+            self.writer.hand_off([span])  # type: ignore[union-attr]  # the direct writer (__init__)
         self.spans += 1
 
     def tick(self) -> None:

@@ -43,7 +43,7 @@ class StepFacts:
         self.req_ids: list[str | None] = [None] * capacity
         self.tokens = array("I", bytes(4 * capacity))  # u32 columns: instrument/vllm/rows.py copies them whole
         self.computed = array("I", bytes(4 * capacity))
-        self.prefill = array("b", bytes(capacity))
+        self.prefill: array[int] | bytearray = array("b", bytes(capacity))  # steps.py fills a bytearray
         self.blocks = array("I", bytes(4 * capacity))
         self.sampled = array("I", bytes(4 * capacity))
         self.arrivals: list[tuple[str, float, Any, int, bool]] = []

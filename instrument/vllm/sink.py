@@ -51,10 +51,10 @@ class RecordSink:
     Never waits (a full socket drops the message, counted by the sender)."""
 
     def __init__(self, exporters: list[str], json_path: str | None, take: Any, protocol: str | None = None) -> None:
+        from instrument.otel.tracing import default_resource
         from instrument.records.exporter_process import ExporterProcess
         from instrument.records.format import RecordWriter
         from instrument.vllm.consumer import RecordConsumer
-        from instrument.otel.tracing import default_resource
 
         # the resource setup_tracing gives (OTEL_RESOURCE_ATTRIBUTES, service name, instance id, host),
         # without building a provider in vLLM's process

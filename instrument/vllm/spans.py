@@ -181,7 +181,7 @@ class SpanBuilder:
         per_token = facts.bytes_per_block // facts.block_tokens if facts.block_tokens else 0
         discarded_tokens = discarded_sequences = step_drafts = step_accepted = 0
         for i in range(n):
-            rec = self.live.get(facts.req_ids[i])  # type: ignore[arg-type]
+            rec = self.live.get(facts.req_ids[i])  # type: ignore[arg-type]  # rows below n have their request id
             if rec is None and facts.req_ids[i] in self.unsampled:
                 continue  # in the step's figures, no span of its own
             if rec is None:  # ended before this step's output: computed, delivered to no one
@@ -190,7 +190,7 @@ class SpanBuilder:
                 if facts.req_ids[i] not in self._ended:  # once per request (then counted as ended)
                     log.warning("tokentrace: engine step %d names request %s it never saw arrive",
                                 facts.step, facts.req_ids[i])
-                    self._remember_ended(facts.req_ids[i])  # type: ignore[arg-type]
+                    self._remember_ended(facts.req_ids[i])  # type: ignore[arg-type]  # rows below n have their request id
                 continue
             if not rec.queued:
                 rec.queued = True
@@ -309,6 +309,7 @@ class SpanBuilder:
             "tokentrace.engine.schedule_ns": facts.sched_end_ns - facts.start_ns,
             "tokentrace.prefix_cache.hit_tokens": facts.prefix_hit_tokens,
         })
+        assert self._engine_context is not None  # set with the engine span above
         self.writer.write("engine_step", self._engine_context, attributes, facts.start_ns, facts.end_ns)
         self._engine_last, self._engine_end_ns = facts.step, facts.end_ns
         self._engine_steps += 1

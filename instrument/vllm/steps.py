@@ -18,7 +18,17 @@ from collections.abc import Iterator
 from typing import Any
 
 from instrument.vllm.facts import StepFacts
-from instrument.vllm.rows import ARRIVED, FINISHED, GEOMETRY, IDLE, PARTIAL, PREEMPTED, SCHEDULED, UPDATED, scheduled_ids
+from instrument.vllm.rows import (
+    ARRIVED,
+    FINISHED,
+    GEOMETRY,
+    IDLE,
+    PARTIAL,
+    PREEMPTED,
+    SCHEDULED,
+    UPDATED,
+    scheduled_ids,
+)
 
 __all__ = ["MAX_IN_FLIGHT", "StepReader"]
 
@@ -187,7 +197,7 @@ class StepReader:
                 rows.append((req_id, cached_computed[j], len(given[0]) if given else 0, cached_outputs[j],
                              req_id in resumed_ids))
         n = len(rows)
-        req_ids: list[str] = []
+        req_ids: list[str | None] = []
         tokens, computed, blocks, counts = (array("I", bytes(4 * n)) for _ in range(4))
         prefill = bytearray(n)
         hits = 0
@@ -227,8 +237,8 @@ class StepReader:
             if one_each:
                 counts[i] = 1
             else:
-                j = index.get(req_id)
-                counts[i] = sampled[j] if j is not None and j < got else 0
+                at = index.get(req_id)
+                counts[i] = sampled[at] if at is not None and at < got else 0
         facts.req_ids, facts.n = req_ids, n
         facts.tokens, facts.computed, facts.blocks, facts.sampled, facts.prefill = tokens, computed, blocks, counts, prefill
         if scheduled[0] == SCHEDULED:  # (a PARTIAL row says them)

@@ -3,7 +3,7 @@
 --   each candidate definition gives, so the audit can say which definition LLMPerf's figures
 --   follow: per-token latency including the first token (E2E / O, LLMPerf's: the sum of its
 --   time_to_next_token list, which starts with TTFT, divided by O), decode-only TPOT
---   ((E2E - TTFT) / (O - 1), vLLM's and the seed's), whole-request rate (O / E2E, LLMPerf's
+--   ((E2E - TTFT) / (O - 1), vLLM's and docs/metrics.md's), whole-request rate (O / E2E, LLMPerf's
 --   request_output_throughput) and decode-only rate ((O - 1) / (E2E - TTFT)).
 -- units: *_s seconds; *_per_s tokens per second.
 SELECT

@@ -1,5 +1,5 @@
 -- returns: one row: what a request's published figures imply for each other under the
---   seed's definitions (docs/metrics.md), and under the wrong definitions real reports use,
+--   definitions of docs/metrics.md, and under the wrong definitions real reports use,
 --   so a claim can be matched to the formula that produced it. Correct: e2e_ms = ttft +
 --   tpot x (O - 1); tpot_ms = (e2e - ttft) / (O - 1); decode rate = (O - 1) / (e2e - ttft);
 --   whole-request rate = O / e2e. Wrong: e2e with O gaps (ttft + tpot x O, "150 gaps");

@@ -3,7 +3,7 @@
 -- per-gap formula of docs/metrics.md is written here once, and the metric queries
 -- (requests, itl, summary, window, phases, skew_offsets) select from these views.
 
--- One row per request and perspective: the seed's formulas, on the perspective's own clock.
+-- One row per request and perspective: the formulas of docs/metrics.md, on the perspective's own clock.
 -- TTFT = f - s; E2E = e - s; TPOT = (E2E - TTFT) / (O - 1), NULL when O <= 1;
 -- decode-only rate = (O - 1) / (E2E - TTFT); whole-request rate = O / E2E.
 -- TPOT and the decode rate are NULL when e <= f: the output arrived in one write (a

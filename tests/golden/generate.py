@@ -1,7 +1,7 @@
 """Regenerate tests/golden/<query>.json: every queries/*.sql over tests/trace_fixtures.mixed_world()
 with the parameters in PARAMS (default: the header defaults).
 
-Run once, then REVIEW THE DIFF BY HAND: the values must be the seed's and the planted numbers
+Run once, then REVIEW THE DIFF BY HAND: the values must be the worked example's and the planted numbers
 (tests/trace_fixtures.py says what each request plants), not whatever the code produced.
 
     .venv/bin/python tests/golden/generate.py
@@ -26,10 +26,9 @@ PARAMS: dict[str, dict[str, Any]] = {
 
 def golden_rows(name: str) -> dict[str, Any]:
     """The golden document of one query: its parameters, columns and rows (JSON values)."""
-    from trace_fixtures import mixed_db
-
-    from analyzer.cli.options import to_jsonable
+    from analyzer.cli._options import to_jsonable
     from analyzer.query.runner import run_query
+    from trace_fixtures import mixed_db
 
     con = mixed_db()
     try:

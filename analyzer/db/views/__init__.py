@@ -24,11 +24,30 @@ from __future__ import annotations
 
 from analyzer.db.views.install import install_views
 from analyzer.db.views.keep import (
-    CHUNK_VIEWS, MATERIALIZE_MAX_EVENTS, MATERIALIZED_VIEWS, RANGE_EVENTS, materialize_views, request_key_ranges,
+    CHUNK_VIEWS,
+    MATERIALIZE_MAX_EVENTS,
+    MATERIALIZED_VIEWS,
+    RANGE_EVENTS,
+    materialize_views,
+    request_key_ranges,
 )
-from analyzer.db.views.sql import UNIONED_VIEWS, kept_order, kept_views, queries_dir, union_view_sql, view_files, view_names
+from analyzer.db.views.sql import (
+    UNIONED_VIEWS,
+    kept_order,
+    kept_views,
+    queries_dir,
+    union_view_sql,
+    view_files,
+    view_names,
+)
 from analyzer.db.views.state import (
-    BUILDING_PREFIX, CACHE_PREFIX, DERIVED_SCHEMA, STATE_TABLE, cached_views, derived_location, derived_status,
+    BUILDING_PREFIX,
+    CACHE_PREFIX,
+    DERIVED_SCHEMA,
+    STATE_TABLE,
+    cached_views,
+    derived_location,
+    derived_status,
     forget_connection_views,
 )
 

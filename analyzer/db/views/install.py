@@ -5,7 +5,7 @@ derived tables. The package's ``__init__`` says how the parts fit."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import duckdb
 
@@ -20,16 +20,15 @@ from analyzer.db.views.sql import (
 )
 from analyzer.db.views.state import (
     CACHE_PREFIX,
-    DERIVED_SCHEMA,
     STATE_TABLE,
     cached_views,
     data_fingerprint,
+    derived_location,
     has_derived,
     leave_derived,
     state_row,
     use_derived,
     write_state,
-    derived_location,
 )
 
 __all__ = ["install_views"]

@@ -8,7 +8,7 @@ rule is there and what it measured.
 from __future__ import annotations
 
 import re
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import duckdb
 
@@ -228,7 +228,7 @@ def materialize_views(
     row = None if persist else state_row(con)
     if not persist and (row is None or row[2] is not None):
         return []
-    events = persist_events if persist else row[1]  # type: ignore[index]
+    events = persist_events if persist_events is not None else row[1]  # type: ignore[index]  # row is read unless persisting
     definitions = dict(
         con.execute(
             "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal AND schema_name = current_schema()"

@@ -8,9 +8,9 @@ views are kept as tables (analyzer/db/views/keep.py). No connection state: text 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Iterable, Sequence
 
 __all__ = [
     "DERIVED_MARKER",

@@ -10,7 +10,7 @@ The fingerprint is the row counts of ``spans``, ``span_events``, ``span_links`` 
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import duckdb
 

@@ -29,16 +29,22 @@ import threading
 import time
 from typing import Any
 
-from instrument.kv import formula as kv
 from instrument.clock import now_wall_ns
-from instrument.engines.continuous import hooks as cb_hooks
 from instrument.engines.base import EngineRequest, EngineResult
+from instrument.engines.continuous import hooks as cb_hooks
 from instrument.engines.continuous.request_queue import RequestQueue
-from instrument.engines.continuous.spans import (EngineTraceWriter, SequenceRecord, StepRecord, record_run,
-                                        write_preemption_events, write_sequence_spans)
+from instrument.engines.continuous.spans import (
+    EngineTraceWriter,
+    SequenceRecord,
+    StepRecord,
+    record_run,
+    write_preemption_events,
+    write_sequence_spans,
+)
 from instrument.hf.generate_spans import DecodeSpanPolicy
 from instrument.hf.model_handle import ModelHandle
 from instrument.hf.token_sampling import SequenceSampler, TokenLogprobs
+from instrument.kv import formula as kv
 from instrument.otel.span_writer import span_writer_for
 from instrument.otel.tracing import SPAN_EXPORT_CHOICES, get_tracer, span_export_of
 

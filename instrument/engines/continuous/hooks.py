@@ -314,13 +314,13 @@ class RowSampler(ContinuousBatchingLogitsProcessor):
             for i, token in zip(greedy, torch.argmax(scores[greedy], dim=-1).tolist()):
                 tokens[i] = int(token)
         if sampled:
-            picks = draw_tokens(scores[sampled], [samplers[i].params for i in sampled],
-                                [samplers[i].uniform() for i in sampled])
+            chosen = [s for i in sampled if (s := samplers[i]) is not None]  # every sampled row has one
+            picks = draw_tokens(scores[sampled], [s.params for s in chosen], [s.uniform() for s in chosen])
             for i, token in zip(sampled, picks):
                 tokens[i] = int(token)
         for i in greedy + sampled:
-            if samplers[i] is not None:
-                samplers[i].record(tokens[i])
+            if (sampler := samplers[i]) is not None:
+                sampler.record(tokens[i])
         return one_hot_scores(scores, tokens + [0] * (scores.shape[0] - len(rows)))
 
 

@@ -12,17 +12,25 @@ gateway's spans go there too, instrument/records/span_forward.py), else the sink
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from opentelemetry import trace
 
 from instrument.clock import now_wall_ns
-from instrument.kv.formula import KVLayout
 from instrument.engines.continuous.span_builder import SpanBuilder, layout_meta
+from instrument.kv.formula import KVLayout
 from instrument.records.channels import RECORD_ENTRIES
 from instrument.records.exporter_process import ExporterProcess
-from instrument.records.format import (SEQ, SEQ_PREFILL, SEQ_RECOMPUTE, SEQ_RECOMPUTE_EMITS, SEQ_SIZE, RecordWriter,
-                                      pack_seq)
+from instrument.records.format import (
+    SEQ,
+    SEQ_PREFILL,
+    SEQ_RECOMPUTE,
+    SEQ_RECOMPUTE_EMITS,
+    SEQ_SIZE,
+    RecordWriter,
+    pack_seq,
+)
 
 __all__ = ["FLUSH_BYTES", "FLUSH_NS", "StepRecordSink"]
 

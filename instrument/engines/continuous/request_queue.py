@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from instrument.engines.continuous import hooks as cb_hooks
 from instrument.engines.base import QueueWaitExceeded
+from instrument.engines.continuous import hooks as cb_hooks
 from instrument.engines.continuous.spans import SequenceRecord
 
 __all__ = ["RequestQueue"]
@@ -117,6 +118,7 @@ class RequestQueue:
             if record is None:
                 continue
             if record.queue_expired:
+                assert self.max_queue_wait_s is not None  # a request expires only under it
                 self._finish(request_id, "error", at_ns, QueueWaitExceeded(
                     f"not scheduled within --max-queue-wait-s {self.max_queue_wait_s:g} s "
                     f"({self.requests_waiting} requests waiting)", retry_after_s=max(1, math.ceil(self.max_queue_wait_s))))

@@ -27,10 +27,10 @@ from instrument.engines.continuous.spans import EngineTraceWriter, StepRecord, r
 from instrument.engines.continuous.step_keeper import StepKeeper, step_ratio_from_env
 from instrument.hf.generate_spans import DecodeSpanPolicy
 from instrument.kv.formula import KVLayout
-from instrument.records import format as fmt
-from instrument.records.keep_stage import EngineFacts, keep_stage_of
 from instrument.otel.span_writer import span_writer_for
 from instrument.otel.tracing import get_tracer
+from instrument.records import format as fmt
+from instrument.records.keep_stage import EngineFacts, keep_stage_of
 
 __all__ = ["SpanBuilder", "emissions", "engine_facts", "layout_meta"]
 
@@ -97,7 +97,8 @@ class SpanBuilder:
         self.tracer_provider = tracer_provider
         self.tracer = get_tracer(tracer_provider)
         self.writer = span_writer_for(self.tracer)
-        self.stage = keep_stage_of(tracer_provider, self.writer.hand_off)  # None: no keep policy
+        # tokentrace's SDK provider: span_writer_for gives the direct writer (hand_off is its)
+        self.stage = keep_stage_of(tracer_provider, self.writer.hand_off)  # type: ignore[union-attr]  # see above
         self.engine_traces: EngineTraceWriter | None = None
         self.step_keeper: StepKeeper | None = None  # with a keep policy: the steps' spans follow the requests
         self.layout: KVLayout | None = None
@@ -168,8 +169,8 @@ class SpanBuilder:
                 self.unknown_slots += 1
             elif seq.prefill or seq.decode:
                 if self.stage is None:
-                    write_sequence_spans(self.writer, seq, self.layout, self.layout_name, self.bytes_per_block,
-                                         self.policy)
+                    write_sequence_spans(self.writer, seq,  # type: ignore[arg-type]  # _Sequence: what it reads
+                                         self.layout, self.layout_name, self.bytes_per_block, self.policy)
                 else:  # the keep policy: the spans are written only if the request is kept whole
                     self.stage.engine_ended(seq.request.trace_id, seq.request.span_id, engine_facts(seq),
                                             functools.partial(self._write_kept, seq))
@@ -186,7 +187,8 @@ class SpanBuilder:
     def _write_kept(self, seq: _Sequence) -> None:
         """A request the keep policy kept whole: its prefill and decode spans, and the engine
         steps of its largest gaps."""
-        write_sequence_spans(self.writer, seq, self.layout, self.layout_name, self.bytes_per_block, self.policy)
+        write_sequence_spans(self.writer, seq,  # type: ignore[arg-type]  # _Sequence: what it reads of one
+                             self.layout, self.layout_name, self.bytes_per_block, self.policy)
         if self.step_keeper is not None:
             self.step_keeper.keep_gaps(emissions(seq))
 

@@ -24,8 +24,8 @@ from opentelemetry.trace import SpanKind
 
 from instrument.engines.base import EngineRequest
 from instrument.hf.generate_spans import DecodeSpanPolicy
-from instrument.kv.formula import KVLayout
 from instrument.hf.token_sampling import SequenceSampler, TokenLogprobs
+from instrument.kv.formula import KVLayout
 
 __all__ = ["EngineTraceWriter", "SequenceRecord", "StepRecord", "record_run", "write_preemption_events", "write_sequence_spans"]
 
@@ -190,7 +190,7 @@ def write_sequence_spans(writer: Any, record: SequenceRecord, layout: KVLayout |
     kept = policy.steps(len(steps) + 1)
     if record.recomputed_steps:  # the recompute prefill's span stands for these steps
         skipped = set(record.recomputed_steps)
-        kept = [k for k in kept if k not in skipped]  # type: ignore[assignment]
+        kept = [k for k in kept if k not in skipped]  # type: ignore[assignment]  # a list where the policy gave a range
     writer.write_steps(
         "decode", parent, kept,
         functools.partial(_decode_attributes, steps, tuple(record.decode_blocks), tuple(record.decode_context),

@@ -49,8 +49,19 @@ from typing import Any
 
 from instrument.vllm.facts import FINISHED_ABORTED, FINISHED_ERROR, FINISHED_LENGTH, FINISHED_STOPPED, StepFacts
 from instrument.vllm.hooks.shape import CHECKED_RELEASES, SchedulerShape, check_scheduler, installed_version
-from instrument.vllm.hooks.tap import (ARRIVED, FINISHED, LEAST_HELD, MAX_HELD, PARTIAL, PREEMPTED, SCHEDULED, UPDATED,
-                                       StepTap, few_rows, new_rows)
+from instrument.vllm.hooks.tap import (
+    ARRIVED,
+    FINISHED,
+    LEAST_HELD,
+    MAX_HELD,
+    PARTIAL,
+    PREEMPTED,
+    SCHEDULED,
+    UPDATED,
+    StepTap,
+    few_rows,
+    new_rows,
+)
 from instrument.vllm.rows import FEW_SAMPLED
 from instrument.vllm.sampling import MASK64, STEP_SPREAD
 
@@ -209,7 +220,7 @@ def _traced_schedule(schedule: Any, tap: StepTap, shape: SchedulerShape) -> Any:
                              few))
                     _recorded[_id(out)] = few
                     _tap.needs_send = True
-            except Exception:
+            except Exception:  # noqa: BLE001 - a hook never breaks vLLM: the tap stops and says why
                 _tap.fail()
             if cpu:
                 spent = time.thread_time_ns() - cpu - floor
@@ -266,7 +277,7 @@ def _traced_update(update: Any, tap: StepTap) -> Any:
                 # (only when measuring: TOKENTRACE_VLLM_STATS; every step, recorded or not)
                 _tap.steps += bool(model_runner_output.req_ids)
                 _tap.tokens += _sum(_map(_len, model_runner_output.sampled_token_ids))
-        except Exception:
+        except Exception:  # noqa: BLE001 - a hook never breaks vLLM: the tap stops and says why
             _tap.fail()
         return result
 
@@ -279,7 +290,7 @@ def _noting(method: Any, tap: StepTap, note: Any) -> Any:
         if not tap.failed:
             try:
                 note(self, request)
-            except Exception:
+            except Exception:  # noqa: BLE001 - a hook never breaks vLLM: the tap stops and says why
                 tap.fail()
         return method(self, request, *args, **kwargs)
 
@@ -299,7 +310,7 @@ def _traced_finish(finish: Any, tap: StepTap, update_code: Any) -> Any:
                 # (not when update_from_output itself finishes requests: its step's row comes after)
                 if held and held[-1][0] == FINISHED and sys._getframe(1).f_code is not update_code:
                     tap.send(not self.requests)
-            except Exception:
+            except Exception:  # noqa: BLE001 - a hook never breaks vLLM: the tap stops and says why
                 tap.fail()
             if cpu:
                 tap.hook_cpu_ns += time.thread_time_ns() - cpu - floor

@@ -27,8 +27,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[3]
 sys.path[:0] = [str(REPO / "tests"), str(REPO)]
 
-from instrument.hf.smollm2 import smollm2_cache_dir  # noqa: E402
-from vllm_support import VllmRun  # noqa: E402
+from instrument.hf.smollm2 import smollm2_cache_dir
+from vllm_support import VllmRun
 
 # AIPerf's tokenizer: the model folder's tokenizer files (AIPerf 0.13 refuses a local path under
 # HF_HUB_OFFLINE=1, so it runs without it)

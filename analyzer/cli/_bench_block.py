@@ -1,12 +1,13 @@
 """The run summary ``tokentrace bench`` ends with: one 80-column block in the shape users know
 from ``vllm bench serve`` and AIPerf (requests, duration, throughput, then mean / p50 / p90 /
 p99 of TTFT, TPOT, ITL and E2E), drawn from the JSON object of
-:func:`analyzer.cli.bench_json.bench_summary` (queries/window.sql and queries/summary.sql,
+:func:`analyzer.cli._bench_json.bench_summary` (queries/window.sql and queries/summary.sql,
 client perspective): no second formula."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 __all__ = ["WIDTH", "summary_block"]
 

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -76,6 +77,7 @@ def kv_layout_from_flags(
     if missing:
         raise UserError(f"missing {', '.join(missing)} (explicit KV layout needs --layers, --kv-heads, --head-dim)")
     try:
+        assert layers is not None and kv_heads is not None and head_dim is not None  # none missing: checked above
         return explicit_layout(layers, kv_heads, head_dim, kv_dtype or "bf16", q_heads=query_heads)
     except ValueError as exc:
         raise UserError(str(exc)) from None

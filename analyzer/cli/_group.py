@@ -2,7 +2,7 @@
 discovered by ``analyzer.cli`` at start-up, so adding a verb never edits a shared file.
 
 No traceback reaches a user: an error a verb did not turn into a one-line
-:class:`~analyzer.cli.options.UserError` itself is turned into one here (a database path
+:class:`~analyzer.cli._options.UserError` itself is turned into one here (a database path
 that is not a database, a file the OS refuses, a DuckDB error, and, as a last resort, any
 other exception, reported as an internal error). ``TOKENTRACE_DEBUG=1`` lets the original
 exception through, traceback and all.
@@ -59,7 +59,7 @@ class OneLineUsageError(click.UsageError):
 
     def __init__(self, original: click.UsageError) -> None:
         super().__init__(_one_line(original.format_message()), original.ctx)
-        self.exit_code = original.exit_code
+        self.exit_code = original.exit_code  # type: ignore[misc]  # click declares it on the class; the original's code is kept
 
     def show(self, file: Any = None) -> None:
         where = self.ctx.command_path if self.ctx is not None else "tokentrace"
@@ -88,7 +88,7 @@ class TokentraceGroup(click.Group):
             raise _one_line_usage(exc) from None
         except (click.ClickException, click.exceptions.Exit, click.Abort, BrokenPipeError):
             raise  # a broken pipe (`tokentrace itl | head`): main() leaves quietly
-        except Exception as exc:  # noqa: BLE001 - every other exception gets one line
+        except Exception as exc:
             if os.environ.get("TOKENTRACE_DEBUG"):
                 raise
             raise user_facing_error(exc, ctx.invoked_subcommand) from None

@@ -7,18 +7,29 @@ import io
 import json
 import math
 import sys
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import click
+
 from analyzer.errors import UserError
 
 
-def default_db_path() -> str:
-    """``$TOKENTRACE_DB`` when set, else ``tokentrace.duckdb`` (analyzer.db.store.default_db_path,
-    imported only when needed: start-up cost)."""
-    from analyzer.db.store import default_db_path as default
+def resolve_db(db_path: str | None, parquet_dir: str | None = None) -> str | None:
+    """The database a verb reads or loads into, resolved once when its options are parsed:
+    ``--db`` as given, else (no ``--parquet`` dump either) the default of
+    analyzer.db.store.default_db_path ($TOKENTRACE_DB, else ./tokentrace.duckdb); None when
+    the verb reads a ``--parquet`` dump instead. Both given: one line."""
+    if parquet_dir is not None:
+        if db_path:
+            raise UserError("give --db or --parquet, not both")
+        return None
+    if db_path:
+        return db_path
+    from analyzer.db.store import default_db_path  # imported when needed: start-up cost
 
-    return default()
+    return default_db_path()
+
 
 __all__ = [
     "db_option",
@@ -27,6 +38,7 @@ __all__ = [
     "format_option",
     "param_option",
     "parse_params",
+    "resolve_db",
     "to_jsonable",
 ]
 
@@ -35,7 +47,7 @@ def db_option(func: Callable[..., Any] | None = None, *, optional: str | None = 
     """``--db PATH``, the one declaration every verb uses, as ``db_path``. As a plain decorator:
     the database to read or load into ($TOKENTRACE_DB, else ./tokentrace.duckdb). With
     ``optional=HELP``: a database the verb may use (None when not given; the query verbs,
-    which take --parquet instead, resolve the default themselves), described by HELP."""
+    which take --parquet instead, get it resolved by source_options), described by HELP."""
 
     def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
         if optional is not None:
@@ -43,7 +55,7 @@ def db_option(func: Callable[..., Any] | None = None, *, optional: str | None = 
         return click.option(
             "--db", "db_path", default=None, metavar="PATH",
             help="DuckDB database (default: $TOKENTRACE_DB, else ./tokentrace.duckdb).",
-            callback=lambda _ctx, _param, value: value or default_db_path(),
+            callback=lambda _ctx, _param, value: resolve_db(value),
         )(f)
 
     return decorate(func) if func is not None else decorate

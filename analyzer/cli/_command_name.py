@@ -3,7 +3,7 @@
 ``tokentrace`` only when that name on ``$PATH`` is this installation's console script (the
 virtual environment is on PATH); otherwise the script's own path, relative to the working
 directory when it lies below it (``.venv/bin/tokentrace`` after the README's commands), so a
-printed command runs as printed (issue 30 item 3).
+printed command runs as printed.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ __all__ = ["tokentrace_command"]
 def tokentrace_command() -> str:
     """The command that runs this installation's ``tokentrace`` from the working directory,
     shell-quoted."""
-    script = Path(sys.executable).with_name("tokentrace")  # the environment's console script
-    if not script.is_file():
+    script: Path | None = Path(sys.executable).with_name("tokentrace")  # the environment's console script
+    if script is not None and not script.is_file():
         argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
         script = argv0 if argv0 is not None and argv0.name == "tokentrace" and argv0.is_file() else None
     if script is None:  # not installed as a console script: nothing better to name

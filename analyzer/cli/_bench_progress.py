@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 __all__ = ["BenchProgress", "describe_failure", "is_failed"]
 
@@ -103,7 +104,7 @@ class BenchProgress:
         while not self._stop.wait(self.interval_s):
             self._draw()
 
-    def __enter__(self) -> "BenchProgress":
+    def __enter__(self) -> BenchProgress:
         self.started = self.clock()
         if self.enabled:
             self._draw()
