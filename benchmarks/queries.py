@@ -13,7 +13,8 @@ subprocess so peak memory (VmHWM) is its own:
   as the library streams it (analyzer.query.runner.stream_query: one part per request_key range
   of ~32M span events, as ``tokentrace itl --format csv|json`` writes its rows out), each
   part as Arrow record batches of 1M rows (``QueryPart.arrow_batches``: the names attached
-  after an integer sort, analyzer/query/attach.py, where the checkout has it), counted and dropped: every gap and column is
+  after an integer sort, analyzer/query/attach.py, where the checkout has it), counted and
+  dropped: every gap and column is
   computed, ordered and converted to Arrow, nothing is held; ``table`` keeps it as one Arrow table in memory (298M gaps at 1e6
   requests do not fit: that size always streams). Timed from the open, views included.
   Also reported: the peak size of DuckDB's temp directory (allocated bytes, sampled every
@@ -182,7 +183,8 @@ def run_duckdb(directory: str, queries: list[str], stream_itl: bool, memory_limi
     kept = con.execute(
         "SELECT memory_usage_bytes, temporary_storage_bytes FROM duckdb_memory() WHERE tag = 'IN_MEMORY_TABLE'"
     ).fetchall()
-    return {"seconds": seconds, "cpu_seconds": cpu, "rows": rows, "summary": summary, "temp_peak_gib": spill.stop() / 2**30,
+    return {"seconds": seconds, "cpu_seconds": cpu, "rows": rows, "summary": summary,
+            "temp_peak_gib": spill.stop() / 2**30,
             "kept_tables_gib": {"in_memory": kept[0][0] / 2**30, "spilled": kept[0][1] / 2**30} if kept else None}
 
 

@@ -49,7 +49,8 @@ def test_attached_rows_are_itls_rows(monkeypatch, range_events, perspective) -> 
     assert attached == plain
     assert parts == 1 if range_events is None else parts > 3
     assert len(plain) > 100
-    assert {r["source"] for r in plain} == ({"tokentrace", "openllmetry"} if perspective != "server" else {"tokentrace"})
+    sources = {"tokentrace", "openllmetry"} if perspective != "server" else {"tokentrace"}
+    assert {r["source"] for r in plain} == sources
     if perspective is None:
         assert any(r["null_reason"] and r["null_reason"].startswith("gap unknown: ") for r in plain)
 
