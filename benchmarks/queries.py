@@ -12,7 +12,9 @@ subprocess so peak memory (VmHWM) is its own:
   fetched as Arrow tables. itl (--itl-fetch): ``stream`` (default) reads the ordered result
   as the library streams it (analyzer.query.runner.stream_query: one part per request_key range
   of ~32M span events, as ``tokentrace itl --format csv|json`` writes its rows out), each
-  part as Arrow record batches of 1M rows, counted and dropped: every gap and column is
+  part as Arrow record batches of 1M rows (``QueryPart.arrow_batches``: the names attached
+  after an integer sort, analyzer/query/attach.py, where the checkout has it), counted and
+  dropped: every gap and column is
   computed, ordered and converted to Arrow, nothing is held; ``table`` keeps it as one Arrow table in memory (298M gaps at 1e6
   requests do not fit: that size always streams). Timed from the open, views included.
   Also reported: the peak size of DuckDB's temp directory (allocated bytes, sampled every
@@ -155,15 +157,19 @@ def run_duckdb(directory: str, queries: list[str], stream_itl: bool, memory_limi
     spill = _SpillWatch(temp)
     install_views(con)
     seconds: dict[str, float] = {"open+views": time.perf_counter() - t0}
+    cpu: dict[str, float] = {"open+views": time.process_time()}  # whole process, imports included
     rows: dict[str, int] = {}
     summary: list[dict[str, Any]] = []
     for name in queries:
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         query = load_query(name)
         if name == "itl" and stream_itl:  # as `tokentrace itl --format csv|json`: range by range
             rows[name] = 0
             for part in stream_query(con, name):
-                reader = con.sql(part.sql, params=part.params).to_arrow_reader(1_000_000)
+                if hasattr(part, "arrow_batches"):  # names attached after an integer sort
+                    reader = part.arrow_batches(con, 1_000_000)
+                else:  # a --baseline checkout from before analyzer/query/attach.py
+                    reader = con.sql(part.sql, params=part.params).to_arrow_reader(1_000_000)
                 rows[name] += sum(batch.num_rows for batch in reader)
         else:
             materialize_views(con, query.sql, keep_chunks=len(queries) > 1)  # one query: as the CLI
@@ -173,11 +179,13 @@ def run_duckdb(directory: str, queries: list[str], stream_itl: bool, memory_limi
             if name == "summary":
                 summary = table.to_pylist()
         seconds[name] = time.perf_counter() - start
+        cpu[name] = time.process_time() - cpu_start
     seconds["total"] = time.perf_counter() - t0
     kept = con.execute(
         "SELECT memory_usage_bytes, temporary_storage_bytes FROM duckdb_memory() WHERE tag = 'IN_MEMORY_TABLE'"
     ).fetchall()
-    return {"seconds": seconds, "rows": rows, "summary": summary, "temp_peak_gib": spill.stop() / 2**30,
+    return {"seconds": seconds, "cpu_seconds": cpu, "rows": rows, "summary": summary,
+            "temp_peak_gib": spill.stop() / 2**30,
             "kept_tables_gib": {"in_memory": kept[0][0] / 2**30, "spilled": kept[0][1] / 2**30} if kept else None}
 
 
@@ -440,6 +448,12 @@ def _measure(engine: str, directory: Path, queries: str = "", stream_itl: bool =
     return json.loads(out.strip().splitlines()[-1])
 
 
+def _cpu_of(result: dict[str, Any], query: str) -> str:
+    """`` (cpu X s)``: the process's CPU seconds in that step, on a shared machine the steadier figure."""
+    cpu = result.get("cpu_seconds", {}).get(query)
+    return "" if cpu is None else f" (cpu {cpu:.2f} s)"
+
+
 def _load() -> str:
     return "load " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -465,7 +479,7 @@ def _same_summary(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[str]
 def _print_baseline(base: dict[str, Any], full: dict[str, Any], runs: list[dict[str, Any]]) -> None:
     """The baseline checkout's full metric set beside this one's: seconds per query, the
     ratio, peak memory, and whether both gave the same rows and summary numbers."""
-    per_query = "  ".join(f"{k} {v:.2f} s" for k, v in base["seconds"].items() if k != "total")
+    per_query = "  ".join(f"{k} {v:.2f} s" + _cpu_of(base, k) for k, v in base["seconds"].items() if k != "total")
     print(f"  baseline full metric set: {base['seconds']['total']:.2f} s ({per_query}), cpu {base['cpu_s']:.1f} s, "
           f"peak RSS {base['peak_rss_mib']:,.0f} MiB, temp dir peak {base.get('temp_peak_gib', 0):.2f} GiB; "
           f"all runs {[round(r['seconds']['total'], 2) for r in runs]}  [{_load()}]", flush=True)
@@ -525,7 +539,7 @@ def main() -> None:
             if with_pandas:
                 pandas_runs.append(_measure("pandas", directory))
         full = min(duck_runs, key=lambda r: r["seconds"]["total"])
-        per_query = "  ".join(f"{k} {v:.2f} s" for k, v in full["seconds"].items() if k != "total")
+        per_query = "  ".join(f"{k} {v:.2f} s" + _cpu_of(full, k) for k, v in full["seconds"].items() if k != "total")
         print(f"  duckdb full metric set: {full['seconds']['total']:.2f} s ({per_query}), cpu {full['cpu_s']:.1f} s, "
               f"{full['seconds']['total'] / spans * 1e6:.3f} s per 1M spans, peak RSS {full['peak_rss_mib']:,.0f} MiB, "
               f"temp dir peak {full.get('temp_peak_gib', 0):.2f} GiB, kept tables {full.get('kept_tables_gib')}, "

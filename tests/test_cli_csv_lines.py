@@ -141,3 +141,30 @@ def test_the_arrow_bound_counts_spans_for_a_producer_without_chunk_events(tmp_pa
         assert used[-1] is want_arrow, bound
         out[want_arrow] = result.stdout_bytes
     assert out[True] == out[False] and out[True].count(b"\n") == 1 + 20  # header + the capture's 20 requests
+
+
+def test_duckdbs_progress_bar_is_off_on_every_connection(db: Path, tmp_path: Path) -> None:
+    """DuckDB prints its progress bar on stdout, into a verb's csv, once a query runs ~2 s:
+    every connection tokentrace opens has it off (a database, a Parquet dump, a new file).
+    DuckDB's default is on outside pytest (off under it), so the settings are checked on a
+    connection that has it on too."""
+    from analyzer.db.source import open_source
+    from analyzer.db.store import apply_settings
+
+    bare = duckdb.connect()
+    bare.execute("SET enable_progress_bar = true")
+    assert apply_settings(bare).execute("SELECT current_setting('enable_progress_bar')").fetchall() == [(False,)]
+    bare.close()
+    from analyzer.formats.parquet_export import export_parquet
+
+    dump = tmp_path / "dump"
+    con = connect(db, read_only=True)
+    try:
+        export_parquet(con, dump)
+    finally:
+        con.close()
+    for con in (open_source(db=db), open_source(parquet=dump), connect(tmp_path / "new.duckdb")):
+        try:
+            assert con.execute("SELECT current_setting('enable_progress_bar')").fetchall() == [(False,)]
+        finally:
+            con.close()

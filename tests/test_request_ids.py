@@ -84,8 +84,8 @@ def _response_ids(db: str) -> dict[str, str]:
     """Every span id of a request (its request_span_id and each perspective's) -> the response
     id requests.sql gives it: what the client got."""
     from analyzer.db.source import open_source
-    from analyzer.query.request_ids import request_id_rows
     from analyzer.db.views import install_views
+    from analyzer.query.request_ids import request_id_rows
 
     con = open_source(db=db)
     try:

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import duckdb
 
-__all__ = ["ARROW_MIN_EVENTS", "csv_line_sql", "iter_csv_chunks"]
+__all__ = ["ARROW_MIN_EVENTS", "csv_line_sql", "iter_attached_csv_chunks", "iter_csv_chunks"]
 
 _INTEGERS = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT", "HUGEINT"}
 _ARROW_BATCH_ROWS = 100_000
@@ -112,3 +112,31 @@ def iter_csv_chunks(
         end_at = (lines.offset + len(lines)) * kind
         end = int.from_bytes(memoryview(offsets)[end_at:end_at + kind], "little")
         yield batch.num_rows, memoryview(data)[start:end].tobytes()
+
+
+_BATCH_VIEW = "tt_csv_attached_batch"
+
+
+def iter_attached_csv_chunks(
+    batches: Iterable[Any], columns: Sequence[str], types: Sequence[Any],
+) -> Iterator[tuple[int, bytes]]:
+    """The CSV text of pyarrow record batches in their order, as :func:`iter_csv_chunks`
+    gives it (same bytes): each batch is registered with an in-memory DuckDB connection,
+    which builds its lines.
+    For ``QueryPart.arrow_batches`` (itl's rows with their names attached after an integer
+    sort, analyzer/query/attach.py), whose rows a SELECT cannot give in order. ``columns``
+    and ``types``: the query's (the batches may hold more columns; these are written)."""
+    names = ", ".join(_quoted(c) for c in columns)
+    line_sql = csv_line_sql(f"SELECT {names} FROM {_BATCH_VIEW}", columns, types)
+    if line_sql is None:
+        raise ValueError(f"csv lines: a column type of {list(columns)} is not one DuckDB formats like Python")
+    # Lines are built on a connection of their own: the batches come from an open result on
+    # ``con``, and a connection runs one result at a time.
+    lines = duckdb.connect()
+    try:
+        for batch in batches:
+            lines.register(_BATCH_VIEW, batch)  # a scan of one table keeps the batch's row order
+            yield from iter_csv_chunks(lines, line_sql, None, arrow=True)
+            lines.unregister(_BATCH_VIEW)
+    finally:
+        lines.close()

@@ -277,6 +277,8 @@ def _check_types(query: str, params: Mapping[str, Any]) -> None:
 _PARAM_ERRORS = (duckdb.ConversionException, duckdb.InvalidInputException, duckdb.BinderException)
 #: Rows fetched from DuckDB per batch when csv/json output is streamed.
 STREAM_BATCH_ROWS = 50_000
+#: Rows per Arrow batch of a part with names attached after its sort (csv: one DuckDB scan each).
+ATTACHED_BATCH_ROWS = 1_000_000
 
 
 def query_rows(con: duckdb.DuckDBPyConnection, query: str, params: Mapping[str, Any]) -> QueryResult:
@@ -330,7 +332,7 @@ def _stream_csv(con: duckdb.DuckDBPyConnection, query: str, params: Mapping[str,
     import csv
     import sys
 
-    from analyzer.cli._csv_lines import ARROW_MIN_EVENTS, csv_line_sql, iter_csv_chunks
+    from analyzer.cli._csv_lines import ARROW_MIN_EVENTS, csv_line_sql, iter_attached_csv_chunks, iter_csv_chunks
     from analyzer.db.views.state import installed_span_events
     from analyzer.query.runner import stream_query
 
@@ -350,7 +352,11 @@ def _stream_csv(con: duckdb.DuckDBPyConnection, query: str, params: Mapping[str,
                 spans = con.execute("SELECT count(*) FROM spans").fetchall()[0][0] if events is not None else 0
                 bound = None if events is None else events + int(spans)
                 arrow = bound is None or bound >= ARROW_MIN_EVENTS
-                yield from iter_csv_chunks(con, line_sql, part.params, arrow=arrow)
+                if arrow and part.attach is not None:  # itl: names attached after an integer sort
+                    yield from iter_attached_csv_chunks(part.arrow_batches(con, ATTACHED_BATCH_ROWS),
+                                                        relation.columns, relation.types)
+                else:
+                    yield from iter_csv_chunks(con, line_sql, part.params, arrow=arrow)
         except _PARAM_ERRORS as exc:
             raise UserError(f"{query}: {duckdb_message(exc)}") from None
 

@@ -60,7 +60,9 @@ def apply_settings(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
     """DuckDB settings every tokentrace connection takes from the environment:
     ``$TOKENTRACE_MEMORY_LIMIT`` (e.g. ``8GB``) as ``memory_limit`` (DuckDB's default is 80 %
     of RAM; beyond the limit it spills to its temp directory). A value DuckDB refuses is a
-    :class:`SettingError` naming the variable."""
+    :class:`SettingError` naming the variable. DuckDB's progress bar is turned off: it is
+    printed on stdout, where a verb's csv or json goes (a query over ~2 s put it mid-file)."""
+    con.execute("SET enable_progress_bar = false")
     limit = os.environ.get(MEMORY_LIMIT_ENV)
     if limit:
         try:

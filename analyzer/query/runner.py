@@ -27,6 +27,8 @@ import duckdb
 from analyzer.db import views
 from analyzer.db.views import CHUNK_VIEWS, install_views, materialize_views, queries_dir, request_key_ranges
 from analyzer.db.views.sql import strip_comments
+from analyzer.query.attach import SPLITS, NamesAttach, names_attach
+from analyzer.query.attach import arrow_batches as attach_batches
 
 __all__ = [
     "QueryFile",
@@ -211,10 +213,20 @@ _RANGE_PARAMS = ("request_key_from", "request_key_to")
 class QueryPart:
     """One part of a query's result (:func:`stream_query`): its SQL and bound parameters, for
     ``con.execute(part.sql, part.params)`` (then ``fetchmany``) or ``con.sql(part.sql,
-    params=part.params)`` (then ``to_arrow_reader``)."""
+    params=part.params)`` (then ``to_arrow_reader``); or, faster where ``attach`` is set, the
+    same rows as Arrow batches from :meth:`arrow_batches` (names attached after an integer
+    sort: analyzer/query/attach.py)."""
 
     sql: str
     params: dict[str, Any] | None
+    attach: NamesAttach | None = None
+
+    def arrow_batches(self, con: duckdb.DuckDBPyConnection, batch_rows: int) -> Iterator[Any]:
+        """This part's rows as pyarrow record batches of up to ``batch_rows`` rows, in order."""
+        if self.attach is not None:
+            yield from attach_batches(con, self.attach, batch_rows)
+            return
+        yield from con.sql(self.sql, params=self.params).to_arrow_reader(batch_rows)
 
 
 def stream_query(
@@ -232,8 +244,10 @@ def stream_query(
     A query with ``$request_key_from`` / ``$request_key_to`` parameters (itl.sql), when the
     caller sets neither and does not narrow it to one trace, runs once per
     :func:`request_key_ranges` range over the kept, request_key-clustered gap table: each
-    part sorts one range in memory instead of one sort of every gap. Otherwise there is one
-    part, the query itself. At least one part is yielded. Views are installed and kept as
+    part sorts one range in memory instead of one sort of every gap; a query with a names
+    split (analyzer/query/attach.py: itl) then has parts with ``attach`` set, even for one
+    range, whose :meth:`QueryPart.arrow_batches` sort on integers and attach the names after.
+    Otherwise there is one part, the query itself. At least one part is yielded. Views are installed and kept as
     in :func:`run_query`, when the first part is asked for."""
     query, bound, narrowed = _prepare(con, name, params, views=True, keep=keep, keep_chunks=keep_chunks)
     ranged = (
@@ -243,8 +257,11 @@ def stream_query(
         and all(v in views.cached_views(con) for v in CHUNK_VIEWS)  # clustered by request_key: a part reads its range
     )
     ranges = request_key_ranges(con) if ranged else []
-    if len(ranges) <= 1:
+    split = ranged and bool(ranges) and name in SPLITS
+    if len(ranges) <= 1 and not split:
         yield QueryPart(query.sql, bound or None)
         return
     for low, high in ranges:
-        yield QueryPart(query.sql, {**bound, "request_key_from": low, "request_key_to": high})
+        part_params = {**bound, "request_key_from": low, "request_key_to": high}
+        yield QueryPart(query.sql, part_params,
+                        names_attach(con, name, query.sql, bound, low, high, load_query) if split else None)
