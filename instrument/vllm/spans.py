@@ -38,6 +38,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from instrument.otel.span_writer import span_writer_for
 from instrument.vllm.facts import FINISHED_ABORTED, FINISHED_ERROR, FINISHED_LENGTH, StepFacts
+from instrument.vllm.engine_trace import EngineTrace, engine_figures
 from instrument.vllm.keep import DROPPED, DetailKeeper
 from instrument.vllm.rows import KEPT_IF_SLOW
 from instrument.vllm.sampling import MASK64, step_sampled
@@ -100,7 +101,6 @@ class SpanBuilder:
         self.step_bound = step_bound
         self.writer = span_writer_for(tracer)  # finished spans handed to the processor directly (~5 µs)
         self.request_id_of = request_id_of  # internal id -> the id llm_request carries
-        self.steps_per_engine_trace = steps_per_engine_trace
         self.on_idle = on_idle
         self.live: dict[str, _Request] = {}
         self.unsampled: set[str] = set()  # live requests not sampled: no span, not discarded work
@@ -108,10 +108,7 @@ class SpanBuilder:
         # scheduling, an abort between schedule and output) still names them
         self._ended: set[str] = set()
         self._ended_order: deque[str] = deque()
-        self._engine: Any = None
-        self._engine_context: Context | None = None
-        self._engine_first = self._engine_last = self._engine_steps = 0
-        self._engine_end_ns = 0
+        self.engine_trace = EngineTrace(tracer, self.writer, steps_per_engine_trace)
         self.steps = 0  # scheduler steps consumed
         self.tokens = 0  # generated tokens seen (sampled in a step, for a live request)
         self.lost_requests = 0  # live requests forgotten at an idle engine (engine_idle)
@@ -208,7 +205,7 @@ class SpanBuilder:
         sampled_step = step_sampled(facts.step, self.step_bound)
         # the step's engine_step figures: written now when sampled; under a keep policy also
         # referenced by the requests whose largest gap it ends so far (written if one is kept)
-        engine = (self._engine_figures(facts, step_attributes) if facts.whole and (sampled_step or keeper is not None)
+        engine = (engine_figures(facts, step_attributes) if facts.whole and (sampled_step or keeper is not None)
                   else None)
         duration = facts.end_ns - facts.start_ns
         discarded_tokens = discarded_sequences = step_drafts = step_accepted = 0
@@ -276,7 +273,7 @@ class SpanBuilder:
                                 "TOKENTRACE_VLLM_STEP_SAMPLE_RATIO differs from this process's): no engine_step span "
                                 "for such steps (counted)", facts.step)
                 return
-            self._engine_step(engine)  # type: ignore[arg-type]
+            self.engine_trace.step(engine)  # type: ignore[arg-type]
 
     def _detail(self, rec: _Request, detail: tuple[Any, ...]) -> None:
         """Write ``rec``'s prefill or decode span of one step (``detail``: what :meth:`_step`
@@ -387,7 +384,7 @@ class SpanBuilder:
             self._write_held(rec)
         engine = rec.gap_engine
         if engine is not None and not step_sampled(rec.gap_step, self.step_bound) and keeper.gap_step_due(rec.gap_step):
-            self._engine_step(engine)
+            self.engine_trace.step(engine)
         return True
 
     def _remember_ended(self, req_id: str) -> None:
@@ -397,44 +394,6 @@ class SpanBuilder:
             self._ended.discard(self._ended_order.popleft())
 
     # -- engine steps -------------------------------------------------------------------------
-    @staticmethod
-    def _engine_figures(facts: StepFacts, step_attributes: dict[str, Any]) -> tuple[Any, ...]:
-        """What a step's engine_step span is written from (``step_attributes``: the step's own,
-        completed once its requests are read)."""
-        return (step_attributes, sum(1 for i in range(facts.n) if facts.prefill[i]), facts.waiting, facts.kv_used,
-                facts.kv_total, facts.block_tokens, facts.sched_end_ns - facts.start_ns, facts.prefix_hit_tokens,
-                facts.start_ns, facts.end_ns, facts.step)
-
-    def _engine_step(self, engine: tuple[Any, ...]) -> None:
-        (step_attributes, prefill_sequences, waiting, kv_used, kv_total, block_tokens, schedule_ns, hits, start_ns,
-         end_ns, step) = engine
-        if self._engine is None:
-            self._engine = self.tracer.start_span("engine", context=Context(), kind=SpanKind.INTERNAL,
-                                                  start_time=start_ns,
-                                                  attributes={"tokentrace.engine.first_step": step})
-            self._engine_context = trace.set_span_in_context(self._engine)
-            self._engine_first, self._engine_steps = step, 0
-            self._engine_last, self._engine_end_ns = step, end_ns
-        attributes = dict(step_attributes)
-        attributes.update({
-            "tokentrace.batch.prefill_sequences": prefill_sequences, "tokentrace.batch.waiting": waiting,
-            "tokentrace.kv.blocks_used": kv_used, "tokentrace.kv.blocks_total": kv_total,
-            "tokentrace.kv.block_tokens": block_tokens,
-            "tokentrace.engine.schedule_ns": schedule_ns,
-            "tokentrace.prefix_cache.hit_tokens": hits,
-        })
-        self.writer.write("engine_step", self._engine_context, attributes, start_ns, end_ns)
-        # (a kept request's gap step comes once the request has ended: maybe after later steps)
-        self._engine_last, self._engine_end_ns = max(self._engine_last, step), max(self._engine_end_ns, end_ns)
-        self._engine_steps += 1
-        if self._engine_steps >= self.steps_per_engine_trace:
-            self.close_engine_trace()
-
     def close_engine_trace(self) -> None:
         """End the open ``engine`` root (idle, full, or shutdown)."""
-        if self._engine is None:
-            return
-        self._engine.set_attributes({"tokentrace.engine.last_step": self._engine_last,
-                                     "tokentrace.engine.steps": self._engine_steps})
-        self._engine.end(end_time=self._engine_end_ns)
-        self._engine = self._engine_context = None
+        self.engine_trace.close()
