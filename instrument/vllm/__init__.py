@@ -24,6 +24,12 @@ with the spans lost if any. When vLLM kills the engine core instead (its default
 was sent and ends the requests still running as failed (docs/spans.md "Stopping vLLM"). A
 dead exporter process: vLLM goes on, one error line, later spans counted as dropped.
 
+A keep policy (``TOKENTRACE_KEEP_*``, read once here with the sampling:
+instrument/vllm/sampling.py; a malformed value is one warning line, that rule off): the engine
+thread records every request and every step whole, the random sample marked, and the exporter
+process decides each request's detail once it has ended (instrument/vllm/keep.py; docs/vllm.md
+"Keeping the slow requests").
+
 ``TOKENTRACE_VLLM_STATS=FILE``: whenever the engine goes idle, the plugin rewrites FILE with
 its own figures so far (JSON: ``steps`` updated with requests in them and ``tokens`` sampled
 (both counted only when this is set, outside the timed hooks), ``hook_cpu_ns``: CPU time of
