@@ -177,3 +177,29 @@ def test_a_step_bound_that_samples_every_step_writes_each_engine_step_once() -> 
     builder.consume(_step(2, 10, 10, [("x", 1, 8, 0, 1)], finished=[("x", FINISHED_LENGTH, 0)]))
     spans = exporter.get_finished_spans()
     assert [sp.attributes["tokentrace.engine.step"] for sp in spans if sp.name == "engine_step"] == [1, 2]
+
+
+def test_the_analyzer_reads_a_summarized_requests_figures(tmp_path: Any) -> None:
+    """The spans of the stall run, as OTLP/JSON lines, loaded: `requests` gives every request
+    its TTFT, E2E and TPOT on the engine perspective, "c" (summarized: no chunk events) from
+    its attributes, "a" and "b" (kept whole) from their chunk events, each as the hand-worked
+    step times say."""
+    from analyzer.db.store import connect
+    from analyzer.formats.load import load_paths
+    from analyzer.query.runner import run_query
+    from instrument.otel.otlp_json import OTLPJsonLinesSpanExporter
+
+    spans, _ = _run(DetailKeeper(KeepPolicy(gap_ms=200)))
+    path = tmp_path / "spans.jsonl"
+    exporter = OTLPJsonLinesSpanExporter(path)
+    exporter.export(spans)
+    exporter.shutdown()
+    con = connect()
+    load_paths(con, [str(path)])
+    rows = {r["response_id"]: r for r in run_query(con, "requests", {"perspective": "engine"}).dicts()}
+    con.close()
+    # (ms: step 1 ends at 10; a and b emit at 10, 20, 420, 430, 440, 450; c at 420 + 10 .. 60)
+    got = {rid: (r["ttft_ms"], r["e2e_ms"], r["tpot_ms"], r["null_reason"]) for rid, r in rows.items()}
+    assert got == {"a": (pytest.approx(10.0), pytest.approx(450.0), pytest.approx(88.0), None),
+                   "b": (pytest.approx(10.0), pytest.approx(450.0), pytest.approx(88.0), None),
+                   "c": (pytest.approx(10.0), pytest.approx(60.0), pytest.approx(10.0), None)}

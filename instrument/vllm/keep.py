@@ -99,11 +99,14 @@ class DetailKeeper:
         return decision
 
     def outcome(self, rec: Any, reason: str, error: bool) -> Any:
-        """``rec``'s figures: TTFT, E2E and TPOT from its emissions (the last one not visible when
-        it ended on a stop token alone, as its chunk events say), its largest gap."""
+        """``rec``'s figures: TTFT to its first visible token (a stop token alone is not
+        visible, as its chunk events say); E2E to its last token, a final stop token included
+        (as vLLM counts it in ``completion_tokens`` and the analyzer's vLLM engine view ends
+        e: queries/views/24_vllm_engine.sql), so TPOT = (E2E - TTFT) / (G - 1) over G - 1 real
+        gaps; its largest gap."""
         emits = rec.emits
         visible = emits[:-1] if reason == "stop" and emits and emits[-1][1] == 1 else emits
-        return outcome_from(rec.arrival_ns, visible[0][0] if visible else None, visible[-1][0] if visible else None,
+        return outcome_from(rec.arrival_ns, visible[0][0] if visible else None, emits[-1][0] if visible else None,
                             rec.generated, error=error or reason in ERROR_REASONS, preempted=rec.preemptions > 0,
                             facts=self.facts(rec), head=rec.head)
 
