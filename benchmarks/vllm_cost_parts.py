@@ -221,7 +221,7 @@ def exporter_pid(stats_path: Path, spans: Path, wait_s: float = 30.0) -> int:
                 text = cmdline.read_bytes().decode(errors="replace")
             except OSError:
                 continue
-            if "instrument.records.exporter_process" in text and str(spans) in text:
+            if "instrument.records.exporter_child" in text and str(spans) in text:
                 pid = int(cmdline.parent.name)
                 time.sleep(1.0)  # (the process started exits at once, then is a zombie until reaped)
                 if _state(pid) not in (None, "Z"):
@@ -244,8 +244,10 @@ def otlp_figures(path: Path, begin: int, end: int) -> dict[str, Any]:
     bytes (``json_bytes``), the same ExportTraceServiceRequests' protobuf size
     (``proto_bytes``, one request per line, as the exporter's slices), ``spans``,
     ``sampled_tokens`` (``gen_ai.usage.output_tokens`` summed over engine_request spans),
-    ``sampled_requests``, ``engine_step_spans`` and ``steps_named`` (distinct
-    ``tokentrace.engine.step`` values: steps the spans show were recorded)."""
+    ``sampled_requests``, ``kept_requests`` (those kept whole: under a keep policy, every
+    request has an engine_request span, its summary), ``engine_step_spans`` and
+    ``steps_named`` (distinct ``tokentrace.engine.step`` values: steps the spans show were
+    recorded)."""
     from google.protobuf import json_format
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -253,7 +255,7 @@ def otlp_figures(path: Path, begin: int, end: int) -> dict[str, Any]:
     from instrument.otel.otlp_json import otlp_json_ids_to_base64
 
     out = {"json_bytes": max(end - begin, 0), "proto_bytes": 0, "spans": 0, "sampled_tokens": 0,
-           "sampled_requests": 0, "engine_step_spans": 0, "steps_named": 0}
+           "sampled_requests": 0, "engine_step_spans": 0, "steps_named": 0, "kept_requests": 0}
     if end <= begin:
         return out
     with path.open("rb") as lines:
@@ -278,6 +280,8 @@ def otlp_figures(path: Path, begin: int, end: int) -> dict[str, Any]:
                         out["sampled_requests"] += 1
                         out["sampled_tokens"] += int(attributes.get("gen_ai.usage.output_tokens", {})
                                                      .get("intValue", 0))
+                        reason = attributes.get("tokentrace.sampling.reason", {}).get("stringValue", "head")
+                        out["kept_requests"] += reason != "summary"
                     elif span.get("name") == "engine_step":
                         out["engine_step_spans"] += 1
     out["steps_named"] = len(steps)

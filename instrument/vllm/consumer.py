@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 from instrument.otel.tracing import get_tracer
+from instrument.vllm.keep import DetailKeeper
 from instrument.vllm.request_ids import external_request_id
 from instrument.vllm.rows import IDLE, unpack
 from instrument.vllm.sampling import sampling_from_env
@@ -28,9 +29,12 @@ class RecordConsumer:
 
     def __init__(self, tracer_provider: Any) -> None:
         self.provider = tracer_provider
-        # engine_step spans: the ratio the engine side read from the same environment (inherited)
+        # engine_step spans: the ratio the engine side read from the same environment (inherited);
+        # so is the keep policy (its warnings were said by the engine side, at start)
+        sampling = sampling_from_env()
+        self.keeper = DetailKeeper(sampling.keep_policy) if sampling.keep_policy is not None else None
         self.builder = SpanBuilder(get_tracer(tracer_provider), request_id_of=external_request_id,
-                                   on_idle=self._idle, step_bound=sampling_from_env().step_bound)
+                                   on_idle=self._idle, step_bound=sampling.step_bound, keeper=self.keeper)
         self.reader = StepReader()
         self.at_rest = True  # the last message ended with the engine idle (nothing held after it)
 
@@ -69,6 +73,8 @@ class RecordConsumer:
         never = self.reader.let_go + len(self.reader._opened)
         if never:
             log.warning("tokentrace: %d vLLM engine steps scheduled and never updated: not traced", never)
+        if self.keeper is not None:
+            log.info("tokentrace: vLLM keep policy (%s): %s", self.keeper.policy.describe(), self.keeper.said())
         if self.builder.partial_steps_sampled:
             log.warning("tokentrace: %d vLLM engine steps sampled here but held partially by the engine (its "
                         "TOKENTRACE_VLLM_STEP_SAMPLE_RATIO differed): no engine_step span",

@@ -53,7 +53,9 @@ UPDATED    key, end, ``ModelRunnerOutput.req_ids``, tokens sampled per request (
            the requests it carries (those in the runner's output) and theirs only. Held
            when its step's SCHEDULED or PARTIAL row was
 ARRIVED    request id, arrival (s, vLLM's float), trace headers (dict, or None: none, or not
-           sampled), prompt tokens, sampled (True: its spans are built; instrument/vllm/sampling.py)
+           sampled), prompt tokens, sampled (True: its spans are built; instrument/vllm/sampling.py;
+           under a keep policy ``KEPT_IF_SLOW``, 2: recorded, not in the random sample, its
+           detail decided once it has ended)
 PREEMPTED  request id, KV blocks freed, time
 FINISHED   request id, status (facts.FINISHED_*), time
 GEOMETRY   tokens per KV block, bytes per block (every layer), blocks in the pool, the send's
@@ -71,7 +73,7 @@ from __future__ import annotations
 import marshal
 from typing import Any
 
-__all__ = ["ARRIVED", "FEW_SAMPLED", "FINISHED", "GEOMETRY", "IDLE", "PARTIAL", "PREEMPTED", "SCHEDULED", "UPDATED",
+__all__ = ["ARRIVED", "FEW_SAMPLED", "FINISHED", "GEOMETRY", "IDLE", "KEPT_IF_SLOW", "PARTIAL", "PREEMPTED", "SCHEDULED", "UPDATED",
            "message", "message_end", "pack", "scheduled_ids", "units", "unpack"]
 
 SCHEDULED, UPDATED, ARRIVED, PREEMPTED, FINISHED, GEOMETRY, IDLE, PARTIAL = range(8)
@@ -79,6 +81,9 @@ SCHEDULED, UPDATED, ARRIVED, PREEMPTED, FINISHED, GEOMETRY, IDLE, PARTIAL = rang
 #: PARTIAL row (each sampled request costs a few C lookups there; beyond this many, vLLM's
 #: whole lists by reference cost less)
 FEW_SAMPLED = 4
+#: an ARRIVED row's ``sampled`` under a keep policy for a request the random sample did not
+#: take: recorded all the same, its detail kept only if the policy names it once it has ended
+KEPT_IF_SLOW = 2
 MARSHAL_VERSION = 4  # shares repeated objects (each request id string object written once per message)
 
 

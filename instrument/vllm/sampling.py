@@ -36,6 +36,12 @@ and the exporter process decide it alike from the number, with no field sent.
 
 The exporter process builds spans only for what was decided here: its own sampler is
 ``always_on`` (a root decided here must not be decided again on another trace id).
+
+A keep policy (``TOKENTRACE_KEEP_*``, instrument/records/keep.py, read here once) changes what
+the engine thread records, not what is decided here: every request is recorded, every step
+whole (so every step has its waiting and KV figures), and the decision above only marks the
+random sample (:attr:`Sampling.head`); the exporter process decides each request's detail
+once it has ended (instrument/vllm/spans.py).
 """
 
 from __future__ import annotations
@@ -81,6 +87,12 @@ class Sampling:
     step_ratio: float = 1.0  # engine_step spans
     warnings: list[str] = field(default_factory=list)  # lines to log once (bad values)
     bad_traceparents: int = 0  # malformed traceparent headers seen (the first logged)
+    keep_policy: Any = None  # the keep policy (instrument/records/keep.py KeepPolicy), None: none set
+
+    @property
+    def keeps(self) -> bool:
+        """A keep policy is set: every request recorded, each decided once it has ended."""
+        return self.keep_policy is not None
 
     @property
     def bound(self) -> int:
@@ -95,7 +107,7 @@ class Sampling:
         """No request and no step can ever be sampled (the plugin then starts nothing):
         ``always_off``, or ``traceidratio`` at 0 (a caller's flag not followed), steps off."""
         never = self.sampler == "always_off" or (self.sampler == "traceidratio" and self.bound == 0)
-        return never and self.step_bound == 0
+        return never and self.step_bound == 0 and not self.keeps
 
     def _root(self) -> bool:
         """A request without a (valid) parent."""
@@ -143,8 +155,11 @@ def _ratio(text: str, what: str, warnings: list[str]) -> float:
 
 
 def sampling_from_env(env: Mapping[str, str] = os.environ) -> Sampling:
-    """The plugin's :class:`Sampling` from the standard variables, ``ENV_SAMPLE_RATIO`` and
-    ``ENV_STEP_RATIO``."""
+    """The plugin's :class:`Sampling` from the standard variables, ``ENV_SAMPLE_RATIO``,
+    ``ENV_STEP_RATIO`` and the keep policy's ``TOKENTRACE_KEEP_*`` (a malformed one: a line
+    in ``warnings`` naming it, that rule off)."""
+    from instrument.records.keep import KeepPolicy
+
     warnings: list[str] = []
     name = env.get("OTEL_TRACES_SAMPLER", "parentbased_always_on").strip().lower() or "parentbased_always_on"
     if name not in _SAMPLERS:
@@ -165,4 +180,5 @@ def sampling_from_env(env: Mapping[str, str] = os.environ) -> Sampling:
         step_ratio = _ratio(step_text, ENV_STEP_RATIO, warnings)
     else:
         step_ratio = ratio if name.endswith("traceidratio") else 0.0 if name.endswith("always_off") else 1.0
-    return Sampling(name, ratio, step_ratio, warnings)
+    policy = KeepPolicy.from_env(env, warn=warnings.append)
+    return Sampling(name, ratio, step_ratio, warnings, keep_policy=policy)

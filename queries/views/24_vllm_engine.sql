@@ -89,6 +89,16 @@ last_token AS (
     JOIN tt_chunk_events c ON c.trace_id = r.engine_trace_id AND c.span_id = r.engine_span_id
     GROUP BY r.trace_id, r.request_span_id
 ),
+-- an engine_request a keep policy summarized (docs/vllm.md, "Keeping the slow requests"): no
+-- chunk events, its TTFT and E2E as attributes in seconds from its start (E2E to its last
+-- token, a final stop token included, as e above)
+summarized AS (
+    SELECT trace_id, span_id,
+           start_ns + CAST(round(attr_double['gen_ai.latency.time_to_first_token'] * 1e9) AS BIGINT) AS f_ns,
+           start_ns + CAST(round(attr_double['gen_ai.latency.e2e'] * 1e9) AS BIGINT) AS e_ns
+    FROM spans
+    WHERE scope_name = 'tokentrace' AND name = 'engine_request' AND attr_str['tokentrace.sampling.reason'] = 'summary'
+),
 children AS (
     SELECT trace_id, parent_span_id,
            min(CASE WHEN name = 'queue' THEN start_ns END) AS queue_start_ns,
@@ -116,8 +126,9 @@ SELECT
     r.llm_clock_domain AS server_clock_domain,
     CAST(NULL AS VARCHAR) AS client_clock_domain,
     r.start_ns AS s_ns,
-    CASE WHEN r.dropped_events_count = 0 THEN a.f_ns END AS f_ns,
-    CASE WHEN r.dropped_events_count = 0 AND a.f_ns IS NOT NULL THEN t.e_ns END AS e_ns,
+    CASE WHEN r.dropped_events_count = 0 THEN coalesce(a.f_ns, sm.f_ns) END AS f_ns,
+    CASE WHEN r.dropped_events_count = 0 AND a.f_ns IS NOT NULL THEN t.e_ns
+         WHEN r.dropped_events_count = 0 THEN sm.e_ns END AS e_ns,
     r.end_ns,
     r.input_tokens,
     r.cached_tokens,  -- prompt tokens vLLM's prefix cache served (the plugin's engine_request span)
@@ -171,9 +182,10 @@ SELECT
     CASE
         WHEN r.dropped_events_count > 0 THEN
             'f/e unknown: ' || CAST(r.dropped_events_count AS VARCHAR) || ' events dropped by the span event limit'
-        WHEN a.f_ns IS NULL THEN 'no visible chunk events (the request produced no visible token)'
+        WHEN a.f_ns IS NULL AND sm.f_ns IS NULL THEN 'no visible chunk events (the request produced no visible token)'
     END AS null_reason
 FROM vllm_engine_request_spans r
 LEFT JOIN chunk_agg a ON a.trace_id = r.trace_id AND a.request_span_id = r.request_span_id
 LEFT JOIN last_token t ON t.trace_id = r.trace_id AND t.request_span_id = r.request_span_id
+LEFT JOIN summarized sm ON sm.trace_id = r.engine_trace_id AND sm.span_id = r.engine_span_id
 LEFT JOIN children c ON c.trace_id = r.engine_trace_id AND c.parent_span_id = r.engine_span_id;

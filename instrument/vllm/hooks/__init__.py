@@ -161,7 +161,8 @@ def _traced_schedule(schedule: Any, tap: StepTap, shape: SchedulerShape) -> Any:
     # vLLM's waiting queues (Scheduler.get_request_counts sums them): one C call gives them all
     # (two at least: check_scheduler requires kv_holding_waiting, so it gives a tuple)
     queues_of = attrgetter(*shape.waiting_queues)
-    step_bound = tap.sampling.step_bound  # engine_step spans (instrument/vllm/sampling.py)
+    # engine_step spans (instrument/vllm/sampling.py); a keep policy: every step's row whole
+    step_bound = MASK64 + 1 if tap.keeps else tap.sampling.step_bound
     # the FCFS waiting queue (vLLM's default policy) is a deque whose __len__ is a Python method
     # (super().__len__()): its C length is read directly, a Python call there costs µs
     fcfs, deque_len = FCFSRequestQueue, deque.__len__
@@ -180,6 +181,7 @@ def _traced_schedule(schedule: Any, tap: StepTap, shape: SchedulerShape) -> Any:
         total = out.total_num_scheduled_tokens
         if total > 0:
             cpu, floor = clock_start() if _measure else (0, 0)
+            wall = _perf() if cpu else 0
             try:
                 # this step's engine_step span sampled (sampling.py's step_sampled, inlined), or
                 # more than a few sampled requests in flight: the step's whole row; a few: a
@@ -226,6 +228,7 @@ def _traced_schedule(schedule: Any, tap: StepTap, shape: SchedulerShape) -> Any:
                 spent = time.thread_time_ns() - cpu - floor
                 _tap.hook_cpu_ns += spent
                 _tap.schedule_cpu_ns += spent
+                _tap.hook_wall_ns += _perf() - wall
         return out
 
     return traced_schedule
@@ -243,6 +246,7 @@ def _traced_update(update: Any, tap: StepTap) -> Any:
                       _map: Any = map, _sum: Any = sum, _recorded_pop: Any = tap.recorded.pop) -> Any:
         result = _update(self, scheduler_output, model_runner_output)
         cpu, floor = clock_start() if _measure else (0, 0)
+        wall = _perf() if cpu else 0
         try:
             end = _perf()
             held_as = _recorded_pop(_id(scheduler_output), None)
@@ -274,6 +278,7 @@ def _traced_update(update: Any, tap: StepTap) -> Any:
                 _tap.send(idle)
             if cpu:
                 _tap.hook_cpu_ns += time.thread_time_ns() - cpu - floor
+                _tap.hook_wall_ns += _perf() - wall
                 # (only when measuring: TOKENTRACE_VLLM_STATS; every step, recorded or not)
                 _tap.steps += bool(model_runner_output.req_ids)
                 _tap.tokens += _sum(_map(_len, model_runner_output.sampled_token_ids))
@@ -306,6 +311,7 @@ def _traced_finish(finish: Any, tap: StepTap, update_code: Any) -> Any:
         result = finish(self, *args, **kwargs)
         if not tap.failed:
             cpu, floor = clock_start() if tap.measure else (0, 0)
+            wall = time.perf_counter_ns() if cpu else 0
             try:  # an abort from the frontend, outside a step: its end goes out now
                 # (not when update_from_output itself finishes requests: its step's row comes after)
                 if held and held[-1][0] == FINISHED and sys._getframe(1).f_code is not update_code:
@@ -314,6 +320,7 @@ def _traced_finish(finish: Any, tap: StepTap, update_code: Any) -> Any:
                 tap.fail()
             if cpu:
                 tap.hook_cpu_ns += time.thread_time_ns() - cpu - floor
+                tap.hook_wall_ns += time.perf_counter_ns() - wall
         return result
 
     return traced_finish

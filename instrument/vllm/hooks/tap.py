@@ -15,7 +15,7 @@ from typing import Any
 
 from instrument.clock import ANCHOR_PERF_NS, ANCHOR_WALL_NS, now_wall_ns
 from instrument.vllm.facts import FINISHED_ABORTED, FINISHED_ERROR, FINISHED_LENGTH, FINISHED_STOPPED
-from instrument.vllm.rows import ARRIVED, FINISHED, IDLE, PARTIAL, PREEMPTED, SCHEDULED, UPDATED
+from instrument.vllm.rows import ARRIVED, FINISHED, IDLE, KEPT_IF_SLOW, PARTIAL, PREEMPTED, SCHEDULED, UPDATED
 from instrument.vllm.sampling import Sampling
 
 __all__ = ["ARRIVED", "FINISHED", "FLUSH_LATE_NS", "FLUSH_NS", "LEAST_HELD", "MAX_HELD", "PARTIAL", "PREEMPTED",
@@ -96,12 +96,17 @@ class StepTap:
         self.hook_cpu_ns = 0  # CPU time the engine thread spent in schedule/update hooks, ns (measure)
         self.schedule_cpu_ns = 0  # ... of which in the schedule hook
         self.stats_cpu_ns = 0  # ... of which writing the plugin's stats file (TOKENTRACE_VLLM_STATS)
+        self.hook_wall_ns = 0  # wall time of the same windows, ns (measure): CPU plus what the thread waited
+        self.stats_wall_ns = 0  # ... of which writing the stats file
         self.steps = 0  # scheduler steps updated (counted only when measure is on)
         self.tokens = 0  # tokens sampled in them (likewise)
         # which requests and steps are traced (instrument/vllm/sampling.py): requests decided at
         # arrival; the live sampled ones' ids (never rebound: the wrappers hold it). A step with
         # none of them in flight, and whose engine_step span is not sampled, holds no row
         self.sampling = sampling if sampling is not None else Sampling()
+        # a keep policy: every request recorded, every step's row whole (the hooks then never
+        # hold a PARTIAL row); its detail decided in the exporter process once it has ended
+        self.keeps = self.sampling.keeps
         self.sampled_ids: set[str] = set()
         # requests preempted since their arrival (a recompute may be under way: a PARTIAL row
         # carries them; never rebound: the wrappers hold it)
@@ -150,7 +155,9 @@ class StepTap:
         an unsampled request's row still says its prompt length, which its neighbours' step
         facts need)."""
         headers = req.trace_headers
-        sampled = self.sampling.request_sampled(headers)
+        sampled: bool | int = self.sampling.request_sampled(headers)
+        if self.keeps:  # a keep policy: every request recorded; the decision above marks the random sample
+            sampled = True if sampled else KEPT_IF_SLOW
         if sampled:
             self.sampled_ids.add(req.request_id)
             self.needs_send = True
