@@ -94,7 +94,7 @@ def test_tables_name_shows_columns_types_and_meanings() -> None:
     result = _tables("request_metrics")
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0].startswith("request_metrics (view, 43 columns): one row per request and perspective")
+    assert lines[0].startswith("request_metrics (view, 44 columns): one row per request and perspective")
     ttft = next(line for line in lines if line.startswith("ttft_ms "))
     assert ttft.split()[1] == "DOUBLE" and "time to first token" in ttft
     assert all(len(line) <= 80 for line in lines)

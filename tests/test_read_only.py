@@ -44,7 +44,11 @@ def _read_verbs(db: Path) -> list[list[str]]:
     for fmt in (("table", "csv") if plain else ("table", "json", "csv")):
         verbs += [["requests", "--format", fmt], ["itl", "--format", fmt], ["phases", "--format", fmt],
                   ["summary", "--format", fmt], ["window", "--format", fmt], ["skew", "--format", fmt],
-                  ["steps", "--format", fmt], ["stalls", "--format", fmt]]
+                  # csv is one table per file: one section each
+                  *([["steps", "--format", fmt]] if fmt != "csv" else
+                    [["steps", "--format", fmt, "--section", s] for s in ("steps", "summary")]),
+                  *([["stalls", "--format", fmt]] if fmt != "csv" else
+                    [["stalls", "--format", fmt, "--section", s] for s in ("gaps", "groups", "slowest")])]
     verbs += [
         ["requests", "--trace-id", seed], ["itl", "--trace-id", seed, "--perspective", "client"],
         ["window", "--mode", "steady_state", "--slo-ttft-ms", "500"],
