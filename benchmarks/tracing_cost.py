@@ -150,12 +150,15 @@ def summarize(batch: int, max_tokens: int, traced: list[dict], untraced: list[di
 def section_engine(handle: Any, batches: list[int], max_tokens: int, rounds: int, *, max_batch_tokens: int = 512,
                    probe_interval_s: float = 0.001, switch_interval_s: float = 0.0005,
                    capture: bool = True, prompts: list[list[int]] | None = None, unfreeze: bool = True,
-                   log: Callable[[str], None] = print, span_export: str = "inline") -> dict[str, Any]:
+                   log: Callable[[str], None] = print, span_export: str = "inline",
+                   keep_gap_ms: float | None = None) -> dict[str, Any]:
     """The engine section (module docstring) at each batch size; ``capture``: afterwards one
     more traced round at the largest batch with its spans kept in memory (for ``encode``);
     ``prompts``: token ids to cycle through (default: tracing_cost_harness.PROMPTS through the handle's
     chat template); ``unfreeze``: undo the ``gc.freeze()`` at the end (main keeps it for the
-    encode section, as a serving process would)."""
+    encode section, as a serving process would); ``keep_gap_ms``: traced rounds under a keep
+    policy (``serve --keep-gap-ms``: every request recorded, the arrival sampler's 1 % marked as
+    the random sample, decided in the span exporter process; needs ``span_export`` process)."""
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -164,8 +167,17 @@ def section_engine(handle: Any, batches: list[int], max_tokens: int, rounds: int
     spans_file = Path(tempfile.mkdtemp(prefix="tt-tracing-cost-")) / "spans.jsonl"
     # as `tokentrace serve` builds it: under process the exporters are only named here, and one
     # span exporter process gets the stand-in gateway's spans and the engine's records
+    sampler = None
+    if keep_gap_ms is not None:  # as serve builds it under --keep-gap-ms with a 1 % arrival sample
+        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+        from instrument.records.keep import HeadMarkingSampler
+
+        sampler = HeadMarkingSampler(ParentBased(TraceIdRatioBased(0.01)))
     provider = setup_tracing("tracing-cost", exporter="otlp_json", json_path=str(spans_file),
-                             make_exporters=span_export == "inline")
+                             make_exporters=span_export == "inline", sampler=sampler)
+    if keep_gap_ms is not None:
+        provider.exporter_env["TOKENTRACE_KEEP_GAP_MS"] = str(keep_gap_ms)
     if span_export == "process":
         from instrument.records.span_forward import forward_spans
 
@@ -352,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--span-export", choices=("inline", "process"), default="inline",
                         help="the engine's span path (serve --span-export; default inline); "
                              "process: encode is skipped")
+    parser.add_argument("--keep-gap-ms", type=float, default=None, metavar="MS",
+                        help="traced rounds under a keep policy (serve --keep-gap-ms MS, 1 %% arrival sample); "
+                             "needs --span-export process")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--json", dest="json_path", default=None, help="write every figure to this file")
     args = parser.parse_args(argv)
@@ -361,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(sections) - {"engine", "encode"}
     if unknown or not sections:
         parser.error(f"--sections: unknown {sorted(unknown)}; known: engine, encode")
+    if args.keep_gap_ms is not None and args.span_export != "process":
+        parser.error("--keep-gap-ms needs --span-export process (the policy decides in the span exporter process)")
     if min(args.batches, default=0) < 1 or args.rounds < 1 or args.max_tokens < 2:
         parser.error("--batches, --rounds must be >= 1 and --max-tokens >= 2")
     import torch
@@ -376,17 +393,19 @@ def main(argv: list[str] | None = None) -> int:
     engine = section_engine(handle, args.batches, args.max_tokens, args.rounds,
                             probe_interval_s=args.probe_interval_ms / 1e3, capture="encode" in sections,
                             unfreeze=False, log=lambda line: print(line, file=sys.stderr, flush=True),
-                            span_export=args.span_export)
+                            span_export=args.span_export, keep_gap_ms=args.keep_gap_ms)
     spans = engine.pop("captured_spans", [])
     out["engine"] = engine
     out["span_export"] = args.span_export
+    out["keep_gap_ms"] = args.keep_gap_ms
     if "encode" in sections and spans:
         out["encode"] = section_encode(spans)
     gc.unfreeze()
     out["load_average_end"] = load_average()
     out["seconds"] = round(time.monotonic() - started, 1)
     print(f"tracing cost, model {args.model}, {args.max_tokens} tokens/sequence, {args.rounds} rounds/side (ABBA), "
-          f"--span-export {args.span_export}")
+          f"--span-export {args.span_export}"
+          + (f", keep policy: gap > {args.keep_gap_ms:g} ms" if args.keep_gap_ms is not None else ""))
     print(engine_table(engine))
     if "encode" in out:
         print(encode_table(out["encode"]))
