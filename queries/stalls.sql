@@ -22,22 +22,6 @@
 -- units: *_ns nanoseconds since the Unix epoch on the engine's clock; *_ms milliseconds;
 --   token_index and decode_step counts (token n = k + 1 comes from decode step k); step an
 --   engine step id; batch_size and waiting sequences; *_tokens tokens; kv_blocks_* KV blocks.
-WITH response_ids AS (
-    -- the id the client got (gen_ai.response.id, chatcmpl-...) by every span id that names the
-    -- request (its request_span_id and each perspective's span: request_span_id here is the span
-    -- that holds the decode spans, the plugin's engine_request where vLLM's llm_request is the
-    -- request's), as analyzer/query/request_ids.py resolves --request. By span id alone: the
-    -- plugin's engine_request may sit in a trace of its own, merged with vLLM's by request id.
-    SELECT span_id, max(response_id) AS response_id, max(sampling_reason) AS sampling_reason
-    FROM (
-        SELECT unnest(span_ids) AS span_id, response_id, sampling_reason
-        FROM (SELECT max(response_id) AS response_id, max(sampling_reason) AS sampling_reason,
-                     list_distinct(list(perspective_span_id) || [request_span_id]) AS span_ids
-              FROM request_metrics
-              GROUP BY trace_id, request_span_id)
-    )
-    GROUP BY span_id
-)
 SELECT
     g.trace_id,
     g.request_span_id,
@@ -62,7 +46,7 @@ SELECT
     r.sampling_reason,
     g.null_reason
 FROM request_step_gaps g
-LEFT JOIN response_ids r ON r.span_id = g.request_span_id
+LEFT JOIN request_ids_by_span r ON r.span_id = g.request_span_id
 WHERE ($trace_id IS NULL OR g.trace_id = $trace_id)
   AND ($request_span_ids IS NULL OR list_contains($request_span_ids, g.request_span_id))
   AND ($clock_domain IS NULL OR g.clock_domain = $clock_domain)

@@ -15,23 +15,10 @@
 -- param: $clock_domain VARCHAR default NULL -- only gaps of this clock domain (the engine's); NULL = all
 -- units: itl_*_ms, step_ms_mean, between_steps_ms_mean milliseconds; gaps, requests and
 --   itl_count counts; group_min / group_max tokens (prefill_tokens) or sequences (batch_size).
-WITH sampling AS (
-    -- a keep policy's decision per span id that names a request (as stalls.sql's response ids)
-    SELECT span_id, max(sampling_reason) AS sampling_reason
-    FROM (
-        SELECT unnest(span_ids) AS span_id, sampling_reason
-        FROM (SELECT max(sampling_reason) AS sampling_reason,
-                     list_distinct(list(perspective_span_id) || [request_span_id]) AS span_ids
-              FROM request_metrics
-              WHERE sampling_reason IS NOT NULL
-              GROUP BY trace_id, request_span_id)
-    )
-    GROUP BY span_id
-),
-scoped AS (
+WITH scoped AS (
     SELECT g.*, s.sampling_reason
     FROM request_step_gaps g
-    LEFT JOIN sampling s ON s.span_id = g.request_span_id
+    LEFT JOIN request_ids_by_span s ON s.span_id = g.request_span_id
     WHERE ($trace_id IS NULL OR g.trace_id = $trace_id)
       AND ($request_span_ids IS NULL OR list_contains($request_span_ids, g.request_span_id))
       AND ($clock_domain IS NULL OR g.clock_domain = $clock_domain)

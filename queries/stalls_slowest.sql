@@ -21,23 +21,7 @@
 --   response_id / largest_shared_prefill_response_id: the id the client got of the request and
 --   of the largest co-scheduled prefill's request (gen_ai.response.id, as in requests.sql);
 --   NULL when no span of that request carries one.
-WITH response_ids AS (
-    -- the id the client got (gen_ai.response.id, chatcmpl-...) by every span id that names the
-    -- request (its request_span_id and each perspective's span: request_span_id here is the span
-    -- that holds the decode spans, the plugin's engine_request where vLLM's llm_request is the
-    -- request's), as analyzer/query/request_ids.py resolves --request. By span id alone: the
-    -- plugin's engine_request may sit in a trace of its own, merged with vLLM's by request id.
-    SELECT span_id, max(response_id) AS response_id, max(sampling_reason) AS sampling_reason
-    FROM (
-        SELECT unnest(span_ids) AS span_id, response_id, sampling_reason
-        FROM (SELECT max(response_id) AS response_id, max(sampling_reason) AS sampling_reason,
-                     list_distinct(list(perspective_span_id) || [request_span_id]) AS span_ids
-              FROM request_metrics
-              GROUP BY trace_id, request_span_id)
-    )
-    GROUP BY span_id
-),
-ranked AS (
+WITH ranked AS (
     SELECT g.*,
            row_number() OVER (PARTITION BY g.trace_id, g.request_span_id ORDER BY g.itl_ms DESC, g.token_index) AS gap_rank
     FROM request_step_gaps g
@@ -102,6 +86,6 @@ SELECT
 FROM slowest t
 LEFT JOIN shared s
   ON s.trace_id = t.trace_id AND s.request_span_id = t.request_span_id AND s.token_index = t.token_index
-LEFT JOIN response_ids r ON r.span_id = t.request_span_id
-LEFT JOIN response_ids lp ON lp.span_id = s.largest_shared_prefill_request_span_id
+LEFT JOIN request_ids_by_span r ON r.span_id = t.request_span_id
+LEFT JOIN request_ids_by_span lp ON lp.span_id = s.largest_shared_prefill_request_span_id
 ORDER BY t.trace_id, t.request_span_id, t.gap_rank;

@@ -116,6 +116,23 @@ FROM (
     FROM request_facts
 ) facts;
 
+-- The ids a person reads, by every span id that names a request: its request_span_id and each
+-- perspective's span (the span that holds the decode spans: the plugin's engine_request where
+-- vLLM's llm_request is the request's), as analyzer/query/request_ids.py resolves --request.
+-- response_id = what the client got; sampling_reason = a keep policy's decision (NULL: none).
+-- By span id alone: the plugin's engine_request may sit in a trace of its own, merged with
+-- vLLM's by request id. The stalls queries label their rows with it.
+CREATE OR REPLACE VIEW request_ids_by_span AS
+SELECT span_id, max(response_id) AS response_id, max(sampling_reason) AS sampling_reason
+FROM (
+    SELECT unnest(span_ids) AS span_id, response_id, sampling_reason
+    FROM (SELECT max(response_id) AS response_id, max(sampling_reason) AS sampling_reason,
+                 list_distinct(list(perspective_span_id) || [request_span_id]) AS span_ids
+          FROM request_metrics
+          GROUP BY trace_id, request_span_id)
+)
+GROUP BY span_id;
+
 -- One integer key per request perspective: request_key numbers the (trace_id,
 -- request_span_id, perspective, source) rows of request_facts in that order (1, 2, ...).
 -- The per-chunk work (the gap window, itl's ORDER BY, summary's filter) partitions, sorts
