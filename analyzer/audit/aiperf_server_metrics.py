@@ -29,7 +29,6 @@ from analyzer.audit.compare import (
     create_table,
 )
 from analyzer.audit.histogram_figures import (
-    CLIENT_COLUMNS,
     FAMILY_FIGURES,
     GAPS,
     client_rows,
@@ -103,8 +102,7 @@ def _exact(con: duckdb.DuckDBPyConnection, data: dict[str, Any], families: list[
         figure = FAMILY_FIGURES.get(family)
         if figure is None:
             continue
-        column = (CLIENT_COLUMNS.get(figure.column) or (GAPS if figure.per_token else None)) if client \
-            else figure.column
+        column = figure.column_for(client)
         if column is None:
             continue
         other: list[float] = []

@@ -38,6 +38,14 @@ class FamilyFigure:
     def per_token(self) -> bool:
         return self.column == GAPS
 
+    def column_for(self, client: bool) -> str | None:
+        """The row column this family is checked against: the traced figure, or with
+        ``client`` the client records' (:data:`CLIENT_COLUMNS`, or the gaps); None when the
+        client measures nothing that bounds it."""
+        if not client or self.per_token:
+            return self.column
+        return CLIENT_COLUMNS.get(self.column)
+
 
 _VLLM_QUEUE = FamilyFigure(
     "queue", "vllm_queue_ms",

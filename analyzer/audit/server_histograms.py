@@ -39,7 +39,6 @@ from analyzer.audit.compare import (
     create_table,
 )
 from analyzer.audit.histogram_figures import (
-    CLIENT_COLUMNS,
     FAMILY_FIGURES,
     GAPS,
     client_rows,
@@ -134,8 +133,7 @@ def _exact(con: duckdb.DuckDBPyConnection, hists: dict[str, Histogram], before: 
         figure = FAMILY_FIGURES.get(family)
         if figure is None:
             continue
-        column = (CLIENT_COLUMNS.get(figure.column) or (GAPS if figure.per_token else None)) if client \
-            else figure.column
+        column = figure.column_for(client)
         if column is None:
             continue
         counted = int(_count(hist))
