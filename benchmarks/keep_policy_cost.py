@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import tempfile
-import time
+
+from keep_sides import run_sides, set_side, timed_feed
 
 T0 = 1_700_000_000_000_000_000
 STEP_NS = 20_000_000  # a step every 20 ms
@@ -95,29 +94,21 @@ def _messages(requests: int, tokens: int, batch: int) -> list[bytes]:
 def _round(messages: list[bytes], side: str, path: str) -> tuple[float, int, int]:
     """Feed the messages through a fresh router writing OTLP-JSON lines to ``path``; (process
     CPU s, spans exported, bytes written)."""
-    from instrument.otel.export_health import export_health
     from instrument.otel.tracing import setup_tracing
     from instrument.records.router import Router
 
-    for var in ("TOKENTRACE_KEEP_GAP_MS", "TOKENTRACE_KEEP_TTFT_MS"):
-        os.environ.pop(var, None)
-    if side == "summary":
-        os.environ["TOKENTRACE_KEEP_GAP_MS"] = "1000000"  # no request crosses it
-    elif side == "kept":
-        os.environ["TOKENTRACE_KEEP_TTFT_MS"] = "0"  # every request crosses it
+    set_side(side)
     if os.path.exists(path):
         os.remove(path)
     provider = setup_tracing("keep-cost", exporter=["otlp_json"], json_path=path)
     router = Router(provider)
-    cpu = time.process_time()
-    for message in messages:
-        router.feed(message)
-    router.close()
-    provider.force_flush()
-    cpu = time.process_time() - cpu
-    exported = sum(c.exported for c in export_health(provider))
-    provider.shutdown()
-    return cpu, exported, os.path.getsize(path)
+
+    def feed() -> None:
+        for message in messages:
+            router.feed(message)
+        router.close()
+
+    return timed_feed(provider, feed, path)
 
 
 def main() -> None:
@@ -129,25 +120,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per side (default 5)")
     args = parser.parse_args()
     messages = _messages(args.requests, args.tokens, args.batch)
-    tokens = args.requests * args.tokens
-    sides = ("full", "summary", "kept")
-    per_token: dict[str, list[float]] = {s: [] for s in sides}
-    spans: dict[str, int] = {}
-    written: dict[str, int] = {}
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "spans.jsonl")
-        _round(messages, "full", path)  # warm-up: imports, caches
-        for _ in range(args.rounds):
-            for side in sides:
-                cpu, spans[side], written[side] = _round(messages, side, path)
-                per_token[side].append(cpu / tokens * 1e6)
-    full = statistics.median(per_token["full"])
-    print(f"{args.requests} requests x {args.tokens} tokens, batch {args.batch}; {args.rounds} rounds, "
-          "process CPU per generated token (median)")
-    for side in sides:
-        value = statistics.median(per_token[side])
-        print(f"  {side:8s} {value:6.2f} µs/token {value / full:5.2f}x full  {spans[side]:6d} spans "
-              f"{written[side] / tokens:7.1f} B/token")
+    run_sides(lambda side, path: _round(messages, side, path), args.requests * args.tokens, args.rounds,
+              f"{args.requests} requests x {args.tokens} tokens, batch {args.batch}")
 
 
 if __name__ == "__main__":

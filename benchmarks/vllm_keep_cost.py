@@ -23,10 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +33,8 @@ T0_S = 1_700_000_000.0
 STEP_NS = 20_000_000  # a step every 20 ms
 PROMPT = 20
 ROWS_PER_MESSAGE = 512
+from keep_sides import run_sides, set_side, timed_feed
+
 ENV = ("TOKENTRACE_KEEP_GAP_MS", "TOKENTRACE_KEEP_TTFT_MS", "OTEL_TRACES_SAMPLER", "TOKENTRACE_VLLM_STEP_SAMPLE_RATIO")
 
 
@@ -88,30 +87,24 @@ def _round(messages: list[bytes], side: str, path: str) -> tuple[float, int, int
     (process CPU s, spans exported, bytes written)."""
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
-    from instrument.otel.export_health import export_health
     from instrument.otel.tracing import setup_tracing
     from instrument.vllm.consumer import RecordConsumer
 
     for var in ENV:
         os.environ.pop(var, None)
+    set_side(side)
     os.environ["TOKENTRACE_VLLM_STEP_SAMPLE_RATIO"] = "off"
-    if side == "summary":
-        os.environ["TOKENTRACE_KEEP_GAP_MS"] = "1000000"  # no request crosses it
-    elif side == "kept":
-        os.environ["TOKENTRACE_KEEP_TTFT_MS"] = "0"  # every request crosses it
     if os.path.exists(path):
         os.remove(path)
     provider = setup_tracing("vllm-keep-cost", exporter=["otlp_json"], json_path=path, sampler=ALWAYS_ON)
     consumer = RecordConsumer(provider)
-    cpu = time.process_time()
-    for payload in messages:
-        consumer.feed(memoryview(payload))
-    consumer.close()
-    provider.force_flush()
-    cpu = time.process_time() - cpu
-    exported = sum(c.exported for c in export_health(provider))
-    provider.shutdown()
-    return cpu, exported, os.path.getsize(path)
+
+    def feed() -> None:
+        for payload in messages:
+            consumer.feed(memoryview(payload))
+        consumer.close()
+
+    return timed_feed(provider, feed, path)
 
 
 def main() -> None:
@@ -126,25 +119,8 @@ def main() -> None:
     args = parser.parse_args()
     messages = {"full": _messages(args.requests, args.tokens, args.batch, True)}
     messages["summary"] = messages["kept"] = _messages(args.requests, args.tokens, args.batch, KEPT_IF_SLOW)
-    tokens = args.requests * args.tokens
-    sides = ("full", "summary", "kept")
-    per_token: dict[str, list[float]] = {s: [] for s in sides}
-    spans: dict[str, int] = {}
-    written: dict[str, int] = {}
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "spans.jsonl")
-        _round(messages["full"], "full", path)  # warm-up: imports, caches
-        for _ in range(args.rounds):
-            for side in sides:
-                cpu, spans[side], written[side] = _round(messages[side], side, path)
-                per_token[side].append(cpu / tokens * 1e6)
-    full = statistics.median(per_token["full"])
-    print(f"{args.requests} requests x {args.tokens} tokens, batch {args.batch}; {args.rounds} rounds, "
-          "process CPU per generated token (median)")
-    for side in sides:
-        value = statistics.median(per_token[side])
-        print(f"  {side:8s} {value:6.2f} µs/token {value / full:5.2f}x full  {spans[side]:6d} spans "
-              f"{written[side] / tokens:7.1f} B/token")
+    run_sides(lambda side, path: _round(messages[side], side, path), args.requests * args.tokens, args.rounds,
+              f"{args.requests} requests x {args.tokens} tokens, batch {args.batch}")
 
 
 if __name__ == "__main__":
